@@ -1,0 +1,252 @@
+// The agent's configuration, built once and frozen:
+// defaults <- mesh config file (defaultConfig) <- PROXY_CONFIG <- pod annotation proxy.istio.io/config <- env <- flags.
+
+import * as path from 'node:path';
+import YAML from 'yaml';
+import * as envs from './env';
+import type { Env } from './env';
+import { configError, errorMessage } from './errors';
+import { asPort, defaultProxyConfig, parseProxyConfigLayer, type ProxyConfig, type ProxyConfigLayer } from './proxy-config';
+import { parseLevel } from './log';
+
+export type ProxyType = 'sidecar' | 'router';
+
+export interface Flags {
+  proxyType?: string;
+  domain?: string;
+  meshConfig?: string;
+  serviceCluster?: string;
+  proxyLogLevel?: string;
+  proxyComponentLogLevel?: string;
+  concurrency?: number;
+  templateFile?: string;
+  outlierLogPath?: string;
+  /** Directory of standalone discovery config; the agent runs its own discovery server. */
+  standalone?: string;
+}
+
+export interface ConfigInputs {
+  flags: Flags;
+  env: Env;
+  /** Returns the file's text, or undefined when it does not exist. */
+  readFile(file: string): string | undefined;
+}
+
+export interface AgentConfig {
+  /** The role used in the node id and bootstrap (`ingress` is run as a router). */
+  proxyType: ProxyType;
+  /** What the user asked for: sidecar, router or ingress. */
+  requestedType: string;
+  proxy: Readonly<ProxyConfig>;
+  domain: string;
+  serviceCluster: string;
+  /** Envoy's -l level. */
+  proxyLogLevel: string;
+  /** Envoy's --component-log-level, including components given in --proxyLogLevel. */
+  componentLogLevel: string;
+  concurrency: number | undefined;
+  templateFile: string;
+  meshConfigFile: string;
+  bootstrapOverrideFile: string;
+  outlierLogPath: string;
+  podName: string;
+  podNamespace: string;
+  instanceIps: string[];
+  serviceAccount: string;
+  trustDomain: string;
+  clusterId: string;
+  deltaXds: boolean;
+  dnsEnabled: boolean;
+  dnsProxyAddr: string;
+  envoyStatusPort: number;
+  envoyPrometheusPort: number;
+  exitOnZeroActiveConnections: boolean;
+  minimumDrainDuration: number;
+  maximumDrainDuration: number;
+  xdsSocket: string;
+  sdsSocket: string;
+  standaloneDir: string;
+  /** Pod labels and annotations read from ./etc/istio/pod. */
+  podLabels: Record<string, string>;
+  podAnnotations: Record<string, string>;
+  /** Where each ProxyConfig field's value came from, for error messages and `bootstrap` output. */
+  sources: Record<string, string>;
+}
+
+export const DEFAULT_MESH_CONFIG = './etc/istio/config/mesh';
+export const POD_LABELS_FILE = './etc/istio/pod/labels';
+export const POD_ANNOTATIONS_FILE = './etc/istio/pod/annotations';
+export const SDS_SOCKET = './var/run/secrets/workload-spiffe-uds/socket';
+
+const ENVOY_LEVELS = new Set(['trace', 'debug', 'info', 'warning', 'warn', 'error', 'critical', 'off']);
+
+function parseYamlOrJson(text: string, source: string): unknown {
+  try {
+    return YAML.parse(text, { uniqueKeys: true });
+  } catch (e) {
+    throw configError('document', source, `not valid YAML or JSON: ${errorMessage(e).split('\n')[0]}`);
+  }
+}
+
+/** Parses Kubernetes downward-API files: `key="value"` lines with Go-quoted values. */
+export function parseDownwardApi(text: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const line of text.split('\n')) {
+    const m = /^([^=]+)=(.*)$/.exec(line.trim());
+    if (!m) continue;
+    let v = m[2]!;
+    if (v.startsWith('"') && v.endsWith('"') && v.length >= 2) {
+      try {
+        v = JSON.parse(v);
+      } catch {
+        v = v.slice(1, -1);
+      }
+    }
+    out[m[1]!] = v;
+  }
+  return out;
+}
+
+/** `info,misc:error` -> level info, components misc:error. */
+export function splitProxyLogLevel(spec: string, source: string): { level: string; components: string[] } {
+  let level = '';
+  const components: string[] = [];
+  for (const part of spec.split(',').map((p) => p.trim()).filter(Boolean)) {
+    const idx = part.indexOf(':');
+    const lvl = idx < 0 ? part : part.slice(idx + 1);
+    if (!ENVOY_LEVELS.has(lvl)) throw configError('proxyLogLevel', source, `unknown Envoy log level "${lvl}"`);
+    if (idx < 0) level = part;
+    else components.push(part);
+  }
+  return { level: level === 'warn' ? 'warning' : level, components };
+}
+
+export function buildConfig(inputs: ConfigInputs): AgentConfig {
+  const { flags, env } = inputs;
+  const sources: Record<string, string> = {};
+  let proxy: ProxyConfig = defaultProxyConfig();
+  for (const k of Object.keys(proxy)) sources[k] = 'default';
+
+  const apply = (layer: ProxyConfigLayer, source: string) => {
+    proxy = { ...proxy, ...layer };
+    for (const k of Object.keys(layer)) sources[k] = source;
+  };
+
+  // Mesh config file: absent at the default path is fine; absent when named explicitly is an error.
+  const meshConfigFile = flags.meshConfig ?? DEFAULT_MESH_CONFIG;
+  const meshText = inputs.readFile(meshConfigFile);
+  if (meshText === undefined && flags.meshConfig !== undefined) {
+    throw configError('meshConfig', '--meshConfig', `file ${meshConfigFile} does not exist`);
+  }
+  if (meshText !== undefined && meshText.trim() !== '') {
+    const src = `mesh config ${meshConfigFile}`;
+    const mesh = parseYamlOrJson(meshText, src);
+    if (mesh !== null && (typeof mesh !== 'object' || Array.isArray(mesh))) throw configError('document', src, 'want a MeshConfig mapping');
+    const dc = (mesh as Record<string, unknown> | null)?.defaultConfig;
+    apply(parseProxyConfigLayer(dc, `${src} defaultConfig`), src);
+  }
+
+  const proxyConfigEnv = envs.PROXY_CONFIG.get(env);
+  if (proxyConfigEnv.trim() !== '') {
+    apply(parseProxyConfigLayer(parseYamlOrJson(proxyConfigEnv, 'environment variable PROXY_CONFIG'), 'environment variable PROXY_CONFIG'), 'environment variable PROXY_CONFIG');
+  }
+
+  const labelsText = inputs.readFile(POD_LABELS_FILE);
+  const annotationsText = inputs.readFile(POD_ANNOTATIONS_FILE);
+  const podLabels = labelsText ? parseDownwardApi(labelsText) : {};
+  const podAnnotations = annotationsText ? parseDownwardApi(annotationsText) : {};
+  const annSrc = `annotation proxy.istio.io/config in ${POD_ANNOTATIONS_FILE}`;
+  if (podAnnotations['proxy.istio.io/config']) apply(parseProxyConfigLayer(parseYamlOrJson(podAnnotations['proxy.istio.io/config'], annSrc), annSrc), annSrc);
+  if (podAnnotations['sidecar.istio.io/discoveryAddress']) apply({ discoveryAddress: podAnnotations['sidecar.istio.io/discoveryAddress'] }, 'annotation sidecar.istio.io/discoveryAddress');
+  if (podAnnotations['status.sidecar.istio.io/port']) {
+    const src = 'annotation status.sidecar.istio.io/port';
+    apply({ statusPort: asPort(podAnnotations['status.sidecar.istio.io/port'], (p) => { throw configError('statusPort', src, p); }) as number }, src);
+  }
+
+  // proxyMetadata entries act as environment variables (Istio applies them before reading env).
+  const effEnv: Env = { ...proxy.proxyMetadata, ...env };
+
+  // Flags.
+  if (flags.serviceCluster !== undefined) apply({ serviceCluster: flags.serviceCluster }, '--serviceCluster');
+  if (flags.concurrency !== undefined) {
+    if (!Number.isInteger(flags.concurrency) || flags.concurrency < 0) throw configError('concurrency', '--concurrency', `want a non-negative integer, got ${flags.concurrency}`);
+    apply({ concurrency: flags.concurrency }, '--concurrency');
+  }
+  if (proxy.concurrency === undefined) {
+    const cpu = envs.ISTIO_CPU_LIMIT.get(effEnv);
+    if (cpu > 0) apply({ concurrency: cpu }, 'environment variable ISTIO_CPU_LIMIT');
+  }
+  if (flags.templateFile) apply({ proxyBootstrapTemplatePath: flags.templateFile }, '--templateFile');
+  else if (envs.ISTIO_BOOTSTRAP.isSet(effEnv)) apply({ proxyBootstrapTemplatePath: envs.ISTIO_BOOTSTRAP.get(effEnv) }, 'environment variable ISTIO_BOOTSTRAP');
+
+  if (proxy.parentShutdownDuration <= proxy.drainDuration) {
+    throw configError('parentShutdownDuration', sources.parentShutdownDuration!, `must be longer than drainDuration (${proxy.drainDuration / 1000}s from ${sources.drainDuration}), or the parent is killed before it drains`);
+  }
+  if (proxy.statusPort === proxy.proxyAdminPort) throw configError('statusPort', sources.statusPort!, `equals proxyAdminPort ${proxy.proxyAdminPort}`);
+
+  const requested = flags.proxyType ?? 'sidecar';
+  if (!['sidecar', 'router', 'ingress'].includes(requested)) {
+    throw configError('proxy type', 'command line', `unknown proxy type "${requested}" (want sidecar, router or ingress)`);
+  }
+  const proxyType: ProxyType = requested === 'sidecar' ? 'sidecar' : 'router';
+
+  const podNamespace = envs.POD_NAMESPACE.get(effEnv);
+  const { level, components } = splitProxyLogLevel(flags.proxyLogLevel ?? 'warning', '--proxyLogLevel');
+  const extraComponents = (flags.proxyComponentLogLevel ?? '').split(',').map((s) => s.trim()).filter(Boolean);
+  for (const c of extraComponents) {
+    const lvl = c.split(':')[1];
+    if (!lvl || !ENVOY_LEVELS.has(lvl)) throw configError('proxyComponentLogLevel', '--proxyComponentLogLevel', `"${c}" is not component:level`);
+  }
+  if (flags.proxyLogLevel !== undefined && !parseLevel(level || 'info') && !ENVOY_LEVELS.has(level)) {
+    throw configError('proxyLogLevel', '--proxyLogLevel', `unknown level "${level}"`);
+  }
+
+  const instanceIps = envs.INSTANCE_IP.get(effEnv).split(',').map((s) => s.trim()).filter(Boolean);
+  const ecp = envs.ENVOY_STATUS_PORT;
+  const epp = envs.ENVOY_PROMETHEUS_PORT;
+  const portFromEnv = (v: typeof ecp) => asPort(v.get(effEnv), (p) => { throw configError(v.name, `environment variable ${v.name}`, p); }) as number;
+
+  const cfg: AgentConfig = {
+    proxyType,
+    requestedType: requested,
+    proxy: Object.freeze(proxy),
+    domain: flags.domain ?? (podNamespace ? `${podNamespace}.svc.cluster.local` : 'cluster.local'),
+    serviceCluster: proxy.serviceCluster,
+    proxyLogLevel: level || 'warning',
+    componentLogLevel: [...components, ...extraComponents].join(','),
+    concurrency: proxy.concurrency,
+    templateFile: proxy.proxyBootstrapTemplatePath,
+    meshConfigFile,
+    bootstrapOverrideFile: envs.ISTIO_BOOTSTRAP_OVERRIDE.get(effEnv),
+    outlierLogPath: flags.outlierLogPath ?? '',
+    podName: envs.POD_NAME.get(effEnv),
+    podNamespace,
+    instanceIps,
+    serviceAccount: envs.SERVICE_ACCOUNT.get(effEnv),
+    trustDomain: envs.TRUST_DOMAIN.get(effEnv),
+    clusterId: envs.ISTIO_META_CLUSTER_ID.get(effEnv),
+    deltaXds: envs.ISTIO_DELTA_XDS.get(effEnv),
+    dnsEnabled: (envs.ISTIO_META_DNS_CAPTURE.get(effEnv) && proxyType === 'sidecar') || envs.ISTIO_META_ENABLE_DNS_SERVER.get(effEnv),
+    dnsProxyAddr: envs.DNS_PROXY_ADDR.get(effEnv),
+    envoyStatusPort: portFromEnv(ecp),
+    envoyPrometheusPort: portFromEnv(epp),
+    exitOnZeroActiveConnections: envs.EXIT_ON_ZERO_ACTIVE_CONNECTIONS.get(effEnv),
+    minimumDrainDuration: envs.MINIMUM_DRAIN_DURATION.get(effEnv),
+    maximumDrainDuration: envs.MAXIMUM_DRAIN_DURATION.get(effEnv),
+    xdsSocket: path.join(proxy.configPath, 'XDS'),
+    sdsSocket: SDS_SOCKET,
+    standaloneDir: flags.standalone ?? '',
+    podLabels,
+    podAnnotations,
+    sources,
+  };
+  return deepFreeze(cfg);
+}
+
+function deepFreeze<T>(o: T): T {
+  if (o && typeof o === 'object' && !Object.isFrozen(o)) {
+    Object.freeze(o);
+    for (const v of Object.values(o as object)) deepFreeze(v);
+  }
+  return o;
+}

@@ -1,0 +1,115 @@
+// Every environment variable the agent reads is registered here, once, with its default and a description.
+// Readers take an env object so tests and pure code never touch process.env directly.
+
+import { parseDuration } from './duration';
+import { configError } from './errors';
+
+export type Env = Readonly<Record<string, string | undefined>>;
+
+export interface EnvVar<T> {
+  readonly name: string;
+  readonly description: string;
+  readonly defaultText: string;
+  get(env: Env): T;
+  isSet(env: Env): boolean;
+}
+
+const registry = new Map<string, EnvVar<unknown>>();
+
+function register<T>(name: string, defaultText: string, description: string, parse: (raw: string) => T, def: T): EnvVar<T> {
+  const v: EnvVar<T> = {
+    name,
+    description,
+    defaultText,
+    isSet: (env) => env[name] !== undefined && env[name] !== '',
+    get(env) {
+      const raw = env[name];
+      if (raw === undefined || raw === '') return def;
+      try {
+        return parse(raw);
+      } catch (e) {
+        throw configError(name, `environment variable ${name}`, (e as Error).message);
+      }
+    },
+  };
+  registry.set(name, v as EnvVar<unknown>);
+  return v;
+}
+
+export const str = (name: string, def: string, desc: string) => register(name, def, desc, (r) => r, def);
+export const bool = (name: string, def: boolean, desc: string) =>
+  register(name, String(def), desc, (r) => {
+    const t = r.trim().toLowerCase();
+    if (['1', 'true', 't', 'yes', 'on'].includes(t)) return true;
+    if (['0', 'false', 'f', 'no', 'off'].includes(t)) return false;
+    throw new Error(`"${r}" is not a boolean`);
+  }, def);
+export const int = (name: string, def: number, desc: string) =>
+  register(name, String(def), desc, (r) => {
+    if (!/^-?\d+$/.test(r.trim())) throw new Error(`"${r}" is not an integer`);
+    return parseInt(r, 10);
+  }, def);
+export const float = (name: string, def: number, desc: string) =>
+  register(name, String(def), desc, (r) => {
+    const n = Number(r);
+    if (!Number.isFinite(n)) throw new Error(`"${r}" is not a number`);
+    return n;
+  }, def);
+/** Milliseconds. */
+export const duration = (name: string, defText: string, desc: string) =>
+  register(name, defText, desc, parseDuration, parseDuration(defText));
+
+export function registeredVars(): EnvVar<unknown>[] {
+  return [...registry.values()].sort((a, b) => a.name.localeCompare(b.name));
+}
+
+// ---- the registry ----
+export const POD_NAME = str('POD_NAME', '', 'Pod (or VM workload) name; the node id is <type>~<ip>~POD_NAME.POD_NAMESPACE~<domain>');
+export const POD_NAMESPACE = str('POD_NAMESPACE', '', 'Namespace of the workload; also the default for --domain');
+export const INSTANCE_IP = str('INSTANCE_IP', '', 'Workload IP; first choice for the node id IP (comma list allowed)');
+export const SERVICE_ACCOUNT = str('SERVICE_ACCOUNT', '', 'Service account, used in the workload SPIFFE identity');
+export const HOST_IP = str('HOST_IP', '', 'IP of the host the workload runs on (node metadata)');
+export const TRUST_DOMAIN = str('TRUST_DOMAIN', 'cluster.local', 'SPIFFE trust domain');
+export const ISTIO_META_CLUSTER_ID = str('ISTIO_META_CLUSTER_ID', 'Kubernetes', 'Cluster id, sent as the ClusterID gRPC header');
+export const PROXY_CONFIG = str('PROXY_CONFIG', '', 'ProxyConfig as JSON or YAML, layered over the mesh file defaultConfig');
+export const ISTIO_BOOTSTRAP_OVERRIDE = str('ISTIO_BOOTSTRAP_OVERRIDE', '', 'Path of a JSON/YAML file merged over the generated bootstrap');
+export const ISTIO_BOOTSTRAP = str('ISTIO_BOOTSTRAP', '', 'Path of a bootstrap template (same as --templateFile)');
+export const ISTIO_CPU_LIMIT = int('ISTIO_CPU_LIMIT', 0, 'CPU limit; the Envoy concurrency when ProxyConfig.concurrency is unset');
+export const ISTIO_DELTA_XDS = bool('ISTIO_DELTA_XDS', true, 'Use Delta ADS between Envoy and the agent (false: state of the world)');
+export const ISTIO_VERSION = str('ISTIO_VERSION', '', 'Istio version reported in node metadata (defaults to the agent version)');
+export const ENVOY_STATUS_PORT = int('ENVOY_STATUS_PORT', 15021, 'Port of Envoy\'s readiness listener (/healthz/ready)');
+export const ENVOY_PROMETHEUS_PORT = int('ENVOY_PROMETHEUS_PORT', 15090, 'Port of Envoy\'s Prometheus listener (/stats/prometheus)');
+export const DNS_PROXY_ADDR = str('DNS_PROXY_ADDR', 'localhost:15053', 'Address of the agent DNS proxy');
+export const ISTIO_META_DNS_CAPTURE = bool('ISTIO_META_DNS_CAPTURE', false, 'Enable the DNS proxy for sidecars');
+export const ISTIO_META_ENABLE_DNS_SERVER = bool('ISTIO_META_ENABLE_DNS_SERVER', false, 'Enable the DNS proxy for any proxy type');
+export const DNS_FORWARD_PARALLEL = bool('DNS_FORWARD_PARALLEL', false, 'Forward DNS queries to all upstreams in parallel');
+export const DNS_FORWARD_TIMEOUT = duration('DNS_FORWARD_TIMEOUT', '5s', 'Timeout of one upstream DNS query');
+export const CA_ADDR = str('CA_ADDR', '', 'CA address (defaults to discoveryAddress; port 15010 means plaintext)');
+export const CA_PROVIDER = str('CA_PROVIDER', 'Citadel', 'CA provider name');
+export const PILOT_CERT_PROVIDER = str('PILOT_CERT_PROVIDER', 'istiod', 'Who signs istiod\'s serving certificate');
+export const CA_ROOT_CA = str('CA_ROOT_CA', '', 'Root certificate of the CA: a path, or SYSTEM');
+export const XDS_ROOT_CA = str('XDS_ROOT_CA', '', 'Root certificate of the discovery server: a path, or SYSTEM');
+export const ISTIOD_SAN = str('ISTIOD_SAN', '', 'Expected server name of the discovery server');
+export const JWT_POLICY = str('JWT_POLICY', 'third-party-jwt', 'third-party-jwt or first-party-jwt');
+export const PROV_CERT = str('PROV_CERT', '', 'Directory of provisioning certificates (client cert for xDS/CA)');
+export const OUTPUT_CERTS = str('OUTPUT_CERTS', '', 'Directory where issued certificates are written');
+export const FILE_MOUNTED_CERTS = bool('FILE_MOUNTED_CERTS', false, 'Use mounted certificate files instead of a CA');
+export const SECRET_TTL = duration('SECRET_TTL', '24h', 'Requested lifetime of workload certificates');
+export const SECRET_GRACE_PERIOD_RATIO = float('SECRET_GRACE_PERIOD_RATIO', 0.5, 'Rotate when this share of the lifetime is left');
+export const SECRET_GRACE_PERIOD_RATIO_JITTER = float('SECRET_GRACE_PERIOD_RATIO_JITTER', 0.01, 'Random jitter added to the grace ratio');
+export const WORKLOAD_RSA_KEY_SIZE = int('WORKLOAD_RSA_KEY_SIZE', 2048, 'RSA key size for workload keys');
+export const ECC_SIGNATURE_ALGORITHM = str('ECC_SIGNATURE_ALGORITHM', '', 'ECDSA instead of RSA for workload keys when set');
+export const ECC_CURVE = str('ECC_CURVE', 'P256', 'ECDSA curve');
+export const PKCS8_KEY = bool('PKCS8_KEY', false, 'Write keys in PKCS#8');
+export const FILE_DEBOUNCE_DURATION = duration('FILE_DEBOUNCE_DURATION', '100ms', 'Quiet period before a changed watched file is acted on');
+export const EXIT_ON_ZERO_ACTIVE_CONNECTIONS = bool('EXIT_ON_ZERO_ACTIVE_CONNECTIONS', false, 'On shutdown, end the drain as soon as Envoy has no downstream connections');
+export const MINIMUM_DRAIN_DURATION = duration('MINIMUM_DRAIN_DURATION', '5s', 'With EXIT_ON_ZERO_ACTIVE_CONNECTIONS, drain at least this long');
+export const MAXIMUM_DRAIN_DURATION = duration('MAXIMUM_DRAIN_DURATION', '5m', 'With EXIT_ON_ZERO_ACTIVE_CONNECTIONS, never drain longer than this');
+export const ISTIO_ENVOY_ENABLE_CORE_DUMP = bool('ISTIO_ENVOY_ENABLE_CORE_DUMP', false, 'Pass --enable-core-dump to Envoy');
+export const DISABLE_ENVOY = bool('DISABLE_ENVOY', false, 'Run the agent without Envoy (proxyless)');
+export const GRPC_XDS_BOOTSTRAP = str('GRPC_XDS_BOOTSTRAP', '', 'Where to write a gRPC xDS bootstrap for proxyless clients');
+export const GRPC_KEEPALIVE_INTERVAL = duration('GRPC_KEEPALIVE_INTERVAL', '30s', 'gRPC keepalive interval to the discovery server');
+export const GRPC_KEEPALIVE_TIMEOUT = duration('GRPC_KEEPALIVE_TIMEOUT', '10s', 'gRPC keepalive timeout to the discovery server');
+export const XDS_MAX_MESSAGE_BYTES = int('XDS_MAX_MESSAGE_BYTES', 256 * 1024 * 1024, 'Largest xDS message the proxy accepts either way');
+export const PROXY_CONFIG_XDS_AGENT = bool('PROXY_CONFIG_XDS_AGENT', false, 'Subscribe to ProxyConfig over xDS (PCDS)');
+export const ENVOY_VALIDATE_BEFORE_RESTART = bool('ENVOY_VALIDATE_BEFORE_RESTART', true, 'Run envoy --mode validate on a new bootstrap before a hot restart');

@@ -1,0 +1,174 @@
+// Istio's ProxyConfig: field names, defaults, and strict parsing of one layer (mesh file, PROXY_CONFIG, annotation).
+// Layers replace whole top-level fields, as Istio's merge does; durations are kept as milliseconds.
+
+import { parseDuration } from './duration';
+import { configError } from './errors';
+
+export interface StatsMatcher {
+  inclusionPrefixes?: string[];
+  inclusionSuffixes?: string[];
+  inclusionRegexps?: string[];
+}
+
+export interface ProxyConfig {
+  configPath: string;
+  binaryPath: string;
+  serviceCluster: string;
+  drainDuration: number;
+  parentShutdownDuration: number;
+  terminationDrainDuration: number;
+  discoveryAddress: string;
+  proxyAdminPort: number;
+  statusPort: number;
+  controlPlaneAuthPolicy: 'NONE' | 'MUTUAL_TLS';
+  /** 0 means "all cores" as Envoy reads it; undefined means unset (ISTIO_CPU_LIMIT may fill it). */
+  concurrency: number | undefined;
+  statNameLength: number;
+  proxyMetadata: Record<string, string>;
+  customConfigFile: string;
+  proxyBootstrapTemplatePath: string;
+  fileFlushInterval: number;
+  fileFlushMinSize: number;
+  extraStatTags: string[];
+  runtimeValues: Record<string, string>;
+  proxyStatsMatcher: StatsMatcher | undefined;
+  meshId: string;
+  availabilityZone: string;
+  holdApplicationUntilProxyStarts: boolean;
+  /** Kept as given; the health checker reads it. */
+  readinessProbe: Record<string, unknown> | undefined;
+  tracing: Record<string, unknown> | undefined;
+}
+
+export function defaultProxyConfig(): ProxyConfig {
+  return {
+    configPath: './etc/istio/proxy',
+    binaryPath: '/usr/local/bin/envoy',
+    serviceCluster: 'istio-proxy',
+    drainDuration: 45_000,
+    parentShutdownDuration: 60_000,
+    terminationDrainDuration: 5_000,
+    discoveryAddress: 'istiod.istio-system.svc:15012',
+    proxyAdminPort: 15000,
+    statusPort: 15020,
+    controlPlaneAuthPolicy: 'MUTUAL_TLS',
+    concurrency: undefined,
+    statNameLength: 189,
+    proxyMetadata: {},
+    customConfigFile: '',
+    proxyBootstrapTemplatePath: '',
+    fileFlushInterval: 1000,
+    fileFlushMinSize: 0,
+    extraStatTags: [],
+    runtimeValues: {},
+    proxyStatsMatcher: undefined,
+    meshId: '',
+    availabilityZone: '',
+    holdApplicationUntilProxyStarts: false,
+    readinessProbe: undefined,
+    tracing: undefined,
+  };
+}
+
+type FieldParser = (value: unknown, fail: (problem: string) => never) => unknown;
+
+const asString: FieldParser = (v, fail) => (typeof v === 'string' ? v : fail(`want a string, got ${JSON.stringify(v)}`));
+const asDuration: FieldParser = (v, fail) => {
+  if (typeof v === 'number' && v >= 0) return v * 1000;
+  if (typeof v !== 'string') return fail(`want a duration such as "45s", got ${JSON.stringify(v)}`);
+  try {
+    return parseDuration(v);
+  } catch (e) {
+    return fail((e as Error).message);
+  }
+};
+export const asPort: FieldParser = (v, fail) => {
+  const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 65535) return fail(`port ${JSON.stringify(v)} is out of range 1-65535`);
+  return n;
+};
+const asNonNegInt: FieldParser = (v, fail) => {
+  const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) return fail(`want a non-negative integer, got ${JSON.stringify(v)}`);
+  return n;
+};
+const asBool: FieldParser = (v, fail) => (typeof v === 'boolean' ? v : fail(`want true or false, got ${JSON.stringify(v)}`));
+const asStringMap: FieldParser = (v, fail) => {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) return fail('want a map of strings');
+  const out: Record<string, string> = {};
+  for (const [k, x] of Object.entries(v)) {
+    if (typeof x !== 'string' && typeof x !== 'number' && typeof x !== 'boolean') return fail(`value of "${k}" must be a string`);
+    out[k] = String(x);
+  }
+  return out;
+};
+const asStringList: FieldParser = (v, fail) =>
+  Array.isArray(v) && v.every((x) => typeof x === 'string') ? v : fail('want a list of strings');
+const asObject: FieldParser = (v, fail) =>
+  v !== null && typeof v === 'object' && !Array.isArray(v) ? v : fail('want an object');
+const asAuthPolicy: FieldParser = (v, fail) =>
+  v === 'NONE' || v === 'MUTUAL_TLS' ? v : fail(`want NONE or MUTUAL_TLS, got ${JSON.stringify(v)}`);
+const asStatsMatcher: FieldParser = (v, fail) => {
+  const o = asObject(v, fail) as Record<string, unknown>;
+  for (const k of Object.keys(o)) {
+    if (!['inclusionPrefixes', 'inclusionSuffixes', 'inclusionRegexps'].includes(k)) fail(`unknown field "${k}"`);
+    asStringList(o[k], fail);
+  }
+  return o;
+};
+
+const FIELDS: Record<keyof ProxyConfig, FieldParser> = {
+  configPath: asString,
+  binaryPath: asString,
+  serviceCluster: asString,
+  drainDuration: asDuration,
+  parentShutdownDuration: asDuration,
+  terminationDrainDuration: asDuration,
+  discoveryAddress: asString,
+  proxyAdminPort: asPort,
+  statusPort: asPort,
+  controlPlaneAuthPolicy: asAuthPolicy,
+  concurrency: asNonNegInt,
+  statNameLength: asNonNegInt,
+  proxyMetadata: asStringMap,
+  customConfigFile: asString,
+  proxyBootstrapTemplatePath: asString,
+  fileFlushInterval: asDuration,
+  fileFlushMinSize: asNonNegInt,
+  extraStatTags: asStringList,
+  runtimeValues: asStringMap,
+  proxyStatsMatcher: asStatsMatcher,
+  meshId: asString,
+  availabilityZone: asString,
+  holdApplicationUntilProxyStarts: asBool,
+  readinessProbe: asObject,
+  tracing: asObject,
+};
+
+// ProxyConfig fields Istio defines that this agent accepts but does not act on.
+const ACCEPTED_UNUSED = new Set([
+  'discoveryRefreshDelay', 'zipkinAddress', 'connectTimeout', 'statsdUdpAddress', 'envoyMetricsServiceAddress',
+  'interceptionMode', 'envoyAccessLogService', 'envoyMetricsService', 'sds', 'gatewayTopology', 'caCertificatesPem',
+  'image', 'privateKeyProvider', 'proxyHeaders', 'stsPort', 'statsdUdpAddress',
+]);
+
+export type ProxyConfigLayer = Partial<ProxyConfig>;
+
+/** Validates one layer; every error names the field and the layer's source. */
+export function parseProxyConfigLayer(raw: unknown, source: string): ProxyConfigLayer {
+  if (raw === undefined || raw === null) return {};
+  if (typeof raw !== 'object' || Array.isArray(raw)) throw configError('ProxyConfig', source, 'want a mapping of ProxyConfig fields');
+  const out: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(raw as Record<string, unknown>)) {
+    const parse = (FIELDS as Record<string, FieldParser | undefined>)[key];
+    if (!parse) {
+      if (ACCEPTED_UNUSED.has(key)) continue;
+      throw configError(key, source, 'unknown ProxyConfig field');
+    }
+    if (value === null) continue;
+    out[key] = parse(value, (problem) => {
+      throw configError(key, source, problem);
+    });
+  }
+  return out as ProxyConfigLayer;
+}
