@@ -1,0 +1,47 @@
+// Regenerates proto/envoy.json: one protobufjs JSON descriptor with every Envoy message the agent encodes or
+// decodes (xDS, the resources the embedded discovery server builds, SDS secrets). The .proto sources come
+// from the dev dependency @grpc/grpc-js-xds (deps/); the generated file is committed, so builds need no network.
+// Run: npx tsx scripts/gen-envoy-protos.ts
+
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import * as protobuf from 'protobufjs';
+
+const deps = path.join(path.dirname(require.resolve('@grpc/grpc-js-xds/package.json')), 'deps');
+const includeDirs = ['envoy-api', 'xds', 'googleapis', 'protoc-gen-validate'].map((d) => path.join(deps, d));
+const pbDir = path.dirname(require.resolve('protobufjs/package.json'));
+
+const FILES = [
+  'envoy/service/discovery/v3/ads.proto',
+  'envoy/service/secret/v3/sds.proto',
+  'envoy/config/cluster/v3/cluster.proto',
+  'envoy/config/listener/v3/listener.proto',
+  'envoy/config/route/v3/route.proto',
+  'envoy/config/endpoint/v3/endpoint.proto',
+  'envoy/extensions/filters/network/http_connection_manager/v3/http_connection_manager.proto',
+  'envoy/extensions/filters/network/tcp_proxy/v3/tcp_proxy.proto',
+  'envoy/extensions/filters/network/direct_response/v3/config.proto',
+  'envoy/extensions/filters/http/router/v3/router.proto',
+  'envoy/extensions/transport_sockets/tls/v3/tls.proto',
+  'envoy/extensions/transport_sockets/tls/v3/secret.proto',
+  'envoy/extensions/access_loggers/file/v3/file.proto',
+  'envoy/extensions/upstreams/http/v3/http_protocol_options.proto',
+];
+
+const root = new protobuf.Root();
+root.resolvePath = (origin, target) => {
+  if (target.startsWith('google/protobuf/')) {
+    const p = path.join(pbDir, target);
+    if (fs.existsSync(p)) return p;
+  }
+  for (const dir of includeDirs) {
+    const p = path.join(dir, target);
+    if (fs.existsSync(p)) return p;
+  }
+  return protobuf.util.path.resolve(origin, target);
+};
+root.loadSync(FILES, { keepCase: true });
+root.resolveAll();
+const out = path.resolve(__dirname, '..', 'proto', 'envoy.json');
+fs.writeFileSync(out, JSON.stringify(root.toJSON()));
+console.log(`wrote ${out} (${fs.statSync(out).size} bytes)`);
