@@ -1,0 +1,79 @@
+// A small client for Envoy's admin API, on the loopback address the bootstrap binds it to.
+
+import * as http from 'node:http';
+
+export interface AdminAddress {
+  host: string;
+  port: number;
+}
+
+export interface ServerInfo {
+  state: string;
+  restartEpoch: number;
+  hotRestartVersion: string;
+  uptimeCurrentEpoch: string;
+}
+
+export function adminRequest(addr: AdminAddress, method: string, path: string, timeoutMs = 2000): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: addr.host, port: addr.port, method, path, agent: false, timeout: timeoutMs }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
+      res.on('error', reject);
+    });
+    req.on('timeout', () => req.destroy(new Error(`Envoy admin ${method} ${path} timed out after ${timeoutMs} ms`)));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+export async function serverInfo(addr: AdminAddress, timeoutMs = 1000): Promise<ServerInfo> {
+  const { status, body } = await adminRequest(addr, 'GET', '/server_info', timeoutMs);
+  if (status !== 200) throw new Error(`/server_info answered ${status}`);
+  const j = JSON.parse(body) as { state: string; command_line_options?: { restart_epoch?: number }; hot_restart_version?: string; uptime_current_epoch?: string };
+  return {
+    state: j.state,
+    restartEpoch: j.command_line_options?.restart_epoch ?? 0,
+    hotRestartVersion: j.hot_restart_version ?? '',
+    uptimeCurrentEpoch: j.uptime_current_epoch ?? '',
+  };
+}
+
+export async function runningHotRestartVersion(addr: AdminAddress): Promise<string> {
+  const { status, body } = await adminRequest(addr, 'GET', '/hot_restart_version');
+  if (status !== 200) throw new Error(`/hot_restart_version answered ${status}`);
+  return body.trim();
+}
+
+export async function drainListeners(addr: AdminAddress, opts: { inboundOnly: boolean; skipExit?: boolean }): Promise<void> {
+  let q = '/drain_listeners?graceful';
+  if (opts.inboundOnly) q += '&inboundonly';
+  if (opts.skipExit) q += '&skip_exit';
+  const { status, body } = await adminRequest(addr, 'POST', q);
+  if (status !== 200) throw new Error(`POST ${q} answered ${status}: ${body.trim()}`);
+}
+
+/** Sum of listener downstream_cx_active, leaving out the agent's own and admin listeners (as Istio does). */
+export async function activeDownstreamConnections(addr: AdminAddress, ownPorts: number[]): Promise<number> {
+  const { status, body } = await adminRequest(addr, 'GET', '/stats?usedonly&filter=downstream_cx_active$', 2000);
+  if (status !== 200) throw new Error(`/stats answered ${status}`);
+  let sum = 0;
+  for (const line of body.split('\n')) {
+    const m = /^listener\.(.+)\.downstream_cx_active: (\d+)$/.exec(line.trim());
+    if (!m) continue;
+    const name = m[1]!;
+    if (name.startsWith('worker_') || name.includes('.worker_') || name.startsWith('admin') || name.startsWith('envoy_internal')) continue;
+    if (ownPorts.some((p) => name.endsWith(`_${p}`))) continue;
+    sum += Number(m[2]);
+  }
+  return sum;
+}
+
+export async function statValue(addr: AdminAddress, name: string): Promise<number | undefined> {
+  const esc = name.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  const { status, body } = await adminRequest(addr, 'GET', `/stats?filter=^${encodeURIComponent(esc)}$`, 1000);
+  if (status !== 200) return undefined;
+  const m = new RegExp(`^${esc}: (\\d+)$`, 'm').exec(body);
+  return m ? Number(m[1]) : undefined;
+}

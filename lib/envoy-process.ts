@@ -1,0 +1,106 @@
+// Envoy behind a small process interface, so the supervisor's logic can run against a fake in unit tests.
+// Envoy runs in its own process group (a Ctrl-C or a group signal aimed at the agent does not reach it
+// directly), and with hot restart enabled Envoy sets PR_SET_PDEATHSIG itself, so it dies with the agent.
+
+import { spawn as nodeSpawn, execFile } from 'node:child_process';
+import * as readline from 'node:readline';
+import { scope } from './log';
+
+const log = scope('envoy');
+
+export interface ExitStatus {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
+export interface EnvoyProcess {
+  readonly pid: number;
+  /** Resolves once the process has exited (never rejects; a spawn failure is an exit with code 127). */
+  readonly exited: Promise<ExitStatus>;
+  /** Signals the whole process group; a no-op after exit. */
+  kill(signal: NodeJS.Signals): void;
+}
+
+export interface SpawnOptions {
+  /** Extra lines of Envoy's output are logged at this scope; the last few are kept for error reports. */
+  epoch: number;
+  env?: NodeJS.ProcessEnv;
+}
+
+export type Spawner = (binary: string, args: string[], opts: SpawnOptions) => EnvoyProcess;
+
+/** Keeps the tail of a process's output for failure reports. */
+export class OutputTail {
+  private lines: string[] = [];
+  constructor(private readonly max = 30) {}
+  push(line: string): void {
+    this.lines.push(line);
+    if (this.lines.length > this.max) this.lines.shift();
+  }
+  text(): string {
+    return this.lines.join('\n');
+  }
+  /** The most telling line: Envoy's critical/error lines first. */
+  reason(): string {
+    const bad = [...this.lines].reverse().find((l) => /\]\[(critical|error)\]/.test(l));
+    return (bad ?? this.lines[this.lines.length - 1] ?? '').replace(/^\[[^\]]*\]\[\d+\]/, '').trim();
+  }
+}
+
+export interface RealEnvoyProcess extends EnvoyProcess {
+  readonly output: OutputTail;
+}
+
+export const spawnEnvoy = (binary: string, args: string[], opts: SpawnOptions): RealEnvoyProcess => {
+  const child = nodeSpawn(binary, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env: opts.env ?? process.env });
+  const output = new OutputTail();
+  let done = false;
+  const exited = new Promise<ExitStatus>((resolve) => {
+    child.once('error', (err) => {
+      output.push(`spawn failed: ${err.message}`);
+      if (!done) {
+        done = true;
+        resolve({ code: 127, signal: null });
+      }
+    });
+    child.once('exit', (code, signal) => {
+      done = true;
+      resolve({ code, signal });
+    });
+  });
+  for (const stream of [child.stdout, child.stderr]) {
+    readline.createInterface({ input: stream! }).on('line', (line) => {
+      output.push(line);
+      if (/\]\[(critical|error)\]/.test(line)) log.warn(line, { epoch: opts.epoch });
+      else log.debug(line, { epoch: opts.epoch });
+    });
+  }
+  const pid = child.pid ?? -1;
+  return {
+    pid,
+    exited,
+    output,
+    kill(signal) {
+      if (done || pid <= 0) return;
+      try {
+        process.kill(-pid, signal);
+      } catch {
+        try {
+          child.kill(signal);
+        } catch {
+          /* already gone */
+        }
+      }
+    },
+  };
+};
+
+/** Runs a short Envoy command (validate, --hot-restart-version) and returns its exit code and output. */
+export function runEnvoyCommand(binary: string, args: string[], timeoutMs = 30_000): Promise<{ code: number; output: string }> {
+  return new Promise((resolve) => {
+    execFile(binary, args, { timeout: timeoutMs, maxBuffer: 4 * 1024 * 1024 }, (err, stdout, stderr) => {
+      const code = err ? (typeof (err as NodeJS.ErrnoException & { code?: unknown }).code === 'number' ? (err as unknown as { code: number }).code : 1) : 0;
+      resolve({ code, output: `${stdout}${stderr}`.trim() || (err ? err.message : '') });
+    });
+  });
+}

@@ -1,0 +1,538 @@
+// The epoch supervisor: keeps Envoy running with the desired config, hot-restarting it over Envoy's own protocol.
+//
+// Model (after Istio's 2019 epoch agent): a desired config and a current config. setDesired() resets the restart
+// budget and reconciles; reconcile() starts epoch latest+1 only when desired differs from current. Each epoch
+// has its own state (starting | live | draining | exited) and an abort (SIGKILL to its process group).
+//
+// Beyond that design, a hot restart here is made safe:
+//  - a new bootstrap is checked with `envoy --mode validate` first; one Envoy rejects is never launched;
+//  - epoch N+1 starts only once N is live (workers started, its INITIALIZING flag cleared), and at most three
+//    epochs overlap (anything older than N-2 is killed);
+//  - a child that exits before it went live does not take the serving parent down: its INITIALIZING flag is
+//    cleared and the config is retried with backoff; when the budget is spent, the last good epoch keeps serving
+//    and the failure is reported;
+//  - a binary whose --hot-restart-version differs from the running epoch's gets a drain-then-cold restart.
+//
+// Every way the supervisor ends (`done` resolves; agent.ts exits with the code):
+//  1. shutdown(graceful) after SIGTERM/SIGINT: drain, wait, SIGKILL every epoch -> 0
+//  2. shutdown(immediate): /quitquitquit, a second SIGTERM -> SIGKILL every epoch -> 0
+//  3. the only running Envoy exited 0 by itself (its own /quitquitquit) -> 0, as Istio's agent does
+//  4. the restart budget is spent with no Envoy running -> 1
+
+import { scope } from './log';
+import type { AdminAddress } from './envoy-admin';
+import type { EnvoyProcess, ExitStatus } from './envoy-process';
+
+const log = scope('supervisor');
+
+export const RESTART_BUDGET = 10;
+export const INITIAL_BACKOFF_MS = 200;
+
+/** Everything that feeds one epoch. Two configs with the same hash are the same Envoy. */
+export interface DesiredConfig {
+  hash: string;
+  bootstrap: Record<string, unknown>;
+  binaryPath: string;
+  admin: AdminAddress;
+  /** Drain only inbound listeners on shutdown (sidecars). */
+  inboundOnlyDrain: boolean;
+}
+
+export type EpochState = 'starting' | 'live' | 'draining' | 'exited';
+
+export interface LiveProbe {
+  epoch: number;
+  state: string;
+  hotRestartVersion: string;
+}
+
+/** Every effect the supervisor has on the world, so its logic can run against a fake. */
+export interface EnvoyRuntime {
+  /** Writes envoy-rev<epoch>.json and returns its path. */
+  writeBootstrap(epoch: number, cfg: DesiredConfig): string;
+  removeBootstrap(file: string): void;
+  /** undefined when Envoy accepts the file, else why not. */
+  validate(cfg: DesiredConfig, file: string): Promise<string | undefined>;
+  binaryHotRestartVersion(binary: string): Promise<string>;
+  /** baseId undefined: epoch 0 with a dynamic base id. */
+  spawn(epoch: number, cfg: DesiredConfig, file: string, baseId: number | undefined): EnvoyProcess;
+  /** Why a process failed, from its output (may be empty). */
+  failureReason(proc: EnvoyProcess): string;
+  probe(admin: AdminAddress): Promise<LiveProbe | undefined>;
+  /** The dynamic base id Envoy chose at epoch 0, once it has written it. */
+  readBaseId(): number | undefined;
+  clearBaseId(): void;
+  isInitializing(baseId: number): boolean | undefined;
+  clearInitializing(baseId: number): boolean;
+  removeShm(baseId: number): void;
+  drain(admin: AdminAddress, inboundOnly: boolean): Promise<void>;
+  activeConnections(admin: AdminAddress): Promise<number>;
+}
+
+export interface SupervisorOptions {
+  runtime: EnvoyRuntime;
+  validate: boolean;
+  terminationDrainMs: number;
+  exitOnZeroActiveConnections: boolean;
+  minimumDrainMs: number;
+  maximumDrainMs: number;
+  /** How often a starting epoch is probed. */
+  probeIntervalMs?: number;
+  /** Poll interval for active connections during an exit-on-zero drain. */
+  connectionPollMs?: number;
+  /** Drain wait before a cold restart (hot restart version changed). */
+  coldRestartDrainMs?: number;
+  /** First retry delay; the n-th retry waits this x 2^n (default 200 ms, as Istio's agent did). */
+  initialBackoffMs?: number;
+  now?: () => number;
+}
+
+interface Epoch {
+  n: number;
+  config: DesiredConfig;
+  proc: EnvoyProcess;
+  file: string;
+  state: EpochState;
+  startedAt: number;
+  liveAt?: number;
+  aborted: boolean;
+  baseId?: number;
+  hotRestartVersion?: string;
+}
+
+export interface Failure {
+  time: string;
+  epoch?: number;
+  configHash: string;
+  reason: string;
+}
+
+export interface SupervisorMetrics {
+  epochs_started_total: number;
+  epochs_live_total: number;
+  epoch_failures_total: number;
+  configs_rejected_total: number;
+  restart_budget_exhausted_total: number;
+  cold_restarts_total: number;
+}
+
+export interface SupervisorEnd {
+  code: number;
+  reason: string;
+}
+
+export class Supervisor {
+  private desired: DesiredConfig | undefined;
+  private current: DesiredConfig | undefined;
+  private readonly epochs = new Map<number, Epoch>();
+  private budget = RESTART_BUDGET;
+  private retryTimer: NodeJS.Timeout | undefined;
+  private retryAt: number | undefined;
+  private rejectedHash: string | undefined;
+  private launching = false;
+  private closing = false;
+  private killing = false;
+  private baseId: number | undefined;
+  private lastFailure: Failure | undefined;
+  private readonly metricsData: SupervisorMetrics = {
+    epochs_started_total: 0,
+    epochs_live_total: 0,
+    epoch_failures_total: 0,
+    configs_rejected_total: 0,
+    restart_budget_exhausted_total: 0,
+    cold_restarts_total: 0,
+  };
+  private endResolve!: (end: SupervisorEnd) => void;
+  private ended = false;
+  /** Resolves once the supervisor is finished and every Envoy is gone. */
+  readonly done: Promise<SupervisorEnd>;
+  private readonly liveListeners: Array<(epoch: number) => void> = [];
+  private readonly now: () => number;
+
+  constructor(private readonly opts: SupervisorOptions) {
+    this.now = opts.now ?? Date.now;
+    this.done = new Promise((r) => (this.endResolve = r));
+  }
+
+  /** A new desired config: resets the budget and reconciles (a no-op when nothing changed). */
+  setDesired(cfg: DesiredConfig): void {
+    if (this.closing) return;
+    if (this.desired?.hash === cfg.hash) return;
+    log.info(`new desired config ${short(cfg.hash)}`);
+    this.desired = cfg;
+    this.budget = RESTART_BUDGET;
+    this.cancelRetry();
+    this.reconcile();
+  }
+
+  onLive(fn: (epoch: number) => void): void {
+    this.liveListeners.push(fn);
+  }
+
+  /** Ready: the newest epoch that went live is still live, and the agent is not shutting down. */
+  ready(): boolean {
+    if (this.closing) return false;
+    const live = [...this.epochs.values()].filter((e) => e.liveAt !== undefined);
+    if (live.length === 0) return false;
+    return live.reduce((a, b) => (a.n > b.n ? a : b)).state === 'live';
+  }
+
+  /** The admin address of the newest live epoch (the one holding Envoy's admin port). */
+  liveAdmin(): AdminAddress | undefined {
+    return this.newestLive()?.config.admin;
+  }
+
+  newestLive(): { n: number; config: DesiredConfig } | undefined {
+    let best: Epoch | undefined;
+    for (const e of this.epochs.values()) if (e.state === 'live' && (!best || e.n > best.n)) best = e;
+    return best;
+  }
+
+  metrics(): SupervisorMetrics & { restart_budget_remaining: number; epochs_running: number } {
+    return { ...this.metricsData, restart_budget_remaining: this.budget, epochs_running: this.epochs.size };
+  }
+
+  debugState(): Record<string, unknown> {
+    return {
+      epochs: [...this.epochs.values()]
+        .sort((a, b) => a.n - b.n)
+        .map((e) => ({
+          epoch: e.n,
+          pid: e.proc.pid,
+          state: e.state,
+          configHash: e.config.hash,
+          startTime: new Date(e.startedAt).toISOString(),
+          liveTime: e.liveAt === undefined ? null : new Date(e.liveAt).toISOString(),
+          baseId: e.baseId ?? null,
+        })),
+      desiredConfigHash: this.desired?.hash ?? null,
+      currentConfigHash: this.current?.hash ?? null,
+      rejectedConfigHash: this.rejectedHash ?? null,
+      restartBudgetLeft: this.budget,
+      nextRetry: this.retryAt === undefined ? null : new Date(this.retryAt).toISOString(),
+      baseId: this.baseId ?? null,
+      lastFailure: this.lastFailure ?? null,
+      shuttingDown: this.closing,
+    };
+  }
+
+  // ---- reconcile and launch ----
+
+  private reconcile(): void {
+    if (this.closing || this.launching || this.retryTimer) return;
+    const want = this.desired;
+    if (!want || this.current?.hash === want.hash || this.rejectedHash === want.hash) return;
+    const starting = [...this.epochs.values()].find((e) => e.state === 'starting');
+    if (starting) {
+      log.debug(`epoch ${starting.n} is still starting; the next epoch waits until it is live`);
+      return;
+    }
+    this.launching = true;
+    this.launch(want)
+      .catch((err) => this.recordFailure(undefined, want.hash, `launch failed: ${(err as Error).message}`))
+      .finally(() => {
+        this.launching = false;
+        this.reconcile();
+      });
+  }
+
+  private latestEpoch(): number {
+    let max = -1;
+    for (const n of this.epochs.keys()) max = Math.max(max, n);
+    return max;
+  }
+
+  private async launch(cfg: DesiredConfig): Promise<void> {
+    let n = this.latestEpoch() + 1;
+    let file = this.opts.runtime.writeBootstrap(n, cfg);
+    if (this.opts.validate) {
+      const problem = await this.opts.runtime.validate(cfg, file);
+      if (this.closing || this.desired !== cfg) {
+        this.opts.runtime.removeBootstrap(file);
+        return;
+      }
+      if (problem !== undefined) {
+        this.opts.runtime.removeBootstrap(file);
+        this.rejectedHash = cfg.hash;
+        this.metricsData.configs_rejected_total++;
+        this.recordFailure(n, cfg.hash, `Envoy rejected the new bootstrap; it was not launched and the running epoch keeps serving: ${problem}`);
+        return;
+      }
+    }
+    if (n > 0) {
+      const parent = this.epochs.get(n - 1);
+      const want = await this.opts.runtime.binaryHotRestartVersion(cfg.binaryPath).catch((e: Error) => `unknown (${e.message})`);
+      if (this.closing) {
+        this.opts.runtime.removeBootstrap(file);
+        return;
+      }
+      if (parent?.hotRestartVersion && want !== parent.hotRestartVersion) {
+        log.warn(`hot restart version of ${cfg.binaryPath} is ${want}, the running epoch ${n - 1} has ${parent.hotRestartVersion}: ` +
+          'they cannot hand over sockets, so draining and cold-restarting instead');
+        this.metricsData.cold_restarts_total++;
+        await this.drainAndStopAll(this.opts.coldRestartDrainMs ?? this.opts.terminationDrainMs);
+        if (this.closing) {
+          this.opts.runtime.removeBootstrap(file);
+          return;
+        }
+        this.opts.runtime.removeBootstrap(file);
+        n = this.latestEpoch() + 1;
+        file = this.opts.runtime.writeBootstrap(n, cfg);
+      }
+    }
+    // Envoy allows at most three overlapping epochs: N-3 and older must be gone before N starts.
+    for (const e of this.epochs.values()) {
+      if (e.n <= n - 3) {
+        log.warn(`epoch ${e.n} is still alive while epoch ${n} starts; killing it (at most three epochs may overlap)`);
+        this.abort(e);
+      }
+    }
+    this.spawnEpoch(n, cfg, file);
+  }
+
+  private spawnEpoch(n: number, cfg: DesiredConfig, file: string): void {
+    const baseId = n === 0 ? undefined : this.baseId;
+    if (n === 0) {
+      if (this.baseId !== undefined) this.opts.runtime.removeShm(this.baseId);
+      this.baseId = undefined;
+      this.opts.runtime.clearBaseId();
+    }
+    const proc = this.opts.runtime.spawn(n, cfg, file, baseId);
+    const epoch: Epoch = { n, config: cfg, proc, file, state: 'starting', startedAt: this.now(), aborted: false, baseId };
+    this.epochs.set(n, epoch);
+    this.current = cfg;
+    this.metricsData.epochs_started_total++;
+    log.info(`epoch ${n} started (pid ${proc.pid}, config ${short(cfg.hash)}${baseId === undefined ? ', dynamic base id' : `, base id ${baseId}`})`);
+    void proc.exited.then((status) => this.onExit(epoch, status));
+    void this.watchUntilLive(epoch);
+  }
+
+  private async watchUntilLive(e: Epoch): Promise<void> {
+    const every = this.opts.probeIntervalMs ?? 100;
+    while (e.state === 'starting' && !this.killing) {
+      await sleep(every);
+      if (e.state !== 'starting') return;
+      if (e.baseId === undefined) {
+        const id = this.opts.runtime.readBaseId();
+        if (id !== undefined) e.baseId = this.baseId = id;
+        else continue; // epoch N+1 will need the base id epoch 0 chose
+      }
+      const info = await this.opts.runtime.probe(e.config.admin).catch(() => undefined);
+      if (!info || info.epoch !== e.n || info.state !== 'LIVE') continue;
+      // LIVE in /server_info comes before the child clears INITIALIZING (after workers started).
+      if (this.opts.runtime.isInitializing(e.baseId) === true) continue;
+      if (e.state !== 'starting') return;
+      this.markLive(e, info.hotRestartVersion);
+      return;
+    }
+  }
+
+  private markLive(e: Epoch, hotRestartVersion: string): void {
+    e.state = 'live';
+    e.liveAt = this.now();
+    e.hotRestartVersion = hotRestartVersion;
+    this.metricsData.epochs_live_total++;
+    for (const other of this.epochs.values()) if (other.n < e.n && other.state === 'live') other.state = 'draining';
+    log.info(`epoch ${e.n} is live after ${e.liveAt - e.startedAt} ms`);
+    for (const fn of this.liveListeners) fn(e.n);
+    this.reconcile();
+  }
+
+  // ---- exits ----
+
+  private onExit(e: Epoch, status: ExitStatus): void {
+    const wasLive = e.liveAt !== undefined;
+    e.state = 'exited';
+    this.epochs.delete(e.n);
+    this.opts.runtime.removeBootstrap(e.file);
+    const newest = this.epochs.get(this.latestEpoch());
+    this.current = newest?.config;
+    const how = status.signal ? `signal ${status.signal}` : `code ${status.code}`;
+
+    if (this.closing) {
+      log.info(`epoch ${e.n} exited (${how})`);
+      this.maybeFinishShutdown();
+      return;
+    }
+    if (e.aborted) {
+      log.info(`epoch ${e.n} aborted (${how})`);
+    } else if (status.code === 0 && wasLive) {
+      log.info(`epoch ${e.n} exited normally`);
+      if (this.epochs.size === 0 && !this.launching) {
+        this.finish(0, `Envoy epoch ${e.n} exited on its own with code 0`);
+        return;
+      }
+    } else {
+      const reason = this.opts.runtime.failureReason(e.proc);
+      const anyLive = [...this.epochs.values()].some((x) => x.liveAt !== undefined && x.state !== 'exited');
+      if (!wasLive && anyLive) {
+        // A failed hot restart: the parent keeps serving. Clear the flag the dead child left in shared memory.
+        if (e.baseId !== undefined && !this.opts.runtime.clearInitializing(e.baseId)) {
+          log.warn(`could not clear the INITIALIZING flag of base id ${e.baseId}; the next hot restart may be refused`);
+        }
+        this.recordFailure(e.n, e.config.hash, `new epoch ${e.n} exited (${how}) before it went live; epoch ${newest?.n} keeps serving${reason ? `: ${reason}` : ''}`);
+      } else {
+        this.recordFailure(e.n, e.config.hash, `epoch ${e.n} exited abnormally (${how})${reason ? `: ${reason}` : ''}; aborting the other epochs`);
+        for (const other of this.epochs.values()) this.abort(other);
+      }
+    }
+    // Aborted and failed epochs are restarted after a backoff; superseded parents are not.
+    if (e.aborted || !(status.code === 0 && wasLive)) this.scheduleRetry();
+    else this.reconcile();
+  }
+
+  private scheduleRetry(): void {
+    if (this.retryTimer || this.closing) return;
+    if (this.desired && this.current?.hash === this.desired.hash) return;
+    if (this.budget <= 0) {
+      this.metricsData.restart_budget_exhausted_total++;
+      if (this.epochs.size === 0) {
+        log.error('restart budget spent and no Envoy is running; giving up');
+        this.finish(1, 'restart budget spent with no Envoy running');
+        return;
+      }
+      const serving = this.newestLive();
+      if (this.desired) this.rejectedHash = this.desired.hash;
+      this.recordFailure(undefined, this.desired?.hash ?? '', `restart budget spent for config ${short(this.desired?.hash ?? '')}; ` +
+        `epoch ${serving?.n} keeps serving the last good config until the next change`);
+      return;
+    }
+    const delay = (this.opts.initialBackoffMs ?? INITIAL_BACKOFF_MS) * 2 ** (RESTART_BUDGET - this.budget);
+    this.budget--;
+    log.info(`restarting in ${delay} ms (restart budget left ${this.budget})`);
+    this.retryAt = this.now() + delay;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = undefined;
+      this.retryAt = undefined;
+      this.reconcile();
+    }, delay);
+  }
+
+  private cancelRetry(): void {
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+    this.retryAt = undefined;
+    this.rejectedHash = undefined;
+  }
+
+  private abort(e: Epoch): void {
+    if (e.state === 'exited') return;
+    e.aborted = true;
+    e.proc.kill('SIGKILL');
+  }
+
+  private recordFailure(epoch: number | undefined, configHash: string, reason: string): void {
+    this.metricsData.epoch_failures_total++;
+    this.lastFailure = { time: new Date(this.now()).toISOString(), epoch, configHash, reason };
+    log.error(reason);
+  }
+
+  // ---- shutdown ----
+
+  /**
+   * graceful: readiness off, drain the live epoch's listeners, wait terminationDrainDuration (or, with
+   * EXIT_ON_ZERO_ACTIVE_CONNECTIONS, until connections reach zero, between the minimum and the cap), then SIGKILL.
+   * A second call, or graceful false, kills at once.
+   */
+  async shutdown(graceful: boolean, why: string): Promise<SupervisorEnd> {
+    if (this.closing) {
+      if (!this.killing) {
+        log.warn(`${why}: killing Envoy now`);
+        this.killAll();
+      }
+      return this.done;
+    }
+    this.closing = true;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+    log.info(`${why}: shutting down${graceful ? ' gracefully' : ''}`);
+    for (const e of this.epochs.values()) if (e.state === 'live') e.state = 'draining';
+    if (graceful && this.epochs.size > 0) {
+      await this.drainWait();
+    }
+    this.killAll();
+    return this.done;
+  }
+
+  private async drainWait(): Promise<void> {
+    const serving = [...this.epochs.values()].filter((e) => e.liveAt !== undefined).sort((a, b) => b.n - a.n)[0];
+    if (serving) {
+      await this.opts.runtime.drain(serving.config.admin, serving.config.inboundOnlyDrain).then(
+        () => log.info(`asked epoch ${serving.n} to drain its listeners`),
+        (err: Error) => log.warn(`could not ask Envoy to drain: ${err.message}`),
+      );
+    }
+    const allExited = this.done.then(() => undefined);
+    if (!this.opts.exitOnZeroActiveConnections || !serving) {
+      await Promise.race([sleep(this.opts.terminationDrainMs), allExited]);
+      return;
+    }
+    const deadline = this.now() + this.opts.maximumDrainMs;
+    await Promise.race([sleep(this.opts.minimumDrainMs), allExited]);
+    let errors = 0;
+    while (!this.killing && this.epochs.size > 0 && this.now() < deadline) {
+      try {
+        const active = await this.opts.runtime.activeConnections(serving.config.admin);
+        errors = 0;
+        if (active === 0) {
+          log.info('no active downstream connections left; ending the drain');
+          return;
+        }
+        log.debug(`${active} downstream connections still active`);
+      } catch (err) {
+        if (++errors >= 5) {
+          log.warn(`could not read active connections 5 times in a row (${(err as Error).message}); ending the drain`);
+          return;
+        }
+      }
+      await Promise.race([sleep(Math.min(this.opts.connectionPollMs ?? 1000, Math.max(0, deadline - this.now()))), allExited]);
+    }
+    if (this.epochs.size > 0 && this.now() >= deadline) log.warn(`drain cap of ${this.opts.maximumDrainMs} ms reached with connections still open`);
+  }
+
+  private killAll(): void {
+    this.killing = true;
+    for (const e of this.epochs.values()) this.abort(e);
+    this.maybeFinishShutdown();
+  }
+
+  private maybeFinishShutdown(): void {
+    if (this.killing && this.epochs.size === 0) this.finish(0, 'shut down');
+  }
+
+  /** For a cold restart: drain the live epochs, wait, and stop them all (the agent keeps running). */
+  private async drainAndStopAll(waitMs: number): Promise<void> {
+    const serving = this.newestLive();
+    if (serving) {
+      await this.opts.runtime.drain(serving.config.admin, false).catch((err: Error) => log.warn(`could not drain before the cold restart: ${err.message}`));
+      await sleep(waitMs);
+    }
+    const gone = [...this.epochs.values()].map((e) => {
+      this.abort(e);
+      return e.proc.exited;
+    });
+    await Promise.all(gone);
+    // onExit ran for each; clear the retries they scheduled, this restart is deliberate.
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+    this.retryAt = undefined;
+  }
+
+  private finish(code: number, reason: string): void {
+    if (this.ended) return;
+    this.ended = true;
+    this.closing = true;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    if (this.baseId !== undefined) this.opts.runtime.removeShm(this.baseId);
+    this.opts.runtime.clearBaseId();
+    this.endResolve({ code, reason });
+  }
+}
+
+function short(hash: string): string {
+  return hash.slice(0, 12);
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}

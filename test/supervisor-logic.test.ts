@@ -1,0 +1,333 @@
+// The supervisor's decisions against a fake Envoy runtime: fast, deterministic, no processes.
+// The same behaviours are shown against the real Envoy in supervisor-envoy.test.ts.
+
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import type { EnvoyProcess, ExitStatus } from '../lib/envoy-process';
+import { Supervisor, type DesiredConfig, type EnvoyRuntime, type LiveProbe, type SupervisorOptions } from '../lib/supervisor';
+import { configureLogging, resetLogging } from '../lib/log';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+class FakeProc implements EnvoyProcess {
+  private resolveExit!: (s: ExitStatus) => void;
+  readonly exited = new Promise<ExitStatus>((r) => (this.resolveExit = r));
+  alive = true;
+  signals: string[] = [];
+  constructor(readonly pid: number, readonly epoch: number, readonly baseId: number | undefined, readonly hash: string) {}
+  kill(signal: NodeJS.Signals): void {
+    this.signals.push(signal);
+    if (signal === 'SIGKILL') this.exit({ code: null, signal });
+  }
+  exit(s: ExitStatus): void {
+    if (!this.alive) return;
+    this.alive = false;
+    this.resolveExit(s);
+  }
+}
+
+class FakeRuntime implements EnvoyRuntime {
+  procs: FakeProc[] = [];
+  files = new Set<string>();
+  liveEpochs = new Set<number>();
+  binVersion = '11.104';
+  runningVersion = '11.104';
+  cleared: number[] = [];
+  drains: Array<{ inboundOnly: boolean }> = [];
+  connections: number[] = [];
+  removedShm: number[] = [];
+  autoLive = true;
+  private nextPid = 1000;
+
+  writeBootstrap(epoch: number): string {
+    const f = `envoy-rev${epoch}.json`;
+    this.files.add(f);
+    return f;
+  }
+  removeBootstrap(file: string): void {
+    this.files.delete(file);
+  }
+  async validate(cfg: DesiredConfig): Promise<string | undefined> {
+    return cfg.bootstrap.invalid ? 'Unable to parse JSON as proto' : undefined;
+  }
+  async binaryHotRestartVersion(): Promise<string> {
+    return this.binVersion;
+  }
+  spawn(epoch: number, cfg: DesiredConfig, _file: string, baseId: number | undefined): EnvoyProcess {
+    const p = new FakeProc(this.nextPid++, epoch, baseId, cfg.hash);
+    this.procs.push(p);
+    if (cfg.bootstrap.crashOnStart) setTimeout(() => p.exit({ code: 1, signal: null }), 5);
+    else if (this.autoLive) setTimeout(() => this.liveEpochs.add(epoch), 5);
+    return p;
+  }
+  failureReason(): string {
+    return 'cannot bind';
+  }
+  async probe(): Promise<LiveProbe | undefined> {
+    const alive = this.procs.filter((p) => p.alive && this.liveEpochs.has(p.epoch));
+    if (!alive.length) return undefined;
+    const top = alive.reduce((a, b) => (a.epoch > b.epoch ? a : b));
+    return { epoch: top.epoch, state: 'LIVE', hotRestartVersion: this.runningVersion };
+  }
+  readBaseId(): number | undefined {
+    return this.procs.some((p) => p.epoch === 0) ? 42 : undefined;
+  }
+  clearBaseId(): void {}
+  isInitializing(): boolean | undefined {
+    return false;
+  }
+  clearInitializing(baseId: number): boolean {
+    this.cleared.push(baseId);
+    return true;
+  }
+  removeShm(baseId: number): void {
+    this.removedShm.push(baseId);
+  }
+  async drain(_a: unknown, inboundOnly: boolean): Promise<void> {
+    this.drains.push({ inboundOnly });
+  }
+  async activeConnections(): Promise<number> {
+    return this.connections.length ? this.connections.shift()! : 0;
+  }
+  alive(): FakeProc[] {
+    return this.procs.filter((p) => p.alive);
+  }
+}
+
+function cfg(hash: string, extra: Record<string, unknown> = {}): DesiredConfig {
+  return { hash, bootstrap: { ...extra }, binaryPath: '/bin/envoy', admin: { host: '127.0.0.1', port: 1 }, inboundOnlyDrain: true };
+}
+
+function make(rt: FakeRuntime, o: Partial<SupervisorOptions> = {}): Supervisor {
+  return new Supervisor({
+    runtime: rt,
+    validate: true,
+    terminationDrainMs: 50,
+    exitOnZeroActiveConnections: false,
+    minimumDrainMs: 10,
+    maximumDrainMs: 1000,
+    probeIntervalMs: 2,
+    connectionPollMs: 5,
+    initialBackoffMs: 2,
+    coldRestartDrainMs: 5,
+    ...o,
+  });
+}
+
+async function until(what: string, fn: () => boolean, ms = 3000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!fn()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(2);
+  }
+}
+
+test.before(() => configureLogging({ outputLevel: 'none' }));
+test.after(() => resetLogging());
+
+test('first config starts epoch 0 with a dynamic base id and becomes ready', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  assert.not.ok(s.ready());
+  s.setDesired(cfg('a'));
+  await until('ready', () => s.ready());
+  assert.is(rt.procs.length, 1);
+  assert.is(rt.procs[0]!.epoch, 0);
+  assert.is(rt.procs[0]!.baseId, undefined);
+  s.setDesired(cfg('a'));
+  await sleep(20);
+  assert.is(rt.procs.length, 1, 'same config starts nothing');
+  await s.shutdown(false, 'test');
+});
+
+test('a changed config hot-restarts into epoch latest+1 with the same base id, without killing the parent', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  s.setDesired(cfg('a'));
+  await until('epoch 0 live', () => s.ready());
+  s.setDesired(cfg('b'));
+  await until('epoch 1 live', () => (s.debugState().epochs as Array<{ epoch: number; state: string }>).some((e) => e.epoch === 1 && e.state === 'live'));
+  assert.is(rt.procs[1]!.epoch, 1);
+  assert.is(rt.procs[1]!.baseId, 42);
+  assert.ok(rt.procs[0]!.alive, 'the agent does not kill the parent after a hot restart');
+  assert.equal(rt.procs[0]!.signals, []);
+  const states = (s.debugState().epochs as Array<{ state: string }>).map((e) => e.state);
+  assert.equal(states, ['draining', 'live']);
+  assert.ok(s.ready());
+  // Envoy's child terminates the parent: a normal exit, nothing restarts.
+  rt.procs[0]!.exit({ code: 0, signal: null });
+  await sleep(20);
+  assert.is(rt.procs.length, 2);
+  await s.shutdown(false, 'test');
+});
+
+test('the next epoch waits until the starting one is live', async () => {
+  const rt = new FakeRuntime();
+  rt.autoLive = false;
+  const s = make(rt);
+  s.setDesired(cfg('a'));
+  await sleep(10);
+  s.setDesired(cfg('b'));
+  await sleep(30);
+  assert.is(rt.procs.length, 1, 'no epoch 1 while epoch 0 is starting');
+  rt.liveEpochs.add(0);
+  await until('epoch 1 spawned', () => rt.procs.length === 2);
+  assert.is(rt.procs[1]!.epoch, 1);
+  await s.shutdown(false, 'test');
+});
+
+test('a bootstrap Envoy rejects is never launched; the next change is', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  s.setDesired(cfg('bad', { invalid: true }));
+  await sleep(30);
+  assert.is(rt.procs.length, 1);
+  assert.match(String((s.debugState().lastFailure as { reason: string }).reason), /rejected/);
+  assert.is(s.metrics().configs_rejected_total, 1);
+  assert.is(rt.files.size, 1, 'the rejected bootstrap file is removed');
+  s.setDesired(cfg('c'));
+  await until('epoch 1 spawned', () => rt.procs.length === 2);
+  assert.is(rt.procs[1]!.epoch, 1);
+  await s.shutdown(false, 'test');
+});
+
+test('a child that dies before going live leaves the parent serving; retried until the budget is spent', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  let ended = false;
+  void s.done.then(() => (ended = true));
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  s.setDesired(cfg('broken', { crashOnStart: true }));
+  await until('budget spent', () => s.metrics().restart_budget_exhausted_total === 1, 10_000);
+  assert.is(rt.procs.length, 1 + 11, 'first try plus ten retries');
+  assert.ok(rt.procs[0]!.alive, 'parent never aborted');
+  assert.equal(rt.procs[0]!.signals, []);
+  assert.ok(rt.procs.slice(1).every((p) => p.epoch === 1), 'every retry is epoch 1 again');
+  assert.is(rt.cleared.length, 11, 'INITIALIZING cleared after each dead child');
+  assert.ok(s.ready());
+  assert.not.ok(ended);
+  assert.match(String((s.debugState().lastFailure as { reason: string }).reason), /budget spent/);
+  await sleep(50);
+  assert.is(rt.procs.length, 12, 'nothing more is tried until the next change');
+  s.setDesired(cfg('good'));
+  await until('epoch 1 live', () => rt.procs.length === 13 && s.newestLive()?.n === 1);
+  await s.shutdown(false, 'test');
+});
+
+test('a live epoch that dies aborts the others and restarts at epoch 0 after the backoff', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 30 });
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  s.setDesired(cfg('b'));
+  await until('epoch 1 live', () => s.newestLive()?.n === 1);
+  const t0 = Date.now();
+  rt.procs[1]!.exit({ code: null, signal: 'SIGKILL' });
+  await until('restart', () => rt.procs.length === 3);
+  assert.ok(Date.now() - t0 >= 25, 'restart waits for the backoff');
+  assert.equal(rt.procs[0]!.signals, ['SIGKILL'], 'the parent was aborted');
+  assert.is(rt.procs[2]!.epoch, 0);
+  assert.is(rt.procs[2]!.baseId, undefined, 'a cold start picks a new dynamic base id');
+  await until('ready again', () => s.ready());
+  assert.is(s.metrics().restart_budget_remaining, 9);
+  await s.shutdown(false, 'test');
+});
+
+test('budget spent with no Envoy running ends the supervisor with code 1', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1 });
+  s.setDesired(cfg('x', { crashOnStart: true }));
+  const end = await s.done;
+  assert.is(end.code, 1);
+  assert.is(rt.procs.length, 11);
+  assert.ok(rt.procs.every((p) => p.epoch === 0));
+});
+
+test('a different hot restart version drains and cold-restarts at epoch 0', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.binVersion = '12.104';
+  s.setDesired(cfg('upgrade'));
+  await until('new epoch 0', () => rt.procs.length === 2 && s.ready());
+  assert.is(rt.procs[1]!.epoch, 0);
+  assert.is(rt.procs[1]!.baseId, undefined);
+  assert.not.ok(rt.procs[0]!.alive);
+  assert.is(rt.drains.length, 1);
+  assert.is(s.metrics().cold_restarts_total, 1);
+  await s.shutdown(false, 'test');
+});
+
+test('at most three epochs overlap', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  for (const h of ['a', 'b', 'c', 'd']) {
+    s.setDesired(cfg(h));
+    await until(`${h} live`, () => s.newestLive()?.config.hash === h);
+  }
+  assert.equal(rt.procs.map((p) => p.epoch), [0, 1, 2, 3]);
+  assert.equal(rt.procs[0]!.signals, ['SIGKILL'], 'epoch 0 killed when epoch 3 starts');
+  assert.ok(rt.procs[1]!.alive && rt.procs[2]!.alive && rt.procs[3]!.alive);
+  await s.shutdown(false, 'test');
+});
+
+test('graceful shutdown drains inbound, waits, kills every epoch; a second call kills at once', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { terminationDrainMs: 10_000 });
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  const t0 = Date.now();
+  const first = s.shutdown(true, 'SIGTERM');
+  await sleep(30);
+  assert.not.ok(s.ready(), 'readiness off during the drain');
+  assert.equal(rt.drains, [{ inboundOnly: true }]);
+  assert.ok(rt.procs[0]!.alive, 'still draining');
+  const end = await s.shutdown(true, 'second SIGTERM');
+  assert.is(end.code, 0);
+  assert.is(await first, end);
+  assert.ok(Date.now() - t0 < 5000, 'second signal did not wait for the drain');
+  assert.equal(rt.alive(), []);
+  assert.equal(rt.removedShm, [42]);
+  assert.is(rt.files.size, 0, 'no bootstrap file left');
+});
+
+test('exit on zero active connections ends the drain early', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { exitOnZeroActiveConnections: true, minimumDrainMs: 20, terminationDrainMs: 60_000, maximumDrainMs: 60_000 });
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.connections = [3, 2, 0];
+  const t0 = Date.now();
+  const end = await s.shutdown(true, 'SIGTERM');
+  assert.is(end.code, 0);
+  assert.ok(Date.now() - t0 < 5000);
+  assert.is(rt.connections.length, 0, 'polled until zero');
+});
+
+test('the drain cap bounds exit-on-zero', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { exitOnZeroActiveConnections: true, minimumDrainMs: 5, maximumDrainMs: 60 });
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.connections = Array(10_000).fill(5);
+  const end = await s.shutdown(true, 'SIGTERM');
+  assert.is(end.code, 0);
+  assert.ok(rt.connections.length > 9000, 'stopped polling at the cap');
+});
+
+test('Envoy exiting 0 by itself ends the supervisor with 0', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.procs[0]!.exit({ code: 0, signal: null });
+  const end = await s.done;
+  assert.is(end.code, 0);
+  assert.is(rt.procs.length, 1);
+});
+
+test.run();
