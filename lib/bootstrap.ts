@@ -1,0 +1,457 @@
+// Envoy's v3 bootstrap as a plain JSON object (proto field names), built from the frozen config and the node
+// identity. Pure: no file system, environment or clock, so golden files can pin the output exactly.
+//
+// Facts (field names, defaults, stat tag regexes, inclusion lists) follow Istio's bootstrap template and
+// pkg/bootstrap; the code is ours. Sidecar and router bootstraps share one shape, as in Istio: what differs
+// comes in through the node (id prefix, DNS metadata), not through different sections.
+
+import type { AgentConfig } from './config';
+import type { NodeIdentity } from './node-identity';
+import { parseDuration, formatProtoDuration } from './duration';
+import { configError } from './errors';
+
+export interface BootstrapInputs {
+  cfg: AgentConfig;
+  node: NodeIdentity;
+}
+
+type Json = Record<string, unknown>;
+
+const TYPE = 'type.googleapis.com/';
+const HCM_TYPE = `${TYPE}envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager`;
+const ROUTER_TYPE = `${TYPE}envoy.extensions.filters.http.router.v3.Router`;
+const HTTP_OPTIONS = 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions';
+
+/** Envoy's overload manager limit when runtimeValues does not set one (Istio's default: effectively none). */
+export const DEFAULT_MAX_DOWNSTREAM_CONNECTIONS = 2147483647;
+const MAX_CONNECTIONS_KEY = 'overload.global_downstream_max_connections';
+
+/** Where Envoy listens and connects locally; IPv6-only pods use the IPv6 loopback and wildcard. */
+export interface LocalNet {
+  localhost: string;
+  wildcard: string;
+  dnsLookupFamily: 'V4_ONLY' | 'V6_ONLY';
+}
+
+export function localNet(node: NodeIdentity): LocalNet {
+  return node.ipv6
+    ? { localhost: '::1', wildcard: '::', dnsLookupFamily: 'V6_ONLY' }
+    : { localhost: '127.0.0.1', wildcard: '0.0.0.0', dnsLookupFamily: 'V4_ONLY' };
+}
+
+export function xdsApiType(cfg: AgentConfig): 'DELTA_GRPC' | 'GRPC' {
+  return cfg.deltaXds ? 'DELTA_GRPC' : 'GRPC';
+}
+
+export function buildBootstrap(i: BootstrapInputs): Json {
+  const { cfg, node } = i;
+  const net = localNet(node);
+  const tracer = tracing(cfg, node, net);
+  const maxConnections = maxDownstreamConnections(cfg);
+
+  const b: Json = {
+    application_log_config: {
+      // Istio's log line shape, so Envoy's own lines read like the agent's.
+      log_format: { text_format: '%Y-%m-%dT%T.%fZ\t%l\tenvoy %n %g:%#\t%v\tthread=%t' },
+    },
+    node: nodeSection(node),
+    layered_runtime: {
+      layers: [
+        { name: 'global config', static_layer: runtimeFlags(cfg) },
+        { name: 'admin', admin_layer: {} },
+      ],
+    },
+    bootstrap_extensions: [
+      {
+        name: 'envoy.bootstrap.internal_listener',
+        typed_config: { '@type': `${TYPE}envoy.extensions.bootstrap.internal_listener.v3.InternalListener`, buffer_size_kb: 64 },
+      },
+    ],
+    stats_config: statsConfig(cfg, node),
+    admin: admin(cfg, net),
+    dynamic_resources: dynamicResources(cfg),
+    static_resources: {
+      clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : [])],
+      listeners: [prometheusListener(cfg, net), readinessListener(cfg, net)],
+    },
+  };
+  if (tracer) b.tracing = tracer.tracing;
+  if (maxConnections !== undefined) b.overload_manager = overloadManager(maxConnections);
+  const flush = statsFlushInterval(cfg);
+  if (flush) b.stats_flush_interval = flush;
+  b.cluster_manager = clusterManager(cfg);
+  // Istio's default: stats objects are created on first use, which saves memory on large meshes.
+  b.deferred_stat_options = { enable_deferred_creation_stats: true };
+  return b;
+}
+
+function nodeSection(node: NodeIdentity): Json {
+  // Copied so that later edits of the bootstrap (overrides, callers) never reach back into the node identity.
+  return { id: node.id, cluster: node.cluster, locality: { ...node.locality }, metadata: structuredClone(node.metadata) };
+}
+
+/**
+ * The static runtime layer: Istio's defaults, then ProxyConfig.runtimeValues. An empty value removes a default;
+ * "true"/"false" become booleans because Envoy no longer accepts strings for boolean flags.
+ * The connection limit is not here: it goes to the overload manager (see maxDownstreamConnections).
+ */
+export function runtimeFlags(cfg: AgentConfig): Json {
+  const flags: Json = {
+    'envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst': true,
+    'envoy.reloadable_features.http_reject_path_with_fragment': false,
+    're2.max_program_size.error_level': '32768',
+  };
+  for (const [k, v] of Object.entries(cfg.proxy.runtimeValues)) {
+    if (k === MAX_CONNECTIONS_KEY) continue;
+    if (v === '') delete flags[k];
+    else flags[k] = v === 'true' ? true : v === 'false' ? false : v;
+  }
+  return flags;
+}
+
+/** undefined when runtimeValues sets the limit to "" (no limit at all). */
+function maxDownstreamConnections(cfg: AgentConfig): number | undefined {
+  const raw = cfg.proxy.runtimeValues[MAX_CONNECTIONS_KEY];
+  if (raw === undefined) return DEFAULT_MAX_DOWNSTREAM_CONNECTIONS;
+  if (raw === '') return undefined;
+  if (!/^\d+$/.test(raw) || Number(raw) < 1) {
+    throw configError(`runtimeValues["${MAX_CONNECTIONS_KEY}"]`, cfg.sources.runtimeValues ?? 'ProxyConfig', `want a positive integer, got "${raw}"`);
+  }
+  return Number(raw);
+}
+
+// Setting the limit through the runtime key as well makes Envoy warn that both are configured.
+function overloadManager(max: number): Json {
+  return {
+    resource_monitors: [
+      {
+        name: 'envoy.resource_monitors.global_downstream_max_connections',
+        typed_config: {
+          '@type': `${TYPE}envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig`,
+          max_active_downstream_connections: max,
+        },
+      },
+    ],
+  };
+}
+
+// ---- stats ----
+
+// Istio's tag extraction, in Istio's order; cluster and HTTP prefixes use the `;`-delimited form that current
+// istiod emits in alt_stat_name / stat_prefix.
+const TAGS_BEFORE_EXTRA: Array<[string, string]> = [
+  ['cluster_name', '^cluster(\\.(.+);)'],
+  ['http_conn_manager_prefix', '^http\\.(((?:[_.[:digit:]\\w]*|[_\\[\\]aAbBcCdDeEfF[:digit:]\\w\\:]*));\\.)'],
+  ['thread_name', '^server(\\.(.+))\\.watchdog'],
+  ['tcp_prefix', '^tcp\\.((.*?)\\.)\\w+?$'],
+  ['response_code', '_rq(_(\\d{3}))$'],
+  ['response_code_class', '_rq(_(\\dxx))$'],
+  ['http_conn_manager_listener_prefix', '^listener(?=\\.).*?\\.http\\.(((?:[_.[:digit:]]*|[_\\[\\]aAbBcCdDeEfF[:digit:]]*))\\.)'],
+  ['listener_address', '^listener\\.(((?:[_.[:digit:]]*|[_\\[\\]aAbBcCdDeEfF[:digit:]]*))\\.)'],
+  ['mongo_prefix', '^mongo\\.(.+?)\\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$'],
+];
+const TAGS_AFTER_EXTRA: Array<[string, string]> = [
+  ['cache', '(cache\\.(.+?)\\.)'],
+  ['component', '(component\\.(.+?)\\.)'],
+  ['tag', '(tag\\.(.+?);\\.)'],
+  ['wasm_filter', '(wasm_filter\\.(.+?)\\.)'],
+  ['authz_enforce_result', 'rbac(\\.(allowed|denied))'],
+  ['authz_dry_run_action', '(\\.istio_dry_run_(allow|deny)_)'],
+  ['authz_dry_run_result', '(\\.shadow_(allowed|denied))'],
+];
+
+// Always kept: readiness and the agent's own checks read these.
+const REQUIRED_PREFIXES = ['cluster_manager', 'listener_manager', 'server', 'cluster.xds-grpc', 'wasm'];
+const RBAC_SUFFIXES = ['rbac.allowed', 'rbac.denied', 'shadow_allowed', 'shadow_denied'];
+// The EXIT_ON_ZERO_ACTIVE_CONNECTIONS drain polls downstream_cx_active, so it must not be filtered out.
+const DRAIN_SUFFIX = 'downstream_cx_active';
+const REQUIRED_REGEXPS = ['vhost\\..*\\.route\\..*'];
+
+const ANN_EXTRA_TAGS = 'sidecar.istio.io/extraStatTags';
+const ANN_PREFIXES = 'sidecar.istio.io/statsInclusionPrefixes';
+const ANN_SUFFIXES = 'sidecar.istio.io/statsInclusionSuffixes';
+const ANN_REGEXPS = 'sidecar.istio.io/statsInclusionRegexps';
+const ANN_BUCKETS = 'sidecar.istio.io/statsHistogramBuckets';
+const ANN_FLUSH = 'sidecar.istio.io/statsFlushInterval';
+
+const splitList = (s: string | undefined): string[] => (s ?? '').split(',').map((x) => x.trim()).filter(Boolean);
+
+function statsConfig(cfg: AgentConfig, node: NodeIdentity): Json {
+  const ann = cfg.podAnnotations;
+  const extra = [...new Set([...cfg.proxy.extraStatTags.filter(Boolean), ...splitList(ann[ANN_EXTRA_TAGS])])];
+  const tag = ([tag_name, regex]: [string, string]) => ({ tag_name, regex });
+  const out: Json = {
+    use_all_default_tags: false,
+    stats_tags: [
+      ...TAGS_BEFORE_EXTRA.map(tag),
+      ...extra.map((t) => ({ tag_name: t, regex: `(${t}=\\.=(.*?);\\.;)` })),
+      ...TAGS_AFTER_EXTRA.map(tag),
+    ],
+  };
+  const buckets = histogramBuckets(ann[ANN_BUCKETS]);
+  if (buckets) out.histogram_bucket_settings = buckets;
+  out.stats_matcher = { inclusion_list: { patterns: inclusionPatterns(cfg, node) } };
+  return out;
+}
+
+function inclusionPatterns(cfg: AgentConfig, node: NodeIdentity): Json[] {
+  const m = cfg.proxy.proxyStatsMatcher ?? {};
+  const ann = cfg.podAnnotations;
+  // An annotation replaces the ProxyConfig list rather than adding to it, as in Istio.
+  const pick = (annotation: string, fromConfig: string[] | undefined, required: string[]) =>
+    withPodIps([...(ann[annotation] ? splitList(ann[annotation]) : fromConfig ?? []), ...required], node.ips);
+  const suffixes = cfg.exitOnZeroActiveConnections ? [...RBAC_SUFFIXES, DRAIN_SUFFIX] : RBAC_SUFFIXES;
+  return [
+    { prefix: 'reporter=' },
+    ...pick(ANN_PREFIXES, m.inclusionPrefixes, REQUIRED_PREFIXES).map((prefix) => ({ prefix })),
+    ...pick(ANN_SUFFIXES, m.inclusionSuffixes, suffixes).map((suffix) => ({ suffix })),
+    ...pick(ANN_REGEXPS, m.inclusionRegexps, REQUIRED_REGEXPS).map((regex) => ({ safe_regex: { regex } })),
+    { prefix: 'component' },
+    { prefix: 'istio' },
+  ];
+}
+
+/** `http.{pod_ip}_` expands to one pattern per pod IP, so a sidecar can keep only its inbound HTTP stats. */
+function withPodIps(patterns: string[], ips: string[]): string[] {
+  return patterns.flatMap((p) => (p.includes('{pod_ip}') ? ips.map((ip) => p.split('{pod_ip}').join(ip)) : [p]));
+}
+
+function histogramBuckets(raw: string | undefined): Json[] | undefined {
+  if (raw === undefined) return undefined;
+  const fail = (problem: string) => configError(ANN_BUCKETS, `pod annotation ${ANN_BUCKETS}`, problem);
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(raw);
+  } catch (e) {
+    throw fail(`not valid JSON: ${(e as Error).message}`);
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw fail('want a JSON object of prefix -> [bucket, ...]');
+  return Object.entries(parsed as Record<string, unknown>)
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+    .map(([prefix, buckets]) => {
+      if (!Array.isArray(buckets) || buckets.length === 0 || !buckets.every((x) => typeof x === 'number' && x > 0)) {
+        throw fail(`buckets of "${prefix}" must be a non-empty list of positive numbers`);
+      }
+      return { match: { prefix }, buckets };
+    });
+}
+
+function statsFlushInterval(cfg: AgentConfig): string | undefined {
+  const raw = cfg.podAnnotations[ANN_FLUSH];
+  if (raw === undefined) return undefined;
+  try {
+    return formatProtoDuration(parseDuration(raw));
+  } catch (e) {
+    throw configError(ANN_FLUSH, `pod annotation ${ANN_FLUSH}`, (e as Error).message);
+  }
+}
+
+// ---- admin, xDS, static resources ----
+
+function admin(cfg: AgentConfig, net: LocalNet): Json {
+  return {
+    access_log: [
+      {
+        name: 'envoy.access_loggers.file',
+        typed_config: { '@type': `${TYPE}envoy.extensions.access_loggers.file.v3.FileAccessLog`, path: '/dev/null' },
+      },
+    ],
+    profile_path: '/var/lib/istio/data/envoy.prof',
+    address: { socket_address: { address: net.localhost, port_value: cfg.proxy.proxyAdminPort } },
+  };
+}
+
+function dynamicResources(cfg: AgentConfig): Json {
+  // initial_fetch_timeout 0s: Envoy waits for the first LDS/CDS instead of starting with nothing.
+  const overAds = () => ({ ads: {}, initial_fetch_timeout: '0s', resource_api_version: 'V3' });
+  return {
+    lds_config: overAds(),
+    cds_config: overAds(),
+    ads_config: {
+      api_type: xdsApiType(cfg),
+      set_node_on_first_message_only: true,
+      transport_api_version: 'V3',
+      grpc_services: [{ envoy_grpc: { cluster_name: 'xds-grpc' } }],
+    },
+  };
+}
+
+function http2Options(common?: Json): Json {
+  const options: Json = { '@type': `${TYPE}${HTTP_OPTIONS}` };
+  if (common) options.common_http_protocol_options = common;
+  options.explicit_http_config = { http2_protocol_options: {} };
+  return { [HTTP_OPTIONS]: options };
+}
+
+function assignment(name: string, address: Json): Json {
+  return { cluster_name: name, endpoints: [{ lb_endpoints: [{ endpoint: { address } }] }] };
+}
+
+// alt_stat_name ends in `;` so the cluster_name tag regex extracts the name.
+function loopbackCluster(name: string, host: string, port: number): Json {
+  return {
+    name,
+    alt_stat_name: `${name};`,
+    type: 'STATIC',
+    connect_timeout: '0.250s',
+    lb_policy: 'ROUND_ROBIN',
+    load_assignment: assignment(name, { socket_address: { protocol: 'TCP', address: host, port_value: port } }),
+  };
+}
+
+function pipeCluster(name: string, path: string, common?: Json): Json {
+  return {
+    name,
+    alt_stat_name: `${name};`,
+    type: 'STATIC',
+    typed_extension_protocol_options: http2Options(common),
+    connect_timeout: '1s',
+    lb_policy: 'ROUND_ROBIN',
+    load_assignment: assignment(name, { pipe: { path } }),
+  };
+}
+
+function localClusters(cfg: AgentConfig, net: LocalNet): Json[] {
+  const limits = (priority: string) => ({ priority, max_connections: 100000, max_pending_requests: 100000, max_requests: 100000 });
+  return [
+    loopbackCluster('prometheus_stats', net.localhost, cfg.proxy.proxyAdminPort),
+    loopbackCluster('agent', net.localhost, cfg.proxy.statusPort),
+    pipeCluster('sds-grpc', cfg.sdsSocket),
+    {
+      // One ADS stream per connection, so a new stream always comes with a new connection to the agent.
+      // Set in the protocol options: the Cluster-level max_requests_per_connection is deprecated.
+      ...pipeCluster('xds-grpc', cfg.xdsSocket, { max_requests_per_connection: 1 }),
+      circuit_breakers: { thresholds: [limits('DEFAULT'), limits('HIGH')] },
+      upstream_connection_options: { tcp_keepalive: { keepalive_time: 300 } },
+    },
+  ];
+}
+
+function httpListener(net: LocalNet, port: number, statPrefix: string, pathPrefix: string, cluster: string): Json {
+  return {
+    name: `${net.wildcard}_${port}`,
+    address: { socket_address: { protocol: 'TCP', address: net.wildcard, port_value: port } },
+    // Scrapes and readiness probes must keep working when Envoy is at its connection limit or overloaded.
+    ignore_global_conn_limit: true,
+    bypass_overload_manager: true,
+    filter_chains: [
+      {
+        filters: [
+          {
+            name: 'envoy.filters.network.http_connection_manager',
+            typed_config: {
+              '@type': HCM_TYPE,
+              codec_type: 'AUTO',
+              stat_prefix: statPrefix,
+              route_config: {
+                virtual_hosts: [{ name: 'backend', domains: ['*'], routes: [{ match: { prefix: pathPrefix }, route: { cluster } }] }],
+              },
+              http_filters: [{ name: 'envoy.filters.http.router', typed_config: { '@type': ROUTER_TYPE } }],
+            },
+          },
+        ],
+      },
+    ],
+  };
+}
+
+function prometheusListener(cfg: AgentConfig, net: LocalNet): Json {
+  return httpListener(net, cfg.envoyPrometheusPort, 'stats', '/stats/prometheus', 'prometheus_stats');
+}
+
+function readinessListener(cfg: AgentConfig, net: LocalNet): Json {
+  return httpListener(net, cfg.envoyStatusPort, 'agent', '/healthz/ready', 'agent');
+}
+
+function clusterManager(cfg: AgentConfig): Json {
+  const out: Json = {};
+  if (cfg.outlierLogPath) out.outlier_detection = { event_log_path: cfg.outlierLogPath };
+  // Istio's default: clusters are initialised on first use, which cuts memory with large CDS pushes.
+  out.enable_deferred_cluster_creation = true;
+  return out;
+}
+
+// ---- tracing (ProxyConfig.tracing: zipkin or datadog; other tracers are gone from current Envoy) ----
+
+// Fields of Istio's Tracing message that istiod consumes, not the bootstrap.
+const TRACING_IGNORED = new Set(['sampling', 'customTags', 'maxPathTagLength', 'useRequestIdForTraceSampling']);
+
+function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster: Json; tracing: Json } | undefined {
+  const t = cfg.proxy.tracing;
+  if (!t) return undefined;
+  const source = cfg.sources.tracing ?? 'ProxyConfig';
+  const tracers = Object.keys(t).filter((k) => !TRACING_IGNORED.has(k));
+  if (tracers.length === 0) return undefined;
+  if (tracers.length > 1 || !['zipkin', 'datadog'].includes(tracers[0]!)) {
+    throw configError('tracing', source, `unsupported tracing settings ${tracers.map((k) => `"${k}"`).join(', ')} (this agent supports zipkin and datadog)`);
+  }
+  const kind = tracers[0] as 'zipkin' | 'datadog';
+  const address = tracerAddress(t[kind], `tracing.${kind}`, source);
+  const clusterName = kind === 'zipkin' ? 'zipkin' : 'datadog_agent';
+  const cluster: Json = {
+    name: clusterName,
+    type: 'STRICT_DNS',
+    respect_dns_ttl: true,
+    dns_lookup_family: net.dnsLookupFamily,
+    dns_refresh_rate: '30s',
+    connect_timeout: '1s',
+    lb_policy: 'ROUND_ROBIN',
+    load_assignment: assignment(clusterName, { socket_address: { address: address.host, port_value: address.port } }),
+  };
+  const http =
+    kind === 'zipkin'
+      ? {
+          name: 'envoy.tracers.zipkin',
+          typed_config: {
+            '@type': `${TYPE}envoy.config.trace.v3.ZipkinConfig`,
+            collector_cluster: 'zipkin',
+            collector_endpoint: '/api/v2/spans',
+            collector_endpoint_version: 'HTTP_JSON',
+            trace_id_128bit: true,
+            shared_span_context: false,
+          },
+        }
+      : {
+          name: 'envoy.tracers.datadog',
+          typed_config: { '@type': `${TYPE}envoy.config.trace.v3.DatadogConfig`, collector_cluster: 'datadog_agent', service_name: node.cluster },
+        };
+  return { cluster, tracing: { http } };
+}
+
+/** `host:port` or `[v6]:port`, as Istio's tracing address fields take it. */
+function tracerAddress(settings: unknown, field: string, source: string): { host: string; port: number } {
+  const addr = (settings as { address?: unknown } | null)?.address;
+  const m = typeof addr === 'string' ? /^(?:\[([^\]]+)\]|([^:]+)):(\d+)$/.exec(addr.trim()) : null;
+  const port = m ? Number(m[3]) : 0;
+  if (!m || port < 1 || port > 65535) {
+    throw configError(`${field}.address`, source, `want "host:port", got ${JSON.stringify(addr)}`);
+  }
+  return { host: (m[1] ?? m[2])!, port };
+}
+
+// ---- override ----
+
+/**
+ * Merges an override over a bootstrap the way Envoy's --config-yaml does (Istio passes ISTIO_BOOTSTRAP_OVERRIDE
+ * to Envoy that way), i.e. protobuf MergeFrom: objects merge field by field, lists are appended (so an override
+ * can add a cluster or listener), scalars are replaced, and a typed_config (an object with `@type`, a proto Any)
+ * is replaced whole. Neither input is modified.
+ */
+export function mergeBootstrapOverride(base: Record<string, unknown>, override: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...base };
+  for (const [k, v] of Object.entries(override)) out[k] = mergeValue(out[k], v);
+  return out;
+}
+
+const isObject = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
+
+function mergeValue(base: unknown, over: unknown): unknown {
+  if (Array.isArray(base) && Array.isArray(over)) return [...base, ...over];
+  if (isObject(base) && isObject(over) && !('@type' in over)) return mergeBootstrapOverride(base, over);
+  return over;
+}
+
+/** The text written to disk: pretty JSON in the order the object was built, ending in a newline. */
+export function renderBootstrap(b: Record<string, unknown>): string {
+  return JSON.stringify(b, null, 2) + '\n';
+}

@@ -1,0 +1,59 @@
+// Whole-file writes that readers (Envoy, file watchers) never see half done: write a temp file in the same
+// directory, fsync it, rename it over the target. On any error the temp file is removed and nothing else changes.
+
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { AgentError, errorMessage } from './errors';
+
+export function writeFileAtomic(file: string, data: string | Buffer, mode = 0o644): void {
+  const dir = path.dirname(file);
+  // Same directory, so rename is atomic (same file system); the dot keeps globbing watchers away.
+  const tmp = path.join(dir, `.${path.basename(file)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+  let fd: number | undefined;
+  try {
+    fd = fs.openSync(tmp, 'wx', mode);
+    fs.fchmodSync(fd, mode); // the umask must not change what the caller asked for
+    const buf = typeof data === 'string' ? Buffer.from(data, 'utf8') : data;
+    let off = 0;
+    while (off < buf.length) off += fs.writeSync(fd, buf, off, buf.length - off);
+    fs.fsyncSync(fd);
+    fs.closeSync(fd);
+    fd = undefined;
+    fs.renameSync(tmp, file);
+  } catch (e) {
+    if (fd !== undefined) closeQuietly(fd);
+    removeQuietly(tmp);
+    throw new AgentError('IO', `cannot write ${file}: ${errorMessage(e)}`, e);
+  }
+  syncDir(dir);
+}
+
+function closeQuietly(fd: number): void {
+  try {
+    fs.closeSync(fd);
+  } catch {
+    // already failing; the original error is the one to report
+  }
+}
+
+function removeQuietly(file: string): void {
+  try {
+    fs.unlinkSync(file);
+  } catch {
+    // never created, or already gone
+  }
+}
+
+/** Makes the rename itself durable; best effort, as some file systems refuse fsync on directories. */
+function syncDir(dir: string): void {
+  let fd: number | undefined;
+  try {
+    fd = fs.openSync(dir, 'r');
+    fs.fsyncSync(fd);
+  } catch {
+    // the data is in place either way
+  } finally {
+    if (fd !== undefined) closeQuietly(fd);
+  }
+}

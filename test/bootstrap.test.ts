@@ -1,0 +1,428 @@
+// The generated bootstrap, pinned by golden files, plus the loader (custom config, template, override) and the
+// atomic file write. Golden files live in test/golden/; after an intended change, refresh them with
+//   REFRESH_GOLDEN=1 npx uvu -r tsx test bootstrap
+// and review the diff before committing.
+
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { buildConfig, type Flags } from '../lib/config';
+import { buildNodeIdentity, type HostAddress } from '../lib/node-identity';
+import { buildBootstrap, mergeBootstrapOverride, renderBootstrap, runtimeFlags, DEFAULT_MAX_DOWNSTREAM_CONNECTIONS } from '../lib/bootstrap';
+import { resolveBootstrap } from '../lib/bootstrap-loader';
+import { writeFileAtomic } from '../lib/fs-atomic';
+import { tempDir } from './helpers/harness';
+
+type Json = Record<string, any>;
+
+const GOLDEN_DIR = path.join(__dirname, 'golden');
+const HOSTS: HostAddress[] = [
+  { address: '127.0.0.1', family: 'IPv4', internal: true },
+  { address: '10.44.0.7', family: 'IPv4', internal: false },
+  { address: '192.168.5.9', family: 'IPv4', internal: false },
+];
+const BASE_ENV = { POD_NAME: 'web-7d9f8-abcde', POD_NAMESPACE: 'shop', INSTANCE_IP: '10.44.0.7', SERVICE_ACCOUNT: 'web' };
+const LABELS = 'app="web"\nversion="v1"\n';
+
+/** Fixed inputs: the same config and node identity on every machine. */
+function fixture(opts: { env?: Record<string, string>; flags?: Flags; files?: Record<string, string>; hosts?: HostAddress[] } = {}) {
+  const env = { ...BASE_ENV, ...opts.env };
+  const cfg = buildConfig({ flags: opts.flags ?? {}, env, readFile: (f) => opts.files?.[f] });
+  const node = buildNodeIdentity(cfg, env, opts.hosts ?? HOSTS, '1.0.0-test');
+  return { cfg, node };
+}
+
+function bootstrapOf(opts: Parameters<typeof fixture>[0] = {}): Json {
+  return buildBootstrap(fixture(opts));
+}
+
+function checkGolden(name: string, b: Record<string, unknown>) {
+  const file = path.join(GOLDEN_DIR, `${name}.json`);
+  const actual = renderBootstrap(b);
+  if (process.env.REFRESH_GOLDEN === '1') {
+    fs.mkdirSync(GOLDEN_DIR, { recursive: true });
+    fs.writeFileSync(file, actual);
+    return;
+  }
+  assert.ok(fs.existsSync(file), `golden file ${file} is missing; create it with REFRESH_GOLDEN=1`);
+  assert.fixture(actual, fs.readFileSync(file, 'utf8'), `${name} bootstrap differs from ${file} (REFRESH_GOLDEN=1 to accept)`);
+}
+
+function throwsConfig(fn: () => unknown, ...patterns: RegExp[]) {
+  try {
+    fn();
+  } catch (e) {
+    for (const re of patterns) assert.match((e as Error).message, re);
+    assert.is((e as { code?: string }).code, 'CONFIG_INVALID');
+    return;
+  }
+  assert.unreachable(`expected a CONFIG_INVALID error matching ${patterns.join(' and ')}`);
+}
+
+const cluster = (b: Json, name: string) => (b.static_resources.clusters as Json[]).find((c) => c.name === name);
+const patterns = (b: Json) => b.stats_config.stats_matcher.inclusion_list.patterns as Json[];
+const tagNames = (b: Json) => (b.stats_config.stats_tags as Json[]).map((t) => t.tag_name);
+
+// ---- golden files ----
+
+test('golden: sidecar', () => {
+  checkGolden('sidecar', bootstrapOf({ files: { './etc/istio/pod/labels': LABELS } }));
+});
+
+test('golden: router', () => {
+  checkGolden('router', bootstrapOf({ flags: { proxyType: 'router' }, env: { POD_NAME: 'istio-ingressgateway-5c7f9-x2x2x', POD_NAMESPACE: 'istio-system' } }));
+});
+
+test('golden: sidecar with tracing, stats options, SotW and custom runtime', () => {
+  checkGolden(
+    'sidecar-options',
+    bootstrapOf({
+      env: {
+        ISTIO_DELTA_XDS: 'false',
+        EXIT_ON_ZERO_ACTIVE_CONNECTIONS: 'true',
+        PROXY_CONFIG: JSON.stringify({
+          tracing: { zipkin: { address: 'zipkin.istio-system:9411' }, sampling: 10 },
+          extraStatTags: ['request_path'],
+          proxyStatsMatcher: { inclusionPrefixes: ['http.{pod_ip}_'], inclusionRegexps: ['.*upstream_rq_retry.*'] },
+          runtimeValues: { 'overload.global_downstream_max_connections': '10000', 're2.max_program_size.error_level': '', 'envoy.reloadable_features.x': 'true' },
+        }),
+      },
+      flags: { outlierLogPath: '/dev/stdout' },
+      files: { './etc/istio/pod/annotations': 'sidecar.istio.io/statsHistogramBuckets="{\\"istiocustom\\":[1,5,10]}"\n' },
+    }),
+  );
+});
+
+// ---- sections ----
+
+test('admin listens on loopback at proxyAdminPort, access log discarded', () => {
+  const b = bootstrapOf();
+  assert.equal(b.admin.address, { socket_address: { address: '127.0.0.1', port_value: 15000 } });
+  assert.is(b.admin.access_log[0].typed_config.path, '/dev/null');
+});
+
+test('node: id, cluster and metadata come from the node identity', () => {
+  const { cfg, node } = fixture({ env: { ISTIO_META_FOO: 'bar' } });
+  const b: Json = buildBootstrap({ cfg, node });
+  assert.is(b.node.id, 'sidecar~10.44.0.7~web-7d9f8-abcde.shop~shop.svc.cluster.local');
+  assert.is(b.node.cluster, 'istio-proxy');
+  assert.is(b.node.metadata.FOO, 'bar');
+  assert.equal(b.node.metadata, node.metadata);
+  b.node.metadata.FOO = 'changed';
+  assert.is(node.metadata.FOO, 'bar', 'the bootstrap must not share objects with the node identity');
+});
+
+test('ADS: delta by default, state of the world with ISTIO_DELTA_XDS=false', () => {
+  const delta = bootstrapOf();
+  assert.is(delta.dynamic_resources.ads_config.api_type, 'DELTA_GRPC');
+  assert.is(delta.dynamic_resources.ads_config.set_node_on_first_message_only, true);
+  assert.is(delta.dynamic_resources.ads_config.transport_api_version, 'V3');
+  assert.equal(delta.dynamic_resources.lds_config, { ads: {}, initial_fetch_timeout: '0s', resource_api_version: 'V3' });
+  assert.equal(delta.dynamic_resources.cds_config, { ads: {}, initial_fetch_timeout: '0s', resource_api_version: 'V3' });
+  assert.is(bootstrapOf({ env: { ISTIO_DELTA_XDS: 'false' } }).dynamic_resources.ads_config.api_type, 'GRPC');
+});
+
+test('xds-grpc and sds-grpc clusters reach the agent over its Unix sockets with HTTP/2', () => {
+  const b = bootstrapOf({ env: { PROXY_CONFIG: '{"configPath": "/run/pa"}' } });
+  const xds = cluster(b, 'xds-grpc')!;
+  assert.equal(xds.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address, { pipe: { path: '/run/pa/XDS' } });
+  const opts = xds.typed_extension_protocol_options['envoy.extensions.upstreams.http.v3.HttpProtocolOptions'];
+  assert.equal(opts.explicit_http_config, { http2_protocol_options: {} });
+  assert.is(opts.common_http_protocol_options.max_requests_per_connection, 1);
+  assert.is(xds.circuit_breakers.thresholds.length, 2);
+  assert.is(xds.upstream_connection_options.tcp_keepalive.keepalive_time, 300);
+  const sds = cluster(b, 'sds-grpc')!;
+  assert.equal(sds.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address, { pipe: { path: './var/run/secrets/workload-spiffe-uds/socket' } });
+});
+
+test('custom ports reach the admin, clusters and listeners', () => {
+  const b = bootstrapOf({ env: { PROXY_CONFIG: '{"proxyAdminPort": 16000, "statusPort": 16020}', ENVOY_STATUS_PORT: '16021', ENVOY_PROMETHEUS_PORT: '16090' } });
+  assert.is(b.admin.address.socket_address.port_value, 16000);
+  const port = (name: string) => cluster(b, name)!.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value;
+  assert.is(port('prometheus_stats'), 16000);
+  assert.is(port('agent'), 16020);
+  const listeners = b.static_resources.listeners as Json[];
+  assert.equal(listeners.map((l) => l.name), ['0.0.0.0_16090', '0.0.0.0_16021']);
+  const route = (l: Json) => l.filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[0];
+  assert.equal(route(listeners[0]!), { match: { prefix: '/stats/prometheus' }, route: { cluster: 'prometheus_stats' } });
+  assert.equal(route(listeners[1]!), { match: { prefix: '/healthz/ready' }, route: { cluster: 'agent' } });
+  assert.ok(listeners.every((l) => l.ignore_global_conn_limit === true && l.bypass_overload_manager === true));
+});
+
+test('IPv6-only pod: loopback ::1, wildcard ::', () => {
+  const b = bootstrapOf({ env: { INSTANCE_IP: 'fd00::7' }, hosts: [{ address: 'fd00::7', family: 'IPv6', internal: false }] });
+  assert.is(b.admin.address.socket_address.address, '::1');
+  assert.is(cluster(b, 'agent')!.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.address, '::1');
+  assert.equal((b.static_resources.listeners as Json[]).map((l) => l.address.socket_address.address), ['::', '::']);
+});
+
+test('router and sidecar differ only in the node', () => {
+  const side = bootstrapOf();
+  const router = bootstrapOf({ flags: { proxyType: 'router' } });
+  assert.ok(String(router.node.id).startsWith('router~'));
+  delete side.node;
+  delete router.node;
+  assert.equal(router, side);
+});
+
+test('stats: Istio tags, required inclusions, and ProxyConfig additions', () => {
+  const b = bootstrapOf({ env: { PROXY_CONFIG: JSON.stringify({ extraStatTags: ['app_tag', ''], proxyStatsMatcher: { inclusionPrefixes: ['upstream_cx'], inclusionSuffixes: ['_retry'] } }) } });
+  assert.is(b.stats_config.use_all_default_tags, false);
+  const names = tagNames(b);
+  assert.ok(names.includes('cluster_name') && names.includes('response_code') && names.includes('authz_dry_run_result'));
+  assert.ok(names.indexOf('app_tag') > names.indexOf('mongo_prefix') && names.indexOf('app_tag') < names.indexOf('cache'));
+  assert.equal((b.stats_config.stats_tags as Json[]).find((t) => t.tag_name === 'app_tag'), { tag_name: 'app_tag', regex: '(app_tag=\\.=(.*?);\\.;)' });
+  const p = patterns(b);
+  assert.equal(p[0], { prefix: 'reporter=' });
+  assert.equal(p.slice(-2), [{ prefix: 'component' }, { prefix: 'istio' }]);
+  for (const want of ['upstream_cx', 'cluster_manager', 'listener_manager', 'server', 'cluster.xds-grpc', 'wasm']) assert.ok(p.some((x) => x.prefix === want), want);
+  for (const want of ['_retry', 'rbac.allowed', 'rbac.denied', 'shadow_allowed', 'shadow_denied']) assert.ok(p.some((x) => x.suffix === want), want);
+  assert.ok(p.some((x) => x.safe_regex?.regex === 'vhost\\..*\\.route\\..*'));
+  assert.not.ok(p.some((x) => x.suffix === 'downstream_cx_active'));
+});
+
+test('stats: pod annotations replace ProxyConfig lists; {pod_ip} expands to every pod IP', () => {
+  const ann = [
+    'sidecar.istio.io/statsInclusionPrefixes="http.{pod_ip}_,tls_inspector"',
+    'sidecar.istio.io/extraStatTags="a_tag,b_tag"',
+  ].join('\n');
+  const b = bootstrapOf({ env: { PROXY_CONFIG: '{"proxyStatsMatcher": {"inclusionPrefixes": ["from_config"]}, "extraStatTags": ["a_tag"]}' }, files: { './etc/istio/pod/annotations': ann } });
+  const prefixes = patterns(b).filter((x) => x.prefix).map((x) => x.prefix);
+  assert.ok(prefixes.includes('http.10.44.0.7_') && prefixes.includes('http.192.168.5.9_') && prefixes.includes('tls_inspector'));
+  assert.not.ok(prefixes.includes('from_config'));
+  assert.is(tagNames(b).filter((n) => n === 'a_tag').length, 1, 'duplicate tags are dropped');
+  assert.ok(tagNames(b).includes('b_tag'));
+});
+
+test('stats: EXIT_ON_ZERO_ACTIVE_CONNECTIONS keeps downstream_cx_active for the drain', () => {
+  assert.ok(patterns(bootstrapOf({ env: { EXIT_ON_ZERO_ACTIVE_CONNECTIONS: 'true' } })).some((x) => x.suffix === 'downstream_cx_active'));
+});
+
+test('stats: histogram buckets and flush interval annotations', () => {
+  const ann = 'sidecar.istio.io/statsHistogramBuckets="{\\"b\\":[1,2],\\"a\\":[0.5]}"\nsidecar.istio.io/statsFlushInterval="10s"\n';
+  const b = bootstrapOf({ files: { './etc/istio/pod/annotations': ann } });
+  assert.equal(b.stats_config.histogram_bucket_settings, [{ match: { prefix: 'a' }, buckets: [0.5] }, { match: { prefix: 'b' }, buckets: [1, 2] }]);
+  assert.is(b.stats_flush_interval, '10s');
+  throwsConfig(() => bootstrapOf({ files: { './etc/istio/pod/annotations': 'sidecar.istio.io/statsHistogramBuckets="{nope"\n' } }), /sidecar\.istio\.io\/statsHistogramBuckets/, /not valid JSON/);
+  throwsConfig(() => bootstrapOf({ files: { './etc/istio/pod/annotations': 'sidecar.istio.io/statsFlushInterval="soon"\n' } }), /statsFlushInterval/);
+});
+
+test('runtime: Istio defaults, runtimeValues override, "" removes, booleans typed', () => {
+  const layer = (b: Json) => b.layered_runtime.layers[0].static_layer as Json;
+  const def = bootstrapOf();
+  assert.is(layer(def)['re2.max_program_size.error_level'], '32768');
+  assert.is(def.layered_runtime.layers[1].name, 'admin');
+  assert.equal(def.layered_runtime.layers[1].admin_layer, {});
+  const b = bootstrapOf({ env: { PROXY_CONFIG: JSON.stringify({ runtimeValues: { 're2.max_program_size.error_level': '', 'x.flag': 'false', 'x.num': '12' } }) } });
+  assert.not.ok('re2.max_program_size.error_level' in layer(b));
+  assert.is(layer(b)['x.flag'], false);
+  assert.is(layer(b)['x.num'], '12');
+});
+
+test('overload manager carries the global connection limit, not the runtime layer', () => {
+  const limit = (b: Json) => b.overload_manager?.resource_monitors[0].typed_config.max_active_downstream_connections;
+  assert.is(limit(bootstrapOf()), DEFAULT_MAX_DOWNSTREAM_CONNECTIONS);
+  const rv = (v: string) => ({ env: { PROXY_CONFIG: JSON.stringify({ runtimeValues: { 'overload.global_downstream_max_connections': v } }) } });
+  const b = bootstrapOf(rv('5000'));
+  assert.is(limit(b), 5000);
+  assert.not.ok('overload.global_downstream_max_connections' in b.layered_runtime.layers[0].static_layer);
+  assert.is(bootstrapOf(rv('')).overload_manager, undefined);
+  throwsConfig(() => bootstrapOf(rv('lots')), /overload\.global_downstream_max_connections/, /PROXY_CONFIG/);
+});
+
+test('tracing: zipkin and datadog clusters; other tracers rejected naming the field', () => {
+  const tr = (t: unknown) => ({ env: { PROXY_CONFIG: JSON.stringify({ tracing: t }) } });
+  const z = bootstrapOf(tr({ zipkin: { address: 'zipkin.istio-system:9411' } }));
+  assert.is(z.tracing.http.name, 'envoy.tracers.zipkin');
+  assert.equal(cluster(z, 'zipkin')!.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address, { address: 'zipkin.istio-system', port_value: 9411 });
+  const d = bootstrapOf(tr({ datadog: { address: '[fd00::1]:8126' } }));
+  assert.is(d.tracing.http.typed_config.collector_cluster, 'datadog_agent');
+  assert.is(cluster(d, 'datadog_agent')!.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.address, 'fd00::1');
+  assert.is(bootstrapOf(tr({ sampling: 1 })).tracing, undefined);
+  throwsConfig(() => bootstrapOf(tr({ lightstep: { address: 'x:1' } })), /tracing/, /lightstep/);
+  throwsConfig(() => bootstrapOf(tr({ zipkin: { address: 'no-port' } })), /tracing\.zipkin\.address/);
+});
+
+test('outlier log path goes to cluster_manager', () => {
+  assert.equal(bootstrapOf({ flags: { outlierLogPath: '/dev/stdout' } }).cluster_manager.outlier_detection, { event_log_path: '/dev/stdout' });
+  assert.is(bootstrapOf().cluster_manager.outlier_detection, undefined);
+});
+
+test('buildBootstrap is deterministic', () => {
+  assert.is(renderBootstrap(bootstrapOf()), renderBootstrap(bootstrapOf()));
+});
+
+// ---- override merge ----
+
+test('mergeBootstrapOverride: objects merge, lists append, scalars and typed configs are replaced', () => {
+  const base = {
+    admin: { address: { socket_address: { address: '127.0.0.1', port_value: 15000 } }, profile_path: '/p' },
+    static_resources: { clusters: [{ name: 'a' }] },
+    tc: { typed_config: { '@type': 'type.googleapis.com/A', x: 1, y: 2 } },
+  };
+  const snapshot = JSON.stringify(base);
+  const merged: Json = mergeBootstrapOverride(base, {
+    admin: { address: { socket_address: { port_value: 16000 } } },
+    static_resources: { clusters: [{ name: 'b' }] },
+    tc: { typed_config: { '@type': 'type.googleapis.com/B', z: 3 } },
+    stats_flush_interval: '10s',
+  });
+  assert.equal(merged.admin, { address: { socket_address: { address: '127.0.0.1', port_value: 16000 } }, profile_path: '/p' });
+  assert.equal(merged.static_resources.clusters.map((c: Json) => c.name), ['a', 'b']);
+  assert.equal(merged.tc.typed_config, { '@type': 'type.googleapis.com/B', z: 3 });
+  assert.is(merged.stats_flush_interval, '10s');
+  assert.is(JSON.stringify(base), snapshot, 'the base is not modified');
+});
+
+// ---- loader ----
+
+function loader(opts: { env?: Record<string, string>; flags?: Flags; files: Record<string, string> }) {
+  const { cfg, node } = fixture(opts);
+  return resolveBootstrap(cfg, node, (f) => opts.files[f]);
+}
+
+test('loader: no user files -> the generated bootstrap, no inputs', () => {
+  const { cfg, node } = fixture();
+  const r = resolveBootstrap(cfg, node, () => undefined);
+  assert.equal(r.bootstrap, buildBootstrap({ cfg, node }));
+  assert.equal(r.inputs, []);
+});
+
+test('loader: customConfigFile (JSON or YAML) is the bootstrap as written', () => {
+  const custom = { node: { id: 'x', cluster: 'y' }, admin: { address: { socket_address: { address: '127.0.0.1', port_value: 9901 } } } };
+  const json = loader({ env: { PROXY_CONFIG: '{"customConfigFile": "/cfg/custom.json"}' }, files: { '/cfg/custom.json': JSON.stringify(custom) } });
+  assert.equal(json.bootstrap, custom);
+  assert.equal(json.inputs, ['/cfg/custom.json']);
+  const yaml = loader({ env: { PROXY_CONFIG: '{"customConfigFile": "/cfg/custom.yaml"}' }, files: { '/cfg/custom.yaml': 'node:\n  id: x\n  cluster: y\nadmin:\n  address:\n    socket_address: {address: 127.0.0.1, port_value: 9901}\n' } });
+  assert.equal(yaml.bootstrap, custom);
+});
+
+test('loader: ISTIO_BOOTSTRAP_OVERRIDE merges over the generated bootstrap', () => {
+  const override = 'static_resources:\n  clusters:\n  - name: extra\n    type: STATIC\n    connect_timeout: 1s\nadmin:\n  address:\n    socket_address:\n      port_value: 16000\n';
+  const r = loader({ env: { ISTIO_BOOTSTRAP_OVERRIDE: '/cfg/override.yaml' }, files: { '/cfg/override.yaml': override } });
+  const b = r.bootstrap as Json;
+  assert.equal((b.static_resources.clusters as Json[]).map((c) => c.name), ['prometheus_stats', 'agent', 'sds-grpc', 'xds-grpc', 'extra']);
+  assert.equal(b.admin.address.socket_address, { address: '127.0.0.1', port_value: 16000 });
+  assert.equal(r.inputs, ['/cfg/override.yaml']);
+});
+
+test('loader: the override also applies to a customConfigFile', () => {
+  const r = loader({
+    env: { PROXY_CONFIG: '{"customConfigFile": "/c.json"}', ISTIO_BOOTSTRAP_OVERRIDE: '/o.json' },
+    files: { '/c.json': '{"node": {"id": "x"}}', '/o.json': '{"node": {"cluster": "z"}}' },
+  });
+  assert.equal(r.bootstrap, { node: { id: 'x', cluster: 'z' } });
+  assert.equal(r.inputs, ['/c.json', '/o.json']);
+});
+
+test('loader: template placeholders are substituted (strings escaped, numbers bare, objects as JSON)', () => {
+  const tmpl = [
+    '{',
+    '  "node": {"id": "{{ .nodeID }}", "cluster": "{{.cluster}}", "metadata": {{ .meta_json_str }}},',
+    '  "admin": {"address": {"socket_address": {"address": "{{ .localhost }}", "port_value": {{ .config.ProxyAdminPort }}}}},',
+    '  "layered_runtime": {"layers": [{"name": "g", "static_layer": {{ .runtime_flags }}}]},',
+    '  "x": ["{{ .xds_type }}", "{{ .xds_socket }}", {{ .envoy_status_port }}, "{{- .region -}}"]',
+    '}',
+  ].join('\n');
+  const { cfg, node } = fixture({ flags: { templateFile: '/t/bootstrap.json' }, env: { ISTIO_META_QUOTED: 'say "hi"' } });
+  const r = resolveBootstrap(cfg, node, (f) => (f === '/t/bootstrap.json' ? tmpl : undefined));
+  const b = r.bootstrap as Json;
+  assert.is(b.node.id, node.id);
+  assert.is(b.node.cluster, 'istio-proxy');
+  assert.equal(b.node.metadata, node.metadata);
+  assert.is(b.node.metadata.QUOTED, 'say "hi"');
+  assert.equal(b.admin.address.socket_address, { address: '127.0.0.1', port_value: 15000 });
+  assert.equal(b.layered_runtime.layers[0].static_layer, runtimeFlags(cfg));
+  assert.equal(b.x, ['DELTA_GRPC', 'etc/istio/proxy/XDS', 15021, '']);
+  assert.equal(r.inputs, ['/t/bootstrap.json']);
+});
+
+test('loader: YAML templates work too', () => {
+  const r = loader({ flags: { templateFile: '/t.yaml' }, files: { '/t.yaml': 'node:\n  id: "{{ .nodeID }}"\n  cluster: {{ .cluster }}\nadmin:\n  address: {socket_address: {address: "{{ .localhost }}", port_value: {{ .config.ProxyAdminPort }}}}\n' } });
+  const b = r.bootstrap as Json;
+  assert.is(b.node.cluster, 'istio-proxy');
+  assert.is(b.admin.address.socket_address.port_value, 15000);
+});
+
+test('loader errors name the file and the setting', () => {
+  // missing files
+  throwsConfig(() => loader({ env: { PROXY_CONFIG: '{"customConfigFile": "/nope.json"}' }, files: {} }), /customConfigFile/, /\/nope\.json does not exist/);
+  throwsConfig(() => loader({ flags: { templateFile: '/nope.tmpl' }, files: {} }), /proxyBootstrapTemplatePath \(from --templateFile\)/, /\/nope\.tmpl/);
+  throwsConfig(() => loader({ env: { ISTIO_BOOTSTRAP_OVERRIDE: '/o.yaml' }, files: {} }), /ISTIO_BOOTSTRAP_OVERRIDE/, /\/o\.yaml does not exist/);
+  // bad documents
+  throwsConfig(() => loader({ env: { ISTIO_BOOTSTRAP_OVERRIDE: '/o.yaml' }, files: { '/o.yaml': 'a: [1\n' } }), /ISTIO_BOOTSTRAP_OVERRIDE/, /\/o\.yaml is not valid JSON or YAML/);
+  throwsConfig(() => loader({ env: { ISTIO_BOOTSTRAP_OVERRIDE: '/o.yaml' }, files: { '/o.yaml': '- 1\n- 2\n' } }), /\/o\.yaml must hold a bootstrap mapping/);
+  throwsConfig(() => loader({ env: { PROXY_CONFIG: '{"customConfigFile": "/c.json"}' }, files: { '/c.json': '{"a": 1, "a": 2}' } }), /customConfigFile/, /\/c\.json is not valid/);
+  throwsConfig(() => loader({ env: { PROXY_CONFIG: '{"customConfigFile": "/c.json"}' }, files: { '/c.json': '' } }), /\/c\.json must hold a bootstrap mapping/);
+  // template placeholders
+  throwsConfig(
+    () => loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{\n "a": "{{ .nodeID }}",\n "b": {{ if .zipkin }}1{{ end }}\n}' } }),
+    /\/t\.json/, /unsupported template placeholder "\{\{ if \.zipkin \}\}" \(line 3\)/, /"\{\{ end \}\}"/, /supported: \.nodeID/,
+  );
+  throwsConfig(() => loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{"a": "{{ .noSuchName }}"}' } }), /\{\{ \.noSuchName \}\}/);
+  throwsConfig(() => loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{"a": "{{ .nodeID"}' } }), /\/t\.json has an unterminated/);
+});
+
+test('loader: an empty override file changes nothing', () => {
+  const { cfg, node } = fixture({ env: { ISTIO_BOOTSTRAP_OVERRIDE: '/o.yaml' } });
+  assert.equal(resolveBootstrap(cfg, node, (f) => (f === '/o.yaml' ? '\n' : undefined)).bootstrap, buildBootstrap({ cfg, node }));
+});
+
+// ---- atomic write ----
+
+test('writeFileAtomic writes the whole file with the asked mode and leaves no temp file', () => {
+  const dir = tempDir();
+  try {
+    const file = path.join(dir.path, 'envoy-rev0.json');
+    writeFileAtomic(file, 'old');
+    writeFileAtomic(file, renderBootstrap(bootstrapOf()), 0o600);
+    assert.is(fs.readFileSync(file, 'utf8'), renderBootstrap(bootstrapOf()));
+    assert.is(fs.statSync(file).mode & 0o777, 0o600);
+    writeFileAtomic(file, Buffer.from('{}'));
+    assert.is(fs.readFileSync(file, 'utf8'), '{}');
+    assert.equal(fs.readdirSync(dir.path), ['envoy-rev0.json']);
+  } finally {
+    dir.cleanup();
+  }
+});
+
+test('writeFileAtomic: a failed rename leaves no temp file and names the file', () => {
+  const dir = tempDir();
+  try {
+    // The target is a non-empty directory: the temp file gets written, then rename fails.
+    const target = path.join(dir.path, 'envoy-rev0.json');
+    fs.mkdirSync(target);
+    fs.writeFileSync(path.join(target, 'keep'), 'x');
+    try {
+      writeFileAtomic(target, 'data');
+      assert.unreachable('expected an error');
+    } catch (e) {
+      assert.is((e as { code?: string }).code, 'IO');
+      assert.match((e as Error).message, `cannot write ${target}`);
+    }
+    assert.equal(fs.readdirSync(dir.path), ['envoy-rev0.json']);
+  } finally {
+    dir.cleanup();
+  }
+});
+
+test('writeFileAtomic: an unwritable or missing directory gives a clear error and no file', () => {
+  const dir = tempDir();
+  try {
+    const missing = path.join(dir.path, 'no-such-dir', 'envoy-rev0.json');
+    assert.throws(() => writeFileAtomic(missing, 'x'), (e: Error) => /cannot write .*no-such-dir\/envoy-rev0\.json: .*ENOENT/.test(e.message));
+    // Permission bits do not stop root, so only check them as an ordinary user.
+    if (process.getuid?.() !== 0) {
+      const ro = path.join(dir.path, 'ro');
+      fs.mkdirSync(ro, 0o500);
+      assert.throws(() => writeFileAtomic(path.join(ro, 'envoy-rev0.json'), 'x'), (e: Error) => /cannot write .*EACCES/.test(e.message));
+      assert.equal(fs.readdirSync(ro), []);
+    }
+    assert.equal(fs.readdirSync(dir.path), []);
+  } finally {
+    dir.cleanup();
+  }
+});
+
+test.run();
