@@ -372,6 +372,7 @@ function clusterManager(cfg: AgentConfig): Json {
 }
 
 // ---- tracing (ProxyConfig.tracing: zipkin or datadog; other tracers are gone from current Envoy) ----
+// Bootstrap-level tracing is deprecated in Envoy but still honoured; Istio still writes it for ProxyConfig.tracing.
 
 // Fields of Istio's Tracing message that istiod consumes, not the bootstrap.
 const TRACING_IGNORED = new Set(['sampling', 'customTags', 'maxPathTagLength', 'useRequestIdForTraceSampling']);
@@ -390,10 +391,9 @@ function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster
   const clusterName = kind === 'zipkin' ? 'zipkin' : 'datadog_agent';
   const cluster: Json = {
     name: clusterName,
+    // No respect_dns_ttl / dns_refresh_rate (Istio sets them): current Envoy deprecates both on Cluster.
     type: 'STRICT_DNS',
-    respect_dns_ttl: true,
     dns_lookup_family: net.dnsLookupFamily,
-    dns_refresh_rate: '30s',
     connect_timeout: '1s',
     lb_policy: 'ROUND_ROBIN',
     load_assignment: assignment(clusterName, { socket_address: { address: address.host, port_value: address.port } }),
