@@ -113,3 +113,4 @@ export const GRPC_KEEPALIVE_TIMEOUT = duration('GRPC_KEEPALIVE_TIMEOUT', '10s', 
 export const XDS_MAX_MESSAGE_BYTES = int('XDS_MAX_MESSAGE_BYTES', 256 * 1024 * 1024, 'Largest xDS message the proxy accepts either way');
 export const PROXY_CONFIG_XDS_AGENT = bool('PROXY_CONFIG_XDS_AGENT', false, 'Subscribe to ProxyConfig over xDS (PCDS)');
 export const ENVOY_VALIDATE_BEFORE_RESTART = bool('ENVOY_VALIDATE_BEFORE_RESTART', true, 'Run envoy --mode validate on a new bootstrap before a hot restart');
+export const ENVOY_RESTART_INITIAL_BACKOFF = duration('ENVOY_RESTART_INITIAL_BACKOFF', '200ms', 'First delay before restarting a failed Envoy epoch; the n-th retry waits 2^n times this');

@@ -490,6 +490,11 @@ export class Supervisor {
     if (this.epochs.size > 0 && this.now() >= deadline) log.warn(`drain cap of ${this.opts.maximumDrainMs} ms reached with connections still open`);
   }
 
+  /** Synchronous last resort (process exit): SIGKILL every epoch. */
+  killAllNow(): void {
+    for (const e of this.epochs.values()) e.proc.kill('SIGKILL');
+  }
+
   private killAll(): void {
     this.killing = true;
     for (const e of this.epochs.values()) this.abort(e);

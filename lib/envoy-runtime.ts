@@ -1,0 +1,163 @@
+// The real Envoy runtime behind the supervisor: bootstrap files, `--mode validate`, spawning epochs with
+// the arguments of lib/envoy-args.ts, admin probes, the base id file and the hot-restart shared memory.
+// Also builds the desired config (with its content hash) that the supervisor compares.
+
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import type { AgentConfig } from './config';
+import { activeDownstreamConnections, drainListeners, serverInfo, type AdminAddress } from './envoy-admin';
+import { envoyArgs, bootstrapFileName } from './envoy-args';
+import { runEnvoyCommand, spawnEnvoy, type EnvoyProcess, type RealEnvoyProcess } from './envoy-process';
+import { renderBootstrap } from './bootstrap';
+import { writeFileAtomic } from './fs-atomic';
+import { clearInitializing, isInitializing, removeShm } from './hot-restart-shm';
+import type { DesiredConfig, EnvoyRuntime, LiveProbe } from './supervisor';
+
+/** A DesiredConfig that also knows how to build Envoy's arguments for any epoch. */
+export interface EnvoyDesiredConfig extends DesiredConfig {
+  argsFor(epoch: number, file: string, baseId: number | undefined): string[];
+}
+
+export interface DesiredInputs {
+  cfg: AgentConfig;
+  bootstrap: Record<string, unknown>;
+  ipv6: boolean;
+  coreDump: boolean;
+  /** Identity of the Envoy binary file (size, mtime, inode), so an upgrade in place changes the hash. */
+  binaryId: string;
+  /** Bumped by SIGHUP: forces a new epoch even when nothing else changed. */
+  generation: number;
+}
+
+export function baseIdFile(cfg: AgentConfig): string {
+  return path.join(cfg.proxy.configPath, 'envoy-base-id');
+}
+
+/** The bootstrap's admin address (custom bootstraps choose their own). */
+export function adminAddressOf(bootstrap: Record<string, unknown>, fallbackPort: number): AdminAddress {
+  const sa = ((bootstrap.admin as Record<string, unknown> | undefined)?.address as Record<string, unknown> | undefined)?.socket_address as
+    | { address?: string; port_value?: number }
+    | undefined;
+  let host = sa?.address ?? '127.0.0.1';
+  if (host === '0.0.0.0') host = '127.0.0.1';
+  if (host === '::') host = '::1';
+  return { host, port: sa?.port_value ?? fallbackPort };
+}
+
+export function makeDesiredConfig(i: DesiredInputs): EnvoyDesiredConfig {
+  const { cfg } = i;
+  const argsFor = (epoch: number, file: string, baseId: number | undefined) =>
+    envoyArgs({ cfg, configFile: file, epoch, ipv6: i.ipv6, coreDump: i.coreDump, baseId: baseId === undefined ? { dynamic: true, path: baseIdFile(cfg) } : { id: baseId } });
+  const text = renderBootstrap(i.bootstrap);
+  const hash = createHash('sha256')
+    .update(text)
+    .update('\0')
+    .update(argsFor(1, 'FILE', 1).join(' '))
+    .update('\0')
+    .update(`${cfg.proxy.binaryPath}\0${i.binaryId}\0${i.generation}`)
+    .digest('hex');
+  return {
+    hash,
+    bootstrap: i.bootstrap,
+    binaryPath: cfg.proxy.binaryPath,
+    admin: adminAddressOf(i.bootstrap, cfg.proxy.proxyAdminPort),
+    inboundOnlyDrain: cfg.proxyType === 'sidecar',
+    argsFor,
+  };
+}
+
+/** Size, mtime and inode: cheap, and changes when a binary is replaced or rewritten in place. */
+export function binaryIdentity(file: string): string {
+  try {
+    const st = fs.statSync(file);
+    return `${st.size}:${st.mtimeMs}:${st.ino}`;
+  } catch {
+    return 'missing';
+  }
+}
+
+export class RealEnvoyRuntime implements EnvoyRuntime {
+  constructor(private readonly cfg: AgentConfig, private readonly env: NodeJS.ProcessEnv = process.env) {}
+
+  writeBootstrap(epoch: number, desired: DesiredConfig): string {
+    const file = path.join(this.cfg.proxy.configPath, bootstrapFileName(epoch));
+    writeFileAtomic(file, renderBootstrap(desired.bootstrap), 0o600);
+    return file;
+  }
+
+  removeBootstrap(file: string): void {
+    fs.rmSync(file, { force: true });
+  }
+
+  async validate(desired: DesiredConfig, file: string): Promise<string | undefined> {
+    const args = ['--mode', 'validate', '-c', file, '--allow-unknown-static-fields', '-l', 'error'];
+    const r = await runEnvoyCommand(desired.binaryPath, args);
+    if (r.code === 0) return undefined;
+    return r.output.split('\n').filter((l) => l.trim()).slice(-3).join(' | ') || `exit code ${r.code}`;
+  }
+
+  async binaryHotRestartVersion(binary: string): Promise<string> {
+    const r = await runEnvoyCommand(binary, ['--hot-restart-version'], 10_000);
+    if (r.code !== 0) throw new Error(`${binary} --hot-restart-version failed: ${r.output}`);
+    return r.output.trim();
+  }
+
+  spawn(epoch: number, desired: DesiredConfig, file: string, baseId: number | undefined): EnvoyProcess {
+    const args = (desired as EnvoyDesiredConfig).argsFor(epoch, file, baseId);
+    return spawnEnvoy(desired.binaryPath, args, { epoch, env: this.env });
+  }
+
+  failureReason(proc: EnvoyProcess): string {
+    return (proc as RealEnvoyProcess).output?.reason() ?? '';
+  }
+
+  async probe(admin: AdminAddress): Promise<LiveProbe | undefined> {
+    const info = await serverInfo(admin, 500);
+    return { epoch: info.restartEpoch, state: info.state, hotRestartVersion: info.hotRestartVersion };
+  }
+
+  readBaseId(): number | undefined {
+    try {
+      const text = fs.readFileSync(baseIdFile(this.cfg), 'utf8').trim();
+      return /^\d+$/.test(text) ? Number(text) : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  clearBaseId(): void {
+    fs.rmSync(baseIdFile(this.cfg), { force: true });
+  }
+
+  isInitializing(baseId: number): boolean | undefined {
+    return isInitializing(baseId);
+  }
+
+  clearInitializing(baseId: number): boolean {
+    return clearInitializing(baseId);
+  }
+
+  removeShm(baseId: number): void {
+    removeShm(baseId);
+  }
+
+  drain(admin: AdminAddress, inboundOnly: boolean): Promise<void> {
+    return drainListeners(admin, { inboundOnly });
+  }
+
+  activeConnections(admin: AdminAddress): Promise<number> {
+    return activeDownstreamConnections(admin, [this.cfg.envoyStatusPort, this.cfg.envoyPrometheusPort]);
+  }
+}
+
+/**
+ * A previous agent that was killed leaves its base id file and Envoy's shared memory behind; remove both
+ * before the first epoch so /dev/shm does not collect segments across restarts of the agent.
+ */
+export function removeStaleHotRestartState(cfg: AgentConfig): void {
+  const rt = new RealEnvoyRuntime(cfg);
+  const stale = rt.readBaseId();
+  if (stale !== undefined) rt.removeShm(stale);
+  rt.clearBaseId();
+}

@@ -1,0 +1,341 @@
+// The supervisor against the real Envoy, through the real agent executable. A static custom bootstrap
+// (a direct_response listener, and a route to a slow loopback backend) keeps these tests independent of xDS.
+
+import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
+import * as fs from 'node:fs';
+import * as http from 'node:http';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import { envoyBin, envoyShm, freePort, httpRequest, pidAlive, sleep, tempDir, waitFor, type TempDir } from './helpers/harness';
+import { startLoad } from './helpers/load';
+import { debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+
+interface Ports {
+  admin: number;
+  status: number;
+  listen: number;
+  slow: number;
+}
+
+function staticBootstrap(p: Ports, body: string, opts: { extraListenPort?: number; backendPort?: number; invalid?: boolean } = {}): Record<string, unknown> {
+  const hcm = (routes: unknown[]) => ({
+    name: 'envoy.filters.network.http_connection_manager',
+    typed_config: {
+      '@type': 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager',
+      stat_prefix: 'test',
+      route_config: { virtual_hosts: [{ name: 'all', domains: ['*'], routes }] },
+      http_filters: [{ name: 'envoy.filters.http.router', typed_config: { '@type': 'type.googleapis.com/envoy.extensions.filters.http.router.v3.Router' } }],
+    },
+  });
+  const listener = (name: string, port: number, routes: unknown[]) => ({
+    name,
+    address: { socket_address: { address: '127.0.0.1', port_value: port } },
+    filter_chains: [{ filters: [hcm(routes)] }],
+  });
+  const routes: unknown[] = [];
+  if (opts.backendPort) routes.push({ match: { prefix: '/slow' }, route: { cluster: 'slow', timeout: '30s' } });
+  routes.push({ match: { prefix: '/' }, direct_response: { status: 200, body: { inline_string: body } } });
+  const listeners = [listener('main', p.listen, routes)];
+  if (opts.extraListenPort) listeners.push(listener('extra', opts.extraListenPort, routes));
+  const clusters = opts.backendPort
+    ? [{
+        name: 'slow',
+        type: 'STATIC',
+        connect_timeout: '1s',
+        load_assignment: { cluster_name: 'slow', endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: '127.0.0.1', port_value: opts.backendPort } } } }] }] },
+      }]
+    : [];
+  const b: Record<string, unknown> = {
+    admin: { address: { socket_address: { address: '127.0.0.1', port_value: p.admin } } },
+    static_resources: { listeners, clusters },
+  };
+  if (opts.invalid) (b.static_resources as Record<string, unknown>).listeners = [{ name: 'broken', address: { socket_address: { address: '127.0.0.1', port_value: 'not-a-port' } } }];
+  return b;
+}
+
+interface Setup {
+  dir: TempDir;
+  ports: Ports;
+  custom: string;
+  agent: RunningAgent;
+  write(b: Record<string, unknown>): void;
+  cleanup(): Promise<void>;
+}
+
+async function setUp(opts: { env?: Record<string, string>; proxyConfig?: Record<string, unknown>; body?: string; backendPort?: number; binaryPath?: string } = {}): Promise<Setup> {
+  const dir = tempDir('pa-sup-');
+  const ports: Ports = { admin: await freePort(), status: await freePort(), listen: await freePort(), slow: opts.backendPort ?? 0 };
+  const custom = path.join(dir.path, 'custom.json');
+  const write = (b: Record<string, unknown>) => {
+    // Replace atomically, as config management tools do.
+    fs.writeFileSync(custom + '.tmp', JSON.stringify(b));
+    fs.renameSync(custom + '.tmp', custom);
+  };
+  write(staticBootstrap(ports, opts.body ?? 'v0', { backendPort: opts.backendPort }));
+  const proxyConfig = {
+    configPath: path.join(dir.path, 'proxy'),
+    binaryPath: opts.binaryPath ?? envoyBin(),
+    customConfigFile: custom,
+    statusPort: ports.status,
+    proxyAdminPort: ports.admin,
+    drainDuration: '1s',
+    parentShutdownDuration: '2s',
+    terminationDrainDuration: '2s',
+    ...opts.proxyConfig,
+  };
+  const agent = startAgent(['proxy', 'sidecar'], {
+    PROXY_CONFIG: JSON.stringify(proxyConfig),
+    POD_NAME: 'sup',
+    POD_NAMESPACE: 'test',
+    INSTANCE_IP: '127.0.0.1',
+    ENVOY_STATUS_PORT: String(await freePort()),
+    ENVOY_PROMETHEUS_PORT: String(await freePort()),
+    FILE_DEBOUNCE_DURATION: '50ms',
+    ...opts.env,
+  }, dir.path);
+  const cleanup = async () => {
+    const epochs = await debugEpochs(ports.status).then((d) => d.epochs, () => []);
+    await agent.stop();
+    for (const e of epochs) if (pidAlive(e.pid)) process.kill(e.pid, 'SIGKILL');
+    dir.cleanup();
+  };
+  try {
+    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${ports.status}/healthz/ready`)).status === 200, 20_000);
+  } catch (e) {
+    await cleanup();
+    throw new Error(`${(e as Error).message}\nagent log:\n${agent.log()}`);
+  }
+  return { dir, ports, custom, agent, write, cleanup };
+}
+
+const listenerBody = async (port: number) => (await httpRequest(`http://127.0.0.1:${port}/`)).body;
+
+// ---------------------------------------------------------------------------------------------------------
+
+const hot = suite('hot restart');
+
+hot('hot restart under load drops no request', async () => {
+  const s = await setUp();
+  try {
+    const load = startLoad({ url: `http://127.0.0.1:${s.ports.listen}/`, concurrency: 4, maxDurationMs: 120_000 });
+    const seen: number[] = [0];
+    for (let i = 1; i <= 10; i++) {
+      if (i % 2) s.write(staticBootstrap(s.ports, `v${i}`));
+      else s.agent.proc.kill('SIGHUP');
+      const live = await waitLiveEpoch(s.ports.status, i);
+      seen.push(live.epoch);
+      if (i % 2) await waitFor(`body v${i}`, async () => (await listenerBody(s.ports.listen)) === `v${i}`, 5000);
+      await sleep(150);
+    }
+    const r = await load.stop();
+    assert.is(r.failed, 0, `failed requests: ${r.errors.join('; ')}`);
+    assert.ok(r.ok > 200, `load ran (${r.ok} ok)`);
+    assert.equal(seen, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 'each epoch exactly one above the last');
+    // Old epochs end once the parent-shutdown time (2 s) has passed.
+    await waitFor('only the newest epoch left', async () => {
+      const d = await debugEpochs(s.ports.status);
+      return d.epochs.length === 1 && d.epochs[0]!.epoch === 10;
+    }, 10_000);
+    assert.is(await listenerBody(s.ports.listen), 'v9');
+  } finally {
+    await s.cleanup();
+  }
+});
+
+hot('a broken new config keeps the old epoch serving; the budget is spent and reported; a fix goes live', async () => {
+  // A port held by another program: the bootstrap is valid, but the new epoch cannot bind it and exits.
+  const blocker = net.createServer();
+  const blocked = await freePort();
+  await new Promise<void>((r) => blocker.listen(blocked, '127.0.0.1', () => r()));
+  const s = await setUp({ env: { ENVOY_RESTART_INITIAL_BACKOFF: '5ms' } });
+  try {
+    const load = startLoad({ url: `http://127.0.0.1:${s.ports.listen}/`, concurrency: 3, maxDurationMs: 120_000 });
+    // First a bootstrap Envoy's validation rejects: never launched.
+    s.write(staticBootstrap(s.ports, 'x', { invalid: true }));
+    await waitFor('rejection reported', async () => /rejected/.test((await debugEpochs(s.ports.status)).lastFailure?.reason ?? ''), 15_000);
+    // Then one that passes validation but fails at run time.
+    s.write(staticBootstrap(s.ports, 'broken', { extraListenPort: blocked }));
+    await waitFor('budget spent', async () => /budget spent/.test((await debugEpochs(s.ports.status)).lastFailure?.reason ?? ''), 60_000);
+    const d = await debugEpochs(s.ports.status);
+    assert.equal(d.epochs.map((e) => [e.epoch, e.state]), [[0, 'live']], 'the first epoch still serves');
+    assert.is(d.restartBudgetLeft, 0);
+    assert.is((await httpRequest(`http://127.0.0.1:${s.ports.status}/healthz/ready`)).status, 200);
+    const metrics = (await httpRequest(`http://127.0.0.1:${s.ports.status}/stats/prometheus`)).body;
+    assert.match(metrics, /istio_agent_envoy_restart_budget_exhausted_total 1/);
+    assert.match(metrics, /istio_agent_envoy_configs_rejected_total 1/);
+    assert.is(await listenerBody(s.ports.listen), 'v0');
+    // A good config after all that still hot-restarts: the agent cleared the flag the dead children left.
+    s.write(staticBootstrap(s.ports, 'fixed'));
+    await waitLiveEpoch(s.ports.status, 1, 20_000);
+    await waitFor('fixed body', async () => (await listenerBody(s.ports.listen)) === 'fixed', 5000);
+    const r = await load.stop();
+    assert.is(r.failed, 0, `failed requests: ${r.errors.join('; ')}`);
+    assert.match(s.agent.log(), /before it went live/);
+  } finally {
+    await s.cleanup();
+    blocker.close();
+  }
+});
+
+hot('killing the live Envoy leads to a new epoch after the backoff', async () => {
+  const s = await setUp();
+  try {
+    const first = await waitLiveEpoch(s.ports.status, 0);
+    process.kill(first.pid, 'SIGKILL');
+    const again = await waitFor('a new epoch 0', async () => {
+      const d = await debugEpochs(s.ports.status);
+      return d.epochs.find((e) => e.epoch === 0 && e.state === 'live' && e.pid !== first.pid);
+    }, 20_000);
+    assert.ok(again.pid !== first.pid);
+    assert.is(await listenerBody(s.ports.listen), 'v0');
+    assert.is((await debugEpochs(s.ports.status)).restartBudgetLeft, 9);
+    assert.match(s.agent.log(), /restarting in 200 ms/);
+  } finally {
+    await s.cleanup();
+  }
+});
+
+hot('killing the agent takes Envoy with it', async () => {
+  const s = await setUp();
+  try {
+    const live = await waitLiveEpoch(s.ports.status, 0);
+    s.agent.proc.kill('SIGKILL');
+    await s.agent.exited;
+    await waitFor('Envoy gone', () => !pidAlive(live.pid), 10_000);
+  } finally {
+    await s.cleanup();
+  }
+});
+
+hot('a binary with another hot restart version gets a drain-then-cold restart', async () => {
+  const dir = tempDir('pa-bin-');
+  const wrapper = path.join(dir.path, 'envoy');
+  const writeWrapper = (version: string) => {
+    fs.writeFileSync(wrapper + '.tmp', `#!/bin/sh\nif [ "$1" = "--hot-restart-version" ]; then echo ${version}; exit 0; fi\nexec ${envoyBin()} "$@"\n`, { mode: 0o755 });
+    fs.renameSync(wrapper + '.tmp', wrapper);
+  };
+  writeWrapper('11.104');
+  const s = await setUp({ binaryPath: wrapper, proxyConfig: { terminationDrainDuration: '1s' } });
+  try {
+    const first = await waitLiveEpoch(s.ports.status, 0);
+    const base = (await debugEpochs(s.ports.status)).baseId;
+    writeWrapper('12.999'); // an "upgrade in place" whose shared memory layout differs
+    const again = await waitFor('cold-restarted epoch 0', async () => {
+      const d = await debugEpochs(s.ports.status);
+      return d.epochs.find((e) => e.epoch === 0 && e.state === 'live' && e.pid !== first.pid);
+    }, 30_000);
+    assert.ok(again);
+    assert.ok((await debugEpochs(s.ports.status)).baseId !== base, 'a new base id');
+    assert.match(s.agent.log(), /cannot hand over sockets, so draining and cold-restarting/);
+    assert.is(await listenerBody(s.ports.listen), 'v0');
+  } finally {
+    await s.cleanup();
+    dir.cleanup();
+  }
+});
+
+hot('a touch without a change restarts nothing; a binary replaced in place hot-restarts', async () => {
+  const dir = tempDir('pa-touch-');
+  const bin = path.join(dir.path, 'envoy');
+  fs.copyFileSync(envoyBin(), bin);
+  fs.chmodSync(bin, 0o755);
+  const s = await setUp({ binaryPath: bin });
+  try {
+    const now = new Date();
+    fs.utimesSync(s.custom, now, now);
+    s.write(JSON.parse(fs.readFileSync(s.custom, 'utf8')));
+    await sleep(600);
+    assert.equal((await debugEpochs(s.ports.status)).epochs.map((e) => e.epoch), [0], 'no new epoch for an unchanged file');
+    fs.copyFileSync(envoyBin(), bin + '.new');
+    fs.chmodSync(bin + '.new', 0o755);
+    fs.renameSync(bin + '.new', bin);
+    await waitLiveEpoch(s.ports.status, 1);
+  } finally {
+    await s.cleanup();
+    dir.cleanup();
+  }
+});
+
+hot.run();
+
+// ---------------------------------------------------------------------------------------------------------
+
+const term = suite('shutdown');
+
+function slowBackend(delayMs: number): Promise<{ server: http.Server; port: number }> {
+  const server = http.createServer((_req, res) => setTimeout(() => res.end('slow done'), delayMs));
+  return new Promise((r) => server.listen(0, '127.0.0.1', () => r({ server, port: (server.address() as net.AddressInfo).port })));
+}
+
+term('SIGTERM under load: in-flight requests complete, Envoy is gone by the drain deadline, exit 0, nothing left behind', async () => {
+  const backend = await slowBackend(800);
+  const shmBefore = new Set(envoyShm());
+  const s = await setUp({ backendPort: backend.port, proxyConfig: { terminationDrainDuration: '2s' } });
+  try {
+    const live = await waitLiveEpoch(s.ports.status, 0);
+    const baseId = (await debugEpochs(s.ports.status)).baseId;
+    const inflight = Array.from({ length: 5 }, () => httpRequest(`http://127.0.0.1:${s.ports.listen}/slow`, { timeoutMs: 10_000 }));
+    await sleep(200);
+    const t0 = Date.now();
+    s.agent.proc.kill('SIGTERM');
+    const results = await Promise.all(inflight);
+    assert.equal(results.map((r) => r.status), [200, 200, 200, 200, 200], 'in-flight requests completed');
+    assert.ok(results.every((r) => r.body === 'slow done'));
+    const exit = await s.agent.exited;
+    const took = Date.now() - t0;
+    assert.is(exit.code, 0);
+    assert.ok(took < 2000 + 3000, `agent ended ${took} ms after SIGTERM (drain 2 s + margin)`);
+    assert.not.ok(pidAlive(live.pid), 'Envoy gone');
+    const proxyDir = path.join(s.dir.path, 'proxy');
+    assert.equal(fs.readdirSync(proxyDir), [], 'no bootstrap or base id file left');
+    assert.not.ok(envoyShm().includes(`envoy_shared_memory_${baseId! * 10}`), 'shared memory removed');
+    for (const f of envoyShm()) assert.ok(shmBefore.has(f), `no new shared memory segment left: ${f}`);
+    assert.match(s.agent.log(), /asked epoch 0 to drain its listeners/);
+  } finally {
+    await s.cleanup();
+    backend.server.close();
+  }
+});
+
+term('exit on zero active connections ends the drain early', async () => {
+  const s = await setUp({ env: { EXIT_ON_ZERO_ACTIVE_CONNECTIONS: 'true', MINIMUM_DRAIN_DURATION: '1s' }, proxyConfig: { terminationDrainDuration: '60s' } });
+  try {
+    const t0 = Date.now();
+    s.agent.proc.kill('SIGTERM');
+    const exit = await s.agent.exited;
+    assert.is(exit.code, 0);
+    assert.ok(Date.now() - t0 < 30_000, 'did not wait for terminationDrainDuration (60 s)');
+    assert.match(s.agent.log(), /no active downstream connections left/);
+  } finally {
+    await s.cleanup();
+  }
+});
+
+term('a second SIGTERM during the drain kills at once', async () => {
+  const s = await setUp({ proxyConfig: { terminationDrainDuration: '60s' } });
+  try {
+    s.agent.proc.kill('SIGTERM');
+    await sleep(300);
+    s.agent.proc.kill('SIGTERM');
+    const exit = await waitFor('agent exit', () => s.agent.exited, 10_000);
+    assert.is(exit.code, 0);
+  } finally {
+    await s.cleanup();
+  }
+});
+
+term('/quitquitquit from localhost ends the agent at once', async () => {
+  const s = await setUp({ proxyConfig: { terminationDrainDuration: '60s' } });
+  try {
+    const r = await httpRequest(`http://127.0.0.1:${s.ports.status}/quitquitquit`, { method: 'POST' });
+    assert.is(r.status, 200);
+    const exit = await waitFor('agent exit', () => s.agent.exited, 10_000);
+    assert.is(exit.code, 0);
+    assert.is((await httpRequest(`http://127.0.0.1:${s.ports.listen}/`).catch((e: Error) => ({ status: 0, body: e.message }))).status, 0, 'Envoy is gone');
+  } finally {
+    await s.cleanup();
+  }
+});
+
+term.run();
