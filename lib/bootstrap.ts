@@ -7,8 +7,8 @@
 
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
-import { parseDuration, formatProtoDuration } from './duration';
 import { configError } from './errors';
+import { statsConfig, statsFlushInterval } from './bootstrap-stats';
 
 export interface BootstrapInputs {
   cfg: AgentConfig;
@@ -133,117 +133,6 @@ function overloadManager(max: number): Json {
       },
     ],
   };
-}
-
-// ---- stats ----
-
-// Istio's tag extraction, in Istio's order; cluster and HTTP prefixes use the `;`-delimited form that current
-// istiod emits in alt_stat_name / stat_prefix.
-const TAGS_BEFORE_EXTRA: Array<[string, string]> = [
-  ['cluster_name', '^cluster(\\.(.+);)'],
-  ['http_conn_manager_prefix', '^http\\.(((?:[_.[:digit:]\\w]*|[_\\[\\]aAbBcCdDeEfF[:digit:]\\w\\:]*));\\.)'],
-  ['thread_name', '^server(\\.(.+))\\.watchdog'],
-  ['tcp_prefix', '^tcp\\.((.*?)\\.)\\w+?$'],
-  ['response_code', '_rq(_(\\d{3}))$'],
-  ['response_code_class', '_rq(_(\\dxx))$'],
-  ['http_conn_manager_listener_prefix', '^listener(?=\\.).*?\\.http\\.(((?:[_.[:digit:]]*|[_\\[\\]aAbBcCdDeEfF[:digit:]]*))\\.)'],
-  ['listener_address', '^listener\\.(((?:[_.[:digit:]]*|[_\\[\\]aAbBcCdDeEfF[:digit:]]*))\\.)'],
-  ['mongo_prefix', '^mongo\\.(.+?)\\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$'],
-];
-const TAGS_AFTER_EXTRA: Array<[string, string]> = [
-  ['cache', '(cache\\.(.+?)\\.)'],
-  ['component', '(component\\.(.+?)\\.)'],
-  ['tag', '(tag\\.(.+?);\\.)'],
-  ['wasm_filter', '(wasm_filter\\.(.+?)\\.)'],
-  ['authz_enforce_result', 'rbac(\\.(allowed|denied))'],
-  ['authz_dry_run_action', '(\\.istio_dry_run_(allow|deny)_)'],
-  ['authz_dry_run_result', '(\\.shadow_(allowed|denied))'],
-];
-
-// Always kept: readiness and the agent's own checks read these.
-const REQUIRED_PREFIXES = ['cluster_manager', 'listener_manager', 'server', 'cluster.xds-grpc', 'wasm'];
-const RBAC_SUFFIXES = ['rbac.allowed', 'rbac.denied', 'shadow_allowed', 'shadow_denied'];
-// The EXIT_ON_ZERO_ACTIVE_CONNECTIONS drain polls downstream_cx_active, so it must not be filtered out.
-const DRAIN_SUFFIX = 'downstream_cx_active';
-const REQUIRED_REGEXPS = ['vhost\\..*\\.route\\..*'];
-
-const ANN_EXTRA_TAGS = 'sidecar.istio.io/extraStatTags';
-const ANN_PREFIXES = 'sidecar.istio.io/statsInclusionPrefixes';
-const ANN_SUFFIXES = 'sidecar.istio.io/statsInclusionSuffixes';
-const ANN_REGEXPS = 'sidecar.istio.io/statsInclusionRegexps';
-const ANN_BUCKETS = 'sidecar.istio.io/statsHistogramBuckets';
-const ANN_FLUSH = 'sidecar.istio.io/statsFlushInterval';
-
-const splitList = (s: string | undefined): string[] => (s ?? '').split(',').map((x) => x.trim()).filter(Boolean);
-
-function statsConfig(cfg: AgentConfig, node: NodeIdentity): Json {
-  const ann = cfg.podAnnotations;
-  const extra = [...new Set([...cfg.proxy.extraStatTags.filter(Boolean), ...splitList(ann[ANN_EXTRA_TAGS])])];
-  const tag = ([tag_name, regex]: [string, string]) => ({ tag_name, regex });
-  const out: Json = {
-    use_all_default_tags: false,
-    stats_tags: [
-      ...TAGS_BEFORE_EXTRA.map(tag),
-      ...extra.map((t) => ({ tag_name: t, regex: `(${t}=\\.=(.*?);\\.;)` })),
-      ...TAGS_AFTER_EXTRA.map(tag),
-    ],
-  };
-  const buckets = histogramBuckets(ann[ANN_BUCKETS]);
-  if (buckets) out.histogram_bucket_settings = buckets;
-  out.stats_matcher = { inclusion_list: { patterns: inclusionPatterns(cfg, node) } };
-  return out;
-}
-
-function inclusionPatterns(cfg: AgentConfig, node: NodeIdentity): Json[] {
-  const m = cfg.proxy.proxyStatsMatcher ?? {};
-  const ann = cfg.podAnnotations;
-  // An annotation replaces the ProxyConfig list rather than adding to it, as in Istio.
-  const pick = (annotation: string, fromConfig: string[] | undefined, required: string[]) =>
-    withPodIps([...(ann[annotation] ? splitList(ann[annotation]) : fromConfig ?? []), ...required], node.ips);
-  const suffixes = cfg.exitOnZeroActiveConnections ? [...RBAC_SUFFIXES, DRAIN_SUFFIX] : RBAC_SUFFIXES;
-  return [
-    { prefix: 'reporter=' },
-    ...pick(ANN_PREFIXES, m.inclusionPrefixes, REQUIRED_PREFIXES).map((prefix) => ({ prefix })),
-    ...pick(ANN_SUFFIXES, m.inclusionSuffixes, suffixes).map((suffix) => ({ suffix })),
-    ...pick(ANN_REGEXPS, m.inclusionRegexps, REQUIRED_REGEXPS).map((regex) => ({ safe_regex: { regex } })),
-    { prefix: 'component' },
-    { prefix: 'istio' },
-  ];
-}
-
-/** `http.{pod_ip}_` expands to one pattern per pod IP, so a sidecar can keep only its inbound HTTP stats. */
-function withPodIps(patterns: string[], ips: string[]): string[] {
-  return patterns.flatMap((p) => (p.includes('{pod_ip}') ? ips.map((ip) => p.split('{pod_ip}').join(ip)) : [p]));
-}
-
-function histogramBuckets(raw: string | undefined): Json[] | undefined {
-  if (raw === undefined) return undefined;
-  const fail = (problem: string) => configError(ANN_BUCKETS, `pod annotation ${ANN_BUCKETS}`, problem);
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(raw);
-  } catch (e) {
-    throw fail(`not valid JSON: ${(e as Error).message}`);
-  }
-  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw fail('want a JSON object of prefix -> [bucket, ...]');
-  return Object.entries(parsed as Record<string, unknown>)
-    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
-    .map(([prefix, buckets]) => {
-      if (!Array.isArray(buckets) || buckets.length === 0 || !buckets.every((x) => typeof x === 'number' && x > 0)) {
-        throw fail(`buckets of "${prefix}" must be a non-empty list of positive numbers`);
-      }
-      return { match: { prefix }, buckets };
-    });
-}
-
-function statsFlushInterval(cfg: AgentConfig): string | undefined {
-  const raw = cfg.podAnnotations[ANN_FLUSH];
-  if (raw === undefined) return undefined;
-  try {
-    return formatProtoDuration(parseDuration(raw));
-  } catch (e) {
-    throw configError(ANN_FLUSH, `pod annotation ${ANN_FLUSH}`, (e as Error).message);
-  }
 }
 
 // ---- admin, xDS, static resources ----
