@@ -17,6 +17,8 @@ export ENVOY_BIN
 echo "test: using Envoy $ENVOY_BIN ($("$ENVOY_BIN" --version 2>/dev/null | sed -n 's/.*version: //p'))"
 
 failed=0
+echo "test: building dist/pilot-agent"
+if ! bash scripts/build.sh; then echo "test: build failed"; echo "0 passed, 1 failed"; exit 1; fi
 echo "test: tsc --noEmit"
 if ! npx tsc --noEmit; then echo "test: type check failed"; failed=1; fi
 
