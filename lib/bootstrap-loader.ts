@@ -84,7 +84,7 @@ function parseDocument(text: string, file: string, setting: FileSetting, emptyOk
  * Placeholders a bootstrap template (or customConfigFile) may use, written `{{ .name }}` as in Istio's Go
  * templates (`{{-`/`-}}` trim whitespace as in Go). Go template logic (if, range, functions) cannot run here;
  * any other `{{ ... }}` is an error naming it and the file. Strings are inserted JSON-escaped without quotes,
- * so put them inside quotes; numbers bare; `meta_json_str` and `runtime_flags` as JSON objects.
+ * so put them inside double quotes; numbers bare; `meta_json_str` and `runtime_flags` as JSON objects.
  *
  *   .nodeID                  node id, e.g. sidecar~10.1.2.3~web-1.default~default.svc.cluster.local
  *   .cluster                 node cluster (serviceCluster)
