@@ -114,3 +114,5 @@ export const XDS_MAX_MESSAGE_BYTES = int('XDS_MAX_MESSAGE_BYTES', 256 * 1024 * 1
 export const PROXY_CONFIG_XDS_AGENT = bool('PROXY_CONFIG_XDS_AGENT', false, 'Subscribe to ProxyConfig over xDS (PCDS)');
 export const ENVOY_VALIDATE_BEFORE_RESTART = bool('ENVOY_VALIDATE_BEFORE_RESTART', true, 'Run envoy --mode validate on a new bootstrap before a hot restart');
 export const ENVOY_RESTART_INITIAL_BACKOFF = duration('ENVOY_RESTART_INITIAL_BACKOFF', '200ms', 'First delay before restarting a failed Envoy epoch; the n-th retry waits 2^n times this');
+export const PILOT_DEBOUNCE_AFTER = duration('PILOT_DEBOUNCE_AFTER', '100ms', 'Discovery server: quiet period after a config change before a push');
+export const PILOT_DEBOUNCE_MAX = duration('PILOT_DEBOUNCE_MAX', '10s', 'Discovery server: longest a change waits for the quiet period');

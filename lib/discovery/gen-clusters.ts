@@ -1,0 +1,129 @@
+// CDS and EDS: one cluster per service port (`outbound|<port>||<host>`) and one per DestinationRule subset
+// (`outbound|<port>|<subset>|<host>`); STATIC services use EDS, DNS services STRICT_DNS with inline endpoints.
+// Every proxy sees every service (no Sidecar scoping), so the output depends only on the push context.
+
+import { packAny } from '../envoy-protos';
+import { labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset, type TrafficPolicy } from './model';
+import type { PushContext } from './push-context';
+import { ADS_SOURCE, CLUSTER, clusterName, dur, encodeResource, ENDPOINTS, type Resource } from './resources';
+
+const HTTP_OPTIONS = 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions';
+const UNLIMITED = 4294967295; // Istio's default circuit-breaker thresholds: effectively none
+const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
+
+interface ClusterSpec {
+  name: string;
+  service: Service;
+  port: ServicePort;
+  subset?: Subset;
+}
+
+function clusterSpecs(push: PushContext): ClusterSpec[] {
+  return push.memoize('cluster-specs', () => {
+    const out: ClusterSpec[] = [];
+    for (const svc of push.services) {
+      const dr = push.destinationRule(svc.hostname);
+      for (const port of svc.ports) {
+        out.push({ name: clusterName(port.number, '', svc.hostname), service: svc, port });
+        for (const subset of dr?.spec.subsets ?? []) out.push({ name: clusterName(port.number, subset.name, svc.hostname), service: svc, port, subset });
+      }
+    }
+    return out;
+  });
+}
+
+export function buildClusters(push: PushContext): Resource[] {
+  return push.memoize('cds', () => clusterSpecs(push).map((c) => encodeResource(CLUSTER, c.name, clusterObject(push, c))));
+}
+
+/** EDS for every EDS cluster, by name. */
+export function buildEndpoints(push: PushContext): ReadonlyMap<string, Resource> {
+  return push.memoize('eds', () => {
+    const out = new Map<string, Resource>();
+    for (const c of clusterSpecs(push)) {
+      if (c.service.resolution !== 'STATIC') continue;
+      out.set(c.name, encodeResource(ENDPOINTS, c.name, loadAssignment(c.name, selectInstances(push, c))));
+    }
+    return out;
+  });
+}
+
+/** An empty assignment for a name Envoy asks for that does not (or no longer) exist, so it does not wait on it. */
+export function emptyEndpoints(name: string): Resource {
+  return encodeResource(ENDPOINTS, name, { cluster_name: name, endpoints: [] });
+}
+
+function selectInstances(push: PushContext, c: ClusterSpec): readonly ServiceInstance[] {
+  const all = push.instances(c.service.hostname, c.port.number);
+  return c.subset ? all.filter((i) => labelsMatch(c.subset!.labels, i.labels)) : all;
+}
+
+function loadAssignment(name: string, instances: readonly ServiceInstance[]): Record<string, unknown> {
+  if (!instances.length) return { cluster_name: name, endpoints: [] };
+  return {
+    cluster_name: name,
+    endpoints: [{
+      lb_endpoints: instances.map((i) => ({
+        endpoint: { address: { socket_address: { address: i.address, port_value: i.port } } },
+        load_balancing_weight: { value: i.weight ?? 1 },
+      })),
+    }],
+  };
+}
+
+function mergePolicy(top: TrafficPolicy | undefined, sub: TrafficPolicy | undefined): TrafficPolicy {
+  // Istio merges a subset's policy over the top-level one field by field.
+  return { ...top, ...sub };
+}
+
+function clusterObject(push: PushContext, c: ClusterSpec): Record<string, unknown> {
+  const dr = push.destinationRule(c.service.hostname);
+  const policy = mergePolicy(dr?.spec.trafficPolicy, c.subset?.trafficPolicy);
+  const tcp = policy.connectionPool?.tcp;
+  const http = policy.connectionPool?.http;
+  const out: Record<string, unknown> = {
+    name: c.name,
+    connect_timeout: dur(tcp?.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS),
+    lb_policy: policy.loadBalancer ?? 'LEAST_REQUEST',
+    circuit_breakers: {
+      thresholds: [{
+        max_connections: { value: tcp?.maxConnections ?? UNLIMITED },
+        max_pending_requests: { value: http?.http1MaxPendingRequests ?? UNLIMITED },
+        max_requests: { value: http?.http2MaxRequests ?? UNLIMITED },
+        max_retries: { value: http?.maxRetries ?? UNLIMITED },
+        track_remaining: true,
+      }],
+    },
+  };
+  if (c.service.resolution === 'STATIC') {
+    out.type = 'EDS';
+    out.eds_cluster_config = { eds_config: ADS_SOURCE, service_name: c.name };
+  } else {
+    out.type = 'STRICT_DNS';
+    out.dns_lookup_family = 'V4_PREFERRED';
+    out.load_assignment = loadAssignment(c.name, selectInstances(push, c));
+  }
+  const h2 = c.port.protocol === 'HTTP2' || c.port.protocol === 'GRPC';
+  if (h2 || http?.maxRequestsPerConnection) {
+    const opts: Record<string, unknown> = { explicit_http_config: h2 ? { http2_protocol_options: {} } : { http_protocol_options: {} } };
+    if (http?.maxRequestsPerConnection) opts.common_http_protocol_options = { max_requests_per_connection: { value: http.maxRequestsPerConnection } };
+    out.typed_extension_protocol_options = { 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': packAny(HTTP_OPTIONS, opts) };
+  }
+  const od = policy.outlierDetection;
+  if (od) {
+    const o: Record<string, unknown> = {};
+    if (od.consecutive5xxErrors !== undefined) {
+      o.consecutive_5xx = { value: od.consecutive5xxErrors };
+      o.enforcing_consecutive_5xx = { value: od.consecutive5xxErrors > 0 ? 100 : 0 };
+    }
+    if (od.consecutiveGatewayErrors !== undefined) {
+      o.consecutive_gateway_failure = { value: od.consecutiveGatewayErrors };
+      o.enforcing_consecutive_gateway_failure = { value: od.consecutiveGatewayErrors > 0 ? 100 : 0 };
+    }
+    if (od.intervalMs !== undefined) o.interval = dur(od.intervalMs);
+    if (od.baseEjectionTimeMs !== undefined) o.base_ejection_time = dur(od.baseEjectionTimeMs);
+    if (od.maxEjectionPercent !== undefined) o.max_ejection_percent = { value: od.maxEjectionPercent };
+    out.outlier_detection = o;
+  }
+  return out;
+}

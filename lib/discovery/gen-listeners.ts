@@ -1,0 +1,82 @@
+// LDS. With no traffic capture on the host, a sidecar exposes each service port on a loopback listener the app
+// calls (Istio's Sidecar egress listener with a bind address): HTTP ports route by Host through RDS `<port>`, TCP
+// ports proxy to the one service on that port. A router binds the ports of the Gateways that select it.
+// If a port is taken on the host, Envoy NACKs that listener; the server reports it and does not retry it.
+
+import { packAny } from '../envoy-protos';
+import { isHttp } from './model';
+import type { Proxy } from './proxy';
+import type { PushContext } from './push-context';
+import { ADS_SOURCE, clusterName, encodeResource, LISTENER, type Resource } from './resources';
+import { gatewayRouteName, sidecarRouteName } from './gen-routes';
+
+const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
+const ROUTER = 'envoy.extensions.filters.http.router.v3.Router';
+const TCP_PROXY = 'envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy';
+
+/** Where a sidecar's outbound listeners listen. */
+export const SIDECAR_BIND = '127.0.0.1';
+
+export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
+  if (proxy.type === 'sidecar') return push.memoize('lds|sidecar', () => sidecarListeners(push));
+  const gws = push.gatewaysFor(proxy);
+  return push.memoize(`lds|router|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => {
+    const out = new Map<string, Resource>();
+    const ports = new Set<number>();
+    for (const gw of gws) {
+      for (const server of gw.spec.servers) {
+        const port = server.port.number;
+        if (ports.has(port)) continue; // one listener per port; the first server's bind address wins
+        ports.add(port);
+        const bind = server.bind ?? '0.0.0.0';
+        const name = `${bind}_${port}`;
+        out.set(name, encodeResource(LISTENER, name, listener(name, bind, port, hcmFilter(name, gatewayRouteName(port), true), 'INBOUND')));
+      }
+    }
+    return out;
+  });
+}
+
+function sidecarListeners(push: PushContext): Map<string, Resource> {
+  const http = new Set<number>();
+  const tcp = new Map<number, string>(); // port -> cluster of the first service with a TCP port there
+  for (const svc of push.services) {
+    for (const p of svc.ports) {
+      if (isHttp(p.protocol)) http.add(p.number);
+      else if (!tcp.has(p.number)) tcp.set(p.number, clusterName(p.number, '', svc.hostname));
+    }
+  }
+  const out = new Map<string, Resource>();
+  for (const port of [...new Set([...http, ...tcp.keys()])].sort((a, b) => a - b)) {
+    const name = `${SIDECAR_BIND}_${port}`;
+    // A port with both HTTP and TCP services is served as HTTP: Host is the only way to tell them apart.
+    const filter = http.has(port)
+      ? hcmFilter(name, sidecarRouteName(port), false)
+      : { name: 'envoy.filters.network.tcp_proxy', typed_config: packAny(TCP_PROXY, { stat_prefix: `outbound|${port}`, cluster: tcp.get(port) }) };
+    out.set(name, encodeResource(LISTENER, name, listener(name, SIDECAR_BIND, port, filter, 'OUTBOUND')));
+  }
+  return out;
+}
+
+function listener(name: string, address: string, port: number, filter: Record<string, unknown>, direction: string): Record<string, unknown> {
+  return {
+    name,
+    address: { socket_address: { address, port_value: port } },
+    filter_chains: [{ filters: [filter] }],
+    traffic_direction: direction,
+  };
+}
+
+function hcmFilter(statPrefix: string, routeName: string, edge: boolean): Record<string, unknown> {
+  return {
+    name: 'envoy.filters.network.http_connection_manager',
+    typed_config: packAny(HCM, {
+      stat_prefix: statPrefix,
+      codec_type: 'AUTO',
+      rds: { config_source: ADS_SOURCE, route_config_name: routeName },
+      http_filters: [{ name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) }],
+      use_remote_address: { value: edge },
+      normalize_path: { value: true },
+    }),
+  };
+}

@@ -1,0 +1,174 @@
+// RDS. Sidecar: one RouteConfiguration per service port (`<port>`), a virtual host per service on that port, routes
+// from the service's mesh VirtualService or a default route to its cluster. Router: one per Gateway port
+// (`http.<port>`), virtual hosts from the VirtualServices bound to the Gateways whose hosts the server accepts.
+
+import type { Config, GatewaySpec, HttpMatch, HttpRoute, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
+import { isHttp } from './model';
+import type { Proxy } from './proxy';
+import type { PushContext } from './push-context';
+import { clusterName, dur, encodeResource, type Resource, ROUTE } from './resources';
+
+export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
+  if (proxy.type === 'sidecar') return push.memoize('rds|sidecar', () => sidecarRoutes(push));
+  const gws = push.gatewaysFor(proxy);
+  return push.memoize(`rds|router|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => routerRoutes(push, gws));
+}
+
+/** Route configuration name of a sidecar port and of a gateway port. */
+export const sidecarRouteName = (port: number) => String(port);
+export const gatewayRouteName = (port: number) => `http.${port}`;
+
+function sidecarRoutes(push: PushContext): Map<string, Resource> {
+  const byPort = new Map<number, Record<string, unknown>[]>();
+  for (const svc of push.services) {
+    for (const port of svc.ports) {
+      if (!isHttp(port.protocol)) continue;
+      const vs = push.meshVirtualService(svc.hostname);
+      const routes = vs ? vsRoutes(push, vs, port.number, true) : [defaultRoute(clusterName(port.number, '', svc.hostname))];
+      const list = byPort.get(port.number) ?? [];
+      list.push({ name: `${svc.hostname}:${port.number}`, domains: [svc.hostname, `${svc.hostname}:${port.number}`], routes });
+      byPort.set(port.number, list);
+    }
+  }
+  const out = new Map<string, Resource>();
+  for (const [port, vhosts] of byPort) {
+    // The listener is the app's way in on this host: with one service on the port, any Host reaches it.
+    if (vhosts.length === 1) (vhosts[0]!.domains as string[]).push('*');
+    const name = sidecarRouteName(port);
+    out.set(name, encodeResource(ROUTE, name, { name, virtual_hosts: vhosts, validate_clusters: { value: false } }));
+  }
+  return out;
+}
+
+function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[]): Map<string, Resource> {
+  // port -> host -> routes, in Gateway then VirtualService order
+  const byPort = new Map<number, Map<string, Record<string, unknown>[]>>();
+  const added = new Set<string>();
+  for (const gw of gateways) {
+    const ref = `${gw.meta.namespace}/${gw.meta.name}`;
+    for (const server of gw.spec.servers) {
+      const port = server.port.number;
+      const hosts = byPort.get(port) ?? new Map<string, Record<string, unknown>[]>();
+      byPort.set(port, hosts);
+      for (const vs of push.virtualServicesForGateway(ref)) {
+        for (const h of vs.spec.hosts) {
+          if (!server.hosts.some((sh) => serverHostAccepts(sh, gw.meta.namespace, h, vs.meta.namespace))) continue;
+          const once = `${port}|${h}|${vs.meta.namespace}/${vs.meta.name}`;
+          if (added.has(once)) continue;
+          added.add(once);
+          const routes = hosts.get(h) ?? [];
+          routes.push(...vsRoutes(push, vs, port, false));
+          hosts.set(h, routes);
+        }
+      }
+    }
+  }
+  const out = new Map<string, Resource>();
+  for (const [port, hosts] of byPort) {
+    const vhosts = [...hosts].map(([h, routes]) => ({
+      name: `${h}:${port}`,
+      domains: h === '*' ? ['*'] : [h, `${h}:${port}`],
+      routes,
+    }));
+    const name = gatewayRouteName(port);
+    out.set(name, encodeResource(ROUTE, name, { name, virtual_hosts: vhosts, validate_clusters: { value: false } }));
+  }
+  return out;
+}
+
+/** Does a Gateway server host (`[ns/]host`, wildcards allowed) accept a VirtualService host? */
+export function serverHostAccepts(serverHost: string, gwNs: string, vsHost: string, vsNs: string): boolean {
+  const slash = serverHost.indexOf('/');
+  const ns = slash < 0 ? '*' : serverHost.slice(0, slash);
+  const host = slash < 0 ? serverHost : serverHost.slice(slash + 1);
+  if (ns !== '*' && (ns === '.' ? gwNs : ns) !== vsNs) return false;
+  return hostsOverlap(host, vsHost);
+}
+
+function hostsOverlap(a: string, b: string): boolean {
+  if (a === '*' || b === '*' || a === b) return true;
+  if (a.startsWith('*.') && b.startsWith('*.')) return a.length < b.length ? b.endsWith(a.slice(1)) : a.endsWith(b.slice(1));
+  if (a.startsWith('*.')) return b.endsWith(a.slice(1));
+  if (b.startsWith('*.')) return a.endsWith(b.slice(1));
+  return false;
+}
+
+// Istio's default retry policy: 2 retries on connection-level failures and 503, on another host each time.
+const PREVIOUS_HOSTS = { type_url: 'type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate', value: new Uint8Array(0) };
+const DEFAULT_RETRY_ON = 'connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes';
+
+function retryPolicy(r: HttpRoute['retries']): Record<string, unknown> | undefined {
+  if (r && r.attempts === 0) return undefined;
+  const p: Record<string, unknown> = {
+    retry_on: r?.retryOn ?? DEFAULT_RETRY_ON,
+    num_retries: { value: r?.attempts ?? 2 },
+    retry_host_predicate: [{ name: 'envoy.retry_host_predicates.previous_hosts', typed_config: PREVIOUS_HOSTS }],
+    host_selection_retry_max_attempts: 5,
+    retriable_status_codes: [503],
+  };
+  if (r?.perTryTimeoutMs !== undefined) p.per_try_timeout = dur(r.perTryTimeoutMs);
+  return p;
+}
+
+function defaultRoute(cluster: string): Record<string, unknown> {
+  return { name: 'default', match: { prefix: '/' }, route: { cluster, timeout: dur(0), retry_policy: retryPolicy(undefined) } };
+}
+
+function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: number, mesh: boolean): Record<string, unknown>[] {
+  const out: Record<string, unknown>[] = [];
+  for (const r of vs.spec.http) {
+    const matches = r.match.length ? r.match.filter((m) => m.port === undefined || m.port === port) : [undefined];
+    if (!matches.length) continue;
+    const action = routeAction(push, vs, r, port, mesh);
+    if (!action) continue;
+    for (const m of matches) {
+      const route: Record<string, unknown> = { match: routeMatch(m), route: action };
+      if (r.name) route.name = r.name;
+      out.push(route);
+    }
+  }
+  return out;
+}
+
+function routeMatch(m: HttpMatch | undefined): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  const uri = m?.uri;
+  if (!uri) out.prefix = '/';
+  else if ('exact' in uri) out.path = uri.exact;
+  else if ('prefix' in uri) out.prefix = uri.prefix;
+  else out.safe_regex = { regex: uri.regex };
+  if (m?.ignoreUriCase) out.case_sensitive = { value: false };
+  const headers = Object.entries(m?.headers ?? {}).map(([name, sm]) => ({ name, string_match: stringMatcher(sm) }));
+  if (headers.length) out.headers = headers;
+  return out;
+}
+
+function stringMatcher(sm: StringMatch): Record<string, unknown> {
+  if ('exact' in sm) return { exact: sm.exact };
+  if ('prefix' in sm) return { prefix: sm.prefix };
+  return { safe_regex: { regex: sm.regex } };
+}
+
+function destinationCluster(push: PushContext, vs: Config<VirtualServiceSpec>, d: RouteDestination, port: number, mesh: boolean): string | undefined {
+  const svc = push.lookupService(d.host, vs.meta.namespace);
+  if (!svc) return undefined; // the cross check keeps such configs out; this is the last line of defence
+  const p = d.port ?? (mesh && svc.ports.some((sp) => sp.number === port) ? port : svc.ports[0]!.number);
+  return clusterName(p, d.subset ?? '', svc.hostname);
+}
+
+function routeAction(push: PushContext, vs: Config<VirtualServiceSpec>, r: HttpRoute, port: number, mesh: boolean): Record<string, unknown> | undefined {
+  const dests = r.route
+    .filter((d) => d.weight > 0 || r.route.length === 1)
+    .map((d) => ({ cluster: destinationCluster(push, vs, d, port, mesh), weight: d.weight }))
+    .filter((d): d is { cluster: string; weight: number } => d.cluster !== undefined);
+  if (!dests.length) return undefined;
+  const action: Record<string, unknown> = dests.length === 1
+    ? { cluster: dests[0]!.cluster }
+    : { weighted_clusters: { clusters: dests.map((d) => ({ name: d.cluster, weight: { value: d.weight } })) } };
+  action.timeout = dur(r.timeoutMs ?? 0);
+  const retry = retryPolicy(r.retries);
+  if (retry) action.retry_policy = retry;
+  if (r.rewrite?.uri !== undefined) action.prefix_rewrite = r.rewrite.uri;
+  if (r.rewrite?.authority !== undefined) action.host_rewrite_literal = r.rewrite.authority;
+  return action;
+}

@@ -1,0 +1,25 @@
+// Resources of one type for one proxy, by name: the single entry point the connections use.
+
+import { buildClusters, buildEndpoints } from './gen-clusters';
+import { buildListeners } from './gen-listeners';
+import { buildRoutes } from './gen-routes';
+import type { Proxy } from './proxy';
+import type { PushContext } from './push-context';
+import { type Resource, TYPE_URLS } from './resources';
+
+export const SUPPORTED_TYPES: ReadonlySet<string> = new Set(Object.values(TYPE_URLS));
+
+export function generate(push: PushContext, proxy: Proxy, typeUrl: string): ReadonlyMap<string, Resource> {
+  switch (typeUrl) {
+    case TYPE_URLS.cluster:
+      return push.memoize('cds-map', () => new Map(buildClusters(push).map((r) => [r.name, r])));
+    case TYPE_URLS.endpoint:
+      return buildEndpoints(push);
+    case TYPE_URLS.listener:
+      return buildListeners(push, proxy);
+    case TYPE_URLS.route:
+      return buildRoutes(push, proxy);
+    default:
+      return new Map();
+  }
+}

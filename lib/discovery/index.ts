@@ -1,0 +1,216 @@
+// The embedded discovery server: a directory of Istio YAML -> ConfigStore -> service registry -> debounced pushes
+// of CDS/EDS/LDS/RDS over ADS. Used by `pilot-agent discovery` on its own and by `pilot-agent proxy --standalone`.
+//
+// Data flow: FileConfigSource.sync() applies a validated set to the store; store and registry handlers feed the
+// Debouncer; each flush builds one immutable PushContext and asks every connection to push from it.
+
+import { AgentError, errorMessage } from '../errors';
+import { PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
+import { timestamp, scope } from '../log';
+import { AdsServer, type ConnectionStatus } from './ads-server';
+import type { Nack } from './ads-connection';
+import { MemoryConfigStore } from './config-store';
+import { Debouncer, type PushRequest, pushRequest } from './debounce';
+import { FileConfigSource } from './file-source';
+import { KINDS } from './model';
+import { PushContext } from './push-context';
+import { ServiceEntryRegistry } from './registry';
+import { type ConfigIssue, formatIssue } from './yaml-file';
+
+const log = scope('discovery');
+
+export interface DiscoveryOptions {
+  configDir: string;
+  /** `127.0.0.1:15010`, `unix:/abs/path` or an absolute socket path. Port 0 picks a free port. */
+  listen: string;
+  /** Quiet period before a push (default 100 ms). */
+  debounceMs?: number;
+  /** Longest a change waits while events keep coming (default 10 s). */
+  maxDelayMs?: number;
+  /** Quiet period after a file event before the directory is read (default 50 ms). */
+  fileDebounceMs?: number;
+}
+
+export interface DiscoveryStatus {
+  version: string;
+  address: string;
+  services: number;
+  connections: ConnectionStatus[];
+  nacks: Nack[];
+  issues: string[];
+  pushes: number;
+}
+
+export class DiscoveryServer {
+  readonly store = new MemoryConfigStore();
+  readonly registry = new ServiceEntryRegistry(this.store);
+  readonly closed: Promise<Error | undefined>;
+  private resolveClosed!: (e: Error | undefined) => void;
+  private readonly files: FileConfigSource;
+  private readonly debouncer: Debouncer;
+  private readonly ads: AdsServer;
+  private push: PushContext;
+  private pushes = 0;
+  private versionSeq = 0;
+  private boundAddress = '';
+  private state: 'new' | 'starting' | 'running' | 'closed' = 'new';
+  /** Called after every push context is built: for stats and benchmarks. */
+  onPushContext: (push: PushContext, req: PushRequest, buildMs: number) => void = () => {};
+
+  constructor(private readonly o: DiscoveryOptions) {
+    this.closed = new Promise((r) => (this.resolveClosed = r));
+    this.files = new FileConfigSource({ dir: o.configDir, store: this.store, quietMs: o.fileDebounceMs ?? 50 });
+    this.debouncer = new Debouncer({ quietMs: o.debounceMs ?? 100, maxDelayMs: o.maxDelayMs ?? 10_000, onFlush: (req) => this.onFlush(req) });
+    this.push = PushContext.build(this.nextVersion(), this.store, this.registry);
+    this.ads = new AdsServer({ current: () => this.push });
+  }
+
+  get address(): string {
+    return this.boundAddress;
+  }
+
+  get pushContext(): PushContext {
+    return this.push;
+  }
+
+  /** Loads the directory and listens. Rejects (having started nothing) if the initial config has any issue. */
+  async start(): Promise<void> {
+    if (this.state !== 'new') throw new AgentError('INTERNAL', 'the discovery server was already started');
+    this.state = 'starting';
+    for (const kind of KINDS) {
+      this.store.registerEventHandler(kind, (old, cur, event) => {
+        const c = (cur ?? old)!;
+        this.debouncer.push(pushRequest(`${kind}/${c.meta.namespace}/${c.meta.name}`, `config ${event}`));
+      });
+    }
+    this.registry.appendServiceHandler((svc, event) => this.debouncer.push(pushRequest(`Service/${svc.hostname}`, `service ${event}`)));
+    this.registry.appendInstanceHandler((inst, event) => this.debouncer.push(pushRequest(`Service/${inst.hostname}`, `endpoint ${event}`)));
+    this.registry.run();
+    try {
+      let issues: ConfigIssue[];
+      try {
+        issues = this.files.sync({ report: false }).issues;
+      } catch (e) {
+        throw new AgentError('CONFIG_INVALID', `cannot read config directory ${this.o.configDir}: ${errorMessage(e)}`, e);
+      }
+      if (issues.length) {
+        throw new AgentError('CONFIG_INVALID', `invalid config in ${this.o.configDir}:\n  ${issues.map(formatIssue).join('\n  ')}`);
+      }
+      // The initial load needs no debounce: build the first push context now.
+      this.debouncer.close();
+      this.push = PushContext.build(this.nextVersion(), this.store, this.registry);
+      this.boundAddress = await this.ads.listen(this.o.listen);
+    } catch (e) {
+      this.state = 'closed';
+      this.files.close();
+      this.debouncer.close();
+      await this.ads.close();
+      this.resolveClosed(e as Error);
+      throw e instanceof AgentError ? e : new AgentError('IO', `failed to start the discovery server: ${errorMessage(e)}`, e);
+    }
+    this.files.start();
+    this.state = 'running';
+    log.info('discovery server listening', { address: this.boundAddress, configDir: this.o.configDir, services: this.push.services.length, version: this.push.version });
+  }
+
+  /** Safe to call twice. */
+  async close(): Promise<void> {
+    if (this.state === 'closed') return;
+    this.state = 'closed';
+    this.files.close();
+    this.debouncer.close();
+    await this.ads.close();
+    this.resolveClosed(undefined);
+  }
+
+  status(): DiscoveryStatus {
+    const s = this.ads.status();
+    return {
+      version: this.push.version,
+      address: this.boundAddress,
+      services: this.push.services.length,
+      connections: s.connections,
+      nacks: s.nacks,
+      issues: this.files.issues.map(formatIssue),
+      pushes: this.pushes,
+    };
+  }
+
+  /** Called after each connection finishes a push. */
+  set onPushed(fn: (proxy: string, version: string, ms: number) => void) {
+    this.ads.onPushed = (c, v, ms) => fn(c.proxy.id, v, ms);
+  }
+
+  /** Sends pending changes now instead of waiting for the debounce (tests, benchmarks). */
+  flush(): void {
+    this.debouncer.flush();
+  }
+
+  /** Re-reads the config directory now. */
+  reload(): void {
+    this.files.sync();
+  }
+
+  private onFlush(req: PushRequest): void {
+    if (this.state !== 'running') return;
+    const t0 = performance.now();
+    try {
+      this.push = PushContext.build(this.nextVersion(), this.store, this.registry);
+    } catch (e) {
+      log.error('failed to build the push context; proxies keep the previous config', { error: (e as Error).stack ?? String(e) });
+      return;
+    }
+    const buildMs = performance.now() - t0;
+    this.pushes++;
+    log.info('push', {
+      version: this.push.version,
+      events: req.events,
+      reasons: Object.entries(req.reasons).map(([k, v]) => `${k}:${v}`).join(','),
+      debouncedMs: Date.now() - req.start,
+      buildMs: Math.round(buildMs * 10) / 10,
+      connections: this.ads.connectionCount(),
+    });
+    this.onPushContext(this.push, req, buildMs);
+    this.ads.pushAll();
+  }
+
+  private nextVersion(): string {
+    // Istio's form: time of the push plus a sequence number, so versions sort and are unique per process.
+    return `${timestamp().slice(0, 19)}Z/${++this.versionSeq}`;
+  }
+}
+
+/**
+ * `pilot-agent discovery --config-dir DIR [--grpc-addr HOST:PORT | unix path]`: runs until SIGTERM or SIGINT.
+ * Returns 0 after a signal, 1 if the config is invalid or the server cannot start or fails.
+ */
+export async function runDiscoveryCommand(argv: { configDir: string; grpcAddr?: string }, env: Env = process.env): Promise<number> {
+  let server: DiscoveryServer;
+  try {
+    server = new DiscoveryServer({
+      configDir: argv.configDir,
+      listen: argv.grpcAddr ?? '127.0.0.1:15010',
+      debounceMs: PILOT_DEBOUNCE_AFTER.get(env),
+      maxDelayMs: PILOT_DEBOUNCE_MAX.get(env),
+    });
+    await server.start();
+  } catch (e) {
+    log.error(`discovery server not started: ${errorMessage(e)}`);
+    return 1;
+  }
+  let onSignal: (s: NodeJS.Signals) => void = () => {};
+  const signal = new Promise<string>((resolve) => (onSignal = resolve));
+  process.on('SIGTERM', onSignal);
+  process.on('SIGINT', onSignal);
+  const ended = await Promise.race([signal, server.closed.then((e) => e ?? new Error('closed'))]);
+  process.off('SIGTERM', onSignal);
+  process.off('SIGINT', onSignal);
+  if (typeof ended === 'string') {
+    log.info(`received ${ended}, stopping the discovery server`);
+    await server.close();
+    return 0;
+  }
+  log.error('discovery server stopped', { error: ended.message });
+  await server.close();
+  return 1;
+}

@@ -1,0 +1,181 @@
+// The discovery server's platform-neutral model: configs keyed by kind + namespace + name (the Istio kinds this
+// server accepts, already validated and normalised), and the service registry's Service and ServiceInstance.
+
+export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway'] as const;
+export type Kind = (typeof KINDS)[number];
+
+export type Event = 'add' | 'update' | 'delete';
+
+/** Where a config came from, so every later error can name the file and the document. */
+export interface ConfigSource {
+  file: string;
+  /** 1-based index of the YAML document in the file. */
+  doc: number;
+  /** Line and column of a field path inside that document, when the text is at hand. */
+  locate?: (path: (string | number)[]) => { line?: number; col?: number };
+}
+
+export interface ConfigMeta {
+  kind: Kind;
+  name: string;
+  namespace: string;
+  labels: Readonly<Record<string, string>>;
+  /** Set by the store on create/update. */
+  resourceVersion: string;
+  source?: ConfigSource;
+}
+
+export interface Config<S = Spec> {
+  meta: ConfigMeta;
+  spec: S;
+}
+
+export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec;
+
+export const configKey = (kind: Kind, namespace: string, name: string) => `${kind}/${namespace}/${name}`;
+export const keyOf = (c: Config) => configKey(c.meta.kind, c.meta.namespace, c.meta.name);
+
+/** `file document N (Kind ns/name)`, for messages. */
+export function describe(c: Config): string {
+  const where = c.meta.source ? `${c.meta.source.file} document ${c.meta.source.doc} ` : '';
+  return `${where}(${c.meta.kind} ${c.meta.namespace}/${c.meta.name})`;
+}
+
+// ---- specs (normalised: defaults filled in, durations in ms) ----
+
+export type Protocol = 'HTTP' | 'HTTP2' | 'GRPC' | 'TCP';
+export const isHttp = (p: Protocol) => p !== 'TCP';
+
+export interface ServicePort {
+  number: number;
+  name: string;
+  protocol: Protocol;
+  targetPort?: number;
+}
+
+export interface WorkloadEntrySpec {
+  address: string;
+  /** port name -> port number on the workload. */
+  ports: Readonly<Record<string, number>>;
+  labels: Readonly<Record<string, string>>;
+  weight?: number;
+}
+
+export interface ServiceEntrySpec {
+  hosts: string[];
+  ports: ServicePort[];
+  resolution: 'STATIC' | 'DNS';
+  location: 'MESH_EXTERNAL' | 'MESH_INTERNAL';
+  endpoints: WorkloadEntrySpec[];
+  /** Selects WorkloadEntries of the same namespace by label. */
+  workloadSelector?: Readonly<Record<string, string>>;
+}
+
+export type StringMatch = { exact: string } | { prefix: string } | { regex: string };
+
+export interface HttpMatch {
+  uri?: StringMatch;
+  headers: Readonly<Record<string, StringMatch>>;
+  port?: number;
+  ignoreUriCase: boolean;
+}
+
+export interface RouteDestination {
+  host: string;
+  subset?: string;
+  port?: number;
+  weight: number;
+}
+
+export interface HttpRoute {
+  name?: string;
+  match: HttpMatch[];
+  route: RouteDestination[];
+  timeoutMs?: number;
+  retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string };
+  rewrite?: { uri?: string; authority?: string };
+}
+
+export interface VirtualServiceSpec {
+  hosts: string[];
+  /** `mesh` or Gateway references (`name` or `namespace/name`); empty means mesh. */
+  gateways: string[];
+  http: HttpRoute[];
+}
+
+export interface TrafficPolicy {
+  loadBalancer?: 'ROUND_ROBIN' | 'LEAST_REQUEST' | 'RANDOM';
+  connectionPool?: {
+    tcp?: { maxConnections?: number; connectTimeoutMs?: number };
+    http?: { http1MaxPendingRequests?: number; http2MaxRequests?: number; maxRequestsPerConnection?: number; maxRetries?: number };
+  };
+  outlierDetection?: {
+    consecutive5xxErrors?: number;
+    consecutiveGatewayErrors?: number;
+    intervalMs?: number;
+    baseEjectionTimeMs?: number;
+    maxEjectionPercent?: number;
+  };
+}
+
+export interface Subset {
+  name: string;
+  labels: Readonly<Record<string, string>>;
+  trafficPolicy?: TrafficPolicy;
+}
+
+export interface DestinationRuleSpec {
+  host: string;
+  trafficPolicy?: TrafficPolicy;
+  subsets: Subset[];
+}
+
+export interface GatewayServer {
+  port: { number: number; name: string; protocol: 'HTTP' | 'HTTP2' };
+  /** `host`, `*.suffix`, `*`, optionally prefixed `namespace/`. */
+  hosts: string[];
+  /** Address the router binds this port on; 0.0.0.0 when unset. */
+  bind?: string;
+}
+
+export interface GatewaySpec {
+  selector: Readonly<Record<string, string>>;
+  servers: GatewayServer[];
+}
+
+// ---- service registry model ----
+
+export interface Service {
+  hostname: string;
+  namespace: string;
+  ports: readonly ServicePort[];
+  resolution: 'STATIC' | 'DNS';
+  location: 'MESH_EXTERNAL' | 'MESH_INTERNAL';
+  /** Key of the ServiceEntry that defines it. */
+  source: string;
+}
+
+export interface ServiceInstance {
+  hostname: string;
+  servicePort: ServicePort;
+  address: string;
+  /** Port on the workload that traffic for servicePort goes to. */
+  port: number;
+  labels: Readonly<Record<string, string>>;
+  weight?: number;
+  /** Key of the config that contributed it (the ServiceEntry, or the selected WorkloadEntry). */
+  source: string;
+}
+
+export const instanceKey = (i: ServiceInstance) => `${i.hostname}|${i.servicePort.number}|${i.address}|${i.port}|${i.source}`;
+
+/** A short name (no dot) means `<name>.<namespace>.svc.cluster.local`, as in Istio; anything else is taken as is. */
+export function qualifyHost(host: string, namespace: string): string {
+  return host.includes('.') || host.includes('*') ? host : `${host}.${namespace}.svc.cluster.local`;
+}
+
+/** Does `labels` contain every key/value of `selector`? */
+export function labelsMatch(selector: Readonly<Record<string, string>>, labels: Readonly<Record<string, string>>): boolean {
+  for (const [k, v] of Object.entries(selector)) if (labels[k] !== v) return false;
+  return true;
+}

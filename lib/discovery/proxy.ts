@@ -1,0 +1,56 @@
+// A connected proxy as the discovery server sees it, from the node of its first request:
+// id `sidecar~<ip>~<pod>.<ns>~<ns>.svc.cluster.local` (or `router~...`), labels from metadata LABELS.
+
+import { AgentError } from '../errors';
+
+export type ProxyType = 'sidecar' | 'router';
+
+export interface Proxy {
+  readonly id: string;
+  readonly type: ProxyType;
+  readonly ip: string;
+  readonly namespace: string;
+  readonly labels: Readonly<Record<string, string>>;
+}
+
+export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefined): Proxy {
+  const id = node?.id;
+  if (!id) throw new AgentError('BAD_INPUT', 'the first request has no node id');
+  const parts = id.split('~');
+  if (parts.length !== 4) throw new AgentError('BAD_INPUT', `node id "${id}" is not <type>~<ip>~<pod>.<namespace>~<domain>`);
+  const [t, ip, podNs, domain] = parts as [string, string, string, string];
+  let type: ProxyType;
+  if (t === 'sidecar') type = 'sidecar';
+  else if (t === 'router' || t === 'ingress') type = 'router';
+  else throw new AgentError('BAD_INPUT', `node id "${id}": unknown proxy type "${t}" (want sidecar or router)`);
+  const dot = podNs.indexOf('.');
+  const namespace = (dot >= 0 ? podNs.slice(dot + 1) : domain.split('.')[0]) || 'default';
+  const meta = structToJson(node?.metadata);
+  const labels: Record<string, string> = {};
+  if (meta && typeof meta === 'object' && 'LABELS' in meta) {
+    const l = (meta as Record<string, unknown>).LABELS;
+    if (l && typeof l === 'object') for (const [k, v] of Object.entries(l)) if (typeof v === 'string') labels[k] = v;
+  }
+  return Object.freeze({ id, type, ip, namespace, labels: Object.freeze(labels) });
+}
+
+/** google.protobuf.Struct as protobufjs toObject gives it (snake_case oneof fields) -> plain JSON. */
+export function structToJson(s: unknown): unknown {
+  if (!s || typeof s !== 'object') return undefined;
+  const fields = (s as { fields?: Record<string, unknown> }).fields;
+  if (!fields) return {};
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(fields)) out[k] = valueToJson(v);
+  return out;
+}
+
+function valueToJson(v: unknown): unknown {
+  if (!v || typeof v !== 'object') return null;
+  const o = v as Record<string, unknown>;
+  if ('string_value' in o) return o.string_value;
+  if ('number_value' in o) return o.number_value;
+  if ('bool_value' in o) return o.bool_value;
+  if ('struct_value' in o) return structToJson(o.struct_value);
+  if ('list_value' in o) return ((o.list_value as { values?: unknown[] }).values ?? []).map(valueToJson);
+  return null;
+}

@@ -1,0 +1,52 @@
+// Encoded xDS resources: each one packed once as a google.protobuf.Any, with a content hash that serves as its
+// Delta version and lets a connection skip resending what the proxy already has.
+
+import { createHash } from 'node:crypto';
+import { type AnyMessage, packAny, typeUrl } from '../envoy-protos';
+
+export const CLUSTER = 'envoy.config.cluster.v3.Cluster';
+export const ENDPOINTS = 'envoy.config.endpoint.v3.ClusterLoadAssignment';
+export const LISTENER = 'envoy.config.listener.v3.Listener';
+export const ROUTE = 'envoy.config.route.v3.RouteConfiguration';
+
+export const TYPE_URLS = {
+  cluster: typeUrl(CLUSTER),
+  endpoint: typeUrl(ENDPOINTS),
+  listener: typeUrl(LISTENER),
+  route: typeUrl(ROUTE),
+} as const;
+
+/** Push order that lets Envoy warm clusters before endpoints and listeners before routes. */
+export const PUSH_ORDER: readonly string[] = [TYPE_URLS.cluster, TYPE_URLS.endpoint, TYPE_URLS.listener, TYPE_URLS.route];
+
+/** Types whose empty subscription means "everything" (wildcard). */
+export const WILDCARD_TYPES: ReadonlySet<string> = new Set([TYPE_URLS.cluster, TYPE_URLS.listener]);
+
+export interface Resource {
+  readonly name: string;
+  readonly any: AnyMessage;
+  readonly hash: string;
+}
+
+export function encodeResource(fullName: string, name: string, obj: Record<string, unknown>): Resource {
+  const any = packAny(fullName, obj);
+  return Object.freeze({ name, any, hash: createHash('sha256').update(any.value).digest('base64url').slice(0, 16) });
+}
+
+/** Duration message from milliseconds. */
+export function dur(ms: number): { seconds: number; nanos: number } {
+  const seconds = Math.floor(ms / 1000);
+  return { seconds, nanos: Math.round((ms - seconds * 1000) * 1e6) };
+}
+
+export const ADS_SOURCE = Object.freeze({ ads: {}, resource_api_version: 'V3' });
+
+export function clusterName(port: number, subset: string, host: string): string {
+  return `outbound|${port}|${subset}|${host}`;
+}
+
+/** Hash of a set of resources, order-independent. */
+export function setHash(resources: Iterable<Resource>): string {
+  const parts = [...resources].map((r) => `${r.name}\u0000${r.hash}`).sort();
+  return createHash('sha256').update(parts.join('\u0001')).digest('base64url').slice(0, 16);
+}
