@@ -4,9 +4,6 @@
 
 import { spawn as nodeSpawn, execFile } from 'node:child_process';
 import * as readline from 'node:readline';
-import { scope } from './log';
-
-const log = scope('envoy');
 
 export interface ExitStatus {
   code: number | null;
@@ -25,6 +22,8 @@ export interface SpawnOptions {
   /** Extra lines of Envoy's output are logged at this scope; the last few are kept for error reports. */
   epoch: number;
   env?: NodeJS.ProcessEnv;
+  /** Where each line of Envoy's log goes (the agent's stderr). */
+  passThrough: (line: string) => void;
 }
 
 export type Spawner = (binary: string, args: string[], opts: SpawnOptions) => EnvoyProcess;
@@ -52,7 +51,10 @@ export interface RealEnvoyProcess extends EnvoyProcess {
 }
 
 export const spawnEnvoy = (binary: string, args: string[], opts: SpawnOptions): RealEnvoyProcess => {
-  const child = nodeSpawn(binary, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env: opts.env ?? process.env });
+  // stdout is inherited, not piped: Node's pipes are sockets, and Envoy cannot open /dev/stdout on a socket
+  // (ENXIO), which is where access logs usually go. stderr (Envoy's own log) is read line by line, passed
+  // through unchanged, and its tail kept to explain a failure.
+  const child = nodeSpawn(binary, args, { detached: true, stdio: ['ignore', 'inherit', 'pipe'], env: opts.env ?? process.env });
   const output = new OutputTail();
   let done = false;
   const exited = new Promise<ExitStatus>((resolve) => {
@@ -68,13 +70,10 @@ export const spawnEnvoy = (binary: string, args: string[], opts: SpawnOptions): 
       resolve({ code, signal });
     });
   });
-  for (const stream of [child.stdout, child.stderr]) {
-    readline.createInterface({ input: stream! }).on('line', (line) => {
-      output.push(line);
-      if (/\]\[(critical|error)\]/.test(line)) log.warn(line, { epoch: opts.epoch });
-      else log.debug(line, { epoch: opts.epoch });
-    });
-  }
+  readline.createInterface({ input: child.stderr! }).on('line', (line) => {
+    output.push(line);
+    opts.passThrough(line);
+  });
   const pid = child.pid ?? -1;
   return {
     pid,

@@ -105,7 +105,7 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
 
   spawn(epoch: number, desired: DesiredConfig, file: string, baseId: number | undefined): EnvoyProcess {
     const args = (desired as EnvoyDesiredConfig).argsFor(epoch, file, baseId);
-    return spawnEnvoy(desired.binaryPath, args, { epoch, env: this.env });
+    return spawnEnvoy(desired.binaryPath, args, { epoch, env: this.env, passThrough: (line) => process.stderr.write(line + '\n') });
   }
 
   failureReason(proc: EnvoyProcess): string {

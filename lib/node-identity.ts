@@ -53,24 +53,32 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
   const id = `${cfg.proxyType}~${ips[0]}~${cfg.podName}.${ns}~${ns}.svc.cluster.local`;
 
   const metadata: Record<string, unknown> = {};
-  // proxyMetadata ISTIO_META_* first, then the real environment over it.
+  // As Istio: proxyMetadata ISTIO_META_* first, then the environment's ISTIO_META_* (strings), then each
+  // ISTIO_METAJSON_* object merged into the top level (the variable's name is ignored).
   const sources: Env = { ...cfg.proxy.proxyMetadata, ...env };
-  for (const [k, v] of Object.entries(sources)) {
-    if (v === undefined) continue;
-    if (k.startsWith('ISTIO_METAJSON_')) {
-      const name = k.slice('ISTIO_METAJSON_'.length);
-      try {
-        metadata[name] = JSON.parse(v);
-      } catch (e) {
-        throw configError(k, `environment variable ${k}`, `not valid JSON: ${(e as Error).message}`);
-      }
-    }
-  }
-  for (const [k, v] of Object.entries(sources)) {
+  const names = Object.keys(sources).sort();
+  for (const k of names) {
+    const v = sources[k];
     if (v !== undefined && k.startsWith('ISTIO_META_')) metadata[k.slice('ISTIO_META_'.length)] = v;
   }
+  for (const k of names) {
+    const v = sources[k];
+    if (v === undefined || !k.startsWith('ISTIO_METAJSON_')) continue;
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(v);
+    } catch (e) {
+      throw configError(k, `environment variable ${k}`, `not valid JSON: ${(e as Error).message}`);
+    }
+    if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw configError(k, `environment variable ${k}`, 'want a JSON object');
+    Object.assign(metadata, parsed);
+  }
 
-  const labels = { ...cfg.podLabels, ...(metadata.LABELS as Record<string, string> | undefined) };
+  // Labels: ISTIO_METAJSON_LABELS, then the pod's labels file over it (without pod-template-hash).
+  const labels: Record<string, string> = {};
+  const staticLabels = sources.ISTIO_METAJSON_LABELS ? (JSON.parse(sources.ISTIO_METAJSON_LABELS) as Record<string, string>) : {};
+  Object.assign(labels, staticLabels);
+  for (const [k, v] of Object.entries(cfg.podLabels)) if (k !== 'pod-template-hash') labels[k] = v;
   if (Object.keys(labels).length) metadata.LABELS = labels;
   if (Object.keys(cfg.podAnnotations).length) metadata.ANNOTATIONS = { ...cfg.podAnnotations };
   metadata.INSTANCE_IPS = ips.join(',');

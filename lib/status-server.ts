@@ -53,12 +53,16 @@ export class StatusServer {
     this.server = server;
     return new Promise((resolve, reject) => {
       server.once('error', (err) => reject(new Error(`cannot listen on status port ${this.opts.port}: ${err.message}`)));
-      server.listen(this.opts.port, this.opts.host ?? '0.0.0.0', () => {
+      // No host: Node listens on :: dual-stack where IPv6 exists (an IPv6-only pod's Envoy calls ::1),
+      // else on 0.0.0.0. Kubelet probes reach the pod IP either way.
+      const onListening = () => {
         server.removeAllListeners('error');
         server.on('error', (err) => log.error(`status server: ${err.message}`));
-        log.info(`status server listening on ${this.opts.host ?? '0.0.0.0'}:${this.port}`);
+        log.info(`status server listening on port ${this.port}`);
         resolve();
-      });
+      };
+      if (this.opts.host) server.listen(this.opts.port, this.opts.host, onListening);
+      else server.listen(this.opts.port, onListening);
     });
   }
 

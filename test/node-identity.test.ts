@@ -58,6 +58,22 @@ test('ISTIO_METAJSON_* values are parsed as JSON', () => {
   assert.equal(n.metadata.LABELS, { app: 'web', tier: 'front' });
 });
 
+test('ISTIO_METAJSON_* objects merge into the top level, over ISTIO_META_* strings (as Istio)', () => {
+  const n = identity({ env: { ISTIO_META_MODE: 'plain', ISTIO_METAJSON_EXTRA: '{"MODE": "json", "PORTS": [1, 2], "NESTED": {"a": true}}' } });
+  assert.is(n.metadata.MODE, 'json');
+  assert.equal(n.metadata.PORTS, [1, 2]);
+  assert.equal(n.metadata.NESTED, { a: true });
+  assert.not.ok('EXTRA' in n.metadata, 'the variable name itself is ignored');
+});
+
+test('pod labels file wins over ISTIO_METAJSON_LABELS; pod-template-hash is dropped', () => {
+  const n = identity({
+    env: { ISTIO_METAJSON_LABELS: '{"app": "old", "team": "a"}' },
+    files: { './etc/istio/pod/labels': 'app="web"\npod-template-hash="abc123"\n' },
+  });
+  assert.equal(n.metadata.LABELS, { app: 'web', team: 'a' });
+});
+
 test('bad ISTIO_METAJSON_* JSON names the variable', () => {
   try {
     identity({ env: { ISTIO_METAJSON_LABELS: '{app: web' } });
