@@ -210,7 +210,8 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
     const po = r.object(de?.port, [...dp, 'destination', 'port'], ['number'], ['number']);
     const port = po ? r.port(po.number, [...dp, 'destination', 'port', 'number'], true) : undefined;
     const weight = r.int(dO.weight, [...dp, 'weight'], { min: 0, max: 100 });
-    if (weight === undefined && dests.length > 1) r.fail([...dp, 'weight'], 'is required when a route has more than one destination');
+    if (dO.weight === undefined && dests.length > 1) r.fail([...dp, 'weight'], 'is required when a route has more than one destination');
+    if (weight === undefined && dO.weight !== undefined) return;
     if (host === undefined) return;
     const rd: RouteDestination = { host, weight: weight ?? 100 };
     if (subset !== undefined) rd.subset = subset;

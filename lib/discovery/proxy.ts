@@ -34,7 +34,8 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
   return Object.freeze({ id, type, ip, namespace, labels: Object.freeze(labels) });
 }
 
-/** google.protobuf.Struct as protobufjs toObject gives it (snake_case oneof fields) -> plain JSON. */
+/** google.protobuf.Struct as protobufjs toObject gives it -> plain JSON. The descriptor's well-known types use
+ * protobufjs' camelCase field names (stringValue), Envoy's own messages snake_case; accept both. */
 export function structToJson(s: unknown): unknown {
   if (!s || typeof s !== 'object') return undefined;
   const fields = (s as { fields?: Record<string, unknown> }).fields;
@@ -47,10 +48,11 @@ export function structToJson(s: unknown): unknown {
 function valueToJson(v: unknown): unknown {
   if (!v || typeof v !== 'object') return null;
   const o = v as Record<string, unknown>;
-  if ('string_value' in o) return o.string_value;
-  if ('number_value' in o) return o.number_value;
-  if ('bool_value' in o) return o.bool_value;
-  if ('struct_value' in o) return structToJson(o.struct_value);
-  if ('list_value' in o) return ((o.list_value as { values?: unknown[] }).values ?? []).map(valueToJson);
+  const get = (camel: string, snake: string) => (camel in o ? o[camel] : o[snake]);
+  if ('stringValue' in o || 'string_value' in o) return get('stringValue', 'string_value');
+  if ('numberValue' in o || 'number_value' in o) return get('numberValue', 'number_value');
+  if ('boolValue' in o || 'bool_value' in o) return get('boolValue', 'bool_value');
+  if ('structValue' in o || 'struct_value' in o) return structToJson(get('structValue', 'struct_value'));
+  if ('listValue' in o || 'list_value' in o) return ((get('listValue', 'list_value') as { values?: unknown[] }).values ?? []).map(valueToJson);
   return null;
 }

@@ -52,6 +52,7 @@ export function parseConfigFile(file: string, text: string): FileResult {
       issues.push({ file, doc: docNo, message: `invalid YAML: ${(e as Error).message}` });
       return;
     }
+    if (js === null || js === undefined) return; // `---` followed by nothing, or only comments
     const { config, problems } = readDocument(js);
     const subject = subjectOf(js);
     for (const p of problems) {
