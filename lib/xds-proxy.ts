@@ -1,0 +1,252 @@
+// The xDS proxy: Envoy's ADS (state of the world and Delta) on a Unix socket, forwarded to the control plane.
+//
+// Messages pass through as bytes. The proxy reads only the top-level fields it acts on (type URL, version, nonce,
+// resource names; for Delta also each Resource's name and version) and never unpacks a resource's Any, so a 10 MB
+// push costs a scan of its field headers, not a decode and re-encode.
+//
+// How this proxy does better than Istio's when the control plane goes away:
+// Istio's pilot-agent ties each Envoy stream to one upstream stream; when istiod restarts or the connection
+// breaks, the agent closes Envoy's stream and waits for Envoy to reconnect and subscribe again. Envoy keeps its
+// config, but its ADS stream is reset, every subscription starts over, and the agent has no retry of its own.
+// Here Envoy's stream stays open while the upstream is down. The proxy reconnects by itself with exponential
+// backoff and jitter (a fresh channel each time, so rotated certificates and tokens are picked up), and re-sends
+// what Envoy is subscribed to: for state of the world, Envoy's latest request of each type with the version it
+// last accepted; for Delta, its current subscriptions with the versions of the resources it has ACKed, so the
+// server sends only what changed while it was away. ACKs that Envoy sends for responses of the old stream are
+// dropped or stripped of their stale nonce, so the new server is not confused by them. Envoy sees no disconnect,
+// keeps serving its last config throughout, and is brought up to date as soon as the server is back.
+//
+// Types for the agent (NDS name table, proxy config) are subscribed by the proxy after Envoy's first LDS request,
+// answered by handlers registered from agent.ts (which ACK or NACK), and never reach Envoy.
+
+import * as fs from 'node:fs';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import * as grpc from '@grpc/grpc-js';
+import { AgentError, errorMessage, wrap } from './errors';
+import { scope } from './log';
+import { newCounters, Session, type AgentHandler, type AgentRequest, type Counters, type SessionContext } from './xds-session';
+import type { XdsKind } from './xds-state';
+import { ADS_PATHS, type UpstreamOptions } from './xds-upstream';
+
+export { upstreamFromConfig, type UpstreamOptions } from './xds-upstream';
+export type { AgentHandler, AgentRequest, AgentResponseMeta } from './xds-session';
+
+const log = scope('xdsproxy');
+
+export interface XdsProxyOptions {
+  /** Unix socket Envoy's bootstrap points ADS at (`<configPath>/XDS`). */
+  socketPath: string;
+  upstream: UpstreamOptions;
+  /** Largest message accepted or sent either way (default 256 MiB, env XDS_MAX_MESSAGE_BYTES). */
+  maxMessageBytes?: number;
+  /** Reconnect backoff (default 200 ms doubling to 30 s, +-20% jitter). */
+  backoff?: { initialMs: number; maxMs: number };
+  /** How long one connect attempt may take before it is abandoned (default 5 s, as Istio dials). */
+  dialTimeoutMs?: number;
+}
+
+const DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024;
+// 0660: Envoy runs as the agent's user, or in its group when the agent starts it under another uid; nobody
+// else on the host may read the mesh config or push requests upstream with the agent's credentials.
+const SOCKET_MODE = 0o660;
+
+const identity = (b: Buffer) => b;
+function method(kind: XdsKind, name: string): grpc.MethodDefinition<Buffer, Buffer> {
+  return {
+    path: ADS_PATHS[kind], requestStream: true, responseStream: true, originalName: name,
+    requestSerialize: identity, requestDeserialize: identity, responseSerialize: identity, responseDeserialize: identity,
+  };
+}
+const ADS_DEFINITION: grpc.ServiceDefinition = {
+  StreamAggregatedResources: method('sotw', 'streamAggregatedResources'),
+  DeltaAggregatedResources: method('delta', 'deltaAggregatedResources'),
+};
+
+type StatusSlot = { status?: { code?: number; details?: string } };
+
+export class XdsProxy {
+  readonly closed: Promise<Error | undefined>;
+  private resolveClosed!: (e: Error | undefined) => void;
+  private server: grpc.Server | undefined;
+  private readonly sessions = new Map<number, Session>();
+  private readonly handlers = new Map<string, AgentHandler>();
+  private readonly agentRequests = new Map<string, AgentRequest>();
+  private readonly counters: Counters = newCounters();
+  private readonly ctx: SessionContext;
+  private readonly socketPath: string;
+  private nextId = 1;
+  private primary: Session | undefined;
+  private state: 'new' | 'starting' | 'listening' | 'closed' = 'new';
+  // Metadata object -> status gRPC itself sent, so a stream that grpc-js ends (e.g. oversized message) logs why.
+  private readonly statusSlots = new WeakMap<grpc.Metadata, StatusSlot>();
+
+  constructor(private readonly o: XdsProxyOptions) {
+    this.closed = new Promise((r) => (this.resolveClosed = r));
+    this.socketPath = path.resolve(o.socketPath);
+    const proxy = this;
+    this.ctx = {
+      upstream: o.upstream,
+      maxMessageBytes: o.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
+      backoff: o.backoff ?? { initialMs: 200, maxMs: 30_000 },
+      dialTimeoutMs: o.dialTimeoutMs ?? 5_000,
+      counters: this.counters,
+      handler: (t) => proxy.handlers.get(t),
+      handlerTypes: () => [...proxy.handlers.keys()],
+      isPrimary: (s) => proxy.primary === s,
+      agentRequests: () => [...proxy.agentRequests.values()],
+      closed: (s) => proxy.sessionClosed(s),
+    };
+  }
+
+  /** Resolves once the socket accepts connections. */
+  async start(): Promise<void> {
+    if (this.state !== 'new') throw new AgentError('INTERNAL', 'xDS proxy already started');
+    this.state = 'starting';
+    try {
+      await prepareSocket(this.socketPath);
+      const max = this.ctx.maxMessageBytes;
+      const server = new grpc.Server({
+        'grpc.max_receive_message_length': max,
+        'grpc.max_send_message_length': max,
+        interceptors: [this.recordStatus],
+      });
+      server.addService(ADS_DEFINITION, {
+        StreamAggregatedResources: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => this.accept(call, 'sotw'),
+        DeltaAggregatedResources: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => this.accept(call, 'delta'),
+      });
+      this.server = server;
+      await new Promise<void>((resolve, reject) =>
+        server.bindAsync(`unix://${this.socketPath}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
+      fs.chmodSync(this.socketPath, SOCKET_MODE);
+    } catch (e) {
+      this.server?.forceShutdown();
+      this.state = 'closed';
+      const err = wrap(`failed to start xDS proxy on ${this.socketPath}`, e, e instanceof AgentError ? undefined : 'IO');
+      this.resolveClosed(err);
+      throw err;
+    }
+    if ((this.state as string) === 'closed') {
+      this.server?.forceShutdown();
+      return;
+    }
+    this.state = 'listening';
+    log.info(`xDS proxy listening on ${this.socketPath}, upstream ${this.o.upstream.address} (${this.o.upstream.tls ? 'TLS' : 'plaintext'})`);
+  }
+
+  /** Ends every stream and removes the socket. Safe to call twice. */
+  async close(): Promise<void> {
+    if (this.state === 'closed') return;
+    this.state = 'closed';
+    for (const s of [...this.sessions.values()]) s.close('xDS proxy shutting down', true);
+    this.server?.forceShutdown();
+    try {
+      if (fs.lstatSync(this.socketPath).isSocket()) fs.unlinkSync(this.socketPath);
+    } catch {
+      // already gone
+    }
+    this.resolveClosed(undefined);
+  }
+
+  /** Takes responses of typeUrl away from Envoy: the proxy subscribes to it, the handler ACKs (returns) or NACKs (throws). */
+  registerHandler(typeUrl: string, h: AgentHandler): void {
+    const isNew = !this.handlers.has(typeUrl);
+    this.handlers.set(typeUrl, h);
+    if (isNew) for (const s of this.sessions.values()) s.addAgentType(typeUrl);
+  }
+
+  /** Sends an agent request upstream (e.g. HealthInformation); the last one of each type is re-sent after a reconnect. */
+  send(request: AgentRequest): void {
+    this.agentRequests.set(request.typeUrl, request);
+    this.primary?.sendAgentRequest(request);
+  }
+
+  /** Counters for the status server to merge (prefix `xds_proxy_`). */
+  metrics(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const [k, v] of Object.entries(this.counters)) out[`xds_proxy_${k}`] = v;
+    out.xds_proxy_downstream_streams = this.sessions.size;
+    out.xds_proxy_upstream_connected = [...this.sessions.values()].some((s) => s.upstreamConnected) ? 1 : 0;
+    return out;
+  }
+
+  /** For /debug/xds: per Envoy stream, the last versions and nonces each way per type. */
+  debugState(): Record<string, unknown> {
+    return {
+      socket: this.socketPath,
+      upstream: { address: this.o.upstream.address, tls: this.o.upstream.tls, serverName: this.o.upstream.tls ? this.o.upstream.serverName : undefined },
+      agentTypes: [...this.handlers.keys()],
+      agentRequests: [...this.agentRequests.values()].map((r) => ({ typeUrl: r.typeUrl, error: r.errorDetail?.message })),
+      streams: [...this.sessions.values()].map((s) => s.debugState()),
+    };
+  }
+
+  private accept(call: grpc.ServerDuplexStream<Buffer, Buffer>, kind: XdsKind): void {
+    if (this.state === 'closed') {
+      call.emit('error', { code: grpc.status.UNAVAILABLE, details: 'xDS proxy shutting down' });
+      return;
+    }
+    const slot = this.statusSlots.get(call.metadata);
+    this.counters.downstream_streams_total++;
+    const s = new Session(this.nextId++, kind, call, this.ctx, () => slot?.status);
+    this.sessions.set(s.id, s);
+    // The newest Envoy stream feeds the agent's handlers (after a hot restart, the new Envoy's).
+    this.primary = s;
+  }
+
+  private sessionClosed(s: Session): void {
+    this.sessions.delete(s.id);
+    if (this.primary !== s) return;
+    this.primary = [...this.sessions.values()].pop();
+    if (this.primary && this.state !== 'closed') this.primary.becamePrimary();
+  }
+
+  // The base call grpc-js hands the first interceptor is the one that sends statuses it decides on itself
+  // (message too large, bad compression), so recording them there is the only way to learn why it ended a call.
+  private readonly recordStatus: grpc.ServerInterceptor = (_desc, call) => {
+    const slot: StatusSlot = {};
+    const send = call.sendStatus.bind(call);
+    call.sendStatus = (status) => {
+      slot.status = { code: status.code, details: status.details };
+      send(status);
+    };
+    return new grpc.ServerInterceptingCall(call, {
+      start: (next) => next({
+        onReceiveMetadata: (md, nextMd) => {
+          this.statusSlots.set(md, slot);
+          nextMd(md);
+        },
+      }),
+    });
+  };
+}
+
+/** Replaces a stale socket file; refuses to delete anything that is not a socket or that someone still serves. */
+async function prepareSocket(p: string): Promise<void> {
+  if (Buffer.byteLength(p) > 107) throw new AgentError('CONFIG_INVALID', `socket path ${p} is longer than the 107 bytes a Unix socket allows`);
+  fs.mkdirSync(path.dirname(p), { recursive: true });
+  let st: fs.Stats;
+  try {
+    st = fs.lstatSync(p);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return;
+    throw new AgentError('IO', `cannot inspect ${p}: ${errorMessage(e)}`, e);
+  }
+  if (!st.isSocket()) throw new AgentError('IO', `${p} exists and is not a socket; refusing to replace it`);
+  if (await socketInUse(p)) throw new AgentError('IO', `${p} is in use by another process`);
+  fs.unlinkSync(p);
+  log.info(`removed stale socket ${p}`);
+}
+
+function socketInUse(p: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const c = net.connect({ path: p });
+    const done = (v: boolean) => {
+      c.destroy();
+      resolve(v);
+    };
+    c.once('connect', () => done(true));
+    c.once('error', () => done(false));
+    c.setTimeout(1000, () => done(false));
+  });
+}

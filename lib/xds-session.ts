@@ -1,0 +1,521 @@
+// One Envoy ADS stream and the upstream stream that serves it. Messages pass as bytes; only top-level fields are
+// read. The Envoy stream outlives any number of upstream streams: when one ends, the session reconnects with
+// backoff and re-sends what Envoy is subscribed to (see xds-state.ts).
+
+import type * as grpc from '@grpc/grpc-js';
+import { errorMessage } from './errors';
+import { scope } from './log';
+import {
+  encodeDeltaRequest, encodeSotwRequest, LISTENER_TYPE, nodeField, nodeId, parseDeltaRequest, parseDeltaResponse,
+  parseSotwRequest, parseSotwResponse, sotwResources, withoutFields, type ErrorDetail,
+} from './xds-codec';
+import {
+  DeltaSubscriptions, IssuedNonces, namesKey, SotwSubscriptions, STRIP_STALE, type Subscriptions, type XdsKind,
+} from './xds-state';
+import { backoffDelay, openUpstream, type UpstreamCall, type UpstreamOptions } from './xds-upstream';
+
+const log = scope('xdsproxy');
+
+/** Raw google.protobuf.Any bytes of each resource; throw (or reject) to NACK. */
+export type AgentHandler = (resources: Buffer[], meta: AgentResponseMeta) => void | Promise<void>;
+
+export interface AgentResponseMeta {
+  typeUrl: string;
+  /** version_info (SotW) or system_version_info (Delta). */
+  version: string;
+  nonce: string;
+  /** Delta only: resource names of `resources`, and names removed. */
+  names?: string[];
+  removed?: string[];
+}
+
+/** A request the agent itself sends upstream (e.g. HealthInformation); encoded for the stream's kind. */
+export interface AgentRequest {
+  typeUrl: string;
+  resourceNames?: string[];
+  nonce?: string;
+  errorDetail?: ErrorDetail;
+}
+
+export interface Counters {
+  downstream_streams_total: number;
+  requests_from_envoy: number;
+  request_bytes_from_envoy: number;
+  requests_to_upstream: number;
+  request_bytes_to_upstream: number;
+  responses_from_upstream: number;
+  response_bytes_from_upstream: number;
+  responses_to_envoy: number;
+  response_bytes_to_envoy: number;
+  upstream_connects_total: number;
+  upstream_reconnects_total: number;
+  upstream_failures_total: number;
+  envoy_nacks_total: number;
+  agent_acks_total: number;
+  agent_nacks_total: number;
+  bad_messages_total: number;
+}
+
+export function newCounters(): Counters {
+  return {
+    downstream_streams_total: 0, requests_from_envoy: 0, request_bytes_from_envoy: 0, requests_to_upstream: 0,
+    request_bytes_to_upstream: 0, responses_from_upstream: 0, response_bytes_from_upstream: 0, responses_to_envoy: 0,
+    response_bytes_to_envoy: 0, upstream_connects_total: 0, upstream_reconnects_total: 0, upstream_failures_total: 0,
+    envoy_nacks_total: 0, agent_acks_total: 0, agent_nacks_total: 0, bad_messages_total: 0,
+  };
+}
+
+export interface SessionContext {
+  readonly upstream: UpstreamOptions;
+  readonly maxMessageBytes: number;
+  readonly backoff: { initialMs: number; maxMs: number };
+  readonly dialTimeoutMs: number;
+  readonly counters: Counters;
+  handler(typeUrl: string): AgentHandler | undefined;
+  handlerTypes(): string[];
+  isPrimary(s: Session): boolean;
+  agentRequests(): AgentRequest[];
+  closed(s: Session): void;
+}
+
+interface Upstream {
+  gen: number;
+  up: UpstreamCall;
+  connected: boolean;
+  ended: boolean;
+  /** Why the proxy itself ended this stream, for the log line. */
+  endReason?: string;
+  /** Envoy -> upstream: unbounded, so Envoy's stream is never blocked by a slow control plane. */
+  queue: Buffer[];
+  blocked: boolean;
+  sentAny: boolean;
+  issued: IssuedNonces;
+  /** SotW: resource names last sent upstream per type, to drop a stale ACK that changes nothing. */
+  sentNames: Map<string, string>;
+  agentInjected: boolean;
+  gotResponse: boolean;
+  openedAt: number;
+}
+
+interface TypeDebug {
+  agent?: boolean;
+  envoy?: { version?: string; nonce: string; at: string; nack?: string; subscribed?: number };
+  upstream?: { version: string; nonce: string; resources: number; removed?: number; at: string };
+}
+
+const ENVOY_REQUEST = { sotw: 'DiscoveryRequest', delta: 'DeltaDiscoveryRequest' } as const;
+const UPSTREAM_RESPONSE = { sotw: 'DiscoveryResponse', delta: 'DeltaDiscoveryResponse' } as const;
+const NACK_CODE = 13; // google.rpc.Code INTERNAL, as Envoy uses for its own NACKs
+
+export class Session {
+  readonly openedAt = new Date();
+  private readonly subs: Subscriptions;
+  private upstream: Upstream | undefined;
+  private gen = 0;
+  private attempt = 0;
+  private reconnectTimer: NodeJS.Timeout | undefined;
+  private lastUpstreamError = '';
+  private downstreamBlocked = false;
+  private done = false;
+  private readonly types = new Map<string, TypeDebug>();
+  /** SotW: the last version the agent accepted per agent-handled type, re-sent on reconnect. */
+  private readonly agentVersions = new Map<string, string>();
+  private readonly agentChains = new Map<string, Promise<void>>();
+
+  constructor(
+    readonly id: number,
+    readonly kind: XdsKind,
+    private readonly call: grpc.ServerDuplexStream<Buffer, Buffer>,
+    private readonly ctx: SessionContext,
+    statusOf: () => { code?: number; details?: string } | undefined,
+  ) {
+    this.subs = kind === 'sotw' ? new SotwSubscriptions() : new DeltaSubscriptions();
+    call.on('data', (b: Buffer) => this.onEnvoyMessage(b));
+    call.on('end', () => this.close('Envoy closed its side of the stream', true));
+    call.on('error', (e) => this.close(`stream error: ${errorMessage(e)}`, false));
+    call.on('cancelled', () => {
+      const st = statusOf();
+      this.close(st?.details ? `gRPC ended it: ${st.details}` : 'cancelled by Envoy or the connection closed', false);
+    });
+    log.info(`Envoy connected: ${kind === 'sotw' ? 'StreamAggregatedResources' : 'DeltaAggregatedResources'} stream ${id}`, { peer: call.getPeer() });
+    this.connect();
+  }
+
+  get upstreamConnected(): boolean {
+    return this.upstream?.connected ?? false;
+  }
+
+  // ---- Envoy -> upstream ----
+
+  private onEnvoyMessage(buf: Buffer): void {
+    if (this.done) return;
+    const c = this.ctx.counters;
+    c.requests_from_envoy++;
+    c.request_bytes_from_envoy += buf.length;
+    let typeUrl: string;
+    let nonce: string;
+    let changesNothing: boolean;
+    try {
+      if (this.subs.kind === 'sotw') {
+        const req = parseSotwRequest(buf);
+        if (!req.typeUrl) throw new Error('no type_url');
+        this.subs.record(buf, req);
+        this.noteEnvoyRequest(req.typeUrl, req.responseNonce, req.errorDetail, req.versionInfo, req.resourceNames.length);
+        typeUrl = req.typeUrl;
+        nonce = req.responseNonce;
+        changesNothing = this.upstream?.sentNames.get(typeUrl) === namesKey(req.resourceNames);
+      } else {
+        const req = parseDeltaRequest(buf);
+        if (!req.typeUrl) throw new Error('no type_url');
+        this.subs.record(req);
+        this.noteEnvoyRequest(req.typeUrl, req.responseNonce, req.errorDetail, undefined, this.subs.subscribed(req.typeUrl).length);
+        typeUrl = req.typeUrl;
+        nonce = req.responseNonce;
+        changesNothing = req.subscribe.length === 0 && req.unsubscribe.length === 0;
+      }
+    } catch (e) {
+      c.bad_messages_total++;
+      const why = `malformed ${ENVOY_REQUEST[this.kind]} from Envoy (${buf.length} bytes): ${errorMessage(e)}`;
+      log.warn(`closing Envoy's xDS stream ${this.id}: ${why}`);
+      this.endDownstream(3 /* INVALID_ARGUMENT */, why);
+      return;
+    }
+    const up = this.upstream;
+    // While the upstream is down, the request only updates the state that the reconnect re-sends.
+    if (!up || up.ended) return;
+    let out = buf;
+    if (nonce && !up.issued.has(typeUrl, nonce)) {
+      // An ACK/NACK of a response from an earlier upstream stream: the new server never issued that nonce.
+      if (changesNothing) return;
+      out = withoutFields(buf, STRIP_STALE[this.kind]);
+    }
+    this.sendUpstream(up, typeUrl, out);
+  }
+
+  private noteEnvoyRequest(typeUrl: string, nonce: string, err: ErrorDetail | undefined, version: string | undefined, subscribed: number): void {
+    const t = this.typeDebug(typeUrl);
+    t.envoy = { version, nonce, at: new Date().toISOString(), subscribed };
+    if (err && nonce) {
+      this.ctx.counters.envoy_nacks_total++;
+      t.envoy.nack = err.message;
+      log.warn(`Envoy rejected ${shortType(typeUrl)} (nonce ${nonce}) on stream ${this.id}: ${err.message}`);
+    }
+  }
+
+  private sendUpstream(up: Upstream, typeUrl: string, bytes: Buffer, names?: string): void {
+    if (!up.sentAny && this.subs.node && !hasNode(bytes, this.kind)) bytes = Buffer.concat([nodeField(this.kind, this.subs.node), bytes]);
+    up.sentAny = true;
+    up.queue.push(bytes);
+    if (names !== undefined) up.sentNames.set(typeUrl, names);
+    else if (this.kind === 'sotw') {
+      const req = parseSotwRequest(bytes);
+      up.sentNames.set(typeUrl, namesKey(req.resourceNames));
+    }
+    this.pump(up);
+    // As Istio does: the agent's own subscriptions follow Envoy's first LDS request, when the server knows the node.
+    if (typeUrl === LISTENER_TYPE && !up.agentInjected) {
+      up.agentInjected = true;
+      this.injectAgentRequests(up, this.ctx.handlerTypes(), this.ctx.isPrimary(this));
+    }
+  }
+
+  private pump(up: Upstream): void {
+    const c = this.ctx.counters;
+    while (!up.blocked && !up.ended && up.queue.length > 0) {
+      const b = up.queue.shift()!;
+      c.requests_to_upstream++;
+      c.request_bytes_to_upstream += b.length;
+      if (!up.up.call.write(b)) {
+        up.blocked = true;
+        up.up.call.once('drain', () => {
+          up.blocked = false;
+          this.pump(up);
+        });
+      }
+    }
+  }
+
+  // ---- the agent's own types ----
+
+  private injectAgentRequests(up: Upstream, types: string[], withAgentRequests: boolean): void {
+    for (const t of types) {
+      this.typeDebug(t).agent = true;
+      const bytes = this.kind === 'sotw'
+        ? encodeSotwRequest({ typeUrl: t, versionInfo: this.agentVersions.get(t) })
+        : encodeDeltaRequest({ typeUrl: t });
+      this.sendUpstream(up, t, bytes);
+    }
+    if (withAgentRequests) for (const r of this.ctx.agentRequests()) this.sendAgentRequest(r);
+  }
+
+  /** A handler registered after this stream's first LDS request: subscribe now. */
+  addAgentType(typeUrl: string): void {
+    const up = this.upstream;
+    if (up && !up.ended && up.agentInjected) this.injectAgentRequests(up, [typeUrl], false);
+  }
+
+  /** Sends the agent's request (e.g. HealthInformation) if the stream is far enough; otherwise the injection will. */
+  sendAgentRequest(r: AgentRequest): void {
+    const up = this.upstream;
+    if (!up || up.ended || !up.agentInjected) return;
+    const bytes = this.kind === 'sotw'
+      ? encodeSotwRequest({ typeUrl: r.typeUrl, resourceNames: r.resourceNames, responseNonce: r.nonce, errorDetail: r.errorDetail })
+      : encodeDeltaRequest({ typeUrl: r.typeUrl, subscribe: r.resourceNames, responseNonce: r.nonce, errorDetail: r.errorDetail });
+    this.sendUpstream(up, r.typeUrl, bytes);
+  }
+
+  /** Called when this session becomes the one that feeds the agent's handlers. */
+  becamePrimary(): void {
+    for (const r of this.ctx.agentRequests()) this.sendAgentRequest(r);
+  }
+
+  private handleAgentResponse(up: Upstream, buf: Buffer, typeUrl: string, version: string, nonce: string): void {
+    const handler = this.ctx.handler(typeUrl)!;
+    const prev = this.agentChains.get(typeUrl) ?? Promise.resolve();
+    // One response at a time per type, in order; a slow handler never blocks Envoy's types.
+    const next = prev.then(async () => {
+      let resources: Buffer[];
+      const meta: AgentResponseMeta = { typeUrl, version, nonce };
+      if (this.kind === 'sotw') {
+        resources = sotwResources(buf);
+      } else {
+        const d = parseDeltaResponse(buf);
+        const present = d.resources.filter((r) => r.any);
+        resources = present.map((r) => r.any!);
+        meta.names = present.map((r) => r.name);
+        meta.removed = d.removed;
+      }
+      let err: unknown;
+      if (this.ctx.isPrimary(this)) {
+        try {
+          await handler(resources, meta);
+        } catch (e) {
+          err = e ?? new Error('handler failed');
+        }
+      }
+      if (up !== this.upstream || up.ended) return; // the reconnect re-subscribes
+      const t = this.typeDebug(typeUrl);
+      let bytes: Buffer;
+      if (err !== undefined) {
+        this.ctx.counters.agent_nacks_total++;
+        const errorDetail = { code: NACK_CODE, message: errorMessage(err) };
+        t.envoy = { version: this.agentVersions.get(typeUrl), nonce, at: new Date().toISOString(), nack: errorDetail.message };
+        log.warn(`agent rejected ${shortType(typeUrl)} version ${version} (nonce ${nonce}): ${errorDetail.message}`);
+        bytes = this.kind === 'sotw'
+          ? encodeSotwRequest({ typeUrl, versionInfo: this.agentVersions.get(typeUrl), responseNonce: nonce, errorDetail })
+          : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
+      } else {
+        this.ctx.counters.agent_acks_total++;
+        this.agentVersions.set(typeUrl, version);
+        t.envoy = { version, nonce, at: new Date().toISOString() };
+        bytes = this.kind === 'sotw'
+          ? encodeSotwRequest({ typeUrl, versionInfo: version, responseNonce: nonce })
+          : encodeDeltaRequest({ typeUrl, responseNonce: nonce });
+      }
+      this.sendUpstream(up, typeUrl, bytes);
+    }).catch((e) => log.error(`handling ${shortType(typeUrl)} failed: ${errorMessage(e)}`));
+    this.agentChains.set(typeUrl, next);
+  }
+
+  // ---- upstream -> Envoy ----
+
+  private onUpstreamMessage(up: Upstream, buf: Buffer): void {
+    if (up !== this.upstream || up.ended) return;
+    const c = this.ctx.counters;
+    c.responses_from_upstream++;
+    c.response_bytes_from_upstream += buf.length;
+    let typeUrl: string;
+    let version: string;
+    let nonce: string;
+    let count: number;
+    let removed: number | undefined;
+    try {
+      if (this.subs.kind === 'sotw') {
+        const r = parseSotwResponse(buf);
+        ({ typeUrl, versionInfo: version, nonce, resourceCount: count } = r);
+      } else {
+        const r = parseDeltaResponse(buf);
+        ({ typeUrl, systemVersionInfo: version, nonce } = r);
+        count = r.resources.length;
+        removed = r.removed.length;
+        if (typeUrl && !this.ctx.handler(typeUrl)) this.subs.recordResponse(r);
+      }
+      if (!typeUrl) throw new Error('no type_url');
+    } catch (e) {
+      c.bad_messages_total++;
+      this.endUpstream(up, `malformed ${UPSTREAM_RESPONSE[this.kind]} from ${this.ctx.upstream.address} (${buf.length} bytes): ${errorMessage(e)}`);
+      return;
+    }
+    up.gotResponse = true;
+    this.attempt = 0;
+    up.issued.add(typeUrl, nonce);
+    this.typeDebug(typeUrl).upstream = { version, nonce, resources: count, removed, at: new Date().toISOString() };
+    if (this.ctx.handler(typeUrl)) {
+      this.handleAgentResponse(up, buf, typeUrl, version, nonce);
+      return;
+    }
+    c.responses_to_envoy++;
+    c.response_bytes_to_envoy += buf.length;
+    if (!this.call.write(buf) && !this.downstreamBlocked) {
+      // Envoy reads slower than the server pushes: stop reading upstream until Envoy catches up.
+      this.downstreamBlocked = true;
+      up.up.call.pause();
+      this.call.once('drain', () => {
+        this.downstreamBlocked = false;
+        this.upstream?.up.call.resume();
+      });
+    }
+  }
+
+  // ---- upstream lifecycle ----
+
+  private connect(): void {
+    this.reconnectTimer = undefined;
+    if (this.done) return;
+    const c = this.ctx.counters;
+    const gen = ++this.gen;
+    if (gen > 1) c.upstream_reconnects_total++;
+    let handle: UpstreamCall;
+    try {
+      handle = openUpstream(this.ctx.upstream, this.kind, this.ctx.maxMessageBytes);
+    } catch (e) {
+      c.upstream_failures_total++;
+      this.lastUpstreamError = errorMessage(e);
+      this.scheduleReconnect(`cannot connect to ${this.ctx.upstream.address}: ${this.lastUpstreamError}`);
+      return;
+    }
+    const up: Upstream = {
+      gen, up: handle, connected: false, ended: false, queue: [], blocked: false, sentAny: false, issued: new IssuedNonces(),
+      sentNames: new Map(), agentInjected: false, gotResponse: false, openedAt: Date.now(),
+    };
+    this.upstream = up;
+    if (this.downstreamBlocked) handle.call.pause();
+    handle.call.on('data', (b: Buffer) => this.onUpstreamMessage(up, b));
+    handle.call.on('error', () => undefined); // the status event below carries the reason
+    handle.call.on('status', (s: grpc.StatusObject) => this.onUpstreamStatus(up, s));
+    handle.whenReady(this.ctx.dialTimeoutMs, (err) => {
+      if (up.ended) return;
+      if (err) {
+        this.endUpstream(up, `not connected within ${this.ctx.dialTimeoutMs} ms`);
+        return;
+      }
+      up.connected = true;
+      c.upstream_connects_total++;
+      log.info(`connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${gen > 1 ? ` (reconnect ${gen - 1})` : ''}`);
+    });
+    for (const r of this.subs.resend()) this.sendUpstream(up, r.typeUrl, r.bytes, r.names);
+  }
+
+  /** Ends an upstream stream from this side; Envoy's stream stays open and a reconnect is scheduled. */
+  private endUpstream(up: Upstream, why: string): void {
+    if (up.ended) return;
+    up.endReason = why;
+    up.up.call.cancel();
+    // cancel() reports a CANCELLED status synchronously or soon; onUpstreamStatus does the rest.
+    this.onUpstreamStatus(up, { code: 1, details: why });
+  }
+
+  private onUpstreamStatus(up: Upstream, s: Pick<grpc.StatusObject, 'code' | 'details'>): void {
+    if (up.ended) return;
+    up.ended = true;
+    up.connected = false;
+    up.queue.length = 0;
+    up.up.close();
+    if (this.upstream === up) this.upstream = undefined;
+    if (this.done) return;
+    this.ctx.counters.upstream_failures_total++;
+    if (up.gotResponse) this.attempt = 0;
+    this.lastUpstreamError = up.endReason ?? `${statusName(s.code)}: ${s.details}`;
+    this.scheduleReconnect(`upstream xDS stream ended (${this.lastUpstreamError})`);
+  }
+
+  private scheduleReconnect(why: string): void {
+    if (this.done) return;
+    this.attempt++;
+    const delay = backoffDelay(this.attempt, this.ctx.backoff);
+    log.warn(`${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`);
+    this.reconnectTimer = setTimeout(() => this.connect(), delay);
+    this.reconnectTimer.unref();
+  }
+
+  // ---- shutdown ----
+
+  private endDownstream(code: number, details: string): void {
+    this.close(details, false);
+    // A status error ends only this call; the server and other streams carry on.
+    this.call.emit('error', { code, details });
+  }
+
+  /** Ends the session. `graceful`: also end Envoy's side with OK. */
+  close(why: string, graceful: boolean): void {
+    if (this.done) return;
+    this.done = true;
+    if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
+    const up = this.upstream;
+    this.upstream = undefined;
+    if (up && !up.ended) {
+      up.ended = true;
+      up.up.call.cancel();
+      up.up.close();
+    }
+    if (graceful) {
+      try {
+        this.call.end();
+      } catch {
+        // already ended
+      }
+    }
+    log.info(`Envoy's xDS stream ${this.id} closed: ${why}`);
+    this.ctx.closed(this);
+  }
+
+  // ---- /debug/xds ----
+
+  private typeDebug(typeUrl: string): TypeDebug {
+    let t = this.types.get(typeUrl);
+    if (!t) this.types.set(typeUrl, (t = {}));
+    return t;
+  }
+
+  debugState(): Record<string, unknown> {
+    const up = this.upstream;
+    const types: Record<string, unknown> = {};
+    for (const [k, v] of this.types) {
+      const extra = this.subs.kind === 'delta' && !v.agent ? { ackedResources: this.subs.versions(k)?.size ?? 0 } : {};
+      types[k] = { ...v, ...extra };
+    }
+    return {
+      id: this.id,
+      kind: this.kind,
+      node: nodeId(this.subs.node),
+      peer: this.call.getPeer(),
+      openedAt: this.openedAt.toISOString(),
+      primary: this.ctx.isPrimary(this),
+      upstream: {
+        connected: up?.connected ?? false,
+        stream: this.gen,
+        since: up ? new Date(up.openedAt).toISOString() : undefined,
+        queued: up?.queue.length ?? 0,
+        lastError: this.lastUpstreamError || undefined,
+        reconnectScheduled: this.reconnectTimer !== undefined,
+      },
+      types,
+    };
+  }
+}
+
+function hasNode(bytes: Buffer, kind: XdsKind): boolean {
+  return kind === 'sotw' ? parseSotwRequest(bytes).node !== undefined : parseDeltaRequest(bytes).node !== undefined;
+}
+
+/** `type.googleapis.com/envoy.config.cluster.v3.Cluster` -> `Cluster`, for log lines. */
+export function shortType(typeUrl: string): string {
+  return typeUrl.slice(typeUrl.lastIndexOf('.') + 1) || typeUrl;
+}
+
+const STATUS_NAMES = ['OK', 'CANCELLED', 'UNKNOWN', 'INVALID_ARGUMENT', 'DEADLINE_EXCEEDED', 'NOT_FOUND', 'ALREADY_EXISTS',
+  'PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'FAILED_PRECONDITION', 'ABORTED', 'OUT_OF_RANGE', 'UNIMPLEMENTED', 'INTERNAL',
+  'UNAVAILABLE', 'DATA_LOSS', 'UNAUTHENTICATED'];
+function statusName(code: number): string {
+  return STATUS_NAMES[code] ?? `code ${code}`;
+}

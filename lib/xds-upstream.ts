@@ -1,0 +1,161 @@
+// The xDS proxy's side towards the control plane: how to reach it (decided from the config as Istio decides),
+// and one raw ADS call on a fresh channel. Credentials (root CA, client cert, token) are read from their files at
+// every connect, so rotated files take effect on the next reconnect without a restart.
+
+import * as fs from 'node:fs';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import { X509Certificate } from 'node:crypto';
+import * as grpc from '@grpc/grpc-js';
+import type { AgentConfig } from './config';
+import * as envs from './env';
+import type { Env } from './env';
+import { AgentError, errorMessage } from './errors';
+import type { XdsKind } from './xds-state';
+
+export interface UpstreamOptions {
+  /** host:port of the discovery server. */
+  address: string;
+  tls: boolean;
+  /** PEM file of the roots to trust, or SYSTEM; unset: Istio's default locations, looked up at each connect. */
+  rootCaFile?: string;
+  /** Name the server certificate must carry (also the TLS SNI). Default: the address's host. */
+  serverName?: string;
+  /** Directory with cert-chain.pem and key.pem for a client certificate (PROV_CERT). */
+  clientCertDir?: string;
+  /** JWT sent as `authorization: Bearer`, read at each connect; only over TLS. */
+  tokenFile?: string;
+  /** Extra gRPC metadata (ClusterID, XDS_HEADER_*). */
+  headers?: Record<string, string>;
+  keepaliveTimeMs?: number;
+  keepaliveTimeoutMs?: number;
+}
+
+export const ADS_SERVICE = 'envoy.service.discovery.v3.AggregatedDiscoveryService';
+export const ADS_PATHS: Record<XdsKind, string> = {
+  sotw: `/${ADS_SERVICE}/StreamAggregatedResources`,
+  delta: `/${ADS_SERVICE}/DeltaAggregatedResources`,
+};
+
+/** Istio's default root locations when XDS_ROOT_CA is unset (pkg/istio-agent FindRootCAForXDS order). */
+export const DEFAULT_ROOT_CA = './etc/certs/root-cert.pem';
+export const ISTIOD_ROOT_CA = './var/run/secrets/istio/root-cert.pem';
+const THIRD_PARTY_TOKEN = './var/run/secrets/tokens/istio-token';
+const FIRST_PARTY_TOKEN = '/var/run/secrets/kubernetes.io/serviceaccount/token';
+const XDS_HEADER_PREFIX = 'XDS_HEADER_';
+
+export function splitHostPort(address: string): { host: string; port: string } {
+  const m = /^\[([^\]]+)\]:(\d+)$/.exec(address) ?? /^([^:]*):(\d+)$/.exec(address);
+  if (m) return { host: m[1]!, port: m[2]! };
+  return { host: address, port: '' };
+}
+
+/** Plaintext when controlPlaneAuthPolicy is NONE or the port is 15010 (istiod's plaintext port), TLS otherwise. */
+export function upstreamFromConfig(cfg: AgentConfig, env: Env): UpstreamOptions {
+  const address = cfg.proxy.discoveryAddress;
+  const { host, port } = splitHostPort(address);
+  const tls = !(cfg.proxy.controlPlaneAuthPolicy === 'NONE' || port === '15010');
+  const headers: Record<string, string> = { ClusterID: cfg.clusterId };
+  for (const [k, v] of Object.entries(env)) {
+    // As Istio does: the rest of the variable's name is the header name (gRPC lowercases it).
+    if (k.startsWith(XDS_HEADER_PREFIX) && k.length > XDS_HEADER_PREFIX.length && v !== undefined) headers[k.slice(XDS_HEADER_PREFIX.length)] = v;
+  }
+  const san = envs.ISTIOD_SAN.get(env);
+  const o: UpstreamOptions = {
+    address,
+    tls,
+    serverName: san || (host.includes('localhost') ? 'istiod.istio-system.svc' : host),
+    tokenFile: envs.JWT_POLICY.get(env) === 'first-party-jwt' ? FIRST_PARTY_TOKEN : THIRD_PARTY_TOKEN,
+    headers,
+    keepaliveTimeMs: envs.GRPC_KEEPALIVE_INTERVAL.get(env),
+    keepaliveTimeoutMs: envs.GRPC_KEEPALIVE_TIMEOUT.get(env),
+  };
+  const root = envs.XDS_ROOT_CA.get(env);
+  if (root) o.rootCaFile = root;
+  const prov = envs.PROV_CERT.get(env);
+  if (prov) o.clientCertDir = prov;
+  return o;
+}
+
+/** Exponential backoff with +-20% jitter; attempt 1 waits about initialMs. */
+export function backoffDelay(attempt: number, b: { initialMs: number; maxMs: number }, rand: () => number = Math.random): number {
+  const base = Math.min(b.maxMs, b.initialMs * 2 ** Math.max(0, attempt - 1));
+  return Math.round(base * (0.8 + 0.4 * rand()));
+}
+
+function readIfExists(file: string): Buffer | undefined {
+  try {
+    return fs.readFileSync(file);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw new AgentError('IO', `cannot read ${file}: ${errorMessage(e)}`, e);
+  }
+}
+
+function rootCa(o: UpstreamOptions): Buffer | null {
+  if (o.rootCaFile === 'SYSTEM') return null;
+  let file = o.rootCaFile;
+  if (!file) {
+    if (fs.existsSync(DEFAULT_ROOT_CA)) file = DEFAULT_ROOT_CA;
+    else if (o.clientCertDir) file = path.join(o.clientCertDir, 'root-cert.pem');
+    else file = ISTIOD_ROOT_CA;
+  }
+  const pem = readIfExists(file);
+  if (!pem) throw new AgentError('IO', `root CA file for XDS does not exist: ${file}`);
+  return pem;
+}
+
+function clientCert(o: UpstreamOptions): { key: Buffer; cert: Buffer } | undefined {
+  if (!o.clientCertDir) return undefined;
+  const cert = readIfExists(path.join(o.clientCertDir, 'cert-chain.pem'));
+  const key = readIfExists(path.join(o.clientCertDir, 'key.pem'));
+  if (!cert || !key) return undefined;
+  try {
+    // An expired provisioning cert would fail the handshake; the token alone may still be accepted.
+    if (Date.parse(new X509Certificate(cert).validTo) < Date.now()) return undefined;
+  } catch {
+    return undefined;
+  }
+  return { key, cert };
+}
+
+export interface UpstreamCall {
+  call: grpc.ClientDuplexStream<Buffer, Buffer>;
+  /** Calls back once the channel is connected, or with an error after timeoutMs. */
+  whenReady(timeoutMs: number, cb: (err?: Error) => void): void;
+  close(): void;
+}
+
+const identity = (b: Buffer) => b;
+
+/** Opens one ADS call on a new channel. Throws AgentError if credentials cannot be loaded. */
+export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes: number): UpstreamCall {
+  const options: grpc.ChannelOptions = {
+    'grpc.max_receive_message_length': maxMessageBytes,
+    'grpc.max_send_message_length': maxMessageBytes,
+    'grpc.keepalive_time_ms': o.keepaliveTimeMs ?? 30_000,
+    'grpc.keepalive_timeout_ms': o.keepaliveTimeoutMs ?? 10_000,
+    // The proxy owns retries: it re-sends subscriptions itself, so gRPC must not replay messages.
+    'grpc.enable_retries': 0,
+  };
+  const md = new grpc.Metadata();
+  for (const [k, v] of Object.entries(o.headers ?? {})) md.set(k, v);
+  let creds: grpc.ChannelCredentials;
+  if (o.tls) {
+    const cc = clientCert(o);
+    creds = grpc.credentials.createSsl(rootCa(o), cc?.key ?? null, cc?.cert ?? null);
+    const { host } = splitHostPort(o.address);
+    if (o.serverName && o.serverName !== host && !net.isIP(o.serverName)) options['grpc.ssl_target_name_override'] = o.serverName;
+    const token = o.tokenFile ? readIfExists(o.tokenFile)?.toString('utf8').trim() : undefined;
+    if (token) md.set('authorization', `Bearer ${token}`);
+  } else {
+    creds = grpc.credentials.createInsecure();
+  }
+  const client = new grpc.Client(o.address, creds, options);
+  const call = client.makeBidiStreamRequest(ADS_PATHS[kind], identity, identity, md, {});
+  return {
+    call,
+    whenReady: (timeoutMs, cb) => client.waitForReady(Date.now() + timeoutMs, (err) => cb(err ?? undefined)),
+    close: () => client.close(),
+  };
+}
