@@ -131,7 +131,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     return startupFailure(err);
   }
   // Loaded lazily: only `proxy` needs the supervisor, gRPC and the servers.
-  const [{ Supervisor }, rt, { StatusServer, json }, { FileWatcher, referencedFiles }, admin] = await Promise.all([
+  const [{ Supervisor }, rt, { StatusServer, json }, { FileWatcher, referencedFiles, fingerprint }, admin] = await Promise.all([
     import('./lib/supervisor'),
     import('./lib/envoy-runtime'),
     import('./lib/status-server'),
@@ -225,6 +225,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       coreDump: envs.ISTIO_ENVOY_ENABLE_CORE_DUMP.get(env),
       binaryId: rt.binaryIdentity(r.cfg.proxy.binaryPath),
       generation,
+      filesId: [...referencedFiles(r.bootstrap)].sort().map((p) => `${p}=${fingerprint({ path: p, mode: 'content' })}`).join('\n'),
     });
   const watched = (r: Resolved) => [
     ...[...new Set([...r.inputs, ...referencedFiles(r.bootstrap)])].map((p) => ({ path: p, mode: 'content' as const })),

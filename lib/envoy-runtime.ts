@@ -28,6 +28,8 @@ export interface DesiredInputs {
   binaryId: string;
   /** Bumped by SIGHUP: forces a new epoch even when nothing else changed. */
   generation: number;
+  /** Fingerprint of the files Envoy reads itself (certificates, keys): their change means a new epoch too. */
+  filesId: string;
 }
 
 export function baseIdFile(cfg: AgentConfig): string {
@@ -55,7 +57,7 @@ export function makeDesiredConfig(i: DesiredInputs): EnvoyDesiredConfig {
     .update('\0')
     .update(argsFor(1, 'FILE', 1).join(' '))
     .update('\0')
-    .update(`${cfg.proxy.binaryPath}\0${i.binaryId}\0${i.generation}`)
+    .update(`${cfg.proxy.binaryPath}\0${i.binaryId}\0${i.generation}\0${i.filesId}`)
     .digest('hex');
   return {
     hash,

@@ -257,6 +257,26 @@ hot('a touch without a change restarts nothing; a binary replaced in place hot-r
   }
 });
 
+hot('a change to a file the bootstrap reads (as certificates are) hot-restarts Envoy', async () => {
+  const s = await setUp();
+  try {
+    // The response body comes from a DataSource `filename`, just as TLS certificates and keys do.
+    const bodyFile = path.join(s.dir.path, 'body.txt');
+    fs.writeFileSync(bodyFile, 'from-file-1');
+    const b = staticBootstrap(s.ports, 'unused') as { static_resources: { listeners: Array<{ filter_chains: Array<{ filters: Array<{ typed_config: { route_config: { virtual_hosts: Array<{ routes: Array<{ direct_response: { body: unknown } }> }> } } }> }> }> } };
+    b.static_resources.listeners[0]!.filter_chains[0]!.filters[0]!.typed_config.route_config.virtual_hosts[0]!.routes[0]!.direct_response.body = { filename: bodyFile };
+    s.write(b as unknown as Record<string, unknown>);
+    await waitLiveEpoch(s.ports.status, 1);
+    assert.is(await listenerBody(s.ports.listen), 'from-file-1');
+    fs.writeFileSync(bodyFile + '.tmp', 'from-file-2');
+    fs.renameSync(bodyFile + '.tmp', bodyFile);
+    await waitLiveEpoch(s.ports.status, 2);
+    await waitFor('new body', async () => (await listenerBody(s.ports.listen)) === 'from-file-2', 5000);
+  } finally {
+    await s.cleanup();
+  }
+});
+
 hot.run();
 
 // ---------------------------------------------------------------------------------------------------------
