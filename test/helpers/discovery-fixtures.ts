@@ -3,7 +3,7 @@
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { DiscoveryServer } from '../../lib/discovery/index';
+import { type DiscoveryOptions, DiscoveryServer } from '../../lib/discovery/index';
 import { type Backend, startBackend, startEnvoy, type TestEnvoy } from './discovery-envoy';
 import { freePort, type TempDir, tempDir } from './harness';
 
@@ -75,7 +75,11 @@ export interface Stack {
 }
 
 /** Backends named by `versions`, a service port, and the files `files(ports)` returns, served to Envoys added later. */
-export async function startStack(versions: string[], files: (s: { servicePort: number; backends: Record<string, Backend> }) => Record<string, string>): Promise<Stack> {
+export async function startStack(
+  versions: string[],
+  files: (s: { servicePort: number; backends: Record<string, Backend> }) => Record<string, string>,
+  serverOptions: Partial<DiscoveryOptions> = {},
+): Promise<Stack> {
   const dir = tempDir('pa-disc-');
   const backends: Record<string, Backend> = {};
   const envoys: TestEnvoy[] = [];
@@ -96,7 +100,7 @@ export async function startStack(versions: string[], files: (s: { servicePort: n
       fs.renameSync(tmp, path.join(dir.path, file));
     };
     for (const [f, t] of Object.entries(files({ servicePort, backends }))) write(f, t);
-    server = new DiscoveryServer({ configDir: dir.path, listen: `unix:${path.join(dir.path, 'xds.sock')}` });
+    server = new DiscoveryServer({ configDir: dir.path, listen: `unix:${path.join(dir.path, 'xds.sock')}`, ...serverOptions });
     await server.start();
     const s = server;
     return {
