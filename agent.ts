@@ -4,6 +4,7 @@
 
 import * as fs from 'node:fs';
 import * as os from 'node:os';
+import * as path from 'node:path';
 import yargs from 'yargs';
 import { buildConfig, type AgentConfig, type Flags } from './lib/config';
 import type { Env } from './lib/env';
@@ -131,12 +132,13 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     return startupFailure(err);
   }
   // Loaded lazily: only `proxy` needs the supervisor, gRPC and the servers.
-  const [{ Supervisor }, rt, { StatusServer, json }, { FileWatcher, referencedFiles, fingerprint }, admin] = await Promise.all([
+  const [{ Supervisor }, rt, { StatusServer, json }, { FileWatcher, referencedFiles, fingerprint }, admin, xdsMod] = await Promise.all([
     import('./lib/supervisor'),
     import('./lib/envoy-runtime'),
     import('./lib/status-server'),
     import('./lib/file-watcher'),
     import('./lib/envoy-admin'),
+    import('./lib/xds-proxy'),
   ]);
   const { cfg } = resolved;
   const t0 = Date.now();
@@ -188,6 +190,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       return { status: 200, body: 'OK\n' };
     }, { localOnly: true })
     .route('GET', '/debug/epochs', () => json(supervisor.debugState()))
+    .route('GET', '/debug/xds', () => json(xds ? xds.debugState() : {}))
     .route('GET', '/stats/prometheus', async () => ({ status: 200, body: await mergedMetrics(), contentType: 'text/plain; version=0.0.4' }))
     .route('GET', '/metrics', async () => ({ status: 200, body: await mergedMetrics(), contentType: 'text/plain; version=0.0.4' }));
 
@@ -197,6 +200,9 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       lines.push(`# TYPE istio_agent_envoy_${k} ${k.endsWith('_total') ? 'counter' : 'gauge'}`, `istio_agent_envoy_${k} ${v}`);
     }
     lines.push(`# TYPE istio_agent_ready gauge`, `istio_agent_ready ${supervisor.ready() ? 1 : 0}`);
+    for (const [k, v] of Object.entries(xds?.metrics() ?? {})) {
+      lines.push(`# TYPE istio_agent_xds_${k} ${k.endsWith('_total') ? 'counter' : 'gauge'}`, `istio_agent_xds_${k} ${v}`);
+    }
     const live = supervisor.newestLive();
     let envoyText = '';
     if (live) {
@@ -208,9 +214,30 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     return lines.join('\n') + '\n' + envoyText;
   };
 
+  // ---- servers Envoy needs, started before Envoy: status, (embedded discovery), xDS proxy ----
+  let xds: InstanceType<typeof xdsMod.XdsProxy> | undefined;
+  let discovery: { close(): Promise<void>; closed: Promise<Error | undefined> } | undefined;
+  const closeServers = async () => {
+    await xds?.close();
+    await discovery?.close();
+    await status.close();
+  };
   try {
     await status.start();
+    let upstream = xdsMod.upstreamFromConfig(cfg, env);
+    if (cfg.standaloneDir) {
+      const { DiscoveryServer } = await import('./lib/discovery/index');
+      const sock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
+      const d = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${sock}` });
+      discovery = d;
+      await d.start();
+      upstream = { address: `unix://${sock}`, tls: false };
+      log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
+    }
+    xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
+    await xds.start();
   } catch (err) {
+    await closeServers();
     return startupFailure(err);
   }
 
@@ -263,13 +290,17 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   supervisor.setDesired(desiredFrom(last));
 
   // ---- wait for the first component to end, then close the rest in reverse order ----
+  const componentEnded = (name: string, closed: Promise<Error | undefined> | undefined) =>
+    closed ? closed.then((err) => ({ code: 1, reason: `${name} closed${err ? `: ${err.message}` : ''}`, component: true })) : new Promise<never>(() => {});
   const first = await Promise.race([
-    supervisor.done.then((end) => ({ code: end.code, reason: end.reason })),
-    status.closed.then((err) => ({ code: 1, reason: `status server closed${err ? `: ${err.message}` : ''}` })),
+    supervisor.done.then((end) => ({ code: end.code, reason: end.reason, component: false })),
+    componentEnded('status server', status.closed),
+    componentEnded('xDS proxy', xds?.closed),
+    componentEnded('discovery server', discovery?.closed),
   ]);
-  if (first.reason.startsWith('status server')) await supervisor.shutdown(false, first.reason);
+  if (first.component) await supervisor.shutdown(false, first.reason);
   watcher.close();
-  await status.close();
+  await closeServers();
   process.off('SIGHUP', onHup);
   process.off('SIGTERM', onTerm);
   process.off('SIGINT', onTerm);
