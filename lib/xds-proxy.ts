@@ -40,7 +40,7 @@ export interface XdsProxyOptions {
   upstream: UpstreamOptions;
   /** Largest message accepted or sent either way (default 256 MiB, env XDS_MAX_MESSAGE_BYTES). */
   maxMessageBytes?: number;
-  /** Reconnect backoff (default 200 ms doubling to 30 s, +-20% jitter). */
+  /** Reconnect backoff (default 200 ms doubling to 30 s, each delay spread over 0.5x-1.5x). */
   backoff?: { initialMs: number; maxMs: number };
   /** How long one connect attempt may take before it is abandoned (default 5 s, as Istio dials). */
   dialTimeoutMs?: number;

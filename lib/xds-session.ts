@@ -155,6 +155,7 @@ export class Session {
     let typeUrl: string;
     let nonce: string;
     let changesNothing: boolean;
+    let names: string | undefined;
     try {
       if (this.subs.kind === 'sotw') {
         const req = parseSotwRequest(buf);
@@ -163,7 +164,8 @@ export class Session {
         this.noteEnvoyRequest(req.typeUrl, req.responseNonce, req.errorDetail, req.versionInfo, req.resourceNames.length);
         typeUrl = req.typeUrl;
         nonce = req.responseNonce;
-        changesNothing = this.upstream?.sentNames.get(typeUrl) === namesKey(req.resourceNames);
+        names = namesKey(req.resourceNames);
+        changesNothing = this.upstream?.sentNames.get(typeUrl) === names;
       } else {
         const req = parseDeltaRequest(buf);
         if (!req.typeUrl) throw new Error('no type_url');
@@ -189,7 +191,7 @@ export class Session {
       if (changesNothing) return;
       out = withoutFields(buf, STRIP_STALE[this.kind]);
     }
-    this.sendUpstream(up, typeUrl, out);
+    this.sendUpstream(up, typeUrl, out, names);
   }
 
   private noteEnvoyRequest(typeUrl: string, nonce: string, err: ErrorDetail | undefined, version: string | undefined, subscribed: number): void {
@@ -202,15 +204,12 @@ export class Session {
     }
   }
 
+  /** `names`: SotW requests from Envoy, the resource names they carry. */
   private sendUpstream(up: Upstream, typeUrl: string, bytes: Buffer, names?: string): void {
     if (!up.sentAny && this.subs.node && !hasNode(bytes, this.kind)) bytes = Buffer.concat([nodeField(this.kind, this.subs.node), bytes]);
     up.sentAny = true;
     up.queue.push(bytes);
     if (names !== undefined) up.sentNames.set(typeUrl, names);
-    else if (this.kind === 'sotw') {
-      const req = parseSotwRequest(bytes);
-      up.sentNames.set(typeUrl, namesKey(req.resourceNames));
-    }
     this.pump(up);
     // As Istio does: the agent's own subscriptions follow Envoy's first LDS request, when the server knows the node.
     if (typeUrl === LISTENER_TYPE && !up.agentInjected) {
@@ -425,15 +424,17 @@ export class Session {
     if (this.done) return;
     this.ctx.counters.upstream_failures_total++;
     if (up.gotResponse) this.attempt = 0;
-    this.lastUpstreamError = up.endReason ?? `${statusName(s.code)}: ${s.details}`;
-    this.scheduleReconnect(`upstream xDS stream ended (${this.lastUpstreamError})`);
+    this.lastUpstreamError = up.endReason ?? `${statusName(s.code)}: ${s.details.replace(/ Resolution note: *$/, '')}`;
+    // A server that served this stream and then closed it (istiod's max connection age, a rollout) is routine.
+    const routine = up.gotResponse && !up.endReason && (s.code === 0 || s.code === 14);
+    this.scheduleReconnect(`upstream xDS stream ended (${this.lastUpstreamError})`, routine);
   }
 
-  private scheduleReconnect(why: string): void {
+  private scheduleReconnect(why: string, routine = false): void {
     if (this.done) return;
     this.attempt++;
     const delay = backoffDelay(this.attempt, this.ctx.backoff);
-    log.warn(`${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`);
+    (routine ? log.info : log.warn)(`${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`);
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
     this.reconnectTimer.unref();
   }

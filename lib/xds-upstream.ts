@@ -77,10 +77,13 @@ export function upstreamFromConfig(cfg: AgentConfig, env: Env): UpstreamOptions 
   return o;
 }
 
-/** Exponential backoff with +-20% jitter; attempt 1 waits about initialMs. */
+/**
+ * Exponential backoff: attempt 1 waits initialMs, doubling up to maxMs, each spread over 0.5x-1.5x so that a
+ * fleet of agents that lost the same control plane does not come back in one wave.
+ */
 export function backoffDelay(attempt: number, b: { initialMs: number; maxMs: number }, rand: () => number = Math.random): number {
   const base = Math.min(b.maxMs, b.initialMs * 2 ** Math.max(0, attempt - 1));
-  return Math.round(base * (0.8 + 0.4 * rand()));
+  return Math.round(base * (0.5 + rand()));
 }
 
 function readIfExists(file: string): Buffer | undefined {

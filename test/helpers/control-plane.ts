@@ -151,7 +151,8 @@ interface StreamState {
 }
 
 export interface ControlPlaneOptions {
-  tls?: { key: Buffer; cert: Buffer };
+  /** Serve TLS; with clientCa, require a client certificate it signed. */
+  tls?: { key: Buffer; cert: Buffer; clientCa?: Buffer };
   maxMessageBytes?: number;
   /** Prefix of every nonce, to tell two instances' nonces apart. */
   noncePrefix?: string;
@@ -190,7 +191,7 @@ export class ControlPlane {
       DeltaAggregatedResources: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => this.accept(call, 'delta'),
     });
     const creds = this.opts.tls
-      ? grpc.ServerCredentials.createSsl(null, [{ private_key: this.opts.tls.key, cert_chain: this.opts.tls.cert }], false)
+      ? grpc.ServerCredentials.createSsl(this.opts.tls.clientCa ?? null, [{ private_key: this.opts.tls.key, cert_chain: this.opts.tls.cert }], !!this.opts.tls.clientCa)
       : grpc.ServerCredentials.createInsecure();
     this.port = await new Promise<number>((resolve, reject) => server.bindAsync(`127.0.0.1:${port}`, creds, (e, p) => (e ? reject(e) : resolve(p))));
     this.server = server;

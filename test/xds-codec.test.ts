@@ -1,0 +1,169 @@
+// The lite xDS codec against protobufjs and the Envoy descriptor, the subscription state that a reconnect
+// re-sends, the reconnect backoff, and the Istio schema kept in step with proto/istio/*.proto.
+
+import * as path from 'node:path';
+import * as protobuf from 'protobufjs';
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { messageType, packAny } from '../lib/envoy-protos';
+import {
+  encodeDeltaRequest, encodeSotwRequest, nodeId, parseDeltaRequest, parseDeltaResponse, parseSotwRequest, parseSotwResponse,
+  sotwResources, unpackAnyBytes, withoutFields,
+} from '../lib/xds-codec';
+import { decodeNameTable, encodeNameTable, ISTIO_DESCRIPTOR, NAME_TABLE_TYPE } from '../lib/xds-istio';
+import { DeltaSubscriptions, SotwSubscriptions } from '../lib/xds-state';
+import { backoffDelay } from '../lib/xds-upstream';
+import { REPO } from './helpers/harness';
+
+const REQ = 'envoy.service.discovery.v3.DiscoveryRequest';
+const RESP = 'envoy.service.discovery.v3.DiscoveryResponse';
+const DREQ = 'envoy.service.discovery.v3.DeltaDiscoveryRequest';
+const DRESP = 'envoy.service.discovery.v3.DeltaDiscoveryResponse';
+const CDS = 'type.googleapis.com/envoy.config.cluster.v3.Cluster';
+const EDS = 'type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment';
+
+const enc = (name: string, v: Record<string, unknown>) => Buffer.from(messageType(name).encode(messageType(name).fromObject(v)).finish());
+const dec = (name: string, b: Buffer) => messageType(name).toObject(messageType(name).decode(b), { defaults: true, arrays: true, objects: true, longs: Number }) as Record<string, any>;
+const node = { id: 'sidecar~10.0.0.1~p.ns~ns.svc.cluster.local', cluster: 'app', metadata: { fields: { A: { string_value: 'b' } } } };
+const cluster = (name: string) => packAny('envoy.config.cluster.v3.Cluster', { name, type: 'STATIC' });
+
+test('reads the top-level fields of a DiscoveryRequest that protobufjs wrote', () => {
+  const b = enc(REQ, { version_info: 'v7', node, resource_names: ['a', 'b'], type_url: CDS, response_nonce: 'n3', error_detail: { code: 13, message: 'bad cluster' } });
+  const r = parseSotwRequest(b);
+  assert.equal([r.versionInfo, r.resourceNames, r.typeUrl, r.responseNonce], ['v7', ['a', 'b'], CDS, 'n3']);
+  assert.equal(r.errorDetail, { code: 13, message: 'bad cluster' });
+  assert.is(nodeId(r.node), node.id);
+  assert.equal(dec('envoy.config.core.v3.Node', r.node!).cluster, 'app');
+});
+
+test('requests it writes decode with protobufjs to the same values', () => {
+  const nodeBytes = enc('envoy.config.core.v3.Node', node);
+  const s = dec(REQ, encodeSotwRequest({ typeUrl: CDS, versionInfo: 'v1', node: nodeBytes, resourceNames: ['x'], responseNonce: 'n', errorDetail: { code: 500, message: 'down' } }));
+  assert.equal([s.type_url, s.version_info, s.resource_names, s.response_nonce, s.error_detail.code, s.error_detail.message, s.node.id], [CDS, 'v1', ['x'], 'n', 500, 'down', node.id]);
+  const d = dec(DREQ, encodeDeltaRequest({ typeUrl: EDS, node: nodeBytes, subscribe: ['a', 'b'], unsubscribe: ['c'], initialVersions: new Map([['a', '1'], ['b', '2']]), responseNonce: 'n9' }));
+  assert.equal([d.type_url, d.resource_names_subscribe, d.resource_names_unsubscribe, d.initial_resource_versions, d.response_nonce, d.node.id], [EDS, ['a', 'b'], ['c'], { a: '1', b: '2' }, 'n9', node.id]);
+  const neg = dec(REQ, encodeSotwRequest({ typeUrl: CDS, errorDetail: { code: -1, message: '' } }));
+  assert.is(neg.error_detail.code, -1);
+});
+
+test('reads responses without touching the resources, and hands out their Any bytes as they are', () => {
+  const resources = [cluster('a'), cluster('b'), cluster('c')];
+  const b = enc(RESP, { version_info: 'v2', resources, type_url: CDS, nonce: 'n1', canary: true, control_plane: { identifier: 'istiod-1' } });
+  assert.equal(parseSotwResponse(b), { versionInfo: 'v2', typeUrl: CDS, nonce: 'n1', resourceCount: 3 });
+  const anys = sotwResources(b);
+  assert.is(anys.length, 3);
+  const any = messageType('google.protobuf.Any');
+  assert.ok(anys[1]!.equals(Buffer.from(any.encode(resources[1]!).finish())));
+  assert.equal(unpackAnyBytes(anys[2]!).typeUrl, CDS);
+
+  const d = enc(DRESP, {
+    system_version_info: 's1', type_url: CDS, nonce: 'n2', removed_resources: ['old'],
+    resources: [{ name: 'a', version: '1', resource: resources[0] }, { name: 'b', version: '2', resource: resources[1] }],
+  });
+  const p = parseDeltaResponse(d);
+  assert.equal([p.systemVersionInfo, p.typeUrl, p.nonce, p.removed], ['s1', CDS, 'n2', ['old']]);
+  assert.equal(p.resources.map((r) => [r.name, r.version]), [['a', '1'], ['b', '2']]);
+  assert.ok(p.resources[1]!.any!.equals(Buffer.from(any.encode(resources[1]!).finish())));
+  const q = parseDeltaRequest(enc(DREQ, { type_url: EDS, resource_names_subscribe: ['a'], initial_resource_versions: { a: '3' }, response_nonce: 'n' }));
+  assert.equal([q.typeUrl, q.subscribe, [...q.initialVersions], q.responseNonce], [EDS, ['a'], [['a', '3']], 'n']);
+});
+
+test('malformed input is rejected with a reason, never a crash', () => {
+  const cases: Array<[Buffer, RegExp]> = [
+    [Buffer.from([0x0a, 0x05, 0x61]), /field 1 claims 5 bytes but only 1 remain/],
+    [Buffer.from([0x0a]), /truncated varint/],
+    [Buffer.from([0x0b]), /unsupported wire type 3/],
+    [Buffer.from([0x00, 0x01]), /field number 0/],
+    [Buffer.from([0x20, 0x01]), /field 4 has wire type 0, want length-delimited/],
+    [Buffer.from(Array(12).fill(0xff)), /varint longer than 10 bytes/],
+  ];
+  for (const [b, re] of cases) {
+    for (const parse of [parseSotwRequest, parseSotwResponse, parseDeltaRequest, parseDeltaResponse]) {
+      try {
+        parse(b);
+      } catch (e) {
+        assert.match((e as Error).message, re);
+        assert.is((e as { code?: string }).code, 'BAD_INPUT');
+        continue;
+      }
+      assert.unreachable(`${parse.name} accepted ${b.toString('hex')}`);
+    }
+  }
+  // Unknown fields of any wire type are skipped.
+  const withExtra = Buffer.concat([enc(REQ, { type_url: CDS }), Buffer.from([0xf8, 0x01, 0x05, 0xf9, 0x01, 1, 2, 3, 4, 5, 6, 7, 8, 0xfd, 0x01, 1, 2, 3, 4])]);
+  assert.is(parseSotwRequest(withExtra).typeUrl, CDS);
+});
+
+test('withoutFields drops exactly the named fields and keeps the other bytes in order', () => {
+  const b = enc(REQ, { version_info: 'v1', node, resource_names: ['a', 'b'], type_url: CDS, response_nonce: 'n3', error_detail: { message: 'x' } });
+  const stripped = withoutFields(b, new Set([2, 5, 6]));
+  const d = dec(REQ, stripped);
+  assert.equal([d.version_info, d.resource_names, d.type_url, d.response_nonce, d.node, d.error_detail], ['v1', ['a', 'b'], CDS, '', null, null]);
+  assert.is(withoutFields(b, new Set([9])), b, 'nothing to drop: same buffer');
+});
+
+test('SotW re-send: Envoy\'s latest request per type in subscription order, node on the first, no nonce or error', () => {
+  const s = new SotwSubscriptions();
+  const add = (v: Record<string, unknown>) => {
+    const b = enc(REQ, v);
+    s.record(b, parseSotwRequest(b));
+  };
+  add({ node, type_url: CDS });
+  add({ type_url: EDS, resource_names: ['a'] });
+  add({ type_url: CDS, version_info: 'c1', response_nonce: '1' });
+  add({ type_url: EDS, resource_names: ['a', 'b'], version_info: 'e0', response_nonce: '2', error_detail: { message: 'nope' } });
+  const out = s.resend().map((r): Record<string, any> => ({ ...dec(REQ, r.bytes), names: r.names }));
+  assert.equal(out.map((r) => [r.type_url, r.version_info, r.resource_names, r.response_nonce, r.error_detail]), [
+    [CDS, 'c1', [], '', null],
+    [EDS, 'e0', ['a', 'b'], '', null],
+  ]);
+  assert.is(out[0]!.node.id, node.id);
+  assert.is(out[1]!.node, null);
+  assert.is(out[1]!.names, 'a\nb');
+});
+
+test('Delta re-send: subscriptions with the versions Envoy ACKed; NACKed and unanswered changes are not counted', () => {
+  const s = new DeltaSubscriptions();
+  const req = (v: Record<string, unknown>) => s.record(parseDeltaRequest(enc(DREQ, v)));
+  const resp = (v: Record<string, unknown>) => s.recordResponse(parseDeltaResponse(enc(DRESP, v)));
+  req({ node, type_url: CDS });
+  resp({ type_url: CDS, nonce: '1', resources: [{ name: 'a', version: '1', resource: cluster('a') }, { name: 'b', version: '1', resource: cluster('b') }] });
+  assert.is(req({ type_url: CDS, response_nonce: '1' }), 'ack');
+  resp({ type_url: CDS, nonce: '2', resources: [{ name: 'a', version: '2', resource: cluster('a') }] });
+  assert.is(req({ type_url: CDS, response_nonce: '2', error_detail: { message: 'bad' } }), 'nack');
+  resp({ type_url: CDS, nonce: '3', removed_resources: ['b'] });
+  assert.is(req({ type_url: CDS, response_nonce: '3' }), 'ack');
+  resp({ type_url: CDS, nonce: '4', resources: [{ name: 'c', version: '1', resource: cluster('c') }] }); // never ACKed
+  req({ type_url: EDS, resource_names_subscribe: ['a', 'b'], initial_resource_versions: { a: '7' } });
+  req({ type_url: EDS, resource_names_unsubscribe: ['b'] });
+  req({ type_url: 'type.googleapis.com/x.Y', resource_names_subscribe: ['only'] });
+  req({ type_url: 'type.googleapis.com/x.Y', resource_names_unsubscribe: ['only'] });
+  const out = s.resend().map((r) => dec(DREQ, r.bytes));
+  assert.equal(out.map((r) => [r.type_url, r.resource_names_subscribe, r.initial_resource_versions]), [
+    [CDS, [], { a: '1' }],
+    [EDS, ['a'], { a: '7' }],
+  ], 'a type subscribed to nothing is not re-sent (an empty first request would mean "all")');
+  assert.is(out[0]!.node.id, node.id);
+  assert.is(out[1]!.node, null);
+  req({ type_url: CDS, resource_names_subscribe: ['z'] });
+  assert.equal(dec(DREQ, s.resend()[0]!.bytes).resource_names_subscribe, ['*', 'z'], 'wildcard kept explicit next to names');
+});
+
+test('reconnect backoff doubles from the initial delay to the cap, spread over 0.5x-1.5x', () => {
+  const b = { initialMs: 200, maxMs: 30_000 };
+  assert.equal([1, 2, 3, 4].map((a) => backoffDelay(a, b, () => 0.5)), [200, 400, 800, 1600]);
+  assert.is(backoffDelay(20, b, () => 0.5), 30_000);
+  assert.is(backoffDelay(1, b, () => 0), 100);
+  assert.is(backoffDelay(1, b, () => 0.999), 300);
+});
+
+test('the NameTable schema in lib/xds-istio.ts matches proto/istio/*.proto', () => {
+  const root = new protobuf.Root();
+  root.loadSync([path.join(REPO, 'proto/istio/nds.proto'), path.join(REPO, 'proto/istio/health.proto')], { keepCase: true });
+  assert.equal(JSON.parse(JSON.stringify(root.toJSON())), JSON.parse(JSON.stringify(ISTIO_DESCRIPTOR)));
+  const value = encodeNameTable({ table: { 'a.ns.svc.cluster.local': { ips: ['10.0.0.1', 'fd00::1'], registry: 'Kubernetes', shortname: 'a', namespace: 'ns' } } });
+  const any = Buffer.from(messageType('google.protobuf.Any').encode({ type_url: NAME_TABLE_TYPE, value }).finish());
+  assert.equal(decodeNameTable(any).table['a.ns.svc.cluster.local']!.ips, ['10.0.0.1', 'fd00::1']);
+});
+
+test.run();
