@@ -130,6 +130,7 @@ export interface UpstreamCall {
 }
 
 const identity = (b: Buffer) => b;
+const FLOW_CONTROL_WINDOW = 16 * 1024 * 1024;
 
 /** Opens one ADS call on a new channel. Throws AgentError if credentials cannot be loaded. */
 export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes: number): UpstreamCall {
@@ -140,6 +141,9 @@ export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes:
     'grpc.keepalive_timeout_ms': o.keepaliveTimeoutMs ?? 10_000,
     // The proxy owns retries: it re-sends subscriptions itself, so gRPC must not replay messages.
     'grpc.enable_retries': 0,
+    // HTTP/2's default 64 KB window makes a 10 MB push wait on hundreds of WINDOW_UPDATEs; Envoy itself
+    // advertises 256 MB. Reading stops (and the window closes) when Envoy falls behind, so this bounds memory.
+    'grpc-node.flow_control_window': FLOW_CONTROL_WINDOW,
   };
   const md = new grpc.Metadata();
   for (const [k, v] of Object.entries(o.headers ?? {})) md.set(k, v);
