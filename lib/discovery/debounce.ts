@@ -12,13 +12,6 @@ export interface PushRequest {
   readonly events: number;
 }
 
-export function mergeRequests(a: PushRequest | undefined, b: PushRequest): PushRequest {
-  if (!a) return b;
-  const reasons: Record<string, number> = { ...a.reasons };
-  for (const [k, v] of Object.entries(b.reasons)) reasons[k] = (reasons[k] ?? 0) + v;
-  return { updated: new Set([...a.updated, ...b.updated]), reasons, start: Math.min(a.start, b.start), events: a.events + b.events };
-}
-
 export function pushRequest(updated: string, reason: string, now = Date.now()): PushRequest {
   return { updated: new Set([updated]), reasons: { [reason]: 1 }, start: now, events: 1 };
 }
@@ -30,8 +23,27 @@ export interface DebounceOptions {
   now?: () => number;
 }
 
+/** Accumulates requests in place: merging a burst of N events must stay O(N), not copy the key set N times. */
+class Accumulator {
+  readonly updated = new Set<string>();
+  readonly reasons: Record<string, number> = {};
+  start = Infinity;
+  events = 0;
+
+  add(r: PushRequest): void {
+    for (const k of r.updated) this.updated.add(k);
+    for (const [k, v] of Object.entries(r.reasons)) this.reasons[k] = (this.reasons[k] ?? 0) + v;
+    this.start = Math.min(this.start, r.start);
+    this.events += r.events;
+  }
+
+  request(): PushRequest {
+    return { updated: this.updated, reasons: this.reasons, start: this.start, events: this.events };
+  }
+}
+
 export class Debouncer {
-  private pending: PushRequest | undefined;
+  private pending: Accumulator | undefined;
   private firstAt = 0;
   private lastAt = 0;
   private timer: NodeJS.Timeout | undefined;
@@ -43,9 +55,12 @@ export class Debouncer {
 
   push(req: PushRequest): void {
     const now = this.now();
-    if (!this.pending) this.firstAt = now;
+    if (!this.pending) {
+      this.firstAt = now;
+      this.pending = new Accumulator();
+    }
     this.lastAt = now;
-    this.pending = mergeRequests(this.pending, req);
+    this.pending.add(req);
     if (this.opts.quietMs <= 0) return this.flush();
     this.arm();
   }
@@ -54,9 +69,9 @@ export class Debouncer {
   flush(): void {
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
-    const req = this.pending;
+    const acc = this.pending;
     this.pending = undefined;
-    if (req) this.opts.onFlush(req);
+    if (acc) this.opts.onFlush(acc.request());
   }
 
   close(): void {

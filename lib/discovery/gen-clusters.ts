@@ -33,7 +33,12 @@ function clusterSpecs(push: PushContext): ClusterSpec[] {
 }
 
 export function buildClusters(push: PushContext): Resource[] {
-  return push.memoize('cds', () => clusterSpecs(push).map((c) => encodeResource(CLUSTER, c.name, clusterObject(push, c))));
+  return push.memoize('cds', () => clusterSpecs(push).map((c) => {
+    // A cluster depends on its service, its DestinationRule and, for DNS services, its instances.
+    const dr = push.destinationRule(c.service.hostname);
+    const inst = c.service.resolution === 'STATIC' ? '' : JSON.stringify(selectInstances(push, c));
+    return push.cache.get(c.service, c.name, `${dr?.meta.resourceVersion ?? ''}|${inst}`, () => encodeResource(CLUSTER, c.name, clusterObject(push, c)));
+  }));
 }
 
 /** EDS for every EDS cluster, by name. */
@@ -42,7 +47,10 @@ export function buildEndpoints(push: PushContext): ReadonlyMap<string, Resource>
     const out = new Map<string, Resource>();
     for (const c of clusterSpecs(push)) {
       if (c.service.resolution !== 'STATIC') continue;
-      out.set(c.name, encodeResource(ENDPOINTS, c.name, loadAssignment(c.name, selectInstances(push, c))));
+      // Endpoints depend on the instance list (replaced by the registry only when it changes) and subset labels.
+      const all = push.instances(c.service.hostname, c.port.number);
+      const variant = c.subset ? JSON.stringify(c.subset.labels) : '';
+      out.set(c.name, push.cache.get(all, c.name, variant, () => encodeResource(ENDPOINTS, c.name, loadAssignment(c.name, selectInstances(push, c)))));
     }
     return out;
   });

@@ -14,6 +14,7 @@ import { Debouncer, type PushRequest, pushRequest } from './debounce';
 import { FileConfigSource } from './file-source';
 import { KINDS } from './model';
 import { PushContext } from './push-context';
+import { ResourceCache } from './resources';
 import { ServiceEntryRegistry } from './registry';
 import { type ConfigIssue, formatIssue } from './yaml-file';
 
@@ -49,6 +50,7 @@ export class DiscoveryServer {
   private readonly files: FileConfigSource;
   private readonly debouncer: Debouncer;
   private readonly ads: AdsServer;
+  private readonly cache = new ResourceCache();
   private push: PushContext;
   private pushes = 0;
   private versionSeq = 0;
@@ -61,7 +63,7 @@ export class DiscoveryServer {
     this.closed = new Promise((r) => (this.resolveClosed = r));
     this.files = new FileConfigSource({ dir: o.configDir, store: this.store, quietMs: o.fileDebounceMs ?? 50 });
     this.debouncer = new Debouncer({ quietMs: o.debounceMs ?? 100, maxDelayMs: o.maxDelayMs ?? 10_000, onFlush: (req) => this.onFlush(req) });
-    this.push = PushContext.build(this.nextVersion(), this.store, this.registry);
+    this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache);
     this.ads = new AdsServer({ current: () => this.push });
   }
 
@@ -98,7 +100,7 @@ export class DiscoveryServer {
       }
       // The initial load needs no debounce: build the first push context now.
       this.debouncer.close();
-      this.push = PushContext.build(this.nextVersion(), this.store, this.registry);
+      this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache);
       this.boundAddress = await this.ads.listen(this.o.listen);
     } catch (e) {
       this.state = 'closed';
@@ -155,7 +157,7 @@ export class DiscoveryServer {
     if (this.state !== 'running') return;
     const t0 = performance.now();
     try {
-      this.push = PushContext.build(this.nextVersion(), this.store, this.registry);
+      this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache);
     } catch (e) {
       log.error('failed to build the push context; proxies keep the previous config', { error: (e as Error).stack ?? String(e) });
       return;

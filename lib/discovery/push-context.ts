@@ -10,6 +10,7 @@ import {
 } from './model';
 import type { Proxy } from './proxy';
 import type { ServiceDiscovery } from './registry';
+import { ResourceCache } from './resources';
 
 export class PushContext {
   readonly services: readonly Service[];
@@ -23,6 +24,8 @@ export class PushContext {
 
   private constructor(
     readonly version: string,
+    /** Shared across push contexts; see ResourceCache. */
+    readonly cache: ResourceCache,
     parts: {
       services: Service[];
       instances: Map<string, readonly ServiceInstance[]>;
@@ -62,13 +65,13 @@ export class PushContext {
     Object.freeze(this);
   }
 
-  static build(version: string, store: ConfigStore, registry: ServiceDiscovery): PushContext {
+  static build(version: string, store: ConfigStore, registry: ServiceDiscovery, cache = new ResourceCache()): PushContext {
     const services = registry.services();
     const instances = new Map<string, readonly ServiceInstance[]>();
     for (const s of services) {
       for (const p of s.ports) instances.set(`${s.hostname}|${p.number}`, registry.instances(s.hostname, p.number));
     }
-    return new PushContext(version, {
+    return new PushContext(version, cache, {
       services,
       instances,
       drs: store.list('DestinationRule') as Config<DestinationRuleSpec>[],

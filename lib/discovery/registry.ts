@@ -90,9 +90,14 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
     for (const [h, svc] of newServices) {
       const prev = this.byHost.get(h);
       if (prev && prev.source !== key) continue; // another ServiceEntry owns this host; the cross check rejects that
-      this.byHost.set(h, svc);
-      if (!prev) this.emitService(svc, 'add');
-      else if (JSON.stringify(prev) !== JSON.stringify(svc)) this.emitService(svc, 'update');
+      if (!prev) {
+        this.byHost.set(h, svc);
+        this.emitService(svc, 'add');
+      } else if (JSON.stringify(prev) !== JSON.stringify(svc)) {
+        this.byHost.set(h, svc);
+        this.emitService(svc, 'update');
+      } // else keep the old object: resources cached on it stay valid
+
     }
     this.refreshInstances(key, cur);
   }

@@ -33,6 +33,26 @@ export function encodeResource(fullName: string, name: string, obj: Record<strin
   return Object.freeze({ name, any, hash: createHash('sha256').update(any.value).digest('base64url').slice(0, 16) });
 }
 
+/**
+ * Encoded resources carried from one push context to the next, keyed by the immutable inputs they were built
+ * from (a Service, an instance list, a DestinationRule revision): the registry and the store replace those
+ * objects only when they change, so an endpoint change re-encodes one service's resources, not all of them.
+ */
+export class ResourceCache {
+  private readonly byObject = new WeakMap<object, Map<string, { variant: string; r: Resource }>>();
+
+  /** The resource `name` built from `owner`; rebuilt when `variant` (what else it depends on) changes. */
+  get(owner: object, name: string, variant: string, build: () => Resource): Resource {
+    let m = this.byObject.get(owner);
+    if (!m) this.byObject.set(owner, (m = new Map()));
+    const hit = m.get(name);
+    if (hit && hit.variant === variant) return hit.r;
+    const r = build();
+    m.set(name, { variant, r });
+    return r;
+  }
+}
+
 /** Duration message from milliseconds. */
 export function dur(ms: number): { seconds: number; nanos: number } {
   const seconds = Math.floor(ms / 1000);
