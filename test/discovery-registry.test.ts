@@ -7,7 +7,7 @@ import type { Config } from '../lib/discovery/model';
 import { proxyFromNode } from '../lib/discovery/proxy';
 import { PushContext } from '../lib/discovery/push-context';
 import { ServiceEntryRegistry } from '../lib/discovery/registry';
-import { TYPE_URLS } from '../lib/discovery/resources';
+import { ResourceCache, TYPE_URLS } from '../lib/discovery/resources';
 import { parseConfigFile } from '../lib/discovery/yaml-file';
 import { unpackAny } from '../lib/envoy-protos';
 import { sleep } from './helpers/harness';
@@ -130,6 +130,36 @@ spec:
   assert.is(tcp.filter_chains[0]!.filters[0]!.name, 'envoy.filters.network.tcp_proxy');
   assert.is(generate(p2, router, TYPE_URLS.listener).size, 0, 'a router without Gateways binds nothing');
   assert.throws(() => proxyFromNode({ id: 'waypoint~1~a.b~b.svc' }), /unknown proxy type/);
+});
+
+test('resources carry over between push contexts unless their inputs changed; DNS services are STRICT_DNS', () => {
+  const { store, reg } = setup();
+  store.create(se(['10.0.0.1']));
+  store.create(config(`apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ext, namespace: prod}
+spec:
+  hosts: [api.example.com]
+  ports: [{number: 443, name: tcp, protocol: TCP}]
+  resolution: DNS
+`));
+  const cache = new ResourceCache();
+  const sidecar = proxyFromNode({ id: 'sidecar~10.0.0.9~app-1.prod~prod.svc.cluster.local' });
+  const p1 = PushContext.build('v1', store, reg, cache);
+  const cds1 = generate(p1, sidecar, TYPE_URLS.cluster);
+  const eds1 = generate(p1, sidecar, TYPE_URLS.endpoint);
+  const ext = unpackAny(cds1.get('outbound|443||api.example.com')!.any) as { type: string; load_assignment: unknown };
+  assert.is(ext.type, 'STRICT_DNS');
+  assert.match(JSON.stringify(ext.load_assignment), /"address":"api\.example\.com","port_value":443/);
+  assert.ok(!eds1.has('outbound|443||api.example.com'), 'no EDS for a DNS cluster');
+  const cur = store.get('ServiceEntry', 'db', 'prod')!;
+  store.update({ ...se(['10.0.0.2']), meta: { ...cur.meta, source: undefined } });
+  const p2 = PushContext.build('v2', store, reg, cache);
+  const cds2 = generate(p2, sidecar, TYPE_URLS.cluster);
+  const eds2 = generate(p2, sidecar, TYPE_URLS.endpoint);
+  assert.ok(cds2.get('outbound|443||api.example.com') === cds1.get('outbound|443||api.example.com'), 'untouched cluster reused');
+  assert.ok(cds2.get('outbound|5432||db.prod.local') === cds1.get('outbound|5432||db.prod.local'), 'an endpoint change keeps the cluster');
+  assert.is.not(eds2.get('outbound|5432||db.prod.local')!.hash, eds1.get('outbound|5432||db.prod.local')!.hash);
 });
 
 test.run();
