@@ -173,7 +173,7 @@ async function scale(n: number): Promise<void> {
       if (i === 0) console.log(`  incremental EDS push carries ${r.resources.length} of ${eds.resources.length} endpoint resources`);
     }
     c.close();
-    console.log(`  one endpoint change -> Delta client has the update (re-read files, build, push): ${fmt(inc)}; build alone last ${build.toFixed(1)} ms; per-connection push ${fmt(pushMs)}`);
+    console.log(`  one endpoint change -> Delta client has it (re-read the changed 1,000-document file, build, push): ${fmt(inc)}; build alone last ${build.toFixed(1)} ms; per-connection push ${fmt(pushMs)}`);
 
     // A real Envoy: connect -> every type ACKed at the current version.
     t0 = performance.now();
