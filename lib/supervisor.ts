@@ -245,6 +245,8 @@ export class Supervisor {
   private async launch(cfg: DesiredConfig): Promise<void> {
     let n = this.latestEpoch() + 1;
     let file = this.opts.runtime.writeBootstrap(n, cfg);
+    // Both checks run Envoy once; run them side by side, they are independent.
+    const versionCheck = n > 0 ? this.opts.runtime.binaryHotRestartVersion(cfg.binaryPath).catch((e: Error) => `unknown (${e.message})`) : undefined;
     if (this.opts.validate) {
       const problem = await this.opts.runtime.validate(cfg, file);
       if (this.closing || this.desired !== cfg) {
@@ -259,9 +261,9 @@ export class Supervisor {
         return;
       }
     }
-    if (n > 0) {
+    if (versionCheck) {
       const parent = this.epochs.get(n - 1);
-      const want = await this.opts.runtime.binaryHotRestartVersion(cfg.binaryPath).catch((e: Error) => `unknown (${e.message})`);
+      const want = await versionCheck;
       if (this.closing) {
         this.opts.runtime.removeBootstrap(file);
         return;
@@ -308,7 +310,7 @@ export class Supervisor {
   }
 
   private async watchUntilLive(e: Epoch): Promise<void> {
-    const every = this.opts.probeIntervalMs ?? 100;
+    const every = this.opts.probeIntervalMs ?? 50;
     while (e.state === 'starting' && !this.killing) {
       await sleep(every);
       if (e.state !== 'starting') return;

@@ -9,7 +9,8 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { envoyBin, envoyShm, freePort, httpRequest, pidAlive, sleep, tempDir, waitFor, type TempDir } from './helpers/harness';
 import { startLoad } from './helpers/load';
-import { debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { spawnSync } from 'node:child_process';
+import { agentBin, debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
 
 interface Ports {
   admin: number;
@@ -191,6 +192,9 @@ hot('killing the live Envoy leads to a new epoch after the backoff', async () =>
     assert.is(await listenerBody(s.ports.listen), 'v0');
     assert.is((await debugEpochs(s.ports.status)).restartBudgetLeft, 9);
     assert.match(s.agent.log(), /restarting in 200 ms/);
+    // `pilot-agent wait` against the agent's own readiness endpoint.
+    const wait = spawnSync(agentBin(), ['wait', `--url=http://127.0.0.1:${s.ports.status}/healthz/ready`, '--timeoutSeconds=10'], { encoding: 'utf8' });
+    assert.is(wait.status, 0, wait.stderr);
   } finally {
     await s.cleanup();
   }
