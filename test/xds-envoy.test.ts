@@ -7,9 +7,12 @@ import * as http from 'node:http';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
+import { buildBootstrap } from '../lib/bootstrap';
+import { buildConfig } from '../lib/config';
 import { configureLogging, resetLogging } from '../lib/log';
+import { buildNodeIdentity } from '../lib/node-identity';
 import { decodeNameTable, encodeNameTable, NAME_TABLE_TYPE } from '../lib/xds-istio';
-import { XdsProxy } from '../lib/xds-proxy';
+import { upstreamFromConfig, XdsProxy } from '../lib/xds-proxy';
 import { CLUSTER, ControlPlane, edsCluster, ENDPOINT, endpoints, LISTENER, listener, NODE_ID, ROUTE, route } from './helpers/control-plane';
 import { envoyBin, freePort, httpRequest, sleep, tempDir, waitFor, type TempDir } from './helpers/harness';
 import { startLoad } from './helpers/load';
@@ -56,12 +59,12 @@ interface Envoy {
   stop(): Promise<void>;
 }
 
-async function startEnvoy(dir: string, kind: Kind, socket: string): Promise<Envoy> {
-  const admin = await freePort();
+async function startEnvoy(dir: string, kind: Kind, socket: string, own?: { admin: number; bootstrap: unknown }): Promise<Envoy> {
+  const admin = own?.admin ?? await freePort();
   const file = path.join(dir, 'envoy.json');
-  fs.writeFileSync(file, JSON.stringify(bootstrap(kind, socket, admin)));
+  fs.writeFileSync(file, JSON.stringify(own?.bootstrap ?? bootstrap(kind, socket, admin)));
   // Other suites run Envoy on this machine at the same time: no hot-restart shared memory, one worker.
-  const proc = spawn(envoyBin(), ['-c', file, '--disable-hot-restart', '--concurrency', '1', '-l', 'warning'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(envoyBin(), ['-c', file, '--disable-hot-restart', '--concurrency', '1', '-l', 'warning'], { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   proc.stdout!.on('data', (d) => (out += d));
   proc.stderr!.on('data', (d) => (out += d));
@@ -229,5 +232,49 @@ for (const kind of ['sotw', 'delta'] as const) {
     }
   });
 }
+
+test('the agent\'s own bootstrap (lib/bootstrap.ts) and upstreamFromConfig work end to end with the proxy and a real Envoy', async () => {
+  const dir = tempDir('pa-xds-boot-');
+  configureLogging({ write: () => undefined });
+  const cp = new ControlPlane();
+  const a = await backend('a');
+  let proxy: XdsProxy | undefined;
+  let envoy: Envoy | undefined;
+  try {
+    await cp.start(0);
+    const [admin, status, readiness, prometheus, listenPort] = [await freePort(), await freePort(), await freePort(), await freePort(), await freePort()];
+    const env = {
+      POD_NAME: 'web-1', POD_NAMESPACE: 'ns', INSTANCE_IP: '127.0.0.1', ISTIO_META_CLUSTER_ID: 'east',
+      ENVOY_STATUS_PORT: String(readiness), ENVOY_PROMETHEUS_PORT: String(prometheus), XDS_HEADER_X_ISTIO_REVISION: 'canary',
+      PROXY_CONFIG: JSON.stringify({
+        configPath: path.join(dir.path, 'etc/istio/proxy'), proxyAdminPort: admin, statusPort: status,
+        discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE',
+      }),
+    };
+    const cfg = buildConfig({ flags: {}, env, readFile: () => undefined });
+    const node = buildNodeIdentity(cfg, env, [{ address: '127.0.0.1', family: 'IPv4', internal: true }], '0.0.0-test');
+    config(cp, listenPort, a.port);
+    proxy = new XdsProxy({ socketPath: cfg.xdsSocket, upstream: upstreamFromConfig(cfg, env) });
+    await proxy.start();
+    envoy = await startEnvoy(dir.path, 'delta', cfg.xdsSocket, { admin, bootstrap: buildBootstrap({ cfg, node }) });
+    const r = await waitFor('HTTP through Envoy', async () => {
+      const res = await httpRequest(`http://127.0.0.1:${listenPort}/`, { timeoutMs: 1000 });
+      return res.status === 200 ? res : undefined;
+    }, 15_000, 100);
+    assert.is(r.body, 'a');
+    assert.is(cp.requests[0]!.kind, 'delta');
+    assert.is(cp.requests[0]!.nodeId, node.id);
+    assert.is(cp.metadata[0]!.clusterid, 'east');
+    assert.is(cp.metadata[0]!.x_istio_revision, 'canary');
+    assert.is(proxy.metrics().xds_proxy_envoy_nacks_total, 0, envoy.output());
+  } finally {
+    await envoy?.stop();
+    await proxy?.close();
+    await a.close();
+    await cp.stop();
+    resetLogging();
+    dir.cleanup();
+  }
+});
 
 test.run();

@@ -352,6 +352,27 @@ test('requests from Envoy are not blocked while the control plane is away, and t
   }
 });
 
+test('closing the proxy in the middle of an outage leaves no timer, socket or server behind', async () => {
+  const count = () => {
+    const m: Record<string, number> = {};
+    for (const k of process.getActiveResourcesInfo()) if (/Timeout|Wrap/.test(k)) m[k] = (m[k] ?? 0) + 1;
+    return m;
+  };
+  await sleep(50);
+  const before = count();
+  // A reconnect delay longer than the wait below, so a timer left behind would still be there.
+  const r = await rig({ backoff: { initialMs: 5000, maxMs: 5000 } });
+  r.cp.set(CLUSTER, 'c1', [edsCluster('a')]);
+  const env = r.envoy('delta');
+  env.request({ typeUrl: CLUSTER });
+  await env.waitForResponse('CDS', (x) => x.typeUrl === CLUSTER);
+  await r.cp.stop();
+  await waitFor('a reconnect to be pending', () => (r.proxy.debugState() as { streams: Array<{ upstream: { reconnectScheduled: boolean } }> }).streams[0]!.upstream.reconnectScheduled);
+  await r.done();
+  await waitFor('handles to close', () => JSON.stringify(count()) === JSON.stringify(before), 2000).catch(() => undefined);
+  assert.equal(count(), before);
+});
+
 test('the socket: a stale file is replaced, a live one or a non-socket is refused, mode 0660; close() is safe twice', async () => {
   const dir = tempDir('pa-xds-sock-');
   const upstream = { address: '127.0.0.1:1', tls: false };
