@@ -179,6 +179,20 @@ hot('a broken new config keeps the old epoch serving; the budget is spent and re
   }
 });
 
+hot('an unreadable config file while running is logged with its name, and the last good config stays', async () => {
+  const s = await setUp();
+  try {
+    fs.writeFileSync(s.custom, '{"admin": {"address": ');
+    await waitFor('error logged', () => /new config not applied, keeping the last good one: .*custom\.json/.test(s.agent.log()), 5000);
+    await sleep(300);
+    assert.equal((await debugEpochs(s.ports.status)).epochs.map((e) => [e.epoch, e.state]), [[0, 'live']]);
+    assert.is(await listenerBody(s.ports.listen), 'v0');
+    assert.is((await httpRequest(`http://127.0.0.1:${s.ports.status}/healthz/ready`)).status, 200);
+  } finally {
+    await s.cleanup();
+  }
+});
+
 hot('killing the live Envoy leads to a new epoch after the backoff', async () => {
   const s = await setUp();
   try {
