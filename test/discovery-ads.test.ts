@@ -124,6 +124,16 @@ test('Delta: wildcard CDS, initial versions skip what the proxy has, unsubscribe
         c2.send({ node: NODE, type_url: CDS, initial_resource_versions: { [r3.resources[0]!.name!]: r3.resources[0]!.version! } });
         const again = await c2.next(CDS);
         assert.is(again.resources.length, 0);
+        c2.send({ type_url: EDS, resource_names_subscribe: ['outbound|18080||web.test.local'] });
+        const eds = (await c2.next(EDS)).resources[0]!;
+        const c3 = AdsClient.connect(s.address, true);
+        try {
+          // Envoy reconnecting: it subscribes to its EDS names and says which versions it holds.
+          c3.send({ node: NODE, type_url: EDS, resource_names_subscribe: [eds.name!], initial_resource_versions: { [eds.name!]: eds.version! } });
+          assert.is((await c3.next(EDS)).resources.length, 0);
+        } finally {
+          c3.close();
+        }
       } finally {
         c2.close();
       }

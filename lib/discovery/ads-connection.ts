@@ -221,8 +221,8 @@ export class AdsConnection {
     for (const n of subscribe) {
       if (n === '*') w.wildcard = true;
       else w.names.add(n);
-      // A subscription for something the proxy already holds asks for it again.
-      w.has.delete(n);
+      // Subscribing again to something it holds asks for it again; on a new stream, initial versions say what it holds.
+      if (!isNew) w.has.delete(n);
     }
     for (const n of unsubscribe) {
       if (n === '*') w.wildcard = false;
