@@ -38,6 +38,13 @@ export class Reader {
     return o;
   }
 
+  /** A mapping with free-form keys (port names, header names). */
+  mapping(v: unknown, path: Path): Record<string, unknown> | undefined {
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== 'object' || Array.isArray(v)) return this.fail(path, `must be a mapping, not ${describeValue(v)}`);
+    return v as Record<string, unknown>;
+  }
+
   array(v: unknown, path: Path, opts: { required?: boolean; nonEmpty?: boolean } = {}): unknown[] {
     if (v === undefined || v === null) {
       if (opts.required) this.fail(path, 'is required');
@@ -122,3 +129,16 @@ export const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
 export const DNS_NAME = /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/;
 /** A hostname, optionally with a leading `*.` wildcard, or `*`. */
 export const HOST = /^(\*|(\*\.)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*)$/;
+
+/** A non-empty list of distinct hostnames; `*` only where allowStar. */
+export function readHosts(r: Reader, v: unknown, path: Path, allowStar: boolean): string[] {
+  const hosts: string[] = [];
+  r.array(v, path, { required: true, nonEmpty: true }).forEach((h, i) => {
+    const s = r.string(h, [...path, i], { required: true, pattern: HOST, patternText: 'a hostname' });
+    if (s === undefined) return;
+    if (s === '*' && !allowStar) r.fail([...path, i], '"*" is not allowed here');
+    else if (hosts.includes(s)) r.fail([...path, i], `host "${s}" is listed twice`);
+    else hosts.push(s);
+  });
+  return hosts;
+}
