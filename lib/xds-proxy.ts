@@ -127,7 +127,9 @@ export class XdsProxy {
       throw err;
     }
     if ((this.state as string) === 'closed') {
+      // close() ran while the socket was being bound.
       this.server?.forceShutdown();
+      fs.rmSync(this.socketPath, { force: true });
       return;
     }
     this.state = 'listening';

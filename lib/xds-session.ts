@@ -7,7 +7,7 @@ import { errorMessage } from './errors';
 import { scope } from './log';
 import {
   encodeDeltaRequest, encodeSotwRequest, LISTENER_TYPE, nodeField, nodeId, parseDeltaRequest, parseDeltaResponse,
-  parseSotwRequest, parseSotwResponse, sotwResources, withoutFields, type ErrorDetail,
+  parseSotwRequest, parseSotwResponse, sotwResources, withoutFields, type DeltaResponse, type ErrorDetail,
 } from './xds-codec';
 import {
   DeltaSubscriptions, IssuedNonces, namesKey, SotwSubscriptions, STRIP_STALE, type Subscriptions, type XdsKind,
@@ -16,7 +16,10 @@ import { backoffDelay, openUpstream, type UpstreamCall, type UpstreamOptions } f
 
 const log = scope('xdsproxy');
 
-/** Raw google.protobuf.Any bytes of each resource; throw (or reject) to NACK. */
+/**
+ * Gets the raw google.protobuf.Any bytes of each resource (views into the message: copy what must outlive the
+ * call); returns to ACK, throws or rejects to NACK.
+ */
 export type AgentHandler = (resources: Buffer[], meta: AgentResponseMeta) => void | Promise<void>;
 
 export interface AgentResponseMeta {
@@ -132,10 +135,13 @@ export class Session {
     this.subs = kind === 'sotw' ? new SotwSubscriptions() : new DeltaSubscriptions();
     call.on('data', (b: Buffer) => this.onEnvoyMessage(b));
     call.on('end', () => this.close('Envoy closed its side of the stream', true));
-    call.on('error', (e) => this.close(`stream error: ${errorMessage(e)}`, false));
+    call.on('error', (e) => this.close(`stream error: ${errorMessage(e)}`, false, true));
     call.on('cancelled', () => {
       const st = statusOf();
-      this.close(st?.details ? `gRPC ended it: ${st.details}` : 'cancelled by Envoy or the connection closed', false);
+      if (!st?.details) return this.close('cancelled by Envoy or the connection closed', false);
+      // grpc-js ended the call itself, e.g. a message over the size limit.
+      if (st.code === 8 /* RESOURCE_EXHAUSTED */) ctx.counters.bad_messages_total++;
+      this.close(`gRPC ended it: ${st.details}`, false, true);
     });
     log.info(`Envoy connected: ${kind === 'sotw' ? 'StreamAggregatedResources' : 'DeltaAggregatedResources'} stream ${id}`, { peer: call.getPeer() });
     this.connect();
@@ -268,21 +274,20 @@ export class Session {
     for (const r of this.ctx.agentRequests()) this.sendAgentRequest(r);
   }
 
-  private handleAgentResponse(up: Upstream, buf: Buffer, typeUrl: string, version: string, nonce: string): void {
+  private handleAgentResponse(up: Upstream, buf: Buffer, delta: DeltaResponse | undefined, typeUrl: string, version: string, nonce: string): void {
     const handler = this.ctx.handler(typeUrl)!;
     const prev = this.agentChains.get(typeUrl) ?? Promise.resolve();
     // One response at a time per type, in order; a slow handler never blocks Envoy's types.
     const next = prev.then(async () => {
       let resources: Buffer[];
       const meta: AgentResponseMeta = { typeUrl, version, nonce };
-      if (this.kind === 'sotw') {
+      if (!delta) {
         resources = sotwResources(buf);
       } else {
-        const d = parseDeltaResponse(buf);
-        const present = d.resources.filter((r) => r.any);
+        const present = delta.resources.filter((r) => r.any);
         resources = present.map((r) => r.any!);
         meta.names = present.map((r) => r.name);
-        meta.removed = d.removed;
+        meta.removed = delta.removed;
       }
       let err: unknown;
       if (this.ctx.isPrimary(this)) {
@@ -328,12 +333,13 @@ export class Session {
     let nonce: string;
     let count: number;
     let removed: number | undefined;
+    let delta: DeltaResponse | undefined;
     try {
       if (this.subs.kind === 'sotw') {
         const r = parseSotwResponse(buf);
         ({ typeUrl, versionInfo: version, nonce, resourceCount: count } = r);
       } else {
-        const r = parseDeltaResponse(buf);
+        const r = (delta = parseDeltaResponse(buf));
         ({ typeUrl, systemVersionInfo: version, nonce } = r);
         count = r.resources.length;
         removed = r.removed.length;
@@ -350,7 +356,7 @@ export class Session {
     up.issued.add(typeUrl, nonce);
     this.typeDebug(typeUrl).upstream = { version, nonce, resources: count, removed, at: new Date().toISOString() };
     if (this.ctx.handler(typeUrl)) {
-      this.handleAgentResponse(up, buf, typeUrl, version, nonce);
+      this.handleAgentResponse(up, buf, delta, typeUrl, version, nonce);
       return;
     }
     c.responses_to_envoy++;
@@ -423,6 +429,7 @@ export class Session {
     if (this.upstream === up) this.upstream = undefined;
     if (this.done) return;
     this.ctx.counters.upstream_failures_total++;
+    if (s.code === 8 /* RESOURCE_EXHAUSTED: a message over the size limit */) this.ctx.counters.bad_messages_total++;
     if (up.gotResponse) this.attempt = 0;
     this.lastUpstreamError = up.endReason ?? `${statusName(s.code)}: ${s.details.replace(/ Resolution note: *$/, '')}`;
     // A server that served this stream and then closed it (istiod's max connection age, a rollout) is routine.
@@ -442,13 +449,13 @@ export class Session {
   // ---- shutdown ----
 
   private endDownstream(code: number, details: string): void {
-    this.close(details, false);
+    this.close(details, false, true);
     // A status error ends only this call; the server and other streams carry on.
     this.call.emit('error', { code, details });
   }
 
-  /** Ends the session. `graceful`: also end Envoy's side with OK. */
-  close(why: string, graceful: boolean): void {
+  /** Ends the session. `graceful`: also end Envoy's side with OK; `abnormal`: log as a warning. */
+  close(why: string, graceful: boolean, abnormal = false): void {
     if (this.done) return;
     this.done = true;
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
@@ -466,7 +473,7 @@ export class Session {
         // already ended
       }
     }
-    log.info(`Envoy's xDS stream ${this.id} closed: ${why}`);
+    (abnormal ? log.warn : log.info)(`Envoy's xDS stream ${this.id} closed: ${why}`);
     this.ctx.closed(this);
   }
 

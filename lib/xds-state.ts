@@ -29,7 +29,8 @@ export class SotwSubscriptions {
 
   record(raw: Buffer, req: SotwRequest): void {
     if (req.node && !this.node) this.node = Buffer.from(req.node);
-    this.last.set(req.typeUrl, { raw, names: namesKey(req.resourceNames) });
+    // Copied: the message may be a view into a larger receive buffer that should not be kept alive.
+    this.last.set(req.typeUrl, { raw: Buffer.from(raw), names: namesKey(req.resourceNames) });
   }
 
   types(): string[] {
