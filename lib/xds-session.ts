@@ -109,6 +109,8 @@ interface TypeDebug {
 const ENVOY_REQUEST = { sotw: 'DiscoveryRequest', delta: 'DeltaDiscoveryRequest' } as const;
 const UPSTREAM_RESPONSE = { sotw: 'DiscoveryResponse', delta: 'DeltaDiscoveryResponse' } as const;
 const NACK_CODE = 13; // google.rpc.Code INTERNAL, as Envoy uses for its own NACKs
+const DOWNSTREAM_HIGH_WATER = 16 * 1024 * 1024;
+const DOWNSTREAM_LOW_WATER = 4 * 1024 * 1024;
 
 export class Session {
   readonly openedAt = new Date();
@@ -119,6 +121,8 @@ export class Session {
   private reconnectTimer: NodeJS.Timeout | undefined;
   private lastUpstreamError = '';
   private downstreamBlocked = false;
+  /** Bytes written to Envoy's stream that gRPC has not handed to the connection yet. */
+  private downstreamPending = 0;
   private done = false;
   private readonly types = new Map<string, TypeDebug>();
   /** SotW: the last version the agent accepted per agent-handled type, re-sent on reconnect. */
@@ -361,14 +365,19 @@ export class Session {
     }
     c.responses_to_envoy++;
     c.response_bytes_to_envoy += buf.length;
-    if (!this.call.write(buf) && !this.downstreamBlocked) {
-      // Envoy reads slower than the server pushes: stop reading upstream until Envoy catches up.
-      this.downstreamBlocked = true;
-      up.up.call.pause();
-      this.call.once('drain', () => {
+    // Envoy reads slower than the server pushes: stop reading upstream until Envoy has taken most of it, so
+    // the proxy holds about one large push at a time instead of everything the server sends.
+    this.downstreamPending += buf.length;
+    this.call.write(buf, () => {
+      this.downstreamPending -= buf.length;
+      if (this.downstreamBlocked && this.downstreamPending <= DOWNSTREAM_LOW_WATER) {
         this.downstreamBlocked = false;
         this.upstream?.up.call.resume();
-      });
+      }
+    });
+    if (!this.downstreamBlocked && this.downstreamPending > DOWNSTREAM_HIGH_WATER) {
+      this.downstreamBlocked = true;
+      up.up.call.pause();
     }
   }
 
