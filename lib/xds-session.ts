@@ -90,7 +90,10 @@ interface Upstream {
   endReason?: string;
   /** Envoy -> upstream: unbounded, so Envoy's stream is never blocked by a slow control plane. */
   queue: Buffer[];
-  blocked: boolean;
+  /** A write is with gRPC; the next waits for it. */
+  writing: boolean;
+  /** A message has been asked for and not received yet. */
+  reading: boolean;
   sentAny: boolean;
   issued: IssuedNonces;
   /** SotW: resource names last sent upstream per type, to drop a stale ACK that changes nothing. */
@@ -229,19 +232,23 @@ export class Session {
   }
 
   private pump(up: Upstream): void {
+    if (up.writing || up.ended || up.queue.length === 0) return;
+    const b = up.queue.shift()!;
     const c = this.ctx.counters;
-    while (!up.blocked && !up.ended && up.queue.length > 0) {
-      const b = up.queue.shift()!;
-      c.requests_to_upstream++;
-      c.request_bytes_to_upstream += b.length;
-      if (!up.up.call.write(b)) {
-        up.blocked = true;
-        up.up.call.once('drain', () => {
-          up.blocked = false;
-          this.pump(up);
-        });
-      }
-    }
+    c.requests_to_upstream++;
+    c.request_bytes_to_upstream += b.length;
+    up.writing = true;
+    up.up.write(b, () => {
+      up.writing = false;
+      this.pump(up);
+    });
+  }
+
+  /** Reads the next upstream message unless Envoy is behind. */
+  private readNext(up: Upstream): void {
+    if (up.reading || up.ended || this.downstreamBlocked) return;
+    up.reading = true;
+    up.up.startRead();
   }
 
   // ---- the agent's own types ----
@@ -328,6 +335,7 @@ export class Session {
   // ---- upstream -> Envoy ----
 
   private onUpstreamMessage(up: Upstream, buf: Buffer): void {
+    up.reading = false;
     if (up !== this.upstream || up.ended) return;
     const c = this.ctx.counters;
     c.responses_from_upstream++;
@@ -361,6 +369,7 @@ export class Session {
     this.typeDebug(typeUrl).upstream = { version, nonce, resources: count, removed, at: new Date().toISOString() };
     if (this.ctx.handler(typeUrl)) {
       this.handleAgentResponse(up, buf, delta, typeUrl, version, nonce);
+      this.readNext(up);
       return;
     }
     c.responses_to_envoy++;
@@ -372,13 +381,11 @@ export class Session {
       this.downstreamPending -= buf.length;
       if (this.downstreamBlocked && this.downstreamPending <= DOWNSTREAM_LOW_WATER) {
         this.downstreamBlocked = false;
-        this.upstream?.up.call.resume();
+        if (this.upstream) this.readNext(this.upstream);
       }
     });
-    if (!this.downstreamBlocked && this.downstreamPending > DOWNSTREAM_HIGH_WATER) {
-      this.downstreamBlocked = true;
-      up.up.call.pause();
-    }
+    if (this.downstreamPending > DOWNSTREAM_HIGH_WATER) this.downstreamBlocked = true;
+    this.readNext(up);
   }
 
   // ---- upstream lifecycle ----
@@ -390,46 +397,47 @@ export class Session {
     const gen = ++this.gen;
     if (gen > 1) c.upstream_reconnects_total++;
     let handle: UpstreamCall;
+    let up: Upstream | undefined;
     try {
-      handle = openUpstream(this.ctx.upstream, this.kind, this.ctx.maxMessageBytes);
+      handle = openUpstream(this.ctx.upstream, this.kind, this.ctx.maxMessageBytes, {
+        onMessage: (b) => up && this.onUpstreamMessage(up, b),
+        onStatus: (st) => up && this.onUpstreamStatus(up, st),
+      });
     } catch (e) {
       c.upstream_failures_total++;
       this.lastUpstreamError = errorMessage(e);
       this.scheduleReconnect(`cannot connect to ${this.ctx.upstream.address}: ${this.lastUpstreamError}`);
       return;
     }
-    const up: Upstream = {
-      gen, up: handle, connected: false, ended: false, queue: [], blocked: false, sentAny: false, issued: new IssuedNonces(),
-      sentNames: new Map(), agentInjected: false, gotResponse: false, openedAt: Date.now(),
-    };
-    this.upstream = up;
-    if (this.downstreamBlocked) handle.call.pause();
-    handle.call.on('data', (b: Buffer) => this.onUpstreamMessage(up, b));
-    handle.call.on('error', () => undefined); // the status event below carries the reason
-    handle.call.on('status', (s: grpc.StatusObject) => this.onUpstreamStatus(up, s));
+    const cur: Upstream = (up = {
+      gen, up: handle, connected: false, ended: false, queue: [], writing: false, reading: false, sentAny: false,
+      issued: new IssuedNonces(), sentNames: new Map(), agentInjected: false, gotResponse: false, openedAt: Date.now(),
+    });
+    this.upstream = cur;
+    this.readNext(cur);
     handle.whenReady(this.ctx.dialTimeoutMs, (err) => {
-      if (up.ended) return;
+      if (cur.ended) return;
       if (err) {
-        this.endUpstream(up, `not connected within ${this.ctx.dialTimeoutMs} ms`);
+        this.endUpstream(cur, `not connected within ${this.ctx.dialTimeoutMs} ms`);
         return;
       }
-      up.connected = true;
+      cur.connected = true;
       c.upstream_connects_total++;
       log.info(`connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${gen > 1 ? ` (reconnect ${gen - 1})` : ''}`);
     });
-    for (const r of this.subs.resend()) this.sendUpstream(up, r.typeUrl, r.bytes, r.names);
+    for (const r of this.subs.resend()) this.sendUpstream(cur, r.typeUrl, r.bytes, r.names);
   }
 
   /** Ends an upstream stream from this side; Envoy's stream stays open and a reconnect is scheduled. */
   private endUpstream(up: Upstream, why: string): void {
     if (up.ended) return;
     up.endReason = why;
-    up.up.call.cancel();
-    // cancel() reports a CANCELLED status synchronously or soon; onUpstreamStatus does the rest.
+    up.up.cancel(why);
+    // The CANCELLED status may arrive now or later; either way the reason above is what gets logged.
     this.onUpstreamStatus(up, { code: 1, details: why });
   }
 
-  private onUpstreamStatus(up: Upstream, s: Pick<grpc.StatusObject, 'code' | 'details'>): void {
+  private onUpstreamStatus(up: Upstream, s: { code: number; details: string }): void {
     if (up.ended) return;
     up.ended = true;
     up.connected = false;
@@ -472,7 +480,7 @@ export class Session {
     this.upstream = undefined;
     if (up && !up.ended) {
       up.ended = true;
-      up.up.call.cancel();
+      up.up.cancel('Envoy\'s stream closed');
       up.up.close();
     }
     if (graceful) {

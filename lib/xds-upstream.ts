@@ -122,18 +122,32 @@ function clientCert(o: UpstreamOptions): { key: Buffer; cert: Buffer } | undefin
   return { key, cert };
 }
 
+export interface UpstreamListener {
+  onMessage(message: Buffer): void;
+  /** The call ended (always last; once). */
+  onStatus(status: { code: number; details: string }): void;
+}
+
+/**
+ * One ADS call at the level of grpc-js's channel call, below its Node streams: one message is read per
+ * `startRead()` and one written at a time, so the proxy decides exactly how much it buffers each way.
+ */
 export interface UpstreamCall {
-  call: grpc.ClientDuplexStream<Buffer, Buffer>;
+  /** Writes one message; `done` runs once gRPC has taken it. Write the next only after that. */
+  write(message: Buffer, done: () => void): void;
+  /** Asks for the next message. */
+  startRead(): void;
+  cancel(details: string): void;
   /** Calls back once the channel is connected, or with an error after timeoutMs. */
   whenReady(timeoutMs: number, cb: (err?: Error) => void): void;
+  /** Closes the channel. */
   close(): void;
 }
 
-const identity = (b: Buffer) => b;
 const FLOW_CONTROL_WINDOW = 16 * 1024 * 1024;
 
 /** Opens one ADS call on a new channel. Throws AgentError if credentials cannot be loaded. */
-export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes: number): UpstreamCall {
+export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes: number, listener: UpstreamListener): UpstreamCall {
   const options: grpc.ChannelOptions = {
     'grpc.max_receive_message_length': maxMessageBytes,
     'grpc.max_send_message_length': maxMessageBytes,
@@ -141,8 +155,8 @@ export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes:
     'grpc.keepalive_timeout_ms': o.keepaliveTimeoutMs ?? 10_000,
     // The proxy owns retries: it re-sends subscriptions itself, so gRPC must not replay messages.
     'grpc.enable_retries': 0,
-    // HTTP/2's default 64 KB window makes a 10 MB push wait on hundreds of WINDOW_UPDATEs; Envoy itself
-    // advertises 256 MB. Reading stops (and the window closes) when Envoy falls behind, so this bounds memory.
+    // HTTP/2's default 64 KB window makes a 10 MB push wait on hundreds of WINDOW_UPDATEs (Envoy advertises
+    // 256 MB). This is also the most the proxy holds unread when it stops reading because Envoy is behind.
     'grpc-node.flow_control_window': FLOW_CONTROL_WINDOW,
   };
   const md = new grpc.Metadata();
@@ -159,9 +173,17 @@ export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes:
     creds = grpc.credentials.createInsecure();
   }
   const client = new grpc.Client(o.address, creds, options);
-  const call = client.makeBidiStreamRequest(ADS_PATHS[kind], identity, identity, md, {});
+  // Messages are Buffers at this level: serialization is the client stub's job, and there is none.
+  const call = client.getChannel().createCall(ADS_PATHS[kind], Infinity, null, null, null);
+  call.start(md, {
+    onReceiveMetadata: () => undefined,
+    onReceiveMessage: (m: Buffer) => listener.onMessage(m),
+    onReceiveStatus: (st) => listener.onStatus({ code: st.code, details: st.details }),
+  });
   return {
-    call,
+    write: (m, done) => call.sendMessageWithContext({ callback: () => done() }, m),
+    startRead: () => call.startRead(),
+    cancel: (details) => call.cancelWithStatus(grpc.status.CANCELLED, details),
     whenReady: (timeoutMs, cb) => client.waitForReady(Date.now() + timeoutMs, (err) => cb(err ?? undefined)),
     close: () => client.close(),
   };

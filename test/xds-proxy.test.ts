@@ -352,6 +352,29 @@ test('requests from Envoy are not blocked while the control plane is away, and t
   }
 });
 
+test('an Envoy that reads slowly makes the proxy stop reading upstream instead of buffering every push', async () => {
+  const r = await rig();
+  try {
+    const mb = bulkClusters(1000, 1000);
+    r.cp.set(CLUSTER, 'v0', [edsCluster('a')]);
+    const env = r.envoy('sotw');
+    env.request({ typeUrl: CLUSTER });
+    await env.waitForResponse('CDS', (x) => x.version === 'v0');
+    env.pause();
+    // 60 pushes of 1 MB. The paused client still takes 16 into its stream buffer; then the proxy holds up to
+    // 16 MB for Envoy, stops asking upstream for more, and the rest waits in the control plane.
+    for (let i = 1; i <= 60; i++) r.cp.set(CLUSTER, `v${i}`, mb);
+    await sleep(1000);
+    const read = r.proxy.metrics().xds_proxy_responses_from_upstream - 1;
+    assert.ok(read <= 40, `the proxy read ${read} of 60 pushes while Envoy was not reading`);
+    env.resume();
+    await env.waitForResponse('the last push', (x) => x.version === 'v60', 20_000);
+    assert.equal(env.responses.map((x) => x.version), Array.from({ length: 61 }, (_, i) => `v${i}`), 'in order, none lost');
+  } finally {
+    await r.done();
+  }
+});
+
 test('closing the proxy in the middle of an outage leaves no timer, socket or server behind', async () => {
   const count = () => {
     const m: Record<string, number> = {};

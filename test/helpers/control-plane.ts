@@ -398,6 +398,15 @@ export class FakeEnvoy {
     this.call.write(b);
   }
 
+  /** Stops reading responses (like an Envoy busy applying config) until resume(). */
+  pause(): void {
+    this.call.pause();
+  }
+
+  resume(): void {
+    this.call.resume();
+  }
+
   waitForResponse(what: string, pred: (r: FakeEnvoyResponse) => boolean, timeoutMs = 10_000): Promise<FakeEnvoyResponse> {
     return waitFor(what, () => this.responses.find(pred), timeoutMs);
   }
