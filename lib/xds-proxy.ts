@@ -2,12 +2,15 @@
 //
 // Messages pass through as bytes. The proxy reads only the top-level fields it acts on (type URL, version, nonce,
 // resource names; for Delta also each Resource's name and version) and never unpacks a resource's Any, so a 10 MB
-// push costs a scan of its field headers, not a decode and re-encode.
+// push costs a scan of its field headers, not a decode and re-encode. Requests from Envoy go upstream through an
+// unbounded queue, so a slow control plane never blocks Envoy's stream; responses are read from upstream one at
+// a time and reading stops while more than 16 MB wait for Envoy, so a slow Envoy bounds the proxy's memory.
 //
 // How this proxy does better than Istio's when the control plane goes away:
 // Istio's pilot-agent ties each Envoy stream to one upstream stream; when istiod restarts or the connection
 // breaks, the agent closes Envoy's stream and waits for Envoy to reconnect and subscribe again. Envoy keeps its
-// config, but its ADS stream is reset, every subscription starts over, and the agent has no retry of its own.
+// config, but its ADS stream is reset (control_plane.connected_state drops to 0), every subscription starts over,
+// and the agent has no retry of its own: how soon Envoy is current again depends on Envoy's reconnect backoff.
 // Here Envoy's stream stays open while the upstream is down. The proxy reconnects by itself with exponential
 // backoff and jitter (a fresh channel each time, so rotated certificates and tokens are picked up), and re-sends
 // what Envoy is subscribed to: for state of the world, Envoy's latest request of each type with the version it

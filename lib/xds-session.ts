@@ -114,6 +114,7 @@ const UPSTREAM_RESPONSE = { sotw: 'DiscoveryResponse', delta: 'DeltaDiscoveryRes
 const NACK_CODE = 13; // google.rpc.Code INTERNAL, as Envoy uses for its own NACKs
 const DOWNSTREAM_HIGH_WATER = 16 * 1024 * 1024;
 const DOWNSTREAM_LOW_WATER = 4 * 1024 * 1024;
+const HEALTHY_STREAM_MS = 10_000;
 
 export class Session {
   readonly openedAt = new Date();
@@ -364,7 +365,6 @@ export class Session {
       return;
     }
     up.gotResponse = true;
-    this.attempt = 0;
     up.issued.add(typeUrl, nonce);
     this.typeDebug(typeUrl).upstream = { version, nonce, resources: count, removed, at: new Date().toISOString() };
     if (this.ctx.handler(typeUrl)) {
@@ -447,7 +447,9 @@ export class Session {
     if (this.done) return;
     this.ctx.counters.upstream_failures_total++;
     if (s.code === 8 /* RESOURCE_EXHAUSTED: a message over the size limit */) this.ctx.counters.bad_messages_total++;
-    if (up.gotResponse) this.attempt = 0;
+    // Start the backoff over only after a stream that worked for a while, so a server that answers once and
+    // then fails (a crash loop, a push over the size limit) is not hammered every initialMs.
+    if (up.gotResponse && Date.now() - up.openedAt >= HEALTHY_STREAM_MS) this.attempt = 0;
     this.lastUpstreamError = up.endReason ?? `${statusName(s.code)}: ${s.details.replace(/ Resolution note: *$/, '')}`;
     // A server that served this stream and then closed it (istiod's max connection age, a rollout) is routine.
     const routine = up.gotResponse && !up.endReason && (s.code === 0 || s.code === 14);
