@@ -268,6 +268,38 @@ for (const kind of ['sotw', 'delta'] as const) {
   });
 }
 
+test('two Envoy streams at once (a hot restart): the newest feeds the agent\'s handlers, and the older takes over when it goes', async () => {
+  const r = await rig();
+  try {
+    const versions: string[] = [];
+    r.proxy.registerHandler(NAME_TABLE_TYPE, (_res, meta) => {
+      versions.push(meta.version);
+    });
+    r.cp.set(NAME_TABLE_TYPE, 'n1', [nameTable('10.0.0.1')]);
+    r.cp.set(LISTENER, 'l1', [listener('l', 1234, 'r')]);
+    const old = r.envoy('sotw');
+    old.request({ typeUrl: LISTENER });
+    await waitFor('the first table', () => versions.length === 1);
+    const young = r.envoy('delta');
+    young.request({ typeUrl: LISTENER });
+    await waitFor('the table on the new stream', () => versions.length === 2);
+    r.cp.set(NAME_TABLE_TYPE, 'n2', [nameTable('10.0.0.2')]);
+    // Both upstream streams get n2 and both ACK it, but the handler runs once.
+    await waitFor('both ACKs', () => r.cp.requests.filter((q) => q.typeUrl === NAME_TABLE_TYPE && q.nonce !== '' && !q.error).length === 4);
+    assert.equal(versions, ['n1', 'n1', 'n2']);
+    r.proxy.send({ typeUrl: HEALTH_INFO_TYPE });
+    const h = await r.cp.waitForRequest('the health report', (q) => q.typeUrl === HEALTH_INFO_TYPE);
+    assert.is(h.kind, 'delta', 'sent on the newest stream');
+    young.close();
+    const h2 = await r.cp.waitForRequest('the health report re-sent on the older stream', (q) => q.typeUrl === HEALTH_INFO_TYPE && q.kind === 'sotw');
+    assert.ok(h2);
+    r.cp.set(NAME_TABLE_TYPE, 'n3', [nameTable('10.0.0.3')]);
+    await waitFor('the older stream to feed the handler', () => versions.includes('n3'));
+  } finally {
+    await r.done();
+  }
+});
+
 test('bad input from Envoy (a garbage frame, an oversized message) closes only that stream, and says why', async () => {
   const r = await rig({ maxMessageBytes: 64 * 1024 });
   try {
