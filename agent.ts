@@ -201,7 +201,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     }
     lines.push(`# TYPE istio_agent_ready gauge`, `istio_agent_ready ${supervisor.ready() ? 1 : 0}`);
     for (const [k, v] of Object.entries(xds?.metrics() ?? {})) {
-      lines.push(`# TYPE istio_agent_xds_${k} ${k.endsWith('_total') ? 'counter' : 'gauge'}`, `istio_agent_xds_${k} ${v}`);
+      lines.push(`# TYPE istio_agent_${k} ${k.endsWith('_total') ? 'counter' : 'gauge'}`, `istio_agent_${k} ${v}`);
     }
     const live = supervisor.newestLive();
     let envoyText = '';
