@@ -142,11 +142,33 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   ]);
   const { cfg } = resolved;
   const t0 = Date.now();
-  log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
   rt.removeStaleHotRestartState(cfg);
+  let generation = 0;
+  let last = resolved;
+  const desiredFrom = (r: Resolved) =>
+    rt.makeDesiredConfig({
+      cfg: r.cfg,
+      bootstrap: r.bootstrap,
+      ipv6: r.node.ipv6,
+      coreDump: envs.ISTIO_ENVOY_ENABLE_CORE_DUMP.get(env),
+      binaryId: rt.binaryIdentity(r.cfg.proxy.binaryPath),
+      generation,
+      filesId: [...referencedFiles(r.bootstrap)].sort().map((p) => `${p}=${fingerprint({ path: p, mode: 'content' })}`).join('\n'),
+    });
+  // The first bootstrap is checked before anything starts: one Envoy rejects is a startup error.
+  const envoyRuntime = new rt.RealEnvoyRuntime(cfg);
+  const first0 = desiredFrom(last);
+  if (envs.ENVOY_VALIDATE_BEFORE_RESTART.get(env)) {
+    const file = envoyRuntime.writeBootstrap(0, first0);
+    const problem = await envoyRuntime.validate(first0, file);
+    envoyRuntime.removeBootstrap(file);
+    if (problem !== undefined) return startupFailure(new AgentError('CONFIG_INVALID', `Envoy rejects the bootstrap built from this config: ${problem}`));
+    first0.validated = true;
+  }
+  log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
 
   const supervisor = new Supervisor({
-    runtime: new rt.RealEnvoyRuntime(cfg),
+    runtime: envoyRuntime,
     validate: envs.ENVOY_VALIDATE_BEFORE_RESTART.get(env),
     terminationDrainMs: cfg.proxy.terminationDrainDuration,
     exitOnZeroActiveConnections: cfg.exitOnZeroActiveConnections,
@@ -242,18 +264,6 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   }
 
   // ---- desired config, watcher, signals ----
-  let generation = 0;
-  let last = resolved;
-  const desiredFrom = (r: Resolved) =>
-    rt.makeDesiredConfig({
-      cfg: r.cfg,
-      bootstrap: r.bootstrap,
-      ipv6: r.node.ipv6,
-      coreDump: envs.ISTIO_ENVOY_ENABLE_CORE_DUMP.get(env),
-      binaryId: rt.binaryIdentity(r.cfg.proxy.binaryPath),
-      generation,
-      filesId: [...referencedFiles(r.bootstrap)].sort().map((p) => `${p}=${fingerprint({ path: p, mode: 'content' })}`).join('\n'),
-    });
   const watched = (r: Resolved) => [
     ...[...new Set([...r.inputs, ...referencedFiles(r.bootstrap)])].map((p) => ({ path: p, mode: 'content' as const })),
     { path: r.cfg.proxy.binaryPath, mode: 'stat' as const },
@@ -287,7 +297,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   supervisor.onLive((n) => {
     if (n === 0) log.info(`Envoy is live ${Date.now() - t0} ms after the agent started`);
   });
-  supervisor.setDesired(desiredFrom(last));
+  supervisor.setDesired(first0);
 
   // ---- wait for the first component to end, then close the rest in reverse order ----
   const componentEnded = (name: string, closed: Promise<Error | undefined> | undefined) =>

@@ -36,6 +36,8 @@ export interface DesiredConfig {
   admin: AdminAddress;
   /** Drain only inbound listeners on shutdown (sidecars). */
   inboundOnlyDrain: boolean;
+  /** Already accepted by `envoy --mode validate` (the agent checks the first config before it starts). */
+  validated?: boolean;
 }
 
 export type EpochState = 'starting' | 'live' | 'draining' | 'exited';
@@ -247,7 +249,7 @@ export class Supervisor {
     let file = this.opts.runtime.writeBootstrap(n, cfg);
     // Both checks run Envoy once; run them side by side, they are independent.
     const versionCheck = n > 0 ? this.opts.runtime.binaryHotRestartVersion(cfg.binaryPath).catch((e: Error) => `unknown (${e.message})`) : undefined;
-    if (this.opts.validate) {
+    if (this.opts.validate && !cfg.validated) {
       const problem = await this.opts.runtime.validate(cfg, file);
       if (this.closing || this.desired !== cfg) {
         this.opts.runtime.removeBootstrap(file);

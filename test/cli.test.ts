@@ -61,6 +61,7 @@ const CASES: BadCase[] = [
   { name: 'port out of range', env: { PROXY_CONFIG: '{"proxyAdminPort": 70000}' }, want: /proxyAdminPort .*out of range/ },
   { name: 'missing Envoy binary', env: { PROXY_CONFIG: '{"binaryPath": "/nonexistent/envoy"}' }, want: /binaryPath .*\/nonexistent\/envoy does not exist/ },
   { name: 'non-executable Envoy binary', env: { PROXY_CONFIG: '{"binaryPath": "ENVOY_NOEXEC"}' }, files: { envoy: { mode: 0o644, text: 'not a program' } }, want: /binaryPath .*is not executable/ },
+  { name: 'a bootstrap Envoy rejects', env: { PROXY_CONFIG: '{"customConfigFile": "CUSTOM"}' }, files: { 'custom.json': '{"static_resources": {"listeners": [{"name": "x", "address": {"socket_address": {"port_value": "nope"}}}]}}' }, want: /Envoy rejects the bootstrap/ },
   { name: 'unwritable configPath', env: { PROXY_CONFIG: '{"configPath": "/dev/null/proxy"}' }, want: /configPath .*\/dev\/null\/proxy is not a writable directory/ },
 ];
 
@@ -79,7 +80,7 @@ for (const c of CASES) {
       let proxyConfig = JSON.stringify(base);
       if (overrides) {
         try {
-          proxyConfig = JSON.stringify({ ...base, ...JSON.parse(overrides.replace('ENVOY_NOEXEC', path.join(dir.path, 'envoy'))) });
+          proxyConfig = JSON.stringify({ ...base, ...JSON.parse(overrides.replace('ENVOY_NOEXEC', path.join(dir.path, 'envoy')).replace('CUSTOM', path.join(dir.path, 'custom.json'))) });
         } catch {
           proxyConfig = overrides; // deliberately malformed
         }
