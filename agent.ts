@@ -213,6 +213,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     }, { localOnly: true })
     .route('GET', '/debug/epochs', () => json(supervisor.debugState()))
     .route('GET', '/debug/xds', () => json(xds ? xds.debugState() : {}))
+    .route('GET', '/debug/ndsz', () => (cfg.dnsEnabled ? json(nameTable ?? {}) : { status: 404, body: 'DNS proxy is not enabled\n' }))
     .route('GET', '/stats/prometheus', async () => ({ status: 200, body: await mergedMetrics(), contentType: 'text/plain; version=0.0.4' }))
     .route('GET', '/metrics', async () => ({ status: 200, body: await mergedMetrics(), contentType: 'text/plain; version=0.0.4' }));
 
@@ -238,6 +239,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
 
   // ---- servers Envoy needs, started before Envoy: status, (embedded discovery), xDS proxy ----
   let xds: InstanceType<typeof xdsMod.XdsProxy> | undefined;
+  let nameTable: { table: Record<string, unknown> } | undefined;
   let discovery: { close(): Promise<void>; closed: Promise<Error | undefined> } | undefined;
   const closeServers = async () => {
     await xds?.close();
@@ -257,6 +259,14 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
     }
     xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
+    if (cfg.dnsEnabled) {
+      // The name table is for the agent (its DNS proxy), never for Envoy: the xDS proxy subscribes and hands it here.
+      const istio = await import('./lib/xds-istio');
+      xds.registerHandler(istio.NAME_TABLE_TYPE, (resources) => {
+        nameTable = resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} };
+        log.debug(`name table with ${Object.keys(nameTable.table).length} hosts`);
+      });
+    }
     await xds.start();
   } catch (err) {
     await closeServers();

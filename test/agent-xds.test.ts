@@ -1,0 +1,75 @@
+// The whole agent with the generated (Istio-style) bootstrap against a control plane written with grpc-js:
+// Envoy gets its config through the agent's xDS proxy, readiness waits for it, the name table is kept by
+// the agent (never sent to Envoy), and a hot restart under load fails no request.
+
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import * as http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import * as path from 'node:path';
+import { startAgent } from './helpers/agent';
+import { CLUSTER, ControlPlane, ENDPOINT, LISTENER, ROUTE, edsCluster, endpoints, listener, route } from './helpers/control-plane';
+import { envoyBin, freePort, httpRequest, sleep, tempDir, waitFor } from './helpers/harness';
+import { startLoad } from './helpers/load';
+import { encodeNameTable, NAME_TABLE_TYPE } from '../lib/xds-istio';
+
+test('generated bootstrap + xDS proxy + control plane: ready only with config, name table kept, hot restart under load', async () => {
+  const dir = tempDir('pa-agent-xds-');
+  const backend = http.createServer((req, res) => {
+    req.resume();
+    res.end('from-backend');
+  });
+  await new Promise<void>((r) => backend.listen(0, '127.0.0.1', () => r()));
+  const cp = new ControlPlane();
+  await cp.start();
+  const listenPort = await freePort();
+  const status = await freePort();
+  const agent = startAgent(['proxy', 'sidecar'], {
+    PROXY_CONFIG: JSON.stringify({
+      configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(),
+      discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE', drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
+    }),
+    POD_NAME: 'client-1', POD_NAMESPACE: 'ns', INSTANCE_IP: '127.0.0.1', ISTIO_META_DNS_CAPTURE: 'true',
+    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+  }, dir.path);
+  const ready = async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status;
+  try {
+    // Envoy is up and waiting for its config (its xDS stream reached the control plane through the proxy);
+    // until the config arrives, Envoy is not live and the agent is not ready.
+    await waitFor('Envoy subscribed through the proxy', () => cp.requests.some((r) => r.typeUrl === CLUSTER), 20_000)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    assert.is(JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/epochs`)).body).epochs[0]?.state, 'starting');
+    assert.is(await ready(), 503);
+    cp.set(CLUSTER, 'c1', [edsCluster('backend')]);
+    cp.set(ENDPOINT, 'e1', [endpoints('backend', (backend.address() as AddressInfo).port)]);
+    cp.set(LISTENER, 'l1', [listener('http', listenPort, 'local')]);
+    cp.set(ROUTE, 'r1', [route('local', 'backend')]);
+    cp.set(NAME_TABLE_TYPE, 'n1', [{ name: 'nds', any: { type_url: NAME_TABLE_TYPE, value: encodeNameTable({ table: { 'backend.ns.svc.cluster.local': { ips: ['127.0.0.1'], registry: 'Kubernetes', shortname: 'backend', namespace: 'ns' } } }) } }]);
+    await waitFor('agent ready', async () => (await ready()) === 200, 20_000);
+    const url = `http://127.0.0.1:${listenPort}/`;
+    assert.is((await httpRequest(url)).body, 'from-backend');
+    const nds = JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/ndsz`)).body);
+    assert.equal(nds.table['backend.ns.svc.cluster.local'].ips, ['127.0.0.1'], 'the agent holds the name table');
+
+    const load = startLoad({ url, concurrency: 4, maxDurationMs: 60_000 });
+    for (const epoch of [1, 2]) {
+      agent.proc.kill('SIGHUP');
+      await waitFor(`epoch ${epoch} live`, async () =>
+        JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/epochs`)).body).epochs.some((e: { epoch: number; state: string }) => e.epoch === epoch && e.state === 'live'), 20_000);
+      await sleep(300);
+    }
+    const r = await load.stop();
+    assert.is(r.failed, 0, `failed requests: ${r.errors.join('; ')}`);
+    assert.ok(r.ok > 50);
+    assert.is(await ready(), 200);
+  } finally {
+    agent.proc.kill('SIGTERM');
+    await waitFor('agent exit', () => agent.exited, 15_000);
+    await agent.stop();
+    await cp.stop();
+    backend.close();
+    dir.cleanup();
+  }
+});
+
+test.run();
