@@ -248,7 +248,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   };
   try {
     await status.start();
-    let upstream = xdsMod.upstreamFromConfig(cfg, env);
+    // proxyMetadata entries act as environment variables for the agent, as in Istio.
+    let upstream = xdsMod.upstreamFromConfig(cfg, { ...cfg.proxy.proxyMetadata, ...env });
     if (cfg.standaloneDir) {
       const { DiscoveryServer } = await import('./lib/discovery/index');
       const sock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
