@@ -11,7 +11,9 @@
 //  - a child that exits before it went live does not take the serving parent down: its INITIALIZING flag is
 //    cleared and the config is retried with backoff; when the budget is spent, the last good epoch keeps serving
 //    and the failure is reported;
-//  - a binary whose --hot-restart-version differs from the running epoch's gets a drain-then-cold restart.
+//  - a binary whose --hot-restart-version differs from the running epoch's gets a drain-then-cold restart;
+//  - a draining parent that dies does not abort the live child (the seed aborts every other epoch on any
+//    abnormal exit; that stays so only for an epoch that was serving).
 //
 // Every way the supervisor ends (`done` resolves; agent.ts exits with the code):
 //  1. shutdown(graceful) after SIGTERM/SIGINT: drain, wait, SIGKILL every epoch -> 0
@@ -346,6 +348,7 @@ export class Supervisor {
 
   private onExit(e: Epoch, status: ExitStatus): void {
     const wasLive = e.liveAt !== undefined;
+    const wasSuperseded = e.state === 'draining' && [...this.epochs.values()].some((x) => x.n > e.n && x.state === 'live');
     e.state = 'exited';
     this.epochs.delete(e.n);
     this.opts.runtime.removeBootstrap(e.file);
@@ -360,6 +363,13 @@ export class Supervisor {
     }
     if (e.aborted) {
       log.info(`epoch ${e.n} aborted (${how})`);
+    } else if (wasSuperseded) {
+      // A parent that was already handing over: its death changes nothing for the live child, so unlike the
+      // seed's design the others are not aborted (that would turn a parent's crash into an outage).
+      if (status.code !== 0) log.warn(`draining epoch ${e.n} exited (${how}); epoch ${newest?.n} keeps serving`);
+      else log.info(`epoch ${e.n} exited normally`);
+      this.reconcile();
+      return;
     } else if (status.code === 0 && wasLive) {
       log.info(`epoch ${e.n} exited normally`);
       if (this.epochs.size === 0 && !this.launching) {

@@ -236,6 +236,23 @@ test('a live epoch that dies aborts the others and restarts at epoch 0 after the
   await s.shutdown(false, 'test');
 });
 
+test('a draining parent that crashes does not take the live child down', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  s.setDesired(cfg('b'));
+  await until('epoch 1 live', () => s.newestLive()?.n === 1);
+  rt.procs[0]!.exit({ code: null, signal: 'SIGSEGV' });
+  await sleep(30);
+  assert.ok(rt.procs[1]!.alive);
+  assert.equal(rt.procs[1]!.signals, []);
+  assert.is(rt.procs.length, 2, 'nothing restarted');
+  assert.ok(s.ready());
+  assert.is(s.metrics().restart_budget_remaining, 10);
+  await s.shutdown(false, 'test');
+});
+
 test('budget spent with no Envoy running ends the supervisor with code 1', async () => {
   const rt = new FakeRuntime();
   const s = make(rt, { initialBackoffMs: 1 });
