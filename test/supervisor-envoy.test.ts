@@ -193,6 +193,24 @@ hot('an unreadable config file while running is logged with its name, and the la
   }
 });
 
+hot('a draining parent killed mid-handover leaves the new epoch serving', async () => {
+  const s = await setUp({ proxyConfig: { drainDuration: '4s', parentShutdownDuration: '8s' } });
+  try {
+    const parent = await waitLiveEpoch(s.ports.status, 0);
+    s.agent.proc.kill('SIGHUP');
+    const child = await waitLiveEpoch(s.ports.status, 1);
+    process.kill(parent.pid, 'SIGKILL');
+    await waitFor('parent gone', () => !pidAlive(parent.pid), 5000);
+    await sleep(500);
+    const d = await debugEpochs(s.ports.status);
+    assert.equal(d.epochs.map((e) => [e.epoch, e.pid, e.state]), [[1, child.pid, 'live']]);
+    assert.is(d.restartBudgetLeft, 10, 'nothing was restarted');
+    assert.is(await listenerBody(s.ports.listen), 'v0');
+  } finally {
+    await s.cleanup();
+  }
+});
+
 hot('killing the live Envoy leads to a new epoch after the backoff', async () => {
   const s = await setUp();
   try {
