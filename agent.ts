@@ -87,7 +87,7 @@ function startupFailure(err: unknown): number {
 async function bootstrapCommand(argv: Record<string, unknown>): Promise<number> {
   try {
     const r = resolveAll(proxyFlags(argv), process.env);
-    process.stdout.write(renderBootstrap(r.bootstrap) + '\n');
+    process.stdout.write(renderBootstrap(r.bootstrap));
     return 0;
   } catch (err) {
     return startupFailure(err);
@@ -351,6 +351,7 @@ export async function main(args: string[]): Promise<number> {
 
   const parser = yargs(args)
     .scriptName('pilot-agent')
+    .wrap(100)
     .parserConfiguration({ 'unknown-options-as-args': false, 'camel-case-expansion': false })
     .strict(false) // the Go agent accepts unknown flags; so do we
     .version(VERSION)
