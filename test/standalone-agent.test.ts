@@ -97,6 +97,9 @@ test('standalone mode routes real traffic, follows file edits and survives hot r
     const metrics = (await httpRequest(`http://127.0.0.1:${status}/stats/prometheus`)).body;
     assert.match(metrics, /istio_agent_envoy_epochs_started_total 4/);
     assert.match(metrics, /envoy_cluster_manager/, 'Envoy\'s own metrics are merged in');
+    const sockMode = (f: string) => (fs.statSync(path.join(dir.path, 'proxy', f)).mode & 0o777).toString(8);
+    assert.is(sockMode('XDS'), '660', 'Envoy\'s xDS socket: owner and group only');
+    assert.is(sockMode('discovery.sock'), '660', 'the embedded discovery socket: owner and group only');
     pids = JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/epochs`)).body).epochs.map((e: { pid: number }) => e.pid);
   } finally {
     agent.proc.kill('SIGTERM');

@@ -100,7 +100,11 @@ export class AdsServer {
     const port = await new Promise<number>((resolve, reject) => {
       this.server.bindAsync(target, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(new AgentError('IO', `cannot listen on ${address}: ${err.message}`, err)) : resolve(p)));
     });
-    if (this.socketPath) return `unix:${this.socketPath}`;
+    if (this.socketPath) {
+      // Owner and group only: the agents that may pull the mesh config run as this user or in its group.
+      fs.chmodSync(this.socketPath, 0o660);
+      return `unix:${this.socketPath}`;
+    }
     return address.replace(/:\d+$/, `:${port}`);
   }
 
