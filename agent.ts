@@ -175,6 +175,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     minimumDrainMs: cfg.minimumDrainDuration,
     maximumDrainMs: cfg.maximumDrainDuration,
     initialBackoffMs: envs.ENVOY_RESTART_INITIAL_BACKOFF.get(env),
+    startTimeoutMs: envs.ENVOY_START_TIMEOUT.get(env),
   });
 
   // ---- status server ----

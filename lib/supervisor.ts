@@ -86,6 +86,8 @@ export interface SupervisorOptions {
   connectionPollMs?: number;
   /** Drain wait before a cold restart (hot restart version changed). */
   coldRestartDrainMs?: number;
+  /** A new epoch not live after this long, while an older one serves, is aborted and retried (0: never). */
+  startTimeoutMs?: number;
   /** First retry delay; the n-th retry waits this x 2^n (default 200 ms, as Istio's agent did). */
   initialBackoffMs?: number;
   now?: () => number;
@@ -100,6 +102,8 @@ interface Epoch {
   startedAt: number;
   liveAt?: number;
   aborted: boolean;
+  /** Killed by the agent because it did not go live in time: a failure, not an abort. */
+  timedOut?: boolean;
   baseId?: number;
   hotRestartVersion?: string;
 }
@@ -318,6 +322,7 @@ export class Supervisor {
     while (e.state === 'starting' && !this.killing) {
       await sleep(every);
       if (e.state !== 'starting') return;
+      if (this.startTimedOut(e)) return;
       if (e.baseId === undefined) {
         const id = this.opts.runtime.readBaseId();
         if (id !== undefined) e.baseId = this.baseId = id;
@@ -331,6 +336,22 @@ export class Supervisor {
       this.markLive(e, info.hotRestartVersion);
       return;
     }
+  }
+
+  /**
+   * A new epoch that neither goes live nor exits (waiting on a config it can never get) would hold Envoy's admin
+   * port and block every later change. While an older epoch still serves, it is aborted after the start timeout
+   * and handled like a child that died (retried with backoff). Epoch 0 with nothing serving may wait forever:
+   * waiting for the control plane at boot is normal.
+   */
+  private startTimedOut(e: Epoch): boolean {
+    const limit = this.opts.startTimeoutMs;
+    if (!limit || this.now() - e.startedAt < limit) return false;
+    if (![...this.epochs.values()].some((x) => x.n < e.n && x.state === 'live')) return false;
+    log.warn(`epoch ${e.n} did not go live within ${limit} ms; aborting it, the serving epoch stays`);
+    e.timedOut = true;
+    e.proc.kill('SIGKILL');
+    return true;
   }
 
   private markLive(e: Epoch, hotRestartVersion: string): void {
@@ -384,7 +405,8 @@ export class Supervisor {
         if (e.baseId !== undefined && !this.opts.runtime.clearInitializing(e.baseId)) {
           log.warn(`could not clear the INITIALIZING flag of base id ${e.baseId}; the next hot restart may be refused`);
         }
-        this.recordFailure(e.n, e.config.hash, `new epoch ${e.n} exited (${how}) before it went live; epoch ${newest?.n} keeps serving${reason ? `: ${reason}` : ''}`);
+        const what = e.timedOut ? `did not go live within ${this.opts.startTimeoutMs} ms` : `exited (${how}) before it went live`;
+        this.recordFailure(e.n, e.config.hash, `new epoch ${e.n} ${what}; epoch ${newest?.n} keeps serving${reason && !e.timedOut ? `: ${reason}` : ''}`);
       } else {
         this.recordFailure(e.n, e.config.hash, `epoch ${e.n} exited abnormally (${how})${reason ? `: ${reason}` : ''}; aborting the other epochs`);
         for (const other of this.epochs.values()) this.abort(other);

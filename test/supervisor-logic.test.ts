@@ -57,6 +57,7 @@ class FakeRuntime implements EnvoyRuntime {
     const p = new FakeProc(this.nextPid++, epoch, baseId, cfg.hash);
     this.procs.push(p);
     if (cfg.bootstrap.crashOnStart) setTimeout(() => p.exit({ code: 1, signal: null }), 5);
+    else if (cfg.bootstrap.hang) return p;
     else if (this.autoLive) setTimeout(() => this.liveEpochs.add(epoch), 5);
     return p;
   }
@@ -233,6 +234,31 @@ test('a live epoch that dies aborts the others and restarts at epoch 0 after the
   assert.is(rt.procs[2]!.baseId, undefined, 'a cold start picks a new dynamic base id');
   await until('ready again', () => s.ready());
   assert.is(s.metrics().restart_budget_remaining, 9);
+  await s.shutdown(false, 'test');
+});
+
+test('a new epoch that never goes live is aborted after the start timeout; the parent keeps serving', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { startTimeoutMs: 20 });
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  s.setDesired(cfg('stuck', { hang: true }));
+  await until('budget spent', () => s.metrics().restart_budget_exhausted_total === 1, 10_000);
+  assert.ok(rt.procs[0]!.alive && s.ready(), 'parent still serving');
+  assert.ok(rt.procs.slice(1).every((p) => !p.alive && p.signals.includes('SIGKILL')), 'each stuck child was killed');
+  assert.is(rt.cleared.length, rt.procs.length - 1, 'and its INITIALIZING flag cleared');
+  s.setDesired(cfg('good'));
+  await until('good epoch live', () => s.newestLive()?.config.hash === 'good');
+  await s.shutdown(false, 'test');
+});
+
+test('epoch 0 with nothing serving may wait for its config as long as it takes', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { startTimeoutMs: 10 });
+  s.setDesired(cfg('boot', { hang: true }));
+  await sleep(80);
+  assert.ok(rt.procs[0]!.alive);
+  assert.is(rt.procs.length, 1);
   await s.shutdown(false, 'test');
 });
 
