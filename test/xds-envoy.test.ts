@@ -16,40 +16,12 @@ import { upstreamFromConfig, XdsProxy } from '../lib/xds-proxy';
 import { CLUSTER, ControlPlane, edsCluster, ENDPOINT, endpoints, LISTENER, listener, NODE_ID, ROUTE, route } from './helpers/control-plane';
 import { envoyBin, freePort, httpRequest, sleep, tempDir, waitFor, type TempDir } from './helpers/harness';
 import { startLoad } from './helpers/load';
+import { adsBootstrap } from './helpers/ads-bootstrap';
 
 type Kind = 'sotw' | 'delta';
 
-function bootstrap(kind: Kind, socket: string, adminPort: number): unknown {
-  const ads = { ads: {}, resource_api_version: 'V3', initial_fetch_timeout: '0s' };
-  return {
-    node: { id: NODE_ID, cluster: 'app.ns' },
-    admin: { address: { socket_address: { address: '127.0.0.1', port_value: adminPort } } },
-    dynamic_resources: {
-      ads_config: {
-        api_type: kind === 'sotw' ? 'GRPC' : 'DELTA_GRPC',
-        transport_api_version: 'V3',
-        set_node_on_first_message_only: true,
-        grpc_services: [{ envoy_grpc: { cluster_name: 'xds-grpc' } }],
-      },
-      cds_config: ads,
-      lds_config: ads,
-    },
-    static_resources: {
-      clusters: [{
-        name: 'xds-grpc',
-        type: 'STATIC',
-        connect_timeout: '1s',
-        load_assignment: { cluster_name: 'xds-grpc', endpoints: [{ lb_endpoints: [{ endpoint: { address: { pipe: { path: socket } } } }] }] },
-        typed_extension_protocol_options: {
-          'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': {
-            '@type': 'type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions',
-            explicit_http_config: { http2_protocol_options: {} },
-          },
-        },
-      }],
-    },
-  };
-}
+const bootstrap = (kind: Kind, socket: string, adminPort: number) =>
+  adsBootstrap({ nodeId: NODE_ID, cluster: 'app.ns', adminPort, delta: kind === 'delta', xdsAddress: socket });
 
 interface Envoy {
   admin: number;

@@ -6,6 +6,7 @@ import * as fs from 'node:fs';
 import * as http from 'node:http';
 import * as net from 'node:net';
 import * as path from 'node:path';
+import { adsBootstrap } from './ads-bootstrap';
 import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './harness';
 
 export interface TestEnvoy {
@@ -20,41 +21,7 @@ export interface TestEnvoy {
 export async function startEnvoy(opts: { xdsAddress: string; nodeId: string; delta?: boolean; labels?: Record<string, string> }): Promise<TestEnvoy> {
   const dir = tempDir('pa-disc-envoy-');
   const adminPort = await freePort();
-  let address: Record<string, unknown>;
-  if (opts.xdsAddress.startsWith('unix:')) address = { pipe: { path: opts.xdsAddress.slice('unix:'.length) } };
-  else {
-    const i = opts.xdsAddress.lastIndexOf(':');
-    address = { socket_address: { address: opts.xdsAddress.slice(0, i), port_value: Number(opts.xdsAddress.slice(i + 1)) } };
-  }
-  const ads = { ads: {}, resource_api_version: 'V3' };
-  const bootstrap = {
-    node: { id: opts.nodeId, cluster: 'test', metadata: opts.labels ? { LABELS: opts.labels } : {} },
-    admin: { address: { socket_address: { address: '127.0.0.1', port_value: adminPort } } },
-    dynamic_resources: {
-      ads_config: {
-        api_type: opts.delta ? 'DELTA_GRPC' : 'GRPC',
-        transport_api_version: 'V3',
-        grpc_services: [{ envoy_grpc: { cluster_name: 'xds-grpc' } }],
-        set_node_on_first_message_only: true,
-      },
-      cds_config: ads,
-      lds_config: ads,
-    },
-    static_resources: {
-      clusters: [{
-        name: 'xds-grpc',
-        type: 'STATIC',
-        connect_timeout: '1s',
-        typed_extension_protocol_options: {
-          'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': {
-            '@type': 'type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions',
-            explicit_http_config: { http2_protocol_options: {} },
-          },
-        },
-        load_assignment: { cluster_name: 'xds-grpc', endpoints: [{ lb_endpoints: [{ endpoint: { address } }] }] },
-      }],
-    },
-  };
+  const bootstrap = adsBootstrap({ nodeId: opts.nodeId, adminPort, delta: !!opts.delta, xdsAddress: opts.xdsAddress, metadata: opts.labels ? { LABELS: opts.labels } : {} });
   const cfg = path.join(dir.path, 'envoy.json');
   fs.writeFileSync(cfg, JSON.stringify(bootstrap));
   const proc = spawn(envoyBin(), ['-c', cfg, '--disable-hot-restart', '--use-dynamic-base-id', '-l', 'warning', '--log-format', '%L %n: %v'], { stdio: ['ignore', 'pipe', 'pipe'] });
