@@ -131,15 +131,9 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   } catch (err) {
     return startupFailure(err);
   }
-  // Loaded lazily: only `proxy` needs the supervisor, gRPC and the servers.
-  const [{ Supervisor }, rt, { StatusServer, json }, { FileWatcher, referencedFiles, fingerprint }, admin, xdsMod] = await Promise.all([
-    import('./lib/supervisor'),
-    import('./lib/envoy-runtime'),
-    import('./lib/status-server'),
-    import('./lib/file-watcher'),
-    import('./lib/envoy-admin'),
-    import('./lib/xds-proxy'),
-  ]);
+  // Loaded lazily: only `proxy` needs the supervisor, gRPC and the servers. The light modules come first, so
+  // Envoy can validate the first bootstrap while gRPC and the rest load.
+  const [rt, { FileWatcher, referencedFiles, fingerprint }] = await Promise.all([import('./lib/envoy-runtime'), import('./lib/file-watcher')]);
   const { cfg } = resolved;
   const t0 = Date.now();
   rt.removeStaleHotRestartState(cfg);
@@ -158,10 +152,14 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   // The first bootstrap is checked before anything starts: one Envoy rejects is a startup error.
   const envoyRuntime = new rt.RealEnvoyRuntime(cfg);
   const first0 = desiredFrom(last);
-  if (envs.ENVOY_VALIDATE_BEFORE_RESTART.get(env)) {
-    const file = envoyRuntime.writeBootstrap(0, first0);
-    const problem = await envoyRuntime.validate(first0, file);
-    envoyRuntime.removeBootstrap(file);
+  const validateFirst = envs.ENVOY_VALIDATE_BEFORE_RESTART.get(env);
+  const firstFile = validateFirst ? envoyRuntime.writeBootstrap(0, first0) : '';
+  const [problem, [{ Supervisor }, { StatusServer, json }, admin, xdsMod]] = await Promise.all([
+    validateFirst ? envoyRuntime.validate(first0, firstFile) : Promise.resolve(undefined),
+    Promise.all([import('./lib/supervisor'), import('./lib/status-server'), import('./lib/envoy-admin'), import('./lib/xds-proxy')]),
+  ]);
+  if (validateFirst) {
+    envoyRuntime.removeBootstrap(firstFile);
     if (problem !== undefined) return startupFailure(new AgentError('CONFIG_INVALID', `Envoy rejects the bootstrap built from this config: ${problem}`));
     first0.validated = true;
   }
