@@ -354,16 +354,23 @@ term('SIGTERM under load: in-flight requests complete, Envoy is gone by the drai
   }
 });
 
-term('exit on zero active connections ends the drain early', async () => {
+term('exit on zero active connections waits while a connection is open and ends as soon as it closes', async () => {
   const s = await setUp({ env: { EXIT_ON_ZERO_ACTIVE_CONNECTIONS: 'true', MINIMUM_DRAIN_DURATION: '1s' }, proxyConfig: { terminationDrainDuration: '60s' } });
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
   try {
-    const t0 = Date.now();
+    // One idle keep-alive connection stays open on Envoy's listener.
+    assert.is((await httpRequest(`http://127.0.0.1:${s.ports.listen}/`, { agent })).status, 200);
     s.agent.proc.kill('SIGTERM');
-    const exit = await s.agent.exited;
+    await sleep(2500);
+    assert.is(s.agent.proc.exitCode, null, 'still draining: a downstream connection is active');
+    const t0 = Date.now();
+    agent.destroy();
+    const exit = await waitFor('agent exit', () => s.agent.exited, 10_000);
     assert.is(exit.code, 0);
-    assert.ok(Date.now() - t0 < 30_000, 'did not wait for terminationDrainDuration (60 s)');
+    assert.ok(Date.now() - t0 < 5000, 'ended soon after the last connection closed, long before terminationDrainDuration (60 s)');
     assert.match(s.agent.log(), /no active downstream connections left/);
   } finally {
+    agent.destroy();
     await s.cleanup();
   }
 });
