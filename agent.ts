@@ -259,12 +259,19 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
     }
     xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
+    // Types for the agent, never for Envoy: the xDS proxy subscribes to them after Envoy's first LDS request.
+    const istio = await import('./lib/xds-istio');
     if (cfg.dnsEnabled) {
-      // The name table is for the agent (its DNS proxy), never for Envoy: the xDS proxy subscribes and hands it here.
-      const istio = await import('./lib/xds-istio');
       xds.registerHandler(istio.NAME_TABLE_TYPE, (resources) => {
         nameTable = resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} };
         log.debug(`name table with ${Object.keys(nameTable.table).length} hosts`);
+      });
+    }
+    if (envs.PROXY_CONFIG_XDS_AGENT.get(env)) {
+      // Pushed ProxyConfig (PCDS) carries the mesh's trust bundle for the SDS server (a later component); until
+      // then it is acknowledged and recorded, so the control plane sees a healthy subscriber.
+      xds.registerHandler(istio.PROXY_CONFIG_TYPE, (resources, meta) => {
+        log.info(`proxy config from the control plane: version ${meta.version}, ${resources.length} resource(s)`);
       });
     }
     await xds.start();

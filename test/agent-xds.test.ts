@@ -11,7 +11,7 @@ import { startAgent } from './helpers/agent';
 import { CLUSTER, ControlPlane, ENDPOINT, LISTENER, ROUTE, edsCluster, endpoints, listener, route } from './helpers/control-plane';
 import { envoyBin, freePort, httpRequest, sleep, tempDir, waitFor } from './helpers/harness';
 import { startLoad } from './helpers/load';
-import { encodeNameTable, NAME_TABLE_TYPE } from '../lib/xds-istio';
+import { encodeNameTable, NAME_TABLE_TYPE, PROXY_CONFIG_TYPE } from '../lib/xds-istio';
 
 test('generated bootstrap + xDS proxy + control plane: ready only with config, name table kept, hot restart under load', async () => {
   const dir = tempDir('pa-agent-xds-');
@@ -29,7 +29,7 @@ test('generated bootstrap + xDS proxy + control plane: ready only with config, n
       configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(),
       discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE', drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
     }),
-    POD_NAME: 'client-1', POD_NAMESPACE: 'ns', INSTANCE_IP: '127.0.0.1', ISTIO_META_DNS_CAPTURE: 'true',
+    POD_NAME: 'client-1', POD_NAMESPACE: 'ns', INSTANCE_IP: '127.0.0.1', ISTIO_META_DNS_CAPTURE: 'true', PROXY_CONFIG_XDS_AGENT: 'true',
     ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
   }, dir.path);
   const ready = async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status;
@@ -50,6 +50,10 @@ test('generated bootstrap + xDS proxy + control plane: ready only with config, n
     assert.is((await httpRequest(url)).body, 'from-backend');
     const nds = JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/ndsz`)).body);
     assert.equal(nds.table['backend.ns.svc.cluster.local'].ips, ['127.0.0.1'], 'the agent holds the name table');
+    // Proxy config (PCDS) is subscribed by the agent and acknowledged by it.
+    cp.set(PROXY_CONFIG_TYPE, 'p1', [{ name: 'pc', any: { type_url: PROXY_CONFIG_TYPE, value: new Uint8Array() } }]);
+    await cp.waitForRequest('the agent ACKs proxy config', (q) => q.typeUrl === PROXY_CONFIG_TYPE && q.nonce !== '' && !q.error);
+    await waitFor('logged', () => /proxy config from the control plane/.test(agent.log()), 5000);
 
     const load = startLoad({ url, concurrency: 4, maxDurationMs: 60_000 });
     for (const epoch of [1, 2]) {
