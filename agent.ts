@@ -68,6 +68,7 @@ function proxyFlags(argv: Record<string, unknown>): Flags {
     templateFile: str('templateFile'),
     outlierLogPath: str('outlierLogPath'),
     standalone: str('standalone'),
+    logAsJson: Boolean(argv.log_as_json),
   };
 }
 

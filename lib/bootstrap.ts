@@ -51,8 +51,10 @@ export function buildBootstrap(i: BootstrapInputs): Json {
 
   const b: Json = {
     application_log_config: {
-      // Istio's log line shape, so Envoy's own lines read like the agent's.
-      log_format: { text_format: '%Y-%m-%dT%T.%fZ\t%l\tenvoy %n %g:%#\t%v\tthread=%t' },
+      // Istio's log line shape (JSON with --log_as_json), so Envoy's own lines read like the agent's.
+      log_format: cfg.logAsJson
+        ? { json_format: { level: '%l', time: '%Y-%m-%dT%T.%fZ', scope: 'envoy %n', msg: '%j', caller: '%g:%#', thread: '%t' } }
+        : { text_format: '%Y-%m-%dT%T.%fZ\t%l\tenvoy %n %g:%#\t%v\tthread=%t' },
     },
     node: nodeSection(node),
     layered_runtime: {

@@ -23,6 +23,8 @@ export interface Flags {
   outlierLogPath?: string;
   /** Directory of standalone discovery config; the agent runs its own discovery server. */
   standalone?: string;
+  /** --log_as_json: the agent's and Envoy's logs as JSON lines. */
+  logAsJson?: boolean;
 }
 
 export interface ConfigInputs {
@@ -44,6 +46,8 @@ export interface AgentConfig {
   proxyLogLevel: string;
   /** Envoy's --component-log-level, including components given in --proxyLogLevel. */
   componentLogLevel: string;
+  /** Envoy logs JSON lines too (--log_as_json), else Istio's tab-separated text. */
+  logAsJson: boolean;
   concurrency: number | undefined;
   templateFile: string;
   meshConfigFile: string;
@@ -214,6 +218,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     serviceCluster: proxy.serviceCluster,
     proxyLogLevel: level || 'warning',
     componentLogLevel: [...components, ...extraComponents].join(','),
+    logAsJson: flags.logAsJson ?? false,
     concurrency: proxy.concurrency,
     templateFile: proxy.proxyBootstrapTemplatePath,
     meshConfigFile,

@@ -39,10 +39,15 @@ export class OutputTail {
   text(): string {
     return this.lines.join('\n');
   }
-  /** The most telling line: Envoy's critical/error lines first. */
+  /** The most telling line: Envoy's critical/error lines first (text, JSON or Envoy's default format). */
   reason(): string {
-    const bad = [...this.lines].reverse().find((l) => /\]\[(critical|error)\]/.test(l));
-    return (bad ?? this.lines[this.lines.length - 1] ?? '').replace(/^\[[^\]]*\]\[\d+\]/, '').trim();
+    const bad = [...this.lines].reverse().find((l) => /\t(critical|error)\t|"level":"(critical|error)"|\]\[(critical|error)\]/.test(l));
+    const line = bad ?? this.lines[this.lines.length - 1] ?? '';
+    const json = /"msg":"((?:[^"\\]|\\.)*)"/.exec(line);
+    if (json) return JSON.parse(`"${json[1]}"`) as string;
+    const text = line.split('\t');
+    if (text.length >= 4) return text[3]!.trim();
+    return line.replace(/^\[[^\]]*\]\[\d+\]/, '').trim();
   }
 }
 

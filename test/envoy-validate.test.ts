@@ -74,6 +74,7 @@ const CASES: Record<string, Case> = {
     env: { ISTIO_METAJSON_LABELS: '{"app": "web", "nested": {"n": 1, "list": [true, null, 2.5]}}', ISTIO_META_QUOTED: 'a "quoted" \\ value', ISTIO_META_LOCALITY: 'r1/z1/s1' },
     files: { './etc/istio/pod/labels': 'app="web"\n', './etc/istio/pod/annotations': 'sidecar.istio.io/extraStatTags="x_tag"\nkubectl.kubernetes.io/last-applied="{\\"a\\":1}"\n' },
   },
+  'Envoy logs as JSON (--log_as_json)': { flags: { logAsJson: true } },
   'concurrency set': { flags: { concurrency: 2, proxyLogLevel: 'info,misc:error', proxyComponentLogLevel: 'upstream:debug' } },
   'state of the world xDS': { env: { ISTIO_DELTA_XDS: 'false' } },
   'delta xDS': { env: { ISTIO_DELTA_XDS: 'true' } },
