@@ -377,6 +377,7 @@ export class Supervisor {
     this.current = newest?.config;
     const how = status.signal ? `signal ${status.signal}` : `code ${status.code}`;
 
+    if (this.epochs.size === 0) for (const w of this.exitWaiters.splice(0)) w();
     if (this.closing) {
       log.info(`epoch ${e.n} exited (${how})`);
       this.maybeFinishShutdown();
@@ -492,14 +493,13 @@ export class Supervisor {
 
   private async drainWait(): Promise<void> {
     const serving = [...this.epochs.values()].filter((e) => e.liveAt !== undefined).sort((a, b) => b.n - a.n)[0];
-    if (serving) {
-      await this.opts.runtime.drain(serving.config.admin, serving.config.inboundOnlyDrain).then(
-        () => log.info(`asked epoch ${serving.n} to drain its listeners`),
-        (err: Error) => log.warn(`could not ask Envoy to drain: ${err.message}`),
-      );
-    }
-    const allExited = this.done.then(() => undefined);
-    if (!this.opts.exitOnZeroActiveConnections || !serving) {
+    if (!serving) return; // nothing ever served traffic: nothing to drain
+    await this.opts.runtime.drain(serving.config.admin, serving.config.inboundOnlyDrain).then(
+      () => log.info(`asked epoch ${serving.n} to drain its listeners`),
+      (err: Error) => log.warn(`could not ask Envoy to drain: ${err.message}`),
+    );
+    const allExited = this.allExited();
+    if (!this.opts.exitOnZeroActiveConnections) {
       await Promise.race([sleep(this.opts.terminationDrainMs), allExited]);
       return;
     }
@@ -529,6 +529,14 @@ export class Supervisor {
   /** Synchronous last resort (process exit): SIGKILL every epoch. */
   killAllNow(): void {
     for (const e of this.epochs.values()) e.proc.kill('SIGKILL');
+  }
+
+  private readonly exitWaiters: Array<() => void> = [];
+
+  /** Resolves once no epoch is running (Envoy may exit by itself during a drain). */
+  private allExited(): Promise<void> {
+    if (this.epochs.size === 0) return Promise.resolve();
+    return new Promise((r) => this.exitWaiters.push(r));
   }
 
   private killAll(): void {

@@ -338,6 +338,32 @@ test('graceful shutdown drains inbound, waits, kills every epoch; a second call 
   assert.is(rt.files.size, 0, 'no bootstrap file left');
 });
 
+test('graceful shutdown ends as soon as Envoy exits by itself during the drain', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { terminationDrainMs: 60_000 });
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  const t0 = Date.now();
+  const end = s.shutdown(true, 'SIGTERM');
+  await sleep(20);
+  rt.procs[0]!.exit({ code: 0, signal: null });
+  assert.is((await end).code, 0);
+  assert.ok(Date.now() - t0 < 5000, 'did not wait for terminationDrainDuration');
+});
+
+test('shutdown with nothing live does not wait for a drain', async () => {
+  const rt = new FakeRuntime();
+  rt.autoLive = false;
+  const s = make(rt, { terminationDrainMs: 60_000 });
+  s.setDesired(cfg('a'));
+  await sleep(10);
+  const t0 = Date.now();
+  assert.is((await s.shutdown(true, 'SIGTERM')).code, 0);
+  assert.ok(Date.now() - t0 < 5000);
+  assert.equal(rt.drains, []);
+  assert.equal(rt.alive(), []);
+});
+
 test('exit on zero active connections ends the drain early', async () => {
   const rt = new FakeRuntime();
   const s = make(rt, { exitOnZeroActiveConnections: true, minimumDrainMs: 20, terminationDrainMs: 60_000, maximumDrainMs: 60_000 });
