@@ -32,17 +32,29 @@ export function tempDir(prefix = 'pa-test-'): TempDir {
   return { path: p, cleanup: () => fs.rmSync(p, { recursive: true, force: true }) };
 }
 
-/** A port that was free a moment ago on 127.0.0.1. */
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
+const handedOut = new Set<number>();
+// Below Linux's ephemeral range (32768-60999): the kernel never picks these for listen(0) or for the source port
+// of an outgoing connection, so a port handed out here cannot be taken by accident before the test binds it.
+const RANGE = { from: 20_000, to: 32_000 };
+
+function canBind(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
     const s = net.createServer();
     s.unref();
-    s.on('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as net.AddressInfo).port;
-      s.close(() => resolve(port));
-    });
+    s.once('error', () => resolve(false));
+    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
   });
+}
+
+/** A free port on 127.0.0.1 that this process has not handed out before. */
+export async function freePort(): Promise<number> {
+  for (let tries = 0; tries < 1000; tries++) {
+    const port = RANGE.from + Math.floor(Math.random() * (RANGE.to - RANGE.from));
+    if (handedOut.has(port)) continue;
+    handedOut.add(port);
+    if (await canBind(port)) return port;
+  }
+  throw new Error(`no free port found in ${RANGE.from}-${RANGE.to}`);
 }
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
