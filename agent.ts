@@ -209,6 +209,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       const live = supervisor.newestLive();
       if (!live) return { status: 503, body: 'no live Envoy to drain\n' };
       await admin.drainListeners(live.config.admin, { inboundOnly: live.config.inboundOnlyDrain, skipExit: true });
+      supervisor.markDrained();
       return { status: 200, body: 'OK\n' };
     }, { localOnly: true })
     .route('GET', '/debug/epochs', () => json(supervisor.debugState()))

@@ -140,6 +140,7 @@ export class Supervisor {
   private launching = false;
   private closing = false;
   private killing = false;
+  private alreadyDrained = false;
   private baseId: number | undefined;
   private lastFailure: Failure | undefined;
   private readonly metricsData: SupervisorMetrics = {
@@ -171,6 +172,11 @@ export class Supervisor {
     this.budget = RESTART_BUDGET;
     this.cancelRetry();
     this.reconcile();
+  }
+
+  /** Envoy's listeners were drained on request (a preStop hook): the shutdown that follows need not drain again. */
+  markDrained(): void {
+    this.alreadyDrained = true;
   }
 
   onLive(fn: (epoch: number) => void): void {
@@ -482,6 +488,10 @@ export class Supervisor {
     this.closing = true;
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.retryTimer = undefined;
+    if (graceful && this.alreadyDrained) {
+      log.info(`${why}: Envoy was already drained by POST /drain; stopping it now`);
+      graceful = false;
+    }
     log.info(`${why}: shutting down${graceful ? ' gracefully' : ''}`);
     for (const e of this.epochs.values()) if (e.state === 'live') e.state = 'draining';
     if (graceful && this.epochs.size > 0) {

@@ -364,6 +364,18 @@ test('shutdown with nothing live does not wait for a drain', async () => {
   assert.equal(rt.alive(), []);
 });
 
+test('after a drain on request (preStop), SIGTERM stops Envoy without draining again', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { terminationDrainMs: 60_000 });
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  s.markDrained();
+  const t0 = Date.now();
+  assert.is((await s.shutdown(true, 'SIGTERM')).code, 0);
+  assert.ok(Date.now() - t0 < 5000);
+  assert.equal(rt.drains, [], 'no second drain');
+});
+
 test('exit on zero active connections ends the drain early', async () => {
   const rt = new FakeRuntime();
   const s = make(rt, { exitOnZeroActiveConnections: true, minimumDrainMs: 20, terminationDrainMs: 60_000, maximumDrainMs: 60_000 });
