@@ -129,6 +129,8 @@ hot('hot restart under load drops no request', async () => {
   const s = await setUp();
   try {
     const load = startLoad({ url: `http://127.0.0.1:${s.ports.listen}/`, concurrency: 4, maxDurationMs: 120_000 });
+    // And new connections all the time: they land on the listen socket while it is handed from epoch to epoch.
+    const fresh = startLoad({ url: `http://127.0.0.1:${s.ports.listen}/`, concurrency: 2, keepAlive: false, maxDurationMs: 120_000 });
     const seen: number[] = [0];
     for (let i = 1; i <= 10; i++) {
       if (i % 2) s.write(staticBootstrap(s.ports, `v${i}`));
@@ -139,8 +141,10 @@ hot('hot restart under load drops no request', async () => {
       await sleep(150);
     }
     const r = await load.stop();
+    const f = await fresh.stop();
     assert.is(r.failed, 0, `failed requests: ${r.errors.join('; ')}`);
-    assert.ok(r.ok > 200, `load ran (${r.ok} ok)`);
+    assert.is(f.failed, 0, `failed requests on new connections: ${f.errors.join('; ')}`);
+    assert.ok(r.ok > 200 && f.ok > 100, `load ran (${r.ok} and ${f.ok} ok)`);
     assert.equal(seen, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 'each epoch exactly one above the last');
     // Old epochs end once the parent-shutdown time (2 s) has passed.
     await waitFor('only the newest epoch left', async () => {

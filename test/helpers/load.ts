@@ -23,6 +23,8 @@ export interface LoadOptions {
   countBodies?: boolean;
   /** Delay between requests of one worker. */
   pauseMs?: number;
+  /** false: a new connection for every request (exercises the listen socket, not just open connections). */
+  keepAlive?: boolean;
 }
 
 export interface Load {
@@ -32,7 +34,7 @@ export interface Load {
 }
 
 export function startLoad(opts: LoadOptions): Load {
-  const agent = new http.Agent({ keepAlive: true, maxSockets: opts.concurrency ?? 4 });
+  const agent = new http.Agent({ keepAlive: opts.keepAlive ?? true, maxSockets: opts.concurrency ?? 4 });
   const res: LoadResult = { ok: 0, failed: 0, statuses: {}, errors: [], bodies: {} };
   let running = true;
   const hardStop = setTimeout(() => (running = false), opts.maxDurationMs ?? 120_000);
