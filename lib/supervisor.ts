@@ -242,12 +242,18 @@ export class Supervisor {
       return;
     }
     this.launching = true;
-    this.launch(want)
-      .catch((err) => this.recordFailure(undefined, want.hash, `launch failed: ${(err as Error).message}`))
-      .finally(() => {
+    this.launch(want).then(
+      () => {
         this.launching = false;
         this.reconcile();
-      });
+      },
+      (err: Error) => {
+        // Writing the bootstrap or spawning failed (disk full, binary gone): retry with backoff, never in a loop.
+        this.launching = false;
+        this.recordFailure(undefined, want.hash, `could not start a new epoch: ${err.message}`);
+        this.scheduleRetry();
+      },
+    );
   }
 
   private latestEpoch(): number {

@@ -39,7 +39,12 @@ class FakeRuntime implements EnvoyRuntime {
   autoLive = true;
   private nextPid = 1000;
 
+  failWrites = 0;
   writeBootstrap(epoch: number): string {
+    if (this.failWrites > 0) {
+      this.failWrites--;
+      throw new Error('ENOSPC: no space left on device');
+    }
     const f = `envoy-rev${epoch}.json`;
     this.files.add(f);
     return f;
@@ -277,6 +282,27 @@ test('a draining parent that crashes does not take the live child down', async (
   assert.ok(s.ready());
   assert.is(s.metrics().restart_budget_remaining, 10);
   await s.shutdown(false, 'test');
+});
+
+test('a bootstrap that cannot be written is retried with backoff, not in a tight loop', async () => {
+  const rt = new FakeRuntime();
+  rt.failWrites = 3;
+  const s = make(rt, { initialBackoffMs: 5 });
+  s.setDesired(cfg('a'));
+  await until('live after the disk recovered', () => s.ready());
+  assert.is(rt.procs.length, 1);
+  assert.is(s.metrics().restart_budget_remaining, 7, 'three retries spent');
+  assert.match(String((s.debugState().lastFailure as { reason: string }).reason), /ENOSPC/);
+  await s.shutdown(false, 'test');
+});
+
+test('a bootstrap that can never be written ends the agent with code 1 when nothing runs', async () => {
+  const rt = new FakeRuntime();
+  rt.failWrites = 1000;
+  const s = make(rt, { initialBackoffMs: 1 });
+  s.setDesired(cfg('a'));
+  assert.is((await s.done).code, 1);
+  assert.is(rt.failWrites, 1000 - 11, 'first try and ten retries, no more');
 });
 
 test('budget spent with no Envoy running ends the supervisor with code 1', async () => {
