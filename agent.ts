@@ -155,13 +155,15 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   const first0 = desiredFrom(last);
   const validateFirst = envs.ENVOY_VALIDATE_BEFORE_RESTART.get(env);
   const firstFile = validateFirst ? envoyRuntime.writeBootstrap(0, first0) : '';
-  const [problem, [{ Supervisor }, { StatusServer, json }, admin, xdsMod]] = await Promise.all([
-    validateFirst ? envoyRuntime.validate(first0, firstFile) : Promise.resolve(undefined),
-    Promise.all([import('./lib/supervisor'), import('./lib/status-server'), import('./lib/envoy-admin'), import('./lib/xds-proxy')]),
+  const validation = validateFirst ? envoyRuntime.validate(first0, firstFile).then((problem) => ({ problem }), (err: Error) => ({ cannotRun: err })) : undefined;
+  const [{ Supervisor }, { StatusServer, json }, admin, xdsMod] = await Promise.all([
+    import('./lib/supervisor'), import('./lib/status-server'), import('./lib/envoy-admin'), import('./lib/xds-proxy'),
   ]);
-  if (validateFirst) {
+  if (validation) {
+    const v = await validation;
     envoyRuntime.removeBootstrap(firstFile);
-    if (problem !== undefined) return startupFailure(new AgentError('CONFIG_INVALID', `Envoy rejects the bootstrap built from this config: ${problem}`));
+    if ('cannotRun' in v) return startupFailure(new AgentError('ENVOY_MISSING', `invalid binaryPath (from ${cfg.sources.binaryPath}): ${v.cannotRun.message}`));
+    if (v.problem !== undefined) return startupFailure(new AgentError('CONFIG_INVALID', `Envoy rejects the bootstrap built from this config: ${v.problem}`));
     first0.validated = true;
   }
   log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);

@@ -103,7 +103,9 @@ export const spawnEnvoy = (binary: string, args: string[], opts: SpawnOptions): 
 export function runEnvoyCommand(binary: string, args: string[], timeoutMs = 30_000): Promise<{ code: number; output: string }> {
   return new Promise((resolve) => {
     execFile(binary, args, { timeout: timeoutMs, maxBuffer: 4 * 1024 * 1024 }, (err, stdout, stderr) => {
-      const code = err ? (typeof (err as NodeJS.ErrnoException & { code?: unknown }).code === 'number' ? (err as unknown as { code: number }).code : 1) : 0;
+      // A numeric code is the program's exit status; a string (ENOENT, EACCES) means it could not be run: 127.
+      const raw = err ? (err as unknown as { code?: unknown }).code : 0;
+      const code = typeof raw === 'number' ? raw : err ? (typeof raw === 'string' ? 127 : 1) : 0;
       resolve({ code, output: `${stdout}${stderr}`.trim() || (err ? err.message : '') });
     });
   });

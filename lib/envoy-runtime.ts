@@ -96,6 +96,8 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     const args = ['--mode', 'validate', '-c', file, '--allow-unknown-static-fields', '-l', 'error'];
     const r = await runEnvoyCommand(desired.binaryPath, args);
     if (r.code === 0) return undefined;
+    // Not a verdict on the config: the binary could not be run at all (the launch is retried with backoff).
+    if (r.code === 127) throw new Error(`cannot run ${desired.binaryPath}: ${r.output}`);
     return r.output.split('\n').filter((l) => l.trim()).slice(-3).join(' | ') || `exit code ${r.code}`;
   }
 

@@ -62,6 +62,7 @@ const CASES: BadCase[] = [
   { name: 'missing Envoy binary', env: { PROXY_CONFIG: '{"binaryPath": "/nonexistent/envoy"}' }, want: /binaryPath .*\/nonexistent\/envoy does not exist/ },
   { name: 'non-executable Envoy binary', env: { PROXY_CONFIG: '{"binaryPath": "ENVOY_NOEXEC"}' }, files: { envoy: { mode: 0o644, text: 'not a program' } }, want: /binaryPath .*is not executable/ },
   { name: 'a bootstrap Envoy rejects', env: { PROXY_CONFIG: '{"customConfigFile": "CUSTOM"}' }, files: { 'custom.json': '{"static_resources": {"listeners": [{"name": "x", "address": {"socket_address": {"port_value": "nope"}}}]}}' }, want: /Envoy rejects the bootstrap/ },
+  { name: 'an Envoy binary that is not a program', env: { PROXY_CONFIG: '{"binaryPath": "ENVOY_NOEXEC"}' }, files: { envoy: { mode: 0o755, text: 'not a program' } }, want: /binaryPath .*cannot run/ },
   { name: 'unwritable configPath', env: { PROXY_CONFIG: '{"configPath": "/dev/null/proxy"}' }, want: /configPath .*\/dev\/null\/proxy is not a writable directory/ },
 ];
 
