@@ -23,11 +23,11 @@
 // answered by handlers registered from agent.ts (which ACK or NACK), and never reach Envoy.
 
 import * as fs from 'node:fs';
-import * as net from 'node:net';
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import { AgentError, errorMessage, wrap } from './errors';
+import { AgentError, wrap } from './errors';
 import { scope } from './log';
+import { prepareSocket } from './unix-socket';
 import { newCounters, Session, type AgentHandler, type AgentRequest, type Counters, type SessionContext } from './xds-session';
 import type { XdsKind } from './xds-state';
 import { ADS_PATHS, type UpstreamOptions } from './xds-upstream';
@@ -226,32 +226,3 @@ export class XdsProxy {
   };
 }
 
-/** Replaces a stale socket file; refuses to delete anything that is not a socket or that someone still serves. */
-async function prepareSocket(p: string): Promise<void> {
-  if (Buffer.byteLength(p) > 107) throw new AgentError('CONFIG_INVALID', `socket path ${p} is longer than the 107 bytes a Unix socket allows`);
-  fs.mkdirSync(path.dirname(p), { recursive: true });
-  let st: fs.Stats;
-  try {
-    st = fs.lstatSync(p);
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return;
-    throw new AgentError('IO', `cannot inspect ${p}: ${errorMessage(e)}`, e);
-  }
-  if (!st.isSocket()) throw new AgentError('IO', `${p} exists and is not a socket; refusing to replace it`);
-  if (await socketInUse(p)) throw new AgentError('IO', `${p} is in use by another process`);
-  fs.unlinkSync(p);
-  log.info(`removed stale socket ${p}`);
-}
-
-function socketInUse(p: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const c = net.connect({ path: p });
-    const done = (v: boolean) => {
-      c.destroy();
-      resolve(v);
-    };
-    c.once('connect', () => done(true));
-    c.once('error', () => done(false));
-    c.setTimeout(1000, () => done(false));
-  });
-}

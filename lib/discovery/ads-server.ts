@@ -9,6 +9,7 @@ import type * as protobuf from 'protobufjs';
 import { messageType } from '../envoy-protos';
 import { AgentError, errorMessage } from '../errors';
 import { scope } from '../log';
+import { prepareSocket } from '../unix-socket';
 import { AdsConnection, type ConnectionHost, type DeltaRequest, type Nack, type SotwRequest } from './ads-connection';
 import { proxyFromNode } from './proxy';
 import type { PushContext } from './push-context';
@@ -91,7 +92,7 @@ export class AdsServer {
     if (address.startsWith('/') || address.startsWith('unix:')) {
       const p = address.startsWith('unix:') ? address.replace(/^unix:(\/\/)?/, '') : address;
       if (!p.startsWith('/')) throw new AgentError('CONFIG_INVALID', `unix socket path "${p}" must be absolute`);
-      removeStaleSocket(p);
+      await prepareSocket(p);
       this.socketPath = p;
       target = `unix:${p}`;
     } else if (!/^(\[[0-9a-fA-F:.]+\]|[^:\s]+):\d{1,5}$/.test(address)) {
@@ -141,7 +142,7 @@ export class AdsServer {
         resolve();
       });
     });
-    if (this.socketPath) removeStaleSocket(this.socketPath);
+    if (this.socketPath) fs.rmSync(this.socketPath, { force: true });
   }
 
   private serve(call: Call, delta: boolean): void {
@@ -203,13 +204,5 @@ export class AdsServer {
     if (this.nackLog.length > MAX_NACKS_KEPT) this.nackLog.shift();
     const what = n.names.length ? n.names.join(', ') : 'the whole response';
     log.warn(`proxy rejected ${what} (${n.typeUrl.split('.').pop()}); not sending it again until its config changes: ${n.detail}`, { proxy: n.proxy, version: n.version });
-  }
-}
-
-function removeStaleSocket(p: string): void {
-  try {
-    if (fs.statSync(p).isSocket()) fs.unlinkSync(p);
-  } catch {
-    // absent: nothing to remove
   }
 }
