@@ -181,6 +181,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
 
   // ---- status server ----
   let xdsReadyCached = false;
+  let startupSeconds: number | undefined;
   const needsXdsConfig = (b: Record<string, unknown>) => {
     const dr = b.dynamic_resources as Record<string, unknown> | undefined;
     return Boolean(dr && (dr.lds_config || dr.cds_config));
@@ -196,6 +197,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       if (!cds || !lds) return { ready: false, reason: `Envoy has no config from xDS yet (cds updates ${cds ?? 0}, lds updates ${lds ?? 0})` };
       xdsReadyCached = true;
     }
+    // Istio's istio_agent_startup_duration_seconds: agent start to first readiness.
+    startupSeconds ??= (Date.now() - t0) / 1000;
     return { ready: true, reason: '' };
   };
   const status = new StatusServer({ port: cfg.proxy.statusPort })
@@ -226,6 +229,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       lines.push(`# TYPE istio_agent_envoy_${k} ${k.endsWith('_total') ? 'counter' : 'gauge'}`, `istio_agent_envoy_${k} ${v}`);
     }
     lines.push(`# TYPE istio_agent_ready gauge`, `istio_agent_ready ${supervisor.ready() ? 1 : 0}`);
+    if (startupSeconds !== undefined) lines.push('# TYPE istio_agent_startup_duration_seconds gauge', `istio_agent_startup_duration_seconds ${startupSeconds}`);
     for (const [k, v] of Object.entries(xds?.metrics() ?? {})) {
       lines.push(`# TYPE istio_agent_${k} ${k.endsWith('_total') ? 'counter' : 'gauge'}`, `istio_agent_${k} ${v}`);
     }

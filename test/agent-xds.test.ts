@@ -66,6 +66,9 @@ test('generated bootstrap + xDS proxy + control plane: ready only with config, n
     assert.is(r.failed, 0, `failed requests: ${r.errors.join('; ')}`);
     assert.ok(r.ok > 50);
     assert.is(await ready(), 200);
+    const metrics = (await httpRequest(`http://127.0.0.1:${status}/stats/prometheus`)).body;
+    assert.match(metrics, /^istio_agent_startup_duration_seconds \d+(\.\d+)?$/m, 'Istio\'s start-up metric');
+    assert.match(metrics, /^istio_agent_xds_proxy_upstream_connected 1$/m, 'xDS proxy counters merged');
   } finally {
     agent.proc.kill('SIGTERM');
     await waitFor('agent exit', () => agent.exited, 15_000);
