@@ -7,29 +7,11 @@ import * as path from 'node:path';
 import { envoyBin, freePort, httpRequest, sleep, tempDir, waitFor } from '../test/helpers/harness';
 import { debugEpochs, startAgent } from '../test/helpers/agent';
 import { startLoad } from '../test/helpers/load';
+import { staticBootstrap } from '../test/helpers/static-bootstrap';
 
 const RESTARTS = Number(process.argv[2] ?? 50);
 
-function bootstrap(admin: number, listen: number, body: string) {
-  return {
-    admin: { address: { socket_address: { address: '127.0.0.1', port_value: admin } } },
-    static_resources: {
-      listeners: [{
-        name: 'main',
-        address: { socket_address: { address: '127.0.0.1', port_value: listen } },
-        filter_chains: [{ filters: [{
-          name: 'hcm',
-          typed_config: {
-            '@type': 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager',
-            stat_prefix: 'soak',
-            route_config: { virtual_hosts: [{ name: 'v', domains: ['*'], routes: [{ match: { prefix: '/' }, direct_response: { status: 200, body: { inline_string: body } } }] }] },
-            http_filters: [{ name: 'router', typed_config: { '@type': 'type.googleapis.com/envoy.extensions.filters.http.router.v3.Router' } }],
-          },
-        }] }],
-      }],
-    },
-  };
-}
+const bootstrap = (admin: number, listen: number, body: string) => staticBootstrap({ admin, listen }, body);
 
 const rssMb = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))![1]) / 1024;
 const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))]!;

@@ -7,6 +7,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { envoyBin, freePort, httpRequest, tempDir, waitFor } from '../test/helpers/harness';
 import { debugEpochs, startAgent, waitLiveEpoch } from '../test/helpers/agent';
+import { staticBootstrap } from '../test/helpers/static-bootstrap';
 
 const ROUNDS = Number(process.argv[2] ?? 10);
 
@@ -16,26 +17,7 @@ const median = (xs: number[]) => {
 };
 const fmt = (xs: number[]) => `median ${median(xs).toFixed(1)} ms (min ${Math.min(...xs).toFixed(1)}, max ${Math.max(...xs).toFixed(1)}, n=${xs.length})`;
 
-function bootstrap(admin: number, listen: number, body: string) {
-  return {
-    admin: { address: { socket_address: { address: '127.0.0.1', port_value: admin } } },
-    static_resources: {
-      listeners: [{
-        name: 'main',
-        address: { socket_address: { address: '127.0.0.1', port_value: listen } },
-        filter_chains: [{ filters: [{
-          name: 'hcm',
-          typed_config: {
-            '@type': 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager',
-            stat_prefix: 'b',
-            route_config: { virtual_hosts: [{ name: 'v', domains: ['*'], routes: [{ match: { prefix: '/' }, direct_response: { status: 200, body: { inline_string: body } } }] }] },
-            http_filters: [{ name: 'router', typed_config: { '@type': 'type.googleapis.com/envoy.extensions.filters.http.router.v3.Router' } }],
-          },
-        }] }],
-      }],
-    },
-  };
-}
+const bootstrap = (admin: number, listen: number, body: string) => staticBootstrap({ admin, listen }, body);
 
 async function envoyDirect(): Promise<number> {
   const dir = tempDir('pa-bench-');
