@@ -1,0 +1,73 @@
+// The one shape every long-lived part of the agent has, and what it may contribute to the status server.
+//
+// agent.ts starts components in order, races their `closed` promises (the first to end ends the agent) and
+// closes them in reverse order. A component that serves something on the status port lists its routes; one
+// that gates readiness gives a condition with a reason (the 503 body lists every unmet one); one that measures
+// something registers its metrics into the agent's single registry. Nothing else about a component is known
+// outside its own file.
+
+import type { Registry } from 'prom-client';
+import type { Handler } from './status-server';
+
+/** One readiness condition: `reason` says what is missing when `ready` is false. */
+export interface Condition {
+  ready: boolean;
+  reason: string;
+}
+
+export interface StatusRoute {
+  method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  /** Exact path, or a prefix when it ends with `/` (e.g. `/app-health/`). */
+  path: string;
+  handler: Handler;
+  /** Answer only loopback peers (lifecycle and debug endpoints). */
+  localOnly?: boolean;
+}
+
+export interface Component {
+  /** Used in logs, in the 503 body and in "X closed: ..." when it ends the agent. */
+  readonly name: string;
+  /** Resolves once the component serves (listening, connected, spawned); rejects with an AgentError if it cannot. */
+  start(): Promise<void>;
+  /** Stops it; safe to call twice and before start(). */
+  close(): Promise<void>;
+  /** Resolves when the component has ended, with the error that ended it, or undefined after close(). Never rejects. */
+  readonly closed: Promise<Error | undefined>;
+  /** Routes this component serves on the status port. */
+  routes?(): StatusRoute[];
+  /** Readiness: the agent is ready only when every component that has a condition meets it. */
+  readiness?(): Condition | Promise<Condition>;
+  /** Registers this component's metrics (collect callbacks read its counters at scrape time). */
+  registerMetrics?(registry: Registry): void;
+}
+
+/** A `closed` promise and its resolver, resolved at most once. */
+export function closedSignal(): { closed: Promise<Error | undefined>; resolve: (err?: Error) => void } {
+  let done = false;
+  let res!: (e: Error | undefined) => void;
+  const closed = new Promise<Error | undefined>((r) => (res = r));
+  return {
+    closed,
+    resolve: (err) => {
+      if (done) return;
+      done = true;
+      res(err);
+    },
+  };
+}
+
+/** Evaluates every condition; a condition that throws is unmet with the error as its reason. */
+export async function composeReadiness(components: readonly Component[]): Promise<Condition> {
+  const reasons: string[] = [];
+  for (const c of components) {
+    if (!c.readiness) continue;
+    let r: Condition;
+    try {
+      r = await c.readiness();
+    } catch (err) {
+      r = { ready: false, reason: `${c.name}: ${(err as Error).message}` };
+    }
+    if (!r.ready) reasons.push(r.reason);
+  }
+  return reasons.length ? { ready: false, reason: reasons.join('\n') } : { ready: true, reason: '' };
+}
