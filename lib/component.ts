@@ -71,3 +71,27 @@ export async function composeReadiness(components: readonly Component[]): Promis
   }
   return reasons.length ? { ready: false, reason: reasons.join('\n') } : { ready: true, reason: '' };
 }
+
+/** Starts components in order; if one fails, closes those already started (in reverse) and rethrows. */
+export async function startAll(components: readonly Component[]): Promise<void> {
+  const started: Component[] = [];
+  for (const c of components) {
+    try {
+      await c.start();
+    } catch (err) {
+      await closeAll(started);
+      throw err;
+    }
+    started.push(c);
+  }
+}
+
+/** Closes components in reverse order; a close that throws does not stop the others. */
+export async function closeAll(components: readonly Component[]): Promise<void> {
+  for (const c of [...components].reverse()) await c.close().catch(() => undefined);
+}
+
+/** Resolves with the first component to end and the error it ended with (undefined: it ended cleanly). */
+export function firstToEnd(components: readonly Component[]): Promise<{ component: Component; err: Error | undefined }> {
+  return Promise.race(components.map((c) => c.closed.then((err) => ({ component: c, err }))));
+}

@@ -117,3 +117,4 @@ export const ENVOY_RESTART_INITIAL_BACKOFF = duration('ENVOY_RESTART_INITIAL_BAC
 export const PILOT_DEBOUNCE_AFTER = duration('PILOT_DEBOUNCE_AFTER', '100ms', 'Discovery server: quiet period after a config change before a push');
 export const PILOT_DEBOUNCE_MAX = duration('PILOT_DEBOUNCE_MAX', '10s', 'Discovery server: longest a change waits for the quiet period');
 export const ENVOY_START_TIMEOUT = duration('ENVOY_START_TIMEOUT', '5m', 'A hot-restarted epoch not live after this long is aborted and retried while the old one serves (0: wait forever)');
+export const STATUS_SERVER_REMOTE_DEBUG = bool('STATUS_SERVER_REMOTE_DEBUG', false, 'Serve the status port\'s /debug/ pages to any address, not only loopback');

@@ -1,10 +1,16 @@
-// The agent's status server (statusPort, 15020): readiness, lifecycle endpoints and debug pages.
-// Routes are registered by agent.ts; the server knows nothing about the components behind them.
-// Endpoints that change the agent's lifecycle (/quitquitquit, /drain) answer only to loopback peers.
+// The agent's status server (statusPort, 15020): readiness, merged metrics, and the routes components bring.
+// It knows nothing about the components behind them: readiness is a function (the composition of every
+// component's condition), metrics are the agent's registry plus other sources (Envoy's text), and routes come
+// from each component. Endpoints that change the agent's lifecycle (/quitquitquit, /drain) and every /debug/
+// page answer only loopback peers (debug pages can be opened with STATUS_SERVER_REMOTE_DEBUG).
 
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { Registry } from 'prom-client';
+import type { Component, Condition, StatusRoute } from './component';
+import { closedSignal } from './component';
 import { scope } from './log';
+import { gaugeFrom, mergedMetrics, PROMETHEUS_CONTENT_TYPE, type MetricsSource } from './metrics';
 
 const log = scope('status');
 
@@ -30,16 +36,51 @@ export function isLoopback(addr: string | undefined): boolean {
 
 export const json = (value: unknown, status = 200): Reply => ({ status, body: JSON.stringify(value, null, 2) + '\n', contentType: 'application/json' });
 
-export class StatusServer {
-  private readonly routes = new Map<string, Route>();
-  private server: http.Server | undefined;
-  private closedResolve!: (e: Error | undefined) => void;
-  readonly closed: Promise<Error | undefined> = new Promise((r) => (this.closedResolve = r));
+export interface StatusServerOptions {
+  port: number;
+  host?: string;
+  /** Readiness of the whole agent; /healthz/ready answers 503 with the reasons while it is unmet. */
+  readiness?: () => Promise<Condition>;
+  /** The agent's metrics and what is appended to them on /stats/prometheus and /metrics. */
+  metrics?: { registry: Registry; sources: readonly MetricsSource[] };
+  /** Serve /debug/ pages to any address, not only loopback. */
+  remoteDebug?: boolean;
+  /** When the agent started, for istio_agent_startup_duration_seconds (agent start to first readiness). */
+  startedAt?: number;
+}
 
-  constructor(private readonly opts: { port: number; host?: string }) {}
+export class StatusServer implements Component {
+  readonly name = 'status server';
+  private readonly table = new Map<string, Route>();
+  private server: http.Server | undefined;
+  private readonly signal = closedSignal();
+  readonly closed = this.signal.closed;
+  private startupSeconds: number | undefined;
+
+  constructor(private readonly opts: StatusServerOptions) {
+    const { readiness, metrics } = opts;
+    if (readiness) {
+      this.route('GET', '/healthz/ready', async () => {
+        const r = await readiness();
+        if (r.ready && opts.startedAt !== undefined) this.startupSeconds ??= (Date.now() - opts.startedAt) / 1000;
+        return r.ready ? { status: 200, body: '' } : { status: 503, body: r.reason + '\n' };
+      });
+    }
+    if (metrics) {
+      gaugeFrom(metrics.registry, 'istio_agent_startup_duration_seconds', 'Seconds from the agent\'s start to its first readiness', () => this.startupSeconds);
+      const scrape = async (): Promise<Reply> => ({ status: 200, body: await mergedMetrics(metrics.registry, metrics.sources), contentType: PROMETHEUS_CONTENT_TYPE });
+      this.route('GET', '/stats/prometheus', scrape).route('GET', '/metrics', scrape);
+    }
+  }
 
   route(method: string, path: string, handler: Handler, opts: { localOnly?: boolean } = {}): this {
-    this.routes.set(path, { method, handler, localOnly: opts.localOnly ?? false });
+    const debug = path.startsWith('/debug/') && !this.opts.remoteDebug;
+    this.table.set(path, { method, handler, localOnly: (opts.localOnly ?? false) || debug });
+    return this;
+  }
+
+  addRoutes(routes: readonly StatusRoute[]): this {
+    for (const r of routes) this.route(r.method, r.path, r.handler, { localOnly: r.localOnly });
     return this;
   }
 
@@ -68,7 +109,7 @@ export class StatusServer {
 
   private async handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     const path = (req.url ?? '/').split('?')[0]!;
-    const route = this.routes.get(path) ?? this.prefixRoute(path);
+    const route = this.table.get(path) ?? this.prefixRoute(path);
     let reply: Reply;
     if (!route) reply = { status: 404, body: `no such endpoint ${path}\n` };
     else if (route.method !== req.method && !(route.method === 'GET' && req.method === 'HEAD')) reply = { status: 405, body: `${path} wants ${route.method}\n` };
@@ -89,18 +130,18 @@ export class StatusServer {
 
   /** Routes registered with a trailing slash match every path below them (e.g. /app-health/). */
   private prefixRoute(path: string): Route | undefined {
-    for (const [p, r] of this.routes) if (p.endsWith('/') && path.startsWith(p)) return r;
+    for (const [p, r] of this.table) if (p.endsWith('/') && path.startsWith(p)) return r;
     return undefined;
   }
 
   async close(): Promise<void> {
     const s = this.server;
-    if (!s) return this.closedResolve(undefined);
+    if (!s) return this.signal.resolve();
     this.server = undefined;
     await new Promise<void>((r) => {
       s.close(() => r());
       s.closeAllConnections();
     });
-    this.closedResolve(undefined);
+    this.signal.resolve();
   }
 }

@@ -25,7 +25,11 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
+import type { Registry } from 'prom-client';
+import type { Component, StatusRoute } from './component';
 import { AgentError, wrap } from './errors';
+import { registerCounters } from './metrics';
+import { json } from './status-server';
 import { scope } from './log';
 import { prepareSocket } from './unix-socket';
 import { newCounters, Session, type AgentHandler, type AgentRequest, type Counters, type SessionContext } from './xds-session';
@@ -68,7 +72,8 @@ const ADS_DEFINITION: grpc.ServiceDefinition = {
 
 type StatusSlot = { status?: { code?: number; details?: string } };
 
-export class XdsProxy {
+export class XdsProxy implements Component {
+  readonly name = 'xDS proxy';
   readonly closed: Promise<Error | undefined>;
   private resolveClosed!: (e: Error | undefined) => void;
   private server: grpc.Server | undefined;
@@ -173,6 +178,14 @@ export class XdsProxy {
     out.xds_proxy_downstream_streams = this.sessions.size;
     out.xds_proxy_upstream_connected = [...this.sessions.values()].some((s) => s.upstreamConnected) ? 1 : 0;
     return out;
+  }
+
+  registerMetrics(registry: Registry): void {
+    registerCounters(registry, 'istio_agent_', 'xDS proxy', () => this.metrics());
+  }
+
+  routes(): StatusRoute[] {
+    return [{ method: 'GET', path: '/debug/xds', handler: () => json(this.debugState()) }];
   }
 
   /** For /debug/xds: per Envoy stream, the last versions and nonces each way per type. */

@@ -139,7 +139,7 @@ hot('a broken new config keeps the old epoch serving; the budget is spent and re
     const d = await debugEpochs(s.ports.status);
     assert.equal(d.epochs.map((e) => [e.epoch, e.state]), [[0, 'live']], 'the first epoch still serves');
     assert.is(d.restartBudgetLeft, 0);
-    assert.is((await httpRequest(`http://127.0.0.1:${s.ports.status}/healthz/ready`)).status, 200);
+    { const rr = await httpRequest(`http://127.0.0.1:${s.ports.status}/healthz/ready`); assert.is(rr.status, 200, rr.body); }
     const metrics = (await httpRequest(`http://127.0.0.1:${s.ports.status}/stats/prometheus`)).body;
     assert.match(metrics, /istio_agent_envoy_restart_budget_exhausted_total 1/);
     assert.match(metrics, /istio_agent_envoy_configs_rejected_total 1/);
@@ -165,7 +165,7 @@ hot('an unreadable config file while running is logged with its name, and the la
     await sleep(300);
     assert.equal((await debugEpochs(s.ports.status)).epochs.map((e) => [e.epoch, e.state]), [[0, 'live']]);
     assert.is(await listenerBody(s.ports.listen), 'v0');
-    assert.is((await httpRequest(`http://127.0.0.1:${s.ports.status}/healthz/ready`)).status, 200);
+    { const rr = await httpRequest(`http://127.0.0.1:${s.ports.status}/healthz/ready`); assert.is(rr.status, 200, rr.body); }
   } finally {
     await s.cleanup();
   }
@@ -287,6 +287,25 @@ hot('a change to a file the bootstrap reads (as certificates are) hot-restarts E
     await waitLiveEpoch(s.ports.status, 2);
     await waitFor('new body', async () => (await listenerBody(s.ports.listen)) === 'from-file-2', 5000);
   } finally {
+    await s.cleanup();
+  }
+});
+
+hot('readiness follows Envoy after the first success: a stopped Envoy is not ready, and ready again when it runs', async () => {
+  const s = await setUp();
+  let pid = 0;
+  try {
+    const ready = async () => httpRequest(`http://127.0.0.1:${s.ports.status}/healthz/ready`);
+    await waitFor('ready', async () => (await ready()).status === 200, 20_000);
+    pid = (await waitLiveEpoch(s.ports.status, 0)).pid;
+    process.kill(pid, 'SIGSTOP');
+    const r = await waitFor('not ready while stopped', async () => { const x = await ready(); return x.status === 503 ? x : undefined; }, 10_000);
+    assert.match(r.body, /Envoy does not answer on its admin port/);
+    process.kill(pid, 'SIGCONT');
+    pid = 0;
+    await waitFor('ready again', async () => (await ready()).status === 200, 10_000);
+  } finally {
+    if (pid) process.kill(pid, 'SIGCONT');
     await s.cleanup();
   }
 });

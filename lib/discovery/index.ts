@@ -4,6 +4,7 @@
 // Data flow: FileConfigSource.sync() applies a validated set to the store; store and registry handlers feed the
 // Debouncer; each flush builds one immutable PushContext and asks every connection to push from it.
 
+import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
 import { PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
 import { timestamp, scope } from '../log';
@@ -42,7 +43,8 @@ export interface DiscoveryStatus {
   pushes: number;
 }
 
-export class DiscoveryServer {
+export class DiscoveryServer implements Component {
+  readonly name = 'discovery server';
   readonly store = new MemoryConfigStore();
   readonly registry = new ServiceEntryRegistry(this.store);
   readonly closed: Promise<Error | undefined>;
