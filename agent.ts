@@ -18,11 +18,22 @@ import { localRequest, waitReady } from './lib/agent-client';
 
 const log = scope('agent');
 
-/** Exit code for errors found before anything started (bad flags, config, missing Envoy). */
+/** Exit code for errors found before anything started (bad config, missing Envoy, a port in use). */
 const EXIT_STARTUP_ERROR = 1;
+/** Exit code for a command line that cannot be parsed (unknown command, a flag without its value). */
+const EXIT_USAGE = 2;
+
+class UsageError extends AgentError {
+  constructor(message: string) {
+    super('BAD_INPUT', message);
+  }
+}
+
+/** A flag given twice arrives as an array: the last one wins, as with Go's pflag. */
+const lastOf = (v: unknown): unknown => (Array.isArray(v) ? v[v.length - 1] : v);
 
 function proxyFlags(argv: Record<string, unknown>): Flags {
-  const str = (k: string) => (argv[k] === undefined ? undefined : String(argv[k]));
+  const str = (k: string) => (lastOf(argv[k]) === undefined ? undefined : String(lastOf(argv[k])));
   return {
     proxyType: str('type'),
     domain: str('domain'),
@@ -30,7 +41,7 @@ function proxyFlags(argv: Record<string, unknown>): Flags {
     serviceCluster: str('serviceCluster'),
     proxyLogLevel: str('proxyLogLevel'),
     proxyComponentLogLevel: str('proxyComponentLogLevel'),
-    concurrency: argv.concurrency === undefined ? undefined : Number(argv.concurrency),
+    concurrency: lastOf(argv.concurrency) === undefined ? undefined : Number(lastOf(argv.concurrency)),
     templateFile: str('templateFile'),
     outlierLogPath: str('outlierLogPath'),
     standalone: str('standalone'),
@@ -183,16 +194,16 @@ export async function main(args: string[]): Promise<number> {
       .option('log_as_json', { type: 'boolean', default: false, describe: 'Log one JSON object per line' });
   const proxyOptions = (y: yargs.Argv) =>
     logFlags(y)
-      .positional('type', { type: 'string', default: 'sidecar', describe: 'sidecar, router or ingress' })
-      .option('domain', { type: 'string', describe: 'DNS domain suffix (default $POD_NAMESPACE.svc.cluster.local)' })
-      .option('meshConfig', { type: 'string', describe: 'Mesh config file (default ./etc/istio/config/mesh)' })
-      .option('serviceCluster', { type: 'string', describe: 'Service cluster (default istio-proxy)' })
-      .option('proxyLogLevel', { type: 'string', describe: 'Envoy log level, optionally with component levels: info,misc:error' })
-      .option('proxyComponentLogLevel', { type: 'string', describe: 'Envoy component log levels: misc:error,upstream:debug' })
-      .option('concurrency', { type: 'number', describe: 'Envoy worker threads (0: all cores)' })
-      .option('templateFile', { type: 'string', describe: 'Bootstrap template file' })
-      .option('outlierLogPath', { type: 'string', describe: 'Outlier detection log path' })
-      .option('standalone', { type: 'string', describe: 'Directory of mesh config YAML: run an embedded discovery server instead of using istiod' });
+      .positional('type', { type: 'string', default: 'sidecar', describe: 'sidecar, router, ingress or waypoint' })
+      .option('domain', { type: 'string', requiresArg: true, describe: 'DNS domain suffix (default $POD_NAMESPACE.svc.cluster.local)' })
+      .option('meshConfig', { type: 'string', requiresArg: true, describe: 'Mesh config file (default ./etc/istio/config/mesh)' })
+      .option('serviceCluster', { type: 'string', requiresArg: true, describe: 'Service cluster (default istio-proxy)' })
+      .option('proxyLogLevel', { type: 'string', requiresArg: true, describe: 'Envoy log level, optionally with component levels: info,misc:error' })
+      .option('proxyComponentLogLevel', { type: 'string', requiresArg: true, describe: 'Envoy component log levels: misc:error,upstream:debug' })
+      .option('concurrency', { type: 'number', requiresArg: true, describe: 'Envoy worker threads (0: all cores)' })
+      .option('templateFile', { type: 'string', requiresArg: true, describe: 'Bootstrap template file' })
+      .option('outlierLogPath', { type: 'string', requiresArg: true, describe: 'Outlier detection log path' })
+      .option('standalone', { type: 'string', requiresArg: true, describe: 'Directory of mesh config YAML: run an embedded discovery server instead of using istiod' });
 
   const parser = yargs(args)
     .scriptName('pilot-agent')
@@ -209,9 +220,12 @@ export async function main(args: string[]): Promise<number> {
       setUpLogging(argv);
       result = bootstrapCommand(argv);
     })
-    .command('version', 'Print the version', (y) => y.option('short', { alias: 's', type: 'boolean' }), () => {
-      process.stdout.write(`pilot-agent version ${VERSION}\n`);
-    })
+    .command('version', 'Print the version',
+      (y) => y.option('short', { alias: 's', type: 'boolean', describe: 'Print only the version number' })
+        .option('output', { alias: 'o', type: 'string', describe: 'json or yaml' }),
+      (argv) => {
+        process.stdout.write(versionText(String(argv.output ?? ''), Boolean(argv.short)));
+      })
     .command(
       'wait',
       'Wait until Envoy is ready',
@@ -251,23 +265,50 @@ export async function main(args: string[]): Promise<number> {
       },
     )
     .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery or version')
+    .strictCommands()
     .fail((msg, err) => {
-      throw new AgentError('BAD_INPUT', msg ?? errorMessage(err));
+      throw msg ? new UsageError(msg) : err;
     });
   try {
     await parser.parseAsync();
   } catch (err) {
+    if (err instanceof UsageError) {
+      process.stderr.write(`error: ${err.message} (see pilot-agent --help)\n`);
+      return EXIT_USAGE;
+    }
     return startupFailure(err);
   }
   return result;
 }
 
+/** `version`, `version -s`, `version -o json|yaml` (the shape of Istio's client version). */
+function versionText(output: string, short: boolean): string {
+  if (short) return `${VERSION}\n`;
+  const info = { version: VERSION, revision: 'unknown', golang_version: `node ${process.version}`, status: 'Clean', tag: VERSION };
+  if (output === 'json') return JSON.stringify({ clientVersion: info }, null, 2) + '\n';
+  if (output === 'yaml') return `clientVersion:\n${Object.entries(info).map(([k, v]) => `  ${k}: ${v}`).join('\n')}\n`;
+  return `pilot-agent version ${VERSION}\n`;
+}
+
+/** Exits once stdout and stderr have written everything (process.exit alone cuts a piped output at 64 KiB). */
+function exitAfterFlush(code: number): void {
+  let pending = 2;
+  const done = () => --pending === 0 && process.exit(code);
+  process.stdout.write('', done);
+  process.stderr.write('', done);
+}
+
 if (require.main === module) {
+  // A reader that went away (`pilot-agent request ... | head`): stop quietly, as a Go program does on SIGPIPE.
+  process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code === 'EPIPE') process.exit(0);
+    throw err;
+  });
   main(process.argv.slice(2)).then(
-    (code) => process.exit(code),
+    (code) => exitAfterFlush(code),
     (err) => {
       log.error(`fatal: ${errorMessage(err)}`);
-      process.exit(EXIT_STARTUP_ERROR);
+      exitAfterFlush(EXIT_STARTUP_ERROR);
     },
   );
 }

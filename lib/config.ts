@@ -189,8 +189,8 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   if (proxy.statusPort === proxy.proxyAdminPort) throw configError('statusPort', sources.statusPort!, `equals proxyAdminPort ${proxy.proxyAdminPort}`);
 
   const requested = flags.proxyType ?? 'sidecar';
-  if (!['sidecar', 'router', 'ingress'].includes(requested)) {
-    throw configError('proxy type', 'command line', `unknown proxy type "${requested}" (want sidecar, router or ingress)`);
+  if (!['sidecar', 'router', 'ingress', 'waypoint'].includes(requested)) {
+    throw configError('proxy type', 'command line', `unknown proxy type "${requested}" (want sidecar, router, ingress or waypoint)`);
   }
   const proxyType: ProxyType = requested === 'sidecar' ? 'sidecar' : 'router';
 

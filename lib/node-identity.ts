@@ -50,7 +50,7 @@ export function isIpv6Only(ips: string[]): boolean {
 export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[], agentVersion: string): NodeIdentity {
   const ips = chooseIps(cfg.instanceIps, host);
   const ns = cfg.podNamespace;
-  const id = `${cfg.proxyType}~${ips[0]}~${cfg.podName}.${ns}~${ns}.svc.cluster.local`;
+  const id = `${cfg.requestedType === 'waypoint' ? 'waypoint' : cfg.proxyType}~${ips[0]}~${cfg.podName}.${ns}~${ns}.svc.cluster.local`;
 
   const metadata: Record<string, unknown> = {};
   // As Istio: proxyMetadata ISTIO_META_* first, then the environment's ISTIO_META_* (strings), then each

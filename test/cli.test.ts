@@ -43,6 +43,53 @@ cli('bootstrap prints the bootstrap proxy would write', async () => {
   }
 });
 
+cli('typos and missing values are usage errors: one line, exit 2; unknown flags stay accepted', async () => {
+  for (const args of [['frobnicate'], ['proxyy'], ['proxy', '--standalone'], ['proxy', '--concurrency'], ['completion']]) {
+    const r = await run(args, {}, '/');
+    assert.is(r.code, 2, `${args.join(' ')}: ${r.stderr}`);
+    assert.is(r.stderr.trim().split('\n').length, 1, r.stderr);
+    assert.match(r.stderr, /^error: .*\(see pilot-agent --help\)$/m);
+    assert.is(r.stdout, '');
+  }
+  assert.is((await run(['version', '--someUnknownFlag'], {}, '/')).code, 0);
+});
+
+cli('version -s and -o json|yaml, as the Go agent offers them', async () => {
+  assert.match((await run(['version', '-s'], {}, '/')).stdout, /^\d+\.\d+\.\d+\n$/);
+  const j = JSON.parse((await run(['version', '-o', 'json'], {}, '/')).stdout);
+  assert.match(j.clientVersion.version, /^\d+\.\d+\.\d+/);
+  assert.match((await run(['version', '-o', 'yaml'], {}, '/')).stdout, /^clientVersion:\n {2}version: \d/);
+});
+
+cli('waypoint is a proxy type (node id waypoint~...), and a flag given twice takes the last value', async () => {
+  const r = await run(['bootstrap', 'waypoint', '--concurrency', '2', '--concurrency', '3'], { POD_NAME: 'wp', POD_NAMESPACE: 'ns', INSTANCE_IP: '10.1.2.3' }, '/');
+  assert.is(r.code, 0, r.stderr);
+  const b = JSON.parse(r.stdout);
+  assert.match(b.node.id, /^waypoint~10\.1\.2\.3~wp\.ns~/);
+});
+
+cli('a large output through a pipe is complete, and a reader that goes away ends the agent quietly', async () => {
+  const dir = tempDir();
+  try {
+    // 400 KB of node metadata (ISTIO_META_*) lands in the bootstrap: far past a pipe's 64 KiB buffer.
+    const env: Record<string, string> = { POD_NAME: 'p', POD_NAMESPACE: 'ns', INSTANCE_IP: '10.0.0.1' };
+    for (let i = 0; i < 4; i++) env[`ISTIO_META_BIG${i}`] = 'x'.repeat(100_000);
+    const whole = await new Promise<{ code: number; out: string; err: string }>((resolve) => {
+      execFile('bash', ['--norc', '--noprofile', '-c', `"${agentBin()}" bootstrap | cat`], { cwd: dir.path, env, maxBuffer: 64 * 1024 * 1024 }, (e, out, err) => resolve({ code: e ? 1 : 0, out, err }));
+    });
+    assert.is(whole.code, 0, whole.err);
+    assert.ok(whole.out.length > 400_000, `got ${whole.out.length} bytes`);
+    assert.ok(JSON.parse(whole.out).node, 'the whole JSON arrived');
+    const head = await new Promise<{ out: string; err: string; rc: string }>((resolve) => {
+      execFile('bash', ['--norc', '--noprofile', '-c', `set -o pipefail; "${agentBin()}" bootstrap | head -c 10; echo " rc=\${PIPESTATUS[0]}"`], { cwd: dir.path, env }, (_e, out, err) => resolve({ out, err, rc: out }));
+    });
+    assert.is(head.err, '', 'no EPIPE stack trace');
+    assert.match(head.out, / rc=0$/m);
+  } finally {
+    dir.cleanup();
+  }
+});
+
 const bad = suite('bad input');
 
 interface BadCase {
@@ -56,7 +103,7 @@ interface BadCase {
 const CASES: BadCase[] = [
   { name: 'malformed PROXY_CONFIG', env: { PROXY_CONFIG: '{"drainDuration": ' }, want: /PROXY_CONFIG/ },
   { name: 'malformed mesh file', args: ['--meshConfig', 'mesh.yaml'], files: { 'mesh.yaml': 'defaultConfig: {drainDuration: [' }, want: /mesh config mesh\.yaml/ },
-  { name: 'unknown proxy type', args: ['waypoint'], want: /unknown proxy type "waypoint"/ },
+  { name: 'unknown proxy type', args: ['gateway'], want: /unknown proxy type "gateway"/ },
   { name: 'bad duration', env: { PROXY_CONFIG: '{"terminationDrainDuration": "soon"}' }, want: /terminationDrainDuration \(from environment variable PROXY_CONFIG\)/ },
   { name: 'port out of range', env: { PROXY_CONFIG: '{"proxyAdminPort": 70000}' }, want: /proxyAdminPort .*out of range/ },
   { name: 'missing Envoy binary', env: { PROXY_CONFIG: '{"binaryPath": "/nonexistent/envoy"}' }, want: /binaryPath .*\/nonexistent\/envoy does not exist/ },

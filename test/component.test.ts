@@ -99,11 +99,11 @@ t('status server: readiness body, merged metrics from the registry, /debug/ page
     assert.is((await httpRequest(`http://127.0.0.1:${port}/debug/thing`)).status, 200);
     const ext = nonLoopbackAddress();
     if (ext) {
-      r = await new Promise((resolve, reject) => {
+      r = await new Promise<typeof r>((resolve, reject) => {
         http.get({ host: ext, port, path: '/debug/thing', localAddress: ext }, (res) => {
           let body = '';
           res.on('data', (c) => (body += c));
-          res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body, headers: res.headers }));
         }).on('error', reject);
       });
       assert.is(r.status, 403, 'a /debug/ page refused to a non-loopback peer');
