@@ -12,7 +12,7 @@ import {
 import {
   DeltaSubscriptions, IssuedNonces, namesKey, SotwSubscriptions, STRIP_STALE, type Subscriptions, type XdsKind,
 } from './xds-state';
-import { backoffDelay, openUpstream, type UpstreamCall, type UpstreamOptions } from './xds-upstream';
+import { backoffDelay, openUpstream, type Backoff, type UpstreamCall, type UpstreamOptions } from './xds-upstream';
 
 const log = scope('xdsproxy');
 
@@ -71,7 +71,7 @@ export function newCounters(): Counters {
 export interface SessionContext {
   readonly upstream: UpstreamOptions;
   readonly maxMessageBytes: number;
-  readonly backoff: { initialMs: number; maxMs: number };
+  readonly backoff: Backoff;
   readonly dialTimeoutMs: number;
   readonly counters: Counters;
   handler(typeUrl: string): AgentHandler | undefined;
@@ -121,7 +121,8 @@ export class Session {
   private readonly subs: Subscriptions;
   private upstream: Upstream | undefined;
   private gen = 0;
-  private attempt = 0;
+  /** When the upstream was lost (performance.now()): the end of the last stream that worked for a while, or the first failure. */
+  private lostAt: number | undefined;
   private reconnectTimer: NodeJS.Timeout | undefined;
   private lastUpstreamError = '';
   private downstreamBlocked = false;
@@ -449,7 +450,7 @@ export class Session {
     if (s.code === 8 /* RESOURCE_EXHAUSTED: a message over the size limit */) this.ctx.counters.bad_messages_total++;
     // Start the backoff over only after a stream that worked for a while, so a server that answers once and
     // then fails (a crash loop, a push over the size limit) is not hammered every initialMs.
-    if (up.gotResponse && Date.now() - up.openedAt >= HEALTHY_STREAM_MS) this.attempt = 0;
+    if (up.gotResponse && Date.now() - up.openedAt >= HEALTHY_STREAM_MS) this.lostAt = undefined;
     this.lastUpstreamError = up.endReason ?? `${statusName(s.code)}: ${s.details.replace(/ Resolution note: *$/, '')}`;
     // A server that served this stream and then closed it (istiod's max connection age, a rollout) is routine.
     const routine = up.gotResponse && !up.endReason && (s.code === 0 || s.code === 14);
@@ -458,8 +459,9 @@ export class Session {
 
   private scheduleReconnect(why: string, routine = false): void {
     if (this.done) return;
-    this.attempt++;
-    const delay = backoffDelay(this.attempt, this.ctx.backoff);
+    const now = performance.now();
+    this.lostAt ??= now;
+    const delay = backoffDelay(now - this.lostAt, this.ctx.backoff);
     (routine ? log.info : log.warn)(`${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`);
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
     this.reconnectTimer.unref();

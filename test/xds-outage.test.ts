@@ -4,13 +4,14 @@
 // no request fails. Each outage runs over TCP (Delta, as the agent's bootstrap asks) and over a Unix socket (state
 // of the world) side by side, each with its own real Envoy, proxy and control plane.
 
+import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { configureLogging, resetLogging } from '../lib/log';
 import { XdsProxy } from '../lib/xds-proxy';
-import { CLUSTER, ControlPlane, edsCluster, ENDPOINT, endpoints, LISTENER, listener, NODE_ID, ROUTE, route } from './helpers/control-plane';
+import { CLUSTER, ControlPlane, edsCluster, ENDPOINT, endpoints, FakeEnvoy, LISTENER, listener, NODE_ID, ROUTE, route } from './helpers/control-plane';
 import { startBackend, startEnvoy, type Backend, type TestEnvoy } from './helpers/discovery-envoy';
 import { freePort, httpRequest, sleep, tempDir, waitFor, type TempDir } from './helpers/harness';
 import { startLoad } from './helpers/load';
@@ -116,6 +117,71 @@ async function outage(transport: Transport, outageMs: number): Promise<Outcome> 
     for (const f of cleanup.reverse()) await f();
   }
 }
+
+/** Established TCP connections whose local end is 127.0.0.1:port (the server's side), from /proc/net/tcp. */
+function establishedTo(port: number): number {
+  const local = `0100007F:${port.toString(16).toUpperCase().padStart(4, '0')}`;
+  return fs.readFileSync('/proc/net/tcp', 'utf8').split('\n').filter((l) => {
+    const f = l.trim().split(/\s+/);
+    return f[1] === local && f[3] === '01';
+  }).length;
+}
+
+test('each reconnect attempt is one real connection attempt, and a failed one leaves no connection behind', async () => {
+  const dir = tempDir('pa-xds-attempts-');
+  const logs: string[] = [];
+  configureLogging({ write: (l) => logs.push(l) });
+  const cp = new ControlPlane();
+  let cp2: ControlPlane | undefined;
+  let proxy: XdsProxy | undefined;
+  let env: FakeEnvoy | undefined;
+  let broken: net.Server | undefined;
+  try {
+    cp.set(CLUSTER, 'c1', [edsCluster('a')]);
+    await cp.start(0);
+    // A fixed, short delay: this test is about what one attempt does, not about how they are spaced.
+    proxy = new XdsProxy({ socketPath: path.join(dir.path, 'XDS'), upstream: { address: cp.address, tls: false }, backoff: { initialMs: 100, maxMs: 100 } });
+    await proxy.start();
+    env = new FakeEnvoy(`unix://${path.join(dir.path, 'XDS')}`, 'sotw');
+    env.request({ typeUrl: CLUSTER });
+    await env.waitForResponse('CDS', (x) => x.version === 'c1');
+    await cp.stop();
+    // A control plane that accepts connections and drops them at once: every attempt is seen, and fails.
+    let connections = 0;
+    broken = net.createServer((s) => {
+      connections++;
+      s.destroy();
+    });
+    await new Promise<void>((r) => broken!.listen(cp.port, '127.0.0.1', r));
+    const before = proxy.metrics().xds_proxy_upstream_reconnects_total;
+    await sleep(3000);
+    const attempts = proxy.metrics().xds_proxy_upstream_reconnects_total - before;
+    const seen = connections;
+    assert.ok(attempts >= 10, `only ${attempts} attempts in 3 s`);
+    // The attempt in flight when counting stopped may not have connected yet.
+    assert.ok(seen >= attempts - 1 && seen <= attempts + 1, `${attempts} attempts made ${seen} connections`);
+    assert.not.match(logs.join('\n'), /Last error: null/);
+    await new Promise((r) => broken!.close(r));
+    broken = undefined;
+
+    // Back: one connection, and none opened later by a failed attempt's channel (grpc-js's own backoff is ~1 s).
+    cp2 = new ControlPlane();
+    cp2.set(CLUSTER, 'c2', [edsCluster('a')]);
+    await cp2.start(cp.port);
+    await env.waitForResponse('CDS from the new control plane', (x) => x.version === 'c2', 5000);
+    await sleep(2500);
+    assert.is(establishedTo(cp.port), 1, 'connections to the control plane');
+    assert.is(cp2.streamsOpened, 1);
+  } finally {
+    env?.close();
+    await proxy?.close();
+    await new Promise((r) => (broken ? broken.close(r) : r(undefined)));
+    await cp.stop();
+    await cp2?.stop();
+    resetLogging();
+    dir.cleanup();
+  }
+});
 
 for (const outageMs of [3_000, 10_000, 30_000]) {
   const limit = Math.max(1000, outageMs / 4);
