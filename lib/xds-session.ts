@@ -125,6 +125,8 @@ export class Session {
   private lostAt: number | undefined;
   private reconnectTimer: NodeJS.Timeout | undefined;
   private lastUpstreamError = '';
+  /** The last reconnect's log line, to log a failure repeated all through an outage once at warn. */
+  private lastReconnectWhy = '';
   private downstreamBlocked = false;
   /** Bytes written to Envoy's stream that gRPC has not handed to the connection yet. */
   private downstreamPending = 0;
@@ -424,7 +426,9 @@ export class Session {
       }
       cur.connected = true;
       c.upstream_connects_total++;
-      log.info(`connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${gen > 1 ? ` (reconnect ${gen - 1})` : ''}`);
+      const lost = this.lostAt === undefined ? '' : `, ${((performance.now() - this.lostAt) / 1000).toFixed(1)} s after it was lost`;
+      log.info(`connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${gen > 1 ? ` (reconnect ${gen - 1}${lost})` : ''}`);
+      this.lastReconnectWhy = '';
     });
     for (const r of this.subs.resend()) this.sendUpstream(cur, r.typeUrl, r.bytes, r.names);
   }
@@ -462,7 +466,10 @@ export class Session {
     const now = performance.now();
     this.lostAt ??= now;
     const delay = backoffDelay(now - this.lostAt, this.ctx.backoff);
-    (routine ? log.info : log.warn)(`${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`);
+    // An outage of minutes fails dozens of attempts the same way: the first at warn, the repeats at debug.
+    const logAt = routine ? log.info : why === this.lastReconnectWhy ? log.debug : log.warn;
+    this.lastReconnectWhy = why;
+    logAt(`${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`);
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
     this.reconnectTimer.unref();
   }
