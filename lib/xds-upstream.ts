@@ -154,7 +154,7 @@ export interface UpstreamCall {
   /** Asks for the next message. */
   startRead(): void;
   cancel(details: string): void;
-  /** Calls back once the channel is connected, or with an error after timeoutMs. */
+  /** Calls back once the channel is connected, or with an error after timeoutMs; never after close(). */
   whenReady(timeoutMs: number, cb: (err?: Error) => void): void;
   /** Closes the channel. */
   close(): void;
