@@ -2,7 +2,8 @@
 // new one starts on the same address. The proxy must be back within max(1 s, 25 % of the outage) of the return,
 // a push made right after the return must reach Envoy, and Envoy must never notice: its ADS stream stays open and
 // no request fails. Each outage runs over TCP (Delta, as the agent's bootstrap asks) and over a Unix socket (state
-// of the world) side by side, each with its own real Envoy, proxy and control plane.
+// of the world) side by side, each with its own real Envoy, proxy and control plane. First, what one attempt
+// does: it makes exactly one connection, and a failed one leaves nothing that connects later.
 
 import * as fs from 'node:fs';
 import * as net from 'node:net';
@@ -25,7 +26,7 @@ function config(cp: ControlPlane, listenPort: number, backendPort: number): void
   cp.set(ROUTE, 'r1', [route('local', 'backend')]);
 }
 
-/** Resolves once nothing accepts connections at the address (the outage is real, not a paused server). */
+/** The error a client gets at the address, or a rejection if it still accepts connections (the outage is real). */
 function refused(address: string): Promise<string> {
   const to = address.startsWith('unix://') ? { path: address.slice('unix://'.length) } : { host: '127.0.0.1', port: Number(address.split(':')[1]) };
   return new Promise((resolve, reject) => {
