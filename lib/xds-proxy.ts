@@ -11,8 +11,9 @@
 // breaks, the agent closes Envoy's stream and waits for Envoy to reconnect and subscribe again. Envoy keeps its
 // config, but its ADS stream is reset (control_plane.connected_state drops to 0), every subscription starts over,
 // and the agent has no retry of its own: how soon Envoy is current again depends on Envoy's reconnect backoff.
-// Here Envoy's stream stays open while the upstream is down. The proxy reconnects by itself with exponential
-// backoff and jitter (a fresh channel each time, so rotated certificates and tokens are picked up), and re-sends
+// Here Envoy's stream stays open while the upstream is down. The proxy reconnects by itself with a backoff that
+// grows with the outage, capped and jittered (each attempt one real connect on a fresh channel, so the proxy is
+// back soon after the server, and rotated certificates and tokens are picked up), and re-sends
 // what Envoy is subscribed to: for state of the world, Envoy's latest request of each type with the version it
 // last accepted; for Delta, its current subscriptions with the versions of the resources it has ACKed, so the
 // server sends only what changed while it was away. ACKs that Envoy sends for responses of the old stream are
@@ -34,7 +35,7 @@ import { scope } from './log';
 import { prepareSocket } from './unix-socket';
 import { newCounters, Session, type AgentHandler, type AgentRequest, type Counters, type SessionContext } from './xds-session';
 import type { XdsKind } from './xds-state';
-import { ADS_PATHS, type UpstreamOptions } from './xds-upstream';
+import { ADS_PATHS, type Backoff, type UpstreamOptions } from './xds-upstream';
 
 export { upstreamFromConfig, type UpstreamOptions } from './xds-upstream';
 export type { AgentHandler, AgentRequest, AgentResponseMeta } from './xds-session';
@@ -47,8 +48,8 @@ export interface XdsProxyOptions {
   upstream: UpstreamOptions;
   /** Largest message accepted or sent either way (default 256 MiB, env XDS_MAX_MESSAGE_BYTES). */
   maxMessageBytes?: number;
-  /** Reconnect backoff (default 200 ms doubling to 30 s, each delay spread over 0.5x-1.5x). */
-  backoff?: { initialMs: number; maxMs: number };
+  /** Reconnect backoff (default 200 ms to 30 s, growing with the time the upstream has been lost; see backoffDelay). */
+  backoff?: Backoff;
   /** How long one connect attempt may take before it is abandoned (default 5 s, as Istio dials). */
   dialTimeoutMs?: number;
 }

@@ -12,7 +12,7 @@ import {
 import {
   DeltaSubscriptions, IssuedNonces, namesKey, SotwSubscriptions, STRIP_STALE, type Subscriptions, type XdsKind,
 } from './xds-state';
-import { backoffDelay, openUpstream, type UpstreamCall, type UpstreamOptions } from './xds-upstream';
+import { backoffDelay, openUpstream, type Backoff, type UpstreamCall, type UpstreamOptions } from './xds-upstream';
 
 const log = scope('xdsproxy');
 
@@ -71,7 +71,7 @@ export function newCounters(): Counters {
 export interface SessionContext {
   readonly upstream: UpstreamOptions;
   readonly maxMessageBytes: number;
-  readonly backoff: { initialMs: number; maxMs: number };
+  readonly backoff: Backoff;
   readonly dialTimeoutMs: number;
   readonly counters: Counters;
   handler(typeUrl: string): AgentHandler | undefined;
@@ -121,9 +121,12 @@ export class Session {
   private readonly subs: Subscriptions;
   private upstream: Upstream | undefined;
   private gen = 0;
-  private attempt = 0;
+  /** When the upstream was lost (performance.now()): the end of the last stream that worked for a while, or the first failure. */
+  private lostAt: number | undefined;
   private reconnectTimer: NodeJS.Timeout | undefined;
   private lastUpstreamError = '';
+  /** The last reconnect's log line, to log a failure repeated all through an outage once at warn. */
+  private lastReconnectWhy = '';
   private downstreamBlocked = false;
   /** Bytes written to Envoy's stream that gRPC has not handed to the connection yet. */
   private downstreamPending = 0;
@@ -423,7 +426,9 @@ export class Session {
       }
       cur.connected = true;
       c.upstream_connects_total++;
-      log.info(`connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${gen > 1 ? ` (reconnect ${gen - 1})` : ''}`);
+      const lost = this.lostAt === undefined ? '' : `, ${((performance.now() - this.lostAt) / 1000).toFixed(1)} s after it was lost`;
+      log.info(`connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${gen > 1 ? ` (reconnect ${gen - 1}${lost})` : ''}`);
+      this.lastReconnectWhy = '';
     });
     for (const r of this.subs.resend()) this.sendUpstream(cur, r.typeUrl, r.bytes, r.names);
   }
@@ -449,7 +454,7 @@ export class Session {
     if (s.code === 8 /* RESOURCE_EXHAUSTED: a message over the size limit */) this.ctx.counters.bad_messages_total++;
     // Start the backoff over only after a stream that worked for a while, so a server that answers once and
     // then fails (a crash loop, a push over the size limit) is not hammered every initialMs.
-    if (up.gotResponse && Date.now() - up.openedAt >= HEALTHY_STREAM_MS) this.attempt = 0;
+    if (up.gotResponse && Date.now() - up.openedAt >= HEALTHY_STREAM_MS) this.lostAt = undefined;
     this.lastUpstreamError = up.endReason ?? `${statusName(s.code)}: ${s.details.replace(/ Resolution note: *$/, '')}`;
     // A server that served this stream and then closed it (istiod's max connection age, a rollout) is routine.
     const routine = up.gotResponse && !up.endReason && (s.code === 0 || s.code === 14);
@@ -458,9 +463,13 @@ export class Session {
 
   private scheduleReconnect(why: string, routine = false): void {
     if (this.done) return;
-    this.attempt++;
-    const delay = backoffDelay(this.attempt, this.ctx.backoff);
-    (routine ? log.info : log.warn)(`${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`);
+    const now = performance.now();
+    this.lostAt ??= now;
+    const delay = backoffDelay(now - this.lostAt, this.ctx.backoff);
+    // An outage of minutes fails dozens of attempts the same way: the first at warn, the repeats at debug.
+    const logAt = routine ? log.info : why === this.lastReconnectWhy ? log.debug : log.warn;
+    this.lastReconnectWhy = why;
+    logAt(`${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`);
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
     this.reconnectTimer.unref();
   }

@@ -11,6 +11,7 @@ import type { AgentConfig } from './config';
 import * as envs from './env';
 import type { Env } from './env';
 import { AgentError, errorMessage } from './errors';
+import { connectOnceOptions, whenChannelReady } from './grpc-connect-once';
 import type { XdsKind } from './xds-state';
 
 export interface UpstreamOptions {
@@ -77,13 +78,28 @@ export function upstreamFromConfig(cfg: AgentConfig, env: Env): UpstreamOptions 
   return o;
 }
 
+export interface Backoff {
+  /** The shortest delay, and the first after a working stream is lost. */
+  initialMs: number;
+  /** The longest delay. */
+  maxMs: number;
+}
+
+/** Each delay is at most this share of the time the upstream has been lost. */
+const BACKOFF_SHARE = 0.15;
+/** Each delay is spread down to this much less, at random. */
+const BACKOFF_JITTER = 0.2;
+
 /**
- * Exponential backoff: attempt 1 waits initialMs, doubling up to maxMs, each spread over 0.5x-1.5x so that a
- * fleet of agents that lost the same control plane does not come back in one wave.
+ * The delay before the next connect attempt, from how long the upstream has been lost: 15 % of that time, at least
+ * initialMs and at most maxMs, spread over 80-100 % so that a fleet of agents that lost the same control plane does
+ * not come back in one wave. Growing with the time lost rather than doubling at each attempt bounds how late the
+ * proxy is when the control plane returns to 15 % of the outage (doubling can leave it waiting almost as long again
+ * as the outage lasted), at the price of more attempts, each a single connect.
  */
-export function backoffDelay(attempt: number, b: { initialMs: number; maxMs: number }, rand: () => number = Math.random): number {
-  const base = Math.min(b.maxMs, b.initialMs * 2 ** Math.max(0, attempt - 1));
-  return Math.round(base * (0.5 + rand()));
+export function backoffDelay(lostForMs: number, b: Backoff, rand: () => number = Math.random): number {
+  const base = Math.min(b.maxMs, Math.max(b.initialMs, lostForMs * BACKOFF_SHARE));
+  return Math.round(base * (1 - BACKOFF_JITTER * rand()));
 }
 
 function readIfExists(file: string): Buffer | undefined {
@@ -138,7 +154,7 @@ export interface UpstreamCall {
   /** Asks for the next message. */
   startRead(): void;
   cancel(details: string): void;
-  /** Calls back once the channel is connected, or with an error after timeoutMs. */
+  /** Calls back once the channel is connected, or with an error after timeoutMs; never after close(). */
   whenReady(timeoutMs: number, cb: (err?: Error) => void): void;
   /** Closes the channel. */
   close(): void;
@@ -146,7 +162,7 @@ export interface UpstreamCall {
 
 const FLOW_CONTROL_WINDOW = 16 * 1024 * 1024;
 
-/** Opens one ADS call on a new channel. Throws AgentError if credentials cannot be loaded. */
+/** Opens one ADS call on a new channel with a connection of its own. Throws AgentError if credentials cannot be loaded. */
 export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes: number, listener: UpstreamListener): UpstreamCall {
   const options: grpc.ChannelOptions = {
     'grpc.max_receive_message_length': maxMessageBytes,
@@ -155,6 +171,10 @@ export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes:
     'grpc.keepalive_timeout_ms': o.keepaliveTimeoutMs ?? 10_000,
     // The proxy owns retries: it re-sends subscriptions itself, so gRPC must not replay messages.
     'grpc.enable_retries': 0,
+    // The proxy also owns the reconnect backoff: each channel is one connection attempt (see grpc-connect-once.ts).
+    // A channel that shares a subchannel still in another's backoff fails at once without connecting ("No
+    // connection established. Last error: null"), and the two backoffs multiply into a 30 s stall after a 3 s outage.
+    ...connectOnceOptions(),
     // HTTP/2's default 64 KB window makes a 10 MB push wait on hundreds of WINDOW_UPDATEs (Envoy advertises
     // 256 MB). This is also the most the proxy holds unread when it stops reading because Envoy is behind.
     'grpc-node.flow_control_window': FLOW_CONTROL_WINDOW,
@@ -173,6 +193,7 @@ export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes:
     creds = grpc.credentials.createInsecure();
   }
   const client = new grpc.Client(o.address, creds, options);
+  let closed = false;
   // Messages are Buffers at this level: serialization is the client stub's job, and there is none.
   const call = client.getChannel().createCall(ADS_PATHS[kind], Infinity, null, null, null);
   call.start(md, {
@@ -184,7 +205,10 @@ export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes:
     write: (m, done) => call.sendMessageWithContext({ callback: () => done() }, m),
     startRead: () => call.startRead(),
     cancel: (details) => call.cancelWithStatus(grpc.status.CANCELLED, details),
-    whenReady: (timeoutMs, cb) => client.waitForReady(Date.now() + timeoutMs, (err) => cb(err ?? undefined)),
-    close: () => client.close(),
+    whenReady: (timeoutMs, cb) => whenChannelReady(client.getChannel(), Date.now() + timeoutMs, () => closed, cb),
+    close: () => {
+      closed = true;
+      client.close();
+    },
   };
 }

@@ -149,12 +149,52 @@ test('Delta re-send: subscriptions with the versions Envoy ACKed; NACKed and una
   assert.equal(dec(DREQ, s.resend()[0]!.bytes).resource_names_subscribe, ['*', 'z'], 'wildcard kept explicit next to names');
 });
 
-test('reconnect backoff doubles from the initial delay to the cap, spread over 0.5x-1.5x', () => {
+test('reconnect backoff: 15 % of the time the upstream has been lost, from the initial delay to the cap, jittered down by up to 20 %', () => {
   const b = { initialMs: 200, maxMs: 30_000 };
-  assert.equal([1, 2, 3, 4].map((a) => backoffDelay(a, b, () => 0.5)), [200, 400, 800, 1600]);
-  assert.is(backoffDelay(20, b, () => 0.5), 30_000);
-  assert.is(backoffDelay(1, b, () => 0), 100);
-  assert.is(backoffDelay(1, b, () => 0.999), 300);
+  assert.equal([0, 1000, 10_000, 100_000].map((t) => backoffDelay(t, b, () => 0)), [200, 200, 1500, 15_000]);
+  assert.is(backoffDelay(10_000, b, () => 0.5), 1350);
+  assert.is(backoffDelay(10_000, b, () => 0.999_999), 1200);
+  assert.is(backoffDelay(0, b, () => 0.999_999), 160, 'the initial delay is jittered too');
+  // The cap is the longest wait, jitter included, however long the outage.
+  assert.is(backoffDelay(200_000, b, () => 0), 30_000);
+  assert.is(backoffDelay(1e12, b, () => 0), 30_000);
+  assert.is(backoffDelay(1e12, b, () => 0.999_999), 24_000);
+  for (let i = 0; i < 10_000; i++) {
+    const t = i * 97;
+    const d = backoffDelay(t, b);
+    const base = Math.min(30_000, Math.max(200, 0.15 * t));
+    assert.ok(d <= base + 0.5 && d >= 0.8 * base - 0.5, `${d} ms after ${t} ms`);
+  }
+});
+
+/** A seeded generator, so a failure here can be replayed. */
+function prng(seed: number): () => number {
+  return () => ((seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31) / 2 ** 31);
+}
+
+test('reconnect backoff: whenever the control plane returns, the next attempt is within max(1 s, 25 % of the outage), and a fleet does not return in one wave', () => {
+  const b = { initialMs: 200, maxMs: 30_000 };
+  const rand = prng(7);
+  // Attempt times of one agent that lost its control plane at 0 (each attempt fails at once while it is away).
+  const schedule = (until: number) => {
+    const at: number[] = [];
+    for (let t = 0; t <= until;) at.push((t += backoffDelay(t, b, rand)));
+    return at;
+  };
+  for (let agent = 0; agent < 200; agent++) {
+    const at = schedule(700_000);
+    for (let outage = 100; outage <= 600_000; outage += 100) {
+      const next = at.find((t) => t >= outage)!;
+      assert.ok(next - outage <= Math.max(1000, outage / 4), `outage ${outage} ms: next attempt ${next - outage} ms after the return`);
+    }
+    assert.ok(at.filter((t) => t <= 30_000).length < 40, 'the attempts in a 30 s outage are bounded');
+  }
+  // 1000 agents that lost the same control plane at once, back after 30 s: no 100 ms holds more than 5 % of them.
+  const back = Array.from({ length: 1000 }, () => schedule(31_000).find((t) => t >= 30_000)!);
+  const buckets = new Map<number, number>();
+  for (const t of back) buckets.set(Math.floor(t / 100), (buckets.get(Math.floor(t / 100)) ?? 0) + 1);
+  assert.ok(Math.max(...buckets.values()) <= 50, `${Math.max(...buckets.values())} of 1000 agents reconnect in the same 100 ms`);
+  assert.ok(Math.max(...back) - 30_000 <= 7500);
 });
 
 test('the NameTable schema in lib/xds-istio.ts matches proto/istio/*.proto', () => {

@@ -156,6 +156,8 @@ export interface ControlPlaneOptions {
   maxMessageBytes?: number;
   /** Prefix of every nonce, to tell two instances' nonces apart. */
   noncePrefix?: string;
+  /** Listen on this Unix socket instead of a TCP port on 127.0.0.1. */
+  socketPath?: string;
 }
 
 export class ControlPlane {
@@ -175,7 +177,7 @@ export class ControlPlane {
   constructor(private readonly opts: ControlPlaneOptions = {}) {}
 
   get address(): string {
-    return `127.0.0.1:${this.port}`;
+    return this.opts.socketPath ? `unix://${this.opts.socketPath}` : `127.0.0.1:${this.port}`;
   }
 
   get openStreams(): number {
@@ -193,7 +195,8 @@ export class ControlPlane {
     const creds = this.opts.tls
       ? grpc.ServerCredentials.createSsl(this.opts.tls.clientCa ?? null, [{ private_key: this.opts.tls.key, cert_chain: this.opts.tls.cert }], !!this.opts.tls.clientCa)
       : grpc.ServerCredentials.createInsecure();
-    this.port = await new Promise<number>((resolve, reject) => server.bindAsync(`127.0.0.1:${port}`, creds, (e, p) => (e ? reject(e) : resolve(p))));
+    const where = this.opts.socketPath ? `unix://${this.opts.socketPath}` : `127.0.0.1:${port}`;
+    this.port = await new Promise<number>((resolve, reject) => server.bindAsync(where, creds, (e, p) => (e ? reject(e) : resolve(p))));
     this.server = server;
     return this.port;
   }
