@@ -118,3 +118,45 @@ export const PILOT_DEBOUNCE_AFTER = duration('PILOT_DEBOUNCE_AFTER', '100ms', 'D
 export const PILOT_DEBOUNCE_MAX = duration('PILOT_DEBOUNCE_MAX', '10s', 'Discovery server: longest a change waits for the quiet period');
 export const ENVOY_START_TIMEOUT = duration('ENVOY_START_TIMEOUT', '5m', 'A hot-restarted epoch not live after this long is aborted and retried while the old one serves (0: wait forever)');
 export const STATUS_SERVER_REMOTE_DEBUG = bool('STATUS_SERVER_REMOTE_DEBUG', false, 'Serve the status port\'s /debug/ pages to any address, not only loopback');
+
+// ---- istio-iptables (traffic capture) and Envoy's uid/gid ----
+// Read by `pilot-agent istio-iptables` as Istio's command reads them: the flag wins over the variable.
+export const IPTABLES_ENV = {
+  INBOUND_CAPTURE_PORT: str('INBOUND_CAPTURE_PORT', '15006', 'istio-iptables -z: port inbound TCP is redirected to'),
+  INBOUND_TUNNEL_PORT: str('INBOUND_TUNNEL_PORT', '15008', 'istio-iptables -e: the tunnel port, never captured inbound'),
+  PROXY_UID: str('PROXY_UID', '', 'istio-iptables -u: uid(s) whose traffic is not captured (default: ENVOY_USER\'s uid, else 1337)'),
+  PROXY_GID: str('PROXY_GID', '', 'istio-iptables -g: gid(s) whose traffic is not captured (default: the uid)'),
+  ISTIO_INBOUND_INTERCEPTION_MODE: str('ISTIO_INBOUND_INTERCEPTION_MODE', '', 'istio-iptables -m: REDIRECT or TPROXY'),
+  ISTIO_INBOUND_TPROXY_MARK: str('ISTIO_INBOUND_TPROXY_MARK', '1337', 'istio-iptables -t: packet mark of TPROXY inbound'),
+  ISTIO_INBOUND_TPROXY_ROUTE_TABLE: str('ISTIO_INBOUND_TPROXY_ROUTE_TABLE', '133', 'istio-iptables -r: routing table of TPROXY inbound'),
+  ISTIO_INBOUND_PORTS: str('ISTIO_INBOUND_PORTS', '', 'istio-iptables -b: inbound ports captured ("*" for all)'),
+  ISTIO_LOCAL_EXCLUDE_PORTS: str('ISTIO_LOCAL_EXCLUDE_PORTS', '', 'istio-iptables -d: inbound ports not captured with -b "*"'),
+  ISTIO_EXCLUDE_INTERFACES: str('ISTIO_EXCLUDE_INTERFACES', '', 'istio-iptables -c: interfaces never captured'),
+  ISTIO_SERVICE_CIDR: str('ISTIO_SERVICE_CIDR', '', 'istio-iptables -i: outbound CIDRs captured ("*" for all)'),
+  ISTIO_SERVICE_EXCLUDE_CIDR: str('ISTIO_SERVICE_EXCLUDE_CIDR', '', 'istio-iptables -x: outbound CIDRs not captured'),
+  ISTIO_OUTBOUND_PORTS: str('ISTIO_OUTBOUND_PORTS', '', 'istio-iptables -q: outbound ports always captured'),
+  ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE: str('ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE', '', 'istio-iptables -o: outbound ports never captured'),
+  KUBE_VIRT_INTERFACES: str('KUBE_VIRT_INTERFACES', '', 'istio-iptables -k: interfaces whose inbound traffic is treated as outbound'),
+  DRY_RUN: str('DRY_RUN', '', 'istio-iptables -n: print the rules, change nothing'),
+  IPTABLES_PROBE_PORT: str('IPTABLES_PROBE_PORT', '15002', 'istio-iptables --iptables-probe-port (accepted)'),
+  PROBE_TIMEOUT: str('PROBE_TIMEOUT', '5s', 'istio-iptables --probe-timeout (accepted)'),
+  SKIP_RULE_APPLY: str('SKIP_RULE_APPLY', '', 'istio-iptables --skip-rule-apply: do nothing'),
+  RUN_VALIDATION: str('RUN_VALIDATION', '', 'istio-iptables --run-validation (accepted)'),
+  REDIRECT_DNS: str('REDIRECT_DNS', '', 'istio-iptables --redirect-dns: capture DNS to the agent on 15053 (also ISTIO_META_DNS_CAPTURE)'),
+  DROP_INVALID: str('DROP_INVALID', '', 'istio-iptables --drop-invalid: drop conntrack-INVALID packets (also INVALID_DROP)'),
+  INVALID_DROP: str('INVALID_DROP', '', 'Older name of DROP_INVALID'),
+  DUAL_STACK: str('DUAL_STACK', '', 'istio-iptables --dual-stack (also ISTIO_DUAL_STACK)'),
+  ISTIO_DUAL_STACK: str('ISTIO_DUAL_STACK', '', 'Same as DUAL_STACK'),
+  CAPTURE_ALL_DNS: str('CAPTURE_ALL_DNS', '', 'istio-iptables --capture-all-dns: capture port 53 to any server, not only resolv.conf\'s'),
+  NETWORK_NAMESPACE: str('NETWORK_NAMESPACE', '', 'istio-iptables --network-namespace: path of the netns to program (run through nsenter)'),
+  CNI_MODE: str('CNI_MODE', '', 'istio-iptables --cni-mode (accepted)'),
+  RECONCILE: str('RECONCILE', '', 'istio-iptables --reconcile: replace differing Istio rules left by an earlier run'),
+  CLEANUP_ONLY: str('CLEANUP_ONLY', '', 'istio-iptables --cleanup-only: remove Istio rules, add none'),
+  FORCE_APPLY: str('FORCE_APPLY', '', 'istio-iptables --force-apply: apply even when the rules seem to be in place'),
+  NATIVE_NFTABLES: str('NATIVE_NFTABLES', '', 'istio-iptables --native-nftables (not supported: an error)'),
+  FORCE_IPTABLES_BINARY: str('FORCE_IPTABLES_BINARY', '', 'istio-iptables --force-iptables-binary: legacy or nft'),
+  ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR: str('ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR', '127.0.0.1/32', 'IPv4 loopback CIDR of traffic meant for the app container'),
+  ISTIO_OUTBOUND_OWNER_GROUPS: str('ISTIO_OUTBOUND_OWNER_GROUPS', '*', 'Groups whose outbound traffic is captured ("*" for all)'),
+  ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE: str('ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE', '', 'Groups whose outbound traffic is not captured (with "*")'),
+  ENVOY_USER: str('ENVOY_USER', 'istio-proxy', 'User whose uid is the default of istio-iptables -u'),
+} as const;
