@@ -12,7 +12,7 @@ import { IPTABLES_ENV as E, type Env } from './env';
 import { configureLogging, scope } from './log';
 import {
   buildCaptureRules, checkCommands, cleanupTables, DEFAULT_SETTINGS, hasIstioState, parsePrefix, parseSave,
-  renderRestore, restoreTables, sameShape, separateV4V6, splitList, type CaptureSettings, type Rule,
+  renderRestore, restoreTables, sameShape, separateV4V6, splitList, type CaptureSettings, type Rule, type TableLines,
 } from './iptables-rules';
 
 const log = scope('iptables');
@@ -509,7 +509,7 @@ async function planFamily(r: Runner, cmd: IptablesCommand, family: 4 | 6, backen
 async function tproxyRoutes(r: Runner, cmd: IptablesCommand, ipv6: boolean): Promise<void> {
   const ip = async (args: string[], tolerateExists: boolean) => {
     const res = await r.run('ip', args);
-    if (res.code !== 0 && !(tolerateExists && /exists/i.test(res.stderr))) throw new AgentError('IO', `ip ${args.join(' ')} failed: ${res.stderr}`);
+    if (res.code !== 0 && !(tolerateExists && /exists|already assigned/i.test(res.stderr))) throw new AgentError('IO', `ip ${args.join(' ')} failed: ${res.stderr}`);
   };
   if (ipv6) await ip(['-6', 'addr', 'add', '::6/128', 'dev', 'lo'], true);
   if (cmd.settings.inboundPortsInclude === '' || cmd.settings.inboundInterceptionMode !== 'TPROXY') return;
@@ -523,21 +523,47 @@ async function tproxyRoutes(r: Runner, cmd: IptablesCommand, ipv6: boolean): Pro
   }
 }
 
-async function clean(r: Runner, force: '' | 'legacy' | 'nft'): Promise<void> {
+/** Deletes of the arguments' own rules in built-in chains that are present (a jump to an ISTIO_ chain is found anyway). */
+async function argumentDeletes(r: Runner, bin: string, rules: readonly Rule[]): Promise<TableLines> {
+  const out: TableLines = new Map();
+  const checks = checkCommands(rules);
+  for (let i = 0; i < rules.length; i++) {
+    const rule = rules[i]!;
+    const target = rule.params[rule.params.indexOf('-j') + 1] ?? '';
+    if (rule.chain.startsWith('ISTIO_') || target.startsWith('ISTIO_')) continue;
+    if ((await r.run(bin, checks[i]!)).code !== 0) continue;
+    const line = ['-D', ...checks[i]!.slice(3)].join(' ');
+    out.set(rule.table, [...(out.get(rule.table) ?? []), line]);
+  }
+  return out;
+}
+
+/**
+ * Removes every ISTIO_ chain and every jump to one, in both families and every backend that has them, plus
+ * the rules the given arguments put in built-in chains (TPROXY's marks, -c and -k returns), as Istio's
+ * --cleanup-only does with the same arguments.
+ */
+async function clean(r: Runner, cmd: IptablesCommand, env: Env): Promise<void> {
+  const s = { ...cmd.settings, enableIpv6: true };
+  if (s.proxyUid === '') s.proxyUid = uidOf(E.ENVOY_USER.get(env)) ?? '1337';
+  if (s.proxyGid === '') s.proxyGid = s.proxyUid;
+  const rules = buildCaptureRules(s);
   let found = false;
   for (const family of [4, 6] as const) {
-    for (const variant of force ? [force] : (['legacy', 'nft', ''] as const)) {
+    for (const variant of cmd.forceBinary ? [cmd.forceBinary] : (['legacy', 'nft', ''] as const)) {
       const b = binaries(family, variant);
       const dump = await r.run(b.save, []);
       if (dump.code !== 0) continue;
       found = true;
       const state = parseSave(dump.stdout);
-      if (!hasIstioState(state)) continue;
+      if (!/^-A /m.test(dump.stdout)) continue;
+      const extra = await argumentDeletes(r, b.bin, family === 4 ? rules.v4 : rules.v6);
+      if (!hasIstioState(state) && extra.size === 0) continue;
       const ver = await r.run(b.save, ['--version']);
       const backend = { ...b, legacy: !ver.stdout.includes('nf_tables') };
       backend.wait = backend.legacy ? ['--wait=30'] : [];
       log.info(`removing Istio rules with ${b.restore}`);
-      await restore(r, backend, renderRestore(cleanupTables(state)), true);
+      await restore(r, backend, renderRestore(extra, cleanupTables(state)), true);
     }
   }
   if (!found) throw new AgentError('IO', 'no usable iptables binary (tried iptables-legacy-save, iptables-nft-save, iptables-save; install the iptables package)');
@@ -599,7 +625,7 @@ export async function runIstioIptables(args: string[], opts: IptablesRunOptions 
         log.info('dry run: would remove every ISTIO_ chain and every jump to one');
         return 0;
       }
-      await clean(r, cmd.forceBinary);
+      await clean(r, cmd, env);
       return 0;
     }
     const settings = await completeSettings(cmd, r, env, opts.resolvConf ?? '/etc/resolv.conf');
@@ -636,7 +662,7 @@ export async function runIstioCleanIptables(args: string[], opts: IptablesRunOpt
       log.info('dry run: would remove every ISTIO_ chain and every jump to one');
       return 0;
     }
-    await clean(new Runner(env, cmd.networkNamespace), cmd.forceBinary);
+    await clean(new Runner(env, cmd.networkNamespace), cmd, env);
     return 0;
   } catch (e) {
     return fail(e);

@@ -9,6 +9,11 @@ export NO_COLOR=1 FORCE_COLOR=0
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   npm ci --no-audit --no-fund >&2 || { echo "test: npm ci failed"; echo "0 passed, 1 failed"; exit 1; }
 fi
+# The istio-iptables tests program real iptables in network namespaces they create (CI runs as root).
+if ! command -v iptables-restore >/dev/null 2>&1; then
+  echo "test: installing iptables" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables; } >&2 || echo "test: could not install iptables" >&2
+fi
 if ! ENVOY_BIN="$(bash scripts/install-envoy.sh)"; then
   echo "test: no real Envoy could be found or installed; tests that need Envoy cannot run"
   echo "0 passed, 1 failed"; exit 1

@@ -1,0 +1,225 @@
+// istio-iptables against the real kernel: each test makes its own network namespace (lo plus a veth with an
+// IPv4 or IPv6 address, as a pod has), runs the command into it with --network-namespace, and compares
+// iptables-save with what Istio's Go command left for the same arguments (test/golden/iptables).
+
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { runIstioCleanIptables, runIstioIptables } from '../lib/iptables-command';
+import { configureLogging, resetLogging } from '../lib/log';
+
+interface Case {
+  name: string;
+  net: 'v4' | 'v6';
+  env?: Record<string, string>;
+  resolv?: string[];
+  args: string[];
+}
+
+const goldenDir = path.join(__dirname, 'golden', 'iptables');
+const cases = JSON.parse(readFileSync(path.join(goldenDir, 'cases.json'), 'utf8')) as Case[];
+const golden = (name: string, ext: string) => readFileSync(path.join(goldenDir, `${name}.${ext}`), 'utf8');
+const byName = (name: string) => cases.find((c) => c.name === name)!;
+
+let seq = 0;
+interface Netns {
+  name: string;
+  path: string;
+  save(family: 4 | 6): string;
+}
+
+/** A fresh namespace for fn, deleted afterwards whatever happens. */
+async function withNetns(net: 'v4' | 'v6', fn: (ns: Netns) => Promise<void>): Promise<void> {
+  const name = `ipt-test-${process.pid}-${++seq}`;
+  const ip = (...args: string[]) => execFileSync('ip', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  ip('netns', 'add', name);
+  try {
+    ip('-n', name, 'link', 'set', 'lo', 'up');
+    ip('-n', name, 'link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'eth1');
+    if (net === 'v4') ip('-n', name, 'addr', 'add', '10.1.0.5/24', 'dev', 'eth0');
+    else ip('-n', name, '-6', 'addr', 'add', 'fd00:1::5/64', 'dev', 'eth0', 'nodad');
+    ip('-n', name, 'link', 'set', 'eth0', 'up');
+    ip('-n', name, 'link', 'set', 'eth1', 'up');
+    const nsPath = `/var/run/netns/${name}`;
+    await fn({
+      name,
+      path: nsPath,
+      save: (family) =>
+        normalise(execFileSync('nsenter', [`--net=${nsPath}`, '--', family === 4 ? 'iptables-save' : 'ip6tables-save'], { stdio: ['ignore', 'pipe', 'ignore'] }).toString()),
+    });
+  } finally {
+    ip('netns', 'del', name);
+  }
+}
+
+function normalise(save: string): string {
+  return save.split('\n').filter((l) => !l.startsWith('#')).map((l) => l.replace(/\[\d+:\d+\]/, '[0:0]')).join('\n');
+}
+
+/** Runs one case's command into ns; returns the exit code, what it printed and what it logged. */
+async function run(c: Pick<Case, 'env' | 'resolv'>, args: string[], ns: Netns, clean = false) {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'ipt-test-'));
+  const logs: string[] = [];
+  configureLogging({ write: (l) => logs.push(l) });
+  try {
+    const resolvConf = path.join(dir, 'resolv.conf');
+    writeFileSync(resolvConf, (c.resolv ?? []).map((s) => `nameserver ${s}\n`).join(''));
+    let out = '';
+    const opts = { env: { PATH: process.env.PATH, ...c.env }, resolvConf, out: (t: string) => void (out += t) };
+    const fullArgs = ['--network-namespace', ns.path, ...args];
+    const code = clean ? await runIstioCleanIptables(fullArgs, opts) : await runIstioIptables(fullArgs, opts);
+    return { code, out, logs: logs.join('\n') };
+  } finally {
+    resetLogging();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+const noIstio = (save: string) => !/ISTIO/.test(save) && !/^-A /m.test(save);
+
+for (const c of cases) {
+  test(`${c.name}: iptables-save equals the Go command's, a second run changes nothing, clean leaves empty tables`, async () => {
+    await withNetns(c.net, async (ns) => {
+      const first = await run(c, c.args, ns);
+      assert.is(first.code, 0, first.logs);
+      assert.fixture(ns.save(4), golden(c.name, 'v4'));
+      assert.fixture(ns.save(6), golden(c.name, 'v6'));
+
+      const second = await run(c, c.args, ns);
+      assert.is(second.code, 0, second.logs);
+      assert.match(second.logs, /already in place/);
+      assert.fixture(ns.save(4), golden(c.name, 'v4'));
+      assert.fixture(ns.save(6), golden(c.name, 'v6'));
+
+      // Like Istio's --cleanup-only, the rules the arguments put in built-in chains need the same arguments.
+      const cleaned = await run(c, c.args, ns, true);
+      assert.is(cleaned.code, 0, cleaned.logs);
+      assert.ok(noIstio(ns.save(4)), ns.save(4));
+      assert.ok(noIstio(ns.save(6)), ns.save(6));
+      assert.match(ns.save(4), /^\*nat\n:PREROUTING ACCEPT \[0:0\]\n:INPUT ACCEPT \[0:0\]\n:OUTPUT ACCEPT \[0:0\]\n:POSTROUTING ACCEPT \[0:0\]\nCOMMIT$/m);
+    });
+  });
+
+  test(`${c.name}: --dry-run prints the Go command's iptables-restore input and changes nothing`, async () => {
+    await withNetns(c.net, async (ns) => {
+      const before = ns.save(4) + ns.save(6);
+      const r = await run(c, [...c.args, '--dry-run'], ns);
+      assert.is(r.code, 0, r.logs);
+      assert.fixture(r.out, golden(c.name, 'dry-run'));
+      assert.is(ns.save(4) + ns.save(6), before);
+    });
+  });
+}
+
+test('istio-clean-iptables also removes rules that other arguments made, and --cleanup-only does the same', async () => {
+  const tproxy = byName('tproxy');
+  const dns = byName('capture-all-dns');
+  await withNetns('v6', async (ns) => {
+    assert.is((await run(tproxy, tproxy.args, ns)).code, 0);
+    const r = await run({}, ['--cleanup-only', '-m', 'TPROXY', '-b', '*'], ns);
+    assert.is(r.code, 0, r.logs);
+    assert.ok(noIstio(ns.save(4)) && noIstio(ns.save(6)), ns.save(4) + ns.save(6));
+    assert.is((await run(dns, dns.args, ns)).code, 0);
+    assert.is((await run({}, [], ns, true)).code, 0);
+    assert.ok(noIstio(ns.save(4)) && noIstio(ns.save(6)), ns.save(4) + ns.save(6));
+  });
+});
+
+test('rules from an earlier run with other arguments: refused without --reconcile, replaced with it', async () => {
+  const a = byName('injector-default');
+  const b = byName('inbound-ports');
+  await withNetns('v4', async (ns) => {
+    assert.is((await run(a, a.args, ns)).code, 0);
+    const refused = await run(b, b.args, ns);
+    assert.is(refused.code, 1);
+    assert.match(refused.logs, /differ from the requested ones; pass --reconcile/);
+    assert.fixture(ns.save(4), golden(a.name, 'v4'));
+    const replaced = await run(b, [...b.args, '--reconcile'], ns);
+    assert.is(replaced.code, 0, replaced.logs);
+    assert.fixture(ns.save(4), golden(b.name, 'v4'));
+  });
+});
+
+test('a restore the kernel rejects leaves the previous rules exactly as they were', async () => {
+  const a = byName('injector-default');
+  const tooLong = 'an-interface-name-far-too-long';
+  await withNetns('v4', async (ns) => {
+    const fresh = await run(a, [...a.args, '-c', tooLong], ns);
+    assert.is(fresh.code, 1);
+    assert.match(fresh.logs, /iptables-nft-restore failed/);
+    assert.ok(noIstio(ns.save(4)), ns.save(4));
+
+    assert.is((await run(a, a.args, ns)).code, 0);
+    const r = await run(byName('tproxy'), [...byName('tproxy').args, '-c', tooLong, '--reconcile'], ns);
+    assert.is(r.code, 1);
+    assert.fixture(ns.save(4), golden(a.name, 'v4'));
+  });
+});
+
+test('unknown or conflicting flags and bad values: one clear error, exit 1, nothing applied', async () => {
+  const bad: [string[], RegExp][] = [
+    [['--no-such-flag'], /unknown flag: --no-such-flag/],
+    [['-y', '1'], /unknown shorthand flag: 'y'/],
+    [['-p'], /flag needs an argument/],
+    [['-p', '15001', '-z', '15001'], /conflicting -p and -z/],
+    [['-m', 'NAT'], /invalid -m\/--istio-inbound-interception-mode "NAT": want REDIRECT or TPROXY/],
+    [['-i', '*', '-x', '*'], /invalid -x\/--istio-service-exclude-cidr "\*"/],
+    [['-i', '10.0.0.0/33'], /invalid -i\/--istio-service-cidr: "10.0.0.0\/33" is not a CIDR/],
+    [['-b', '80,http'], /invalid -b\/--istio-inbound-ports: "http" is not a port/],
+    [['-i', '*', 'extra'], /unexpected argument "extra"/],
+    [['--native-nftables'], /--native-nftables is not supported/],
+    [['--force-iptables-binary', 'xtables'], /want legacy or nft/],
+    [['--dry-run=maybe'], /"maybe" is not a boolean/],
+  ];
+  await withNetns('v4', async (ns) => {
+    for (const [args, message] of bad) {
+      const r = await run({}, args, ns);
+      assert.is(r.code, 1, args.join(' '));
+      assert.match(r.logs, message, args.join(' '));
+      assert.is(r.logs.split('\n').filter((l) => /\terror\t/.test(l)).length, 1, r.logs);
+    }
+    assert.ok(noIstio(ns.save(4)), ns.save(4));
+  });
+});
+
+test('no iptables binary on PATH: a clear error naming the package, exit 1, nothing applied', async () => {
+  const a = byName('injector-default');
+  const empty = mkdtempSync(path.join(os.tmpdir(), 'ipt-nobin-'));
+  try {
+    await withNetns('v4', async (ns) => {
+      // nsenter and ip stay reachable by full path through a PATH holding only them.
+      for (const tool of ['nsenter', 'ip']) {
+        const where = execFileSync('sh', ['-c', `command -v ${tool}`]).toString().trim();
+        execFileSync('ln', ['-s', where, path.join(empty, tool)]);
+      }
+      const r = await run({ env: { PATH: empty } }, a.args, ns);
+      assert.is(r.code, 1);
+      assert.match(r.logs, /no usable iptables binary \(tried iptables-legacy, iptables-nft, iptables; install the iptables package\)/);
+      const c = await run({ env: { PATH: empty } }, [], ns, true);
+      assert.is(c.code, 1);
+      assert.match(c.logs, /install the iptables package/);
+      assert.ok(noIstio(ns.save(4)));
+    });
+  } finally {
+    rmSync(empty, { recursive: true, force: true });
+  }
+});
+
+test('environment variables are read like the flags; a flag wins over its variable', async () => {
+  const a = byName('injector-default');
+  await withNetns('v4', async (ns) => {
+    const env = { ISTIO_INBOUND_PORTS: '9080,9443', ISTIO_LOCAL_EXCLUDE_PORTS: '15020', ISTIO_SERVICE_CIDR: '*', INBOUND_CAPTURE_PORT: '15006' };
+    const r = await run({ env }, ['-p', '15001', '-u', '1337', '-m', 'REDIRECT'], ns);
+    assert.is(r.code, 0, r.logs);
+    assert.fixture(ns.save(4), golden('inbound-ports', 'v4'));
+    assert.is((await run({}, [], ns, true)).code, 0);
+    const flagWins = await run({ env: { ISTIO_INBOUND_PORTS: '9080' } }, a.args, ns);
+    assert.is(flagWins.code, 0, flagWins.logs);
+    assert.fixture(ns.save(4), golden(a.name, 'v4'));
+  });
+});
+
+test.run();
