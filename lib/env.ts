@@ -160,3 +160,5 @@ export const IPTABLES_ENV = {
   ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE: str('ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE', '', 'Groups whose outbound traffic is not captured (with "*")'),
   ENVOY_USER: str('ENVOY_USER', 'istio-proxy', 'User whose uid is the default of istio-iptables -u'),
 } as const;
+export const ENVOY_UID = str('ENVOY_UID', '', 'Run Envoy as this uid or user name (agent running as root); pair it with istio-iptables -u');
+export const ENVOY_GID = str('ENVOY_GID', '', 'Run Envoy with this gid or group name (default: ENVOY_UID\'s primary group, or the uid); pair it with istio-iptables -g');

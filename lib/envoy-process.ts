@@ -3,7 +3,10 @@
 // directly), and with hot restart enabled Envoy sets PR_SET_PDEATHSIG itself, so it dies with the agent.
 
 import { spawn as nodeSpawn, execFile } from 'node:child_process';
+import * as fs from 'node:fs';
 import * as readline from 'node:readline';
+import { DNS_PROXY_ADDR, ENVOY_GID, ENVOY_UID, type Env } from './env';
+import { configError } from './errors';
 
 export interface ExitStatus {
   code: number | null;
@@ -24,7 +27,82 @@ export interface SpawnOptions {
   env?: NodeJS.ProcessEnv;
   /** Where each line of Envoy's log goes (the agent's stderr). */
   passThrough: (line: string) => void;
+  /** Run Envoy as this user and group (the agent must be root); see envoyCredentials. */
+  credentials?: EnvoyCredentials;
 }
+
+/** The user and group Envoy runs as when the agent, running as root, starts it as someone else. */
+export interface EnvoyCredentials {
+  /** Unset: Envoy keeps the agent's uid (root) and only changes group, as Istio's TPROXY sidecar does. */
+  uid?: number;
+  gid: number;
+  /** Why: for the log line. */
+  reason: string;
+}
+
+/** Istio's proxy uid and gid: what `istio-iptables -u/-g` exclude from capture by default. */
+export const ISTIO_PROXY_ID = 1337;
+
+/**
+ * Whether Envoy runs as another user than the agent. ENVOY_UID / ENVOY_GID (ours: numbers or names) ask for
+ * it; otherwise Istio's own rule applies: an agent running as root whose DNS proxy listens on port 53 starts
+ * Envoy as 1337:1337 (pkg/istio-agent: the mode for containers that run as root without iptables). In a
+ * Kubernetes pod neither applies: the container itself runs as 1337 (as root with group 1337 for TPROXY).
+ */
+export function envoyCredentials(env: Env, agentUid: number, lookup: IdLookup = systemIds): EnvoyCredentials | undefined {
+  const uidText = ENVOY_UID.get(env);
+  const gidText = ENVOY_GID.get(env);
+  if (uidText !== '' || gidText !== '') {
+    const uid = uidText === '' ? undefined : resolveId(uidText, 'ENVOY_UID', lookup.user);
+    const gid = gidText !== '' ? resolveId(gidText, 'ENVOY_GID', lookup.group) : uid !== undefined ? (lookup.primaryGroup(uid) ?? uid) : 0;
+    if (agentUid !== 0) {
+      if (uid === agentUid && gidText === '') return undefined;
+      const name = uidText !== '' ? ENVOY_UID.name : ENVOY_GID.name;
+      throw configError(name, `environment variable ${name}`, `the agent runs as uid ${agentUid}, not root, so it cannot start Envoy as another user or group`);
+    }
+    return { uid, gid, reason: `${uidText !== '' ? 'ENVOY_UID' : ''}${uidText !== '' && gidText !== '' ? '/' : ''}${gidText !== '' ? 'ENVOY_GID' : ''}` };
+  }
+  if (agentUid === 0 && DNS_PROXY_ADDR.get(env).endsWith(':53')) {
+    return { uid: ISTIO_PROXY_ID, gid: ISTIO_PROXY_ID, reason: 'the agent runs as root with DNS_PROXY_ADDR on port 53 (Istio\'s rule)' };
+  }
+  return undefined;
+}
+
+export interface IdLookup {
+  user(name: string): number | undefined;
+  group(name: string): number | undefined;
+  primaryGroup(uid: number): number | undefined;
+}
+
+function resolveId(text: string, name: string, byName: (n: string) => number | undefined): number {
+  if (/^\d+$/.test(text)) return Number(text);
+  const id = byName(text);
+  if (id === undefined) throw configError(name, `environment variable ${name}`, `"${text}" is neither a number nor a known name`);
+  return id;
+}
+
+function readDb(file: string): string[][] {
+  try {
+    return fs.readFileSync(file, 'utf8').split('\n').map((l) => l.split(':'));
+  } catch {
+    return [];
+  }
+}
+
+const systemIds: IdLookup = {
+  user: (n) => {
+    const f = readDb('/etc/passwd').find((x) => x[0] === n);
+    return f?.[2] ? Number(f[2]) : undefined;
+  },
+  group: (n) => {
+    const f = readDb('/etc/group').find((x) => x[0] === n);
+    return f?.[2] ? Number(f[2]) : undefined;
+  },
+  primaryGroup: (uid) => {
+    const f = readDb('/etc/passwd').find((x) => x[2] === String(uid));
+    return f?.[3] ? Number(f[3]) : undefined;
+  },
+};
 
 export type Spawner = (binary: string, args: string[], opts: SpawnOptions) => EnvoyProcess;
 
@@ -59,7 +137,9 @@ export const spawnEnvoy = (binary: string, args: string[], opts: SpawnOptions): 
   // stdout is inherited, not piped: Node's pipes are sockets, and Envoy cannot open /dev/stdout on a socket
   // (ENXIO), which is where access logs usually go. stderr (Envoy's own log) is read line by line, passed
   // through unchanged, and its tail kept to explain a failure.
-  const child = nodeSpawn(binary, args, { detached: true, stdio: ['ignore', 'inherit', 'pipe'], env: opts.env ?? process.env });
+  // With credentials, libuv sets the group, drops supplementary groups, then sets the user, before exec.
+  const ids = opts.credentials ? { gid: opts.credentials.gid, ...(opts.credentials.uid !== undefined ? { uid: opts.credentials.uid } : {}) } : {};
+  const child = nodeSpawn(binary, args, { detached: true, stdio: ['ignore', 'inherit', 'pipe'], env: opts.env ?? process.env, ...ids });
   const output = new OutputTail();
   let done = false;
   const exited = new Promise<ExitStatus>((resolve) => {

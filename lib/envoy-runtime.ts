@@ -8,11 +8,14 @@ import * as path from 'node:path';
 import type { AgentConfig } from './config';
 import { activeDownstreamConnections, drainListeners, serverInfo, type AdminAddress } from './envoy-admin';
 import { envoyArgs, bootstrapFileName } from './envoy-args';
-import { runEnvoyCommand, spawnEnvoy, type EnvoyProcess, type RealEnvoyProcess } from './envoy-process';
+import { envoyCredentials, runEnvoyCommand, spawnEnvoy, type EnvoyCredentials, type EnvoyProcess, type RealEnvoyProcess } from './envoy-process';
 import { renderBootstrap } from './bootstrap';
 import { writeFileAtomic } from './fs-atomic';
 import { clearInitializing, isInitializing, removeShm } from './hot-restart-shm';
 import type { DesiredConfig, EnvoyRuntime, LiveProbe } from './supervisor';
+import { scope } from './log';
+
+const log = scope('envoy');
 
 /** A DesiredConfig that also knows how to build Envoy's arguments for any epoch. */
 export interface EnvoyDesiredConfig extends DesiredConfig {
@@ -80,12 +83,43 @@ export function binaryIdentity(file: string): string {
 }
 
 export class RealEnvoyRuntime implements EnvoyRuntime {
-  constructor(private readonly cfg: AgentConfig, private readonly env: NodeJS.ProcessEnv = process.env) {}
+  /** Set when Envoy runs as another user than the agent (ENVOY_UID/ENVOY_GID, or Istio's root + DNS on :53 rule). */
+  readonly credentials: EnvoyCredentials | undefined;
+
+  constructor(private readonly cfg: AgentConfig, private readonly env: NodeJS.ProcessEnv = process.env) {
+    this.credentials = envoyCredentials(env, process.getuid?.() ?? -1);
+  }
 
   writeBootstrap(epoch: number, desired: DesiredConfig): string {
     const file = path.join(this.cfg.proxy.configPath, bootstrapFileName(epoch));
     writeFileAtomic(file, renderBootstrap(desired.bootstrap), 0o600);
+    this.giveToEnvoy(file);
     return file;
+  }
+
+  /** The bootstrap stays 0600, owned by Envoy's user (and group) instead of the agent's. */
+  private giveToEnvoy(file: string): void {
+    const c = this.credentials;
+    if (c) fs.chownSync(file, c.uid ?? -1, c.gid);
+  }
+
+  /**
+   * What Envoy opens as its own user: the agent's xDS and SDS sockets (connecting needs write access to the
+   * socket file; they are 0660) and the base id file Envoy writes into the agent's directory.
+   */
+  private prepareForEnvoyUser(baseId: number | undefined): void {
+    for (const socket of [this.cfg.xdsSocket, this.cfg.sdsSocket]) {
+      try {
+        if (fs.lstatSync(socket).isSocket()) this.giveToEnvoy(socket);
+      } catch {
+        // not served (yet): Envoy retries the connection, and the next epoch's start tries again
+      }
+    }
+    if (baseId === undefined) {
+      const file = baseIdFile(this.cfg);
+      fs.closeSync(fs.openSync(file, 'a', 0o644));
+      this.giveToEnvoy(file);
+    }
   }
 
   removeBootstrap(file: string): void {
@@ -109,7 +143,12 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
 
   spawn(epoch: number, desired: DesiredConfig, file: string, baseId: number | undefined): EnvoyProcess {
     const args = (desired as EnvoyDesiredConfig).argsFor(epoch, file, baseId);
-    return spawnEnvoy(desired.binaryPath, args, { epoch, env: this.env, passThrough: (line) => process.stderr.write(line + '\n') });
+    const credentials = this.credentials;
+    if (credentials) {
+      this.prepareForEnvoyUser(baseId);
+      if (epoch === 0) log.info(`starting Envoy as uid ${credentials.uid ?? process.getuid?.()} gid ${credentials.gid}: ${credentials.reason}`);
+    }
+    return spawnEnvoy(desired.binaryPath, args, { epoch, env: this.env, credentials, passThrough: (line) => process.stderr.write(line + '\n') });
   }
 
   failureReason(proc: EnvoyProcess): string {

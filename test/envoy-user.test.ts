@@ -1,0 +1,115 @@
+// Envoy as the proxy's uid/gid (1337), which istio-iptables' owner rules exclude from capture: who decides,
+// and the real agent running as root starting the real Envoy as 1337 through hot restarts.
+
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { envoyCredentials, type IdLookup } from '../lib/envoy-process';
+import { removeShm, shmPath } from '../lib/hot-restart-shm';
+import { envoyBin, freePort, httpRequest, pidAlive, tempDir, waitFor } from './helpers/harness';
+import { debugEpochs, startAgent, waitLiveEpoch } from './helpers/agent';
+import { staticBootstrap } from './helpers/static-bootstrap';
+
+const ids: IdLookup = {
+  user: (n) => ({ 'istio-proxy': 1337 })[n],
+  group: (n) => ({ 'istio-proxy': 1337, mesh: 2000 })[n],
+  primaryGroup: (uid) => (uid === 1500 ? 1501 : undefined),
+};
+
+test('who runs Envoy: ENVOY_UID/ENVOY_GID when the agent is root, Istio\'s root + DNS on :53 rule, else the agent\'s own user', () => {
+  assert.is(envoyCredentials({}, 0, ids), undefined, 'root, nothing asked: Envoy stays root');
+  assert.equal(envoyCredentials({ ENVOY_UID: '1337' }, 0, ids), { uid: 1337, gid: 1337, reason: 'ENVOY_UID' });
+  assert.equal(envoyCredentials({ ENVOY_UID: 'istio-proxy', ENVOY_GID: 'mesh' }, 0, ids), { uid: 1337, gid: 2000, reason: 'ENVOY_UID/ENVOY_GID' });
+  assert.equal(envoyCredentials({ ENVOY_UID: '1500' }, 0, ids)?.gid, 1501, 'the user\'s primary group');
+  assert.equal(envoyCredentials({ ENVOY_GID: '1337' }, 0, ids), { uid: undefined, gid: 1337, reason: 'ENVOY_GID' }, 'root with group 1337, as Istio\'s TPROXY sidecar');
+  assert.equal(envoyCredentials({ DNS_PROXY_ADDR: '0.0.0.0:53' }, 0, ids)?.uid, 1337, 'Istio: root agent with DNS on :53');
+  assert.is(envoyCredentials({ DNS_PROXY_ADDR: '0.0.0.0:53' }, 1337, ids), undefined, 'not root: no switch');
+  assert.is(envoyCredentials({ DNS_PROXY_ADDR: 'localhost:15053' }, 0, ids), undefined);
+  assert.is(envoyCredentials({ ENVOY_UID: '1337' }, 1337, ids), undefined, 'already that user');
+  assert.throws(() => envoyCredentials({ ENVOY_UID: '1337' }, 1000, ids), /invalid ENVOY_UID \(from environment variable ENVOY_UID\): the agent runs as uid 1000, not root/);
+  assert.throws(() => envoyCredentials({ ENVOY_UID: 'nobody-here' }, 0, ids), /invalid ENVOY_UID .*"nobody-here" is neither a number nor a known name/);
+});
+
+function ownerOf(pid: number): { uid: number; gid: number } {
+  const status = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+  const field = (name: string) => Number(new RegExp(`^${name}:\\s+(\\d+)`, 'm').exec(status)![1]);
+  return { uid: field('Uid'), gid: field('Gid') };
+}
+
+test('the agent as root starts Envoy as 1337:1337 (ENVOY_UID/ENVOY_GID); it serves and hot-restarts as 1337', async () => {
+  assert.is(process.getuid?.(), 0, 'this test runs as root, as CI does');
+  const dir = tempDir('pa-envoy-user-');
+  // Envoy, as 1337, reads its bootstrap under the agent's directory.
+  fs.chmodSync(dir.path, 0o755);
+  const ports = { admin: await freePort(), status: await freePort(), listen: await freePort() };
+  const custom = path.join(dir.path, 'custom.json');
+  const write = (body: string) => {
+    fs.writeFileSync(custom + '.tmp', JSON.stringify(staticBootstrap(ports, body)));
+    fs.renameSync(custom + '.tmp', custom);
+  };
+  write('v0');
+  const configPath = path.join(dir.path, 'proxy');
+  const agent = startAgent(['proxy', 'sidecar'], {
+    PROXY_CONFIG: JSON.stringify({
+      configPath,
+      binaryPath: envoyBin(),
+      customConfigFile: custom,
+      statusPort: ports.status,
+      proxyAdminPort: ports.admin,
+      drainDuration: '1s',
+      parentShutdownDuration: '2s',
+      terminationDrainDuration: '1s',
+    }),
+    POD_NAME: 'user',
+    POD_NAMESPACE: 'test',
+    INSTANCE_IP: '127.0.0.1',
+    ENVOY_STATUS_PORT: String(await freePort()),
+    ENVOY_PROMETHEUS_PORT: String(await freePort()),
+    FILE_DEBOUNCE_DURATION: '50ms',
+    ENVOY_UID: '1337',
+    ENVOY_GID: '1337',
+  }, dir.path);
+  const pids: number[] = [];
+  let baseId: number | null = null;
+  try {
+    const first = await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => {
+      throw new Error(`${e.message}\nagent log:\n${agent.log()}`);
+    });
+    pids.push(first.pid);
+    assert.equal(ownerOf(first.pid), { uid: 1337, gid: 1337 });
+    assert.match(agent.log(), /starting Envoy as uid 1337 gid 1337: ENVOY_UID\/ENVOY_GID/);
+    assert.is((await httpRequest(`http://127.0.0.1:${ports.listen}/`)).body, 'v0');
+    const bootstrapFile = fs.readdirSync(configPath).find((f) => /^envoy-rev/.test(f))!;
+    const st = fs.statSync(path.join(configPath, bootstrapFile));
+    assert.equal([st.uid, st.gid, st.mode & 0o777], [1337, 1337, 0o600], 'the bootstrap is Envoy\'s, and private');
+
+    for (let i = 1; i <= 2; i++) {
+      write(`v${i}`);
+      const live = await waitLiveEpoch(ports.status, i, 30_000);
+      pids.push(live.pid);
+      assert.equal(ownerOf(live.pid), { uid: 1337, gid: 1337 }, `epoch ${i}`);
+      await waitFor(`body v${i}`, async () => (await httpRequest(`http://127.0.0.1:${ports.listen}/`)).body === `v${i}`, 10_000);
+    }
+    await waitFor('only the newest epoch left', async () => {
+      const d = await debugEpochs(ports.status);
+      return d.epochs.length === 1 && d.epochs[0]!.epoch === 2;
+    }, 15_000);
+    baseId = (await debugEpochs(ports.status)).baseId;
+    assert.ok(baseId !== null && fs.statSync(shmPath(baseId)).uid === 1337, 'Envoy\'s shared memory is its own');
+
+    // A normal stop: Envoy (another user) is still ended by the agent, which removes its shared memory.
+    agent.proc.kill('SIGTERM');
+    const end = await agent.exited;
+    assert.is(end.code, 0, agent.log());
+    for (const pid of pids) assert.not.ok(pidAlive(pid), `Envoy ${pid} ended`);
+    assert.not.ok(fs.existsSync(shmPath(baseId!)), 'shared memory removed');
+  } finally {
+    await agent.stop();
+    if (baseId !== null) removeShm(baseId);
+    for (const pid of pids) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
+    dir.cleanup();
+  }
+});
+
+test.run();
