@@ -4,6 +4,8 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
+import * as http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import { envoyCredentials, type IdLookup } from '../lib/envoy-process';
 import { removeShm, shmPath } from '../lib/hot-restart-shm';
@@ -108,6 +110,57 @@ test('the agent as root starts Envoy as 1337:1337 (ENVOY_UID/ENVOY_GID); it serv
     await agent.stop();
     if (baseId !== null) removeShm(baseId);
     for (const pid of pids) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
+    dir.cleanup();
+  }
+});
+
+test('Envoy as 1337 gets its config over the agent\'s xDS socket (standalone discovery) and routes traffic', async () => {
+  const dir = tempDir('pa-envoy-user-xds-');
+  fs.chmodSync(dir.path, 0o755);
+  const backend = http.createServer((req, res) => {
+    req.resume();
+    res.end('from-backend');
+  });
+  await new Promise<void>((r) => backend.listen(0, '127.0.0.1', () => r()));
+  const backendPort = (backend.address() as AddressInfo).port;
+  const servicePort = await freePort();
+  const status = await freePort();
+  const cfgDir = path.join(dir.path, 'mesh');
+  fs.mkdirSync(cfgDir);
+  fs.writeFileSync(path.join(cfgDir, 'web.yaml'), `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: { name: web, namespace: test }
+spec:
+  hosts: [web.test.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{ number: ${servicePort}, name: http, protocol: HTTP }]
+  endpoints:
+  - { address: 127.0.0.1, ports: { http: ${backendPort} } }
+`);
+  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
+    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(), drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
+    POD_NAME: 'web-client', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
+    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+    ENVOY_UID: '1337',
+  }, dir.path);
+  let baseId: number | null = null;
+  let pid = 0;
+  try {
+    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    const d = await debugEpochs(status);
+    baseId = d.baseId;
+    pid = d.epochs[0]!.pid;
+    assert.equal(ownerOf(pid), { uid: 1337, gid: 1337 });
+    const socket = fs.statSync(path.join(dir.path, 'proxy', 'XDS'));
+    assert.equal([socket.uid, socket.gid], [1337, 1337], 'the xDS socket is handed to Envoy\'s user');
+    await waitFor('routed through Envoy', async () => (await httpRequest(`http://127.0.0.1:${servicePort}/`)).body === 'from-backend', 15_000);
+  } finally {
+    await agent.stop();
+    if (pid && pidAlive(pid)) process.kill(pid, 'SIGKILL');
+    if (baseId !== null) removeShm(baseId);
+    backend.close();
     dir.cleanup();
   }
 });
