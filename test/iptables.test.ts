@@ -8,7 +8,9 @@ import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { runIstioCleanIptables, runIstioIptables } from '../lib/iptables-command';
+import { isIPv4, isIPv6 } from 'node:net';
+import { iptablesCommandFromArgs, runIstioCleanIptables, runIstioIptables } from '../lib/iptables-command';
+import { buildCaptureRules, restoreText } from '../lib/iptables-rules';
 import { configureLogging, resetLogging } from '../lib/log';
 
 interface Case {
@@ -80,6 +82,24 @@ async function run(c: Pick<Case, 'env' | 'resolv'>, args: string[], ns: Netns, c
 
 const noIstio = (save: string) => !/ISTIO/.test(save) && !/^-A /m.test(save);
 
+test('the pure rule builder alone gives the Go command\'s iptables-restore input for every case', () => {
+  try {
+    for (const c of cases) {
+      const s = { ...iptablesCommandFromArgs(c.args, c.env ?? {}).settings, enableIpv6: c.net === 'v6' };
+      s.proxyUid ||= '1337';
+      s.proxyGid ||= s.proxyUid;
+      if (s.redirectDns && !s.captureAllDns) {
+        s.dnsServersV4 = (c.resolv ?? []).filter((a) => isIPv4(a));
+        s.dnsServersV6 = (c.resolv ?? []).filter((a) => isIPv6(a));
+      }
+      const rules = buildCaptureRules(s);
+      assert.fixture(restoreText(rules.v4) + (s.enableIpv6 ? restoreText(rules.v6) : ''), golden(c.name, 'dry-run'), c.name);
+    }
+  } finally {
+    resetLogging();
+  }
+});
+
 for (const c of cases) {
   test(`${c.name}: iptables-save equals the Go command's, a second run changes nothing, clean leaves empty tables`, async () => {
     await withNetns(c.net, async (ns) => {
@@ -125,6 +145,23 @@ test('istio-clean-iptables also removes rules that other arguments made, and --c
     assert.is((await run(dns, dns.args, ns)).code, 0);
     assert.is((await run({}, [], ns, true)).code, 0);
     assert.ok(noIstio(ns.save(4)) && noIstio(ns.save(6)), ns.save(4) + ns.save(6));
+  });
+});
+
+test('legacy backend: forced with --force-iptables-binary, then chosen because it holds rules, and cleaned', async () => {
+  const a = byName('injector-default');
+  await withNetns('v4', async (ns) => {
+    const legacySave = () => normalise(execFileSync('nsenter', [`--net=${ns.path}`, '--', 'iptables-legacy-save'], { stdio: ['ignore', 'pipe', 'ignore'] }).toString());
+    const forced = await run(a, [...a.args, '--force-iptables-binary', 'legacy'], ns);
+    assert.is(forced.code, 0, forced.logs);
+    assert.match(forced.logs, /using iptables-legacy\b/);
+    assert.fixture(legacySave(), golden(a.name, 'v4'));
+    const again = await run(a, a.args, ns);
+    assert.is(again.code, 0, again.logs);
+    assert.match(again.logs, /using iptables-legacy\b[^]*already in place/);
+    assert.not.match(ns.save(4), /ISTIO/, 'no second copy in nft');
+    assert.is((await run(a, [], ns, true)).code, 0);
+    assert.ok(noIstio(legacySave()), legacySave());
   });
 });
 
