@@ -6,6 +6,7 @@
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import * as os from 'node:os';
+import * as net from 'node:net';
 import { isIPv4, isIPv6 } from 'node:net';
 import { AgentError, errorMessage } from './errors';
 import { IPTABLES_ENV as E, type Env } from './env';
@@ -56,10 +57,10 @@ const FLAGS: readonly FlagDef[] = [
   { name: 'istio-inbound-tproxy-mark', short: 't', kind: 'string', env: ['ISTIO_INBOUND_TPROXY_MARK'], def: '1337', help: 'TPROXY packet mark' },
   { name: 'istio-inbound-tproxy-route-table', short: 'r', kind: 'string', env: ['ISTIO_INBOUND_TPROXY_ROUTE_TABLE'], def: '133', help: 'TPROXY routing table' },
   { name: 'dry-run', short: 'n', kind: 'bool', env: ['DRY_RUN'], def: 'false', help: 'Print the rules; change nothing' },
-  { name: 'iptables-probe-port', kind: 'uint16', env: ['IPTABLES_PROBE_PORT'], def: '15002', help: 'Accepted for compatibility' },
-  { name: 'probe-timeout', kind: 'duration', env: ['PROBE_TIMEOUT'], def: '5s', help: 'Accepted for compatibility' },
+  { name: 'iptables-probe-port', kind: 'uint16', env: ['IPTABLES_PROBE_PORT'], def: '15002', help: 'Port the --run-validation probe connects to' },
+  { name: 'probe-timeout', kind: 'duration', env: ['PROBE_TIMEOUT'], def: '5s', help: 'How long --run-validation waits' },
   { name: 'skip-rule-apply', kind: 'bool', env: ['SKIP_RULE_APPLY'], def: 'false', help: 'Apply nothing' },
-  { name: 'run-validation', kind: 'bool', env: ['RUN_VALIDATION'], def: 'false', help: 'Accepted for compatibility' },
+  { name: 'run-validation', kind: 'bool', env: ['RUN_VALIDATION'], def: 'false', help: 'Check that a connection from this user is captured (run as the proxy uid)' },
   { name: 'redirect-dns', kind: 'bool', env: ['ISTIO_META_DNS_CAPTURE', 'REDIRECT_DNS'], def: 'false', help: 'Capture DNS to the agent on 15053' },
   { name: 'drop-invalid', kind: 'bool', env: ['INVALID_DROP', 'DROP_INVALID'], def: 'false', help: 'Drop packets conntrack marks INVALID' },
   { name: 'dual-stack', kind: 'bool', env: ['ISTIO_DUAL_STACK', 'DUAL_STACK'], def: 'false', help: 'IPv4 and IPv6 redirects' },
@@ -176,6 +177,8 @@ export interface IptablesCommand {
   tproxyRouteTable: string;
   networkNamespace: string;
   forceBinary: '' | 'legacy' | 'nft';
+  probePort: number;
+  probeTimeoutMs: number;
   help: boolean;
 }
 
@@ -224,6 +227,10 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
   if (!['', 'legacy', 'nft'].includes(forceBinary)) throw usageError(`invalid --force-iptables-binary "${forceBinary}": want legacy or nft`);
   if (b('native-nftables')) throw usageError('--native-nftables is not supported by this agent: it programs iptables (legacy or nft backend)');
   if (b('cleanup-only') && b('skip-rule-apply')) throw usageError('conflicting --cleanup-only and --skip-rule-apply');
+  if (b('cleanup-only') && b('run-validation')) throw usageError('conflicting --cleanup-only and --run-validation');
+  if (b('run-validation') && s('network-namespace') !== '') {
+    throw usageError('conflicting --run-validation and --network-namespace: the validation probe runs in the current network namespace');
+  }
   if (s('log_output_level') !== '') configureLogging({ outputLevel: s('log_output_level') });
   if (b('log_as_json')) configureLogging({ json: true });
 
@@ -273,8 +280,17 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
     tproxyRouteTable: s('istio-inbound-tproxy-route-table'),
     networkNamespace: s('network-namespace'),
     forceBinary: forceBinary as IptablesCommand['forceBinary'],
+    probePort: Number(s('iptables-probe-port')),
+    probeTimeoutMs: goDurationMs(s('probe-timeout')),
     help: b('help'),
   };
+}
+
+function goDurationMs(text: string): number {
+  const unit: Record<string, number> = { ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+  let ms = 0;
+  for (const m of text.matchAll(/(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)/g)) ms += Number(m[1]) * unit[m[2]!]!;
+  return ms;
 }
 
 export function iptablesUsage(command = 'istio-iptables'): string {
@@ -467,6 +483,67 @@ async function completeSettings(cmd: IptablesCommand, r: Runner, env: Env, resol
   return s;
 }
 
+// ---- --run-validation ----
+
+/** Istio's exit code for a failed validation. */
+export const VALIDATION_FAILED = 126;
+
+/**
+ * Istio's check that capture works: listen on the loopback proxy ports, connect from loopback to 127.0.0.6
+ * (::6) on the probe port, where nothing listens, and wait for that very connection to arrive at one of our
+ * listeners. Run as the proxy uid, as Istio's validation container does, the owner rules send it to the
+ * inbound port. (Istio reads the original destination port; matching the client's port is the same proof.)
+ */
+export async function validateCapture(cmd: IptablesCommand, ipv6: boolean): Promise<boolean> {
+  const listenHost = ipv6 ? '::1' : '127.0.0.1';
+  const target = ipv6 ? '::6' : '127.0.0.6';
+  const seen = new Set<number>();
+  const servers: net.Server[] = [];
+  for (const port of [cmd.settings.proxyPort, cmd.settings.inboundCapturePort]) {
+    const server = net.createServer((c) => {
+      if (c.remotePort) seen.add(c.remotePort);
+      c.end(String(port));
+    });
+    const ok = await new Promise<boolean>((resolve) => {
+      server.once('error', (e) => {
+        log.warn(`validation cannot listen on ${listenHost}:${port}: ${errorMessage(e)}`);
+        resolve(false);
+      });
+      server.listen(Number(port), listenHost, () => resolve(true));
+    });
+    if (ok) servers.push(server);
+  }
+  try {
+    if (servers.length === 0) return false;
+    const deadline = Date.now() + cmd.probeTimeoutMs;
+    while (Date.now() < deadline) {
+      const local = await new Promise<number | undefined>((resolve) => {
+        const c = net.connect({ host: target, port: cmd.probePort, localAddress: listenHost, timeout: 1000 });
+        c.once('connect', () => {
+          const p = c.localPort;
+          c.destroy();
+          resolve(p);
+        });
+        c.once('error', () => resolve(undefined));
+        c.once('timeout', () => {
+          c.destroy();
+          resolve(undefined);
+        });
+      });
+      // The server's accept may land just after the client's connect.
+      for (let i = 0; i < 20 && local !== undefined && !seen.has(local); i++) await new Promise((r) => setTimeout(r, 10));
+      if (local !== undefined && seen.has(local)) return true;
+      await new Promise((r) => setTimeout(r, Math.min(1000, Math.max(0, deadline - Date.now()))));
+    }
+    return false;
+  } finally {
+    for (const s of servers) s.close();
+  }
+}
+
+const VALIDATION_MESSAGE = `iptables validation failed; workload is not ready for Istio.
+When using Istio CNI, this can occur if a pod is scheduled before the node is ready.`;
+
 // ---- the commands ----
 
 interface FamilyPlan {
@@ -615,10 +692,6 @@ export async function runIstioIptables(args: string[], opts: IptablesRunOptions 
       out(iptablesUsage());
       return 0;
     }
-    if (cmd.skipRuleApply) {
-      log.info('--skip-rule-apply: no rules applied');
-      return 0;
-    }
     const r = new Runner(env, cmd.networkNamespace);
     if (cmd.cleanupOnly) {
       if (cmd.dryRun) {
@@ -640,8 +713,16 @@ export async function runIstioIptables(args: string[], opts: IptablesRunOptions 
       if (settings.enableIpv6) out(renderRestore(restoreTables(rules.v6)));
       return 0;
     }
-    await apply(r, cmd, settings, rules);
-    if (cmd.runValidation) log.info('--run-validation: accepted; this agent does not run the connection probe');
+    if (cmd.skipRuleApply) log.info('--skip-rule-apply: no rules applied');
+    else await apply(r, cmd, settings, rules);
+    if (cmd.runValidation) {
+      log.info('validating that connections from this user are captured');
+      if (!(await validateCapture(cmd, settings.enableIpv6))) {
+        log.error(VALIDATION_MESSAGE);
+        return VALIDATION_FAILED;
+      }
+      log.info('validation passed, iptables rules established');
+    }
     return 0;
   } catch (e) {
     return fail(e);

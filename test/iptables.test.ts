@@ -4,7 +4,7 @@
 
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -196,6 +196,35 @@ test('a restore the kernel rejects leaves the previous rules exactly as they wer
   });
 });
 
+/** The command as its own process inside ns, as uid/gid `as` (nsenter -S/-G). */
+function runAs(ns: Netns, as: number, args: string[]): { code: number; output: string } {
+  const cli = path.join(__dirname, 'helpers', 'iptables-cli.ts');
+  const r = spawnSync('nsenter', [`--net=${ns.path}`, '-S', String(as), '-G', String(as), '--', process.execPath, '--import', 'tsx', cli, 'istio-iptables', ...args], {
+    cwd: path.join(__dirname, '..'),
+    env: { PATH: process.env.PATH, HOME: '/' },
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
+  return { code: r.status ?? -1, output: `${r.stdout}${r.stderr}` };
+}
+
+test('--run-validation: a connection from the proxy uid reaches the capture port (exit 0); not captured: exit 126', async () => {
+  const a = byName('injector-default');
+  const validate = ['-p', '15001', '-z', '15006', '-u', '1337', '--skip-rule-apply', '--run-validation', '--probe-timeout', '2s'];
+  await withNetns('v4', async (ns) => {
+    const before = runAs(ns, 1337, validate);
+    assert.is(before.code, 126, before.output);
+    assert.match(before.output, /iptables validation failed; workload is not ready for Istio/);
+
+    assert.is((await run(a, a.args, ns)).code, 0);
+    const ok = runAs(ns, 1337, validate);
+    assert.is(ok.code, 0, ok.output);
+    assert.match(ok.output, /validation passed/);
+    // root's own loopback calls are the app's: never captured, so validation as root fails.
+    assert.is(runAs(ns, 0, validate).code, 126);
+  });
+});
+
 test('unknown or conflicting flags and bad values: one clear error, exit 1, nothing applied', async () => {
   const bad: [string[], RegExp][] = [
     [['--no-such-flag'], /unknown flag: --no-such-flag/],
@@ -210,6 +239,8 @@ test('unknown or conflicting flags and bad values: one clear error, exit 1, noth
     [['--native-nftables'], /--native-nftables is not supported/],
     [['--force-iptables-binary', 'xtables'], /want legacy or nft/],
     [['--dry-run=maybe'], /"maybe" is not a boolean/],
+    [['--cleanup-only', '--run-validation'], /conflicting --cleanup-only and --run-validation/],
+    [['--run-validation'], /conflicting --run-validation and --network-namespace/],
   ];
   await withNetns('v4', async (ns) => {
     for (const [args, message] of bad) {
