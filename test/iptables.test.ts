@@ -9,7 +9,8 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { isIPv4, isIPv6 } from 'node:net';
-import { iptablesCommandFromArgs, runIstioCleanIptables, runIstioIptables } from '../lib/iptables-command';
+import { runIstioCleanIptables, runIstioIptables } from '../lib/iptables-command';
+import { iptablesCommandFromArgs } from '../lib/iptables-flags';
 import { buildCaptureRules, restoreText } from '../lib/iptables-rules';
 import { configureLogging, resetLogging } from '../lib/log';
 
