@@ -108,10 +108,18 @@ for (const c of cases) {
       assert.is(first.code, 0, first.logs);
       assert.fixture(ns.save(4), golden(c.name, 'v4'));
       assert.fixture(ns.save(6), golden(c.name, 'v6'));
+      const ip = (...a: string[]) => execFileSync('ip', ['-n', ns.name, ...a]).toString();
+      // Routes Istio sets beside the rules: ::6 on lo for IPv6 pods, TPROXY's mark -> local route table 133.
+      if (c.net === 'v6') assert.match(ip('-6', 'addr', 'show', 'dev', 'lo'), /inet6 ::6\/128/);
+      if (c.args.includes('TPROXY')) {
+        assert.match(ip('rule', 'show'), /fwmark 0x539 lookup 133/);
+        assert.match(ip('route', 'show', 'table', '133'), /local default dev lo/);
+      }
 
       const second = await run(c, c.args, ns);
       assert.is(second.code, 0, second.logs);
       assert.match(second.logs, /already in place/);
+      if (c.args.includes('TPROXY')) assert.is(ip('rule', 'show').match(/fwmark 0x539/g)?.length, 1, 'one ip rule after two runs');
       assert.fixture(ns.save(4), golden(c.name, 'v4'));
       assert.fixture(ns.save(6), golden(c.name, 'v6'));
 
