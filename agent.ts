@@ -187,6 +187,11 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
 }
 
 export async function main(args: string[]): Promise<number> {
+  // istio-iptables keeps Istio's own flag syntax (pflag: -p 15001, -x "", grouped shorthands), so it bypasses yargs.
+  const sub = args.findIndex((a) => !a.startsWith('-'));
+  if (args[sub] === 'istio-iptables' || args[sub] === 'istio-clean-iptables') {
+    return import('./lib/iptables-command').then((m) => (args[sub] === 'istio-iptables' ? m.runIstioIptables : m.runIstioCleanIptables)([...args.slice(0, sub), ...args.slice(sub + 1)]));
+  }
   let result: Promise<number> = Promise.resolve(0);
   const logFlags = (y: yargs.Argv) =>
     y

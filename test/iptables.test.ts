@@ -13,6 +13,7 @@ import { runIstioCleanIptables, runIstioIptables } from '../lib/iptables-command
 import { iptablesCommandFromArgs } from '../lib/iptables-flags';
 import { buildCaptureRules, restoreText } from '../lib/iptables-rules';
 import { configureLogging, resetLogging } from '../lib/log';
+import { agentBin } from './helpers/agent';
 
 interface Case {
   name: string;
@@ -205,11 +206,10 @@ test('a restore the kernel rejects leaves the previous rules exactly as they wer
   });
 });
 
-/** The command as its own process inside ns, as uid/gid `as` (nsenter -S/-G). */
+/** dist/pilot-agent ARGS as its own process inside ns, as uid/gid `as` (nsenter -S/-G), as an init container runs it. */
 function runAs(ns: Netns, as: number, args: string[]): { code: number; output: string } {
-  const cli = path.join(__dirname, 'helpers', 'iptables-cli.ts');
-  const r = spawnSync('nsenter', [`--net=${ns.path}`, '-S', String(as), '-G', String(as), '--', process.execPath, '--import', 'tsx', cli, 'istio-iptables', ...args], {
-    cwd: path.join(__dirname, '..'),
+  const r = spawnSync('nsenter', [`--net=${ns.path}`, '-S', String(as), '-G', String(as), '--', agentBin(), ...args], {
+    cwd: '/',
     env: { PATH: process.env.PATH, HOME: '/' },
     encoding: 'utf8',
     timeout: 60_000,
@@ -217,9 +217,24 @@ function runAs(ns: Netns, as: number, args: string[]): { code: number; output: s
   return { code: r.status ?? -1, output: `${r.stdout}${r.stderr}` };
 }
 
+test('the executable: pilot-agent istio-iptables with the injector\'s arguments, then istio-clean-iptables', async () => {
+  const a = byName('injector-default');
+  await withNetns('v4', async (ns) => {
+    const r = runAs(ns, 0, ['istio-iptables', ...a.args]);
+    assert.is(r.code, 0, r.output);
+    assert.fixture(ns.save(4), golden(a.name, 'v4'));
+    const c = runAs(ns, 0, ['istio-clean-iptables']);
+    assert.is(c.code, 0, c.output);
+    assert.ok(noIstio(ns.save(4)), ns.save(4));
+    const bad = runAs(ns, 0, ['istio-iptables', '-m', 'NAT']);
+    assert.is(bad.code, 1);
+    assert.match(bad.output, /want REDIRECT or TPROXY/);
+  });
+});
+
 test('--run-validation: a connection from the proxy uid reaches the capture port (exit 0); not captured: exit 126', async () => {
   const a = byName('injector-default');
-  const validate = ['-p', '15001', '-z', '15006', '-u', '1337', '--skip-rule-apply', '--run-validation', '--probe-timeout', '2s'];
+  const validate = ['istio-iptables', '-p', '15001', '-z', '15006', '-u', '1337', '--skip-rule-apply', '--run-validation', '--probe-timeout', '2s'];
   await withNetns('v4', async (ns) => {
     const before = runAs(ns, 1337, validate);
     assert.is(before.code, 126, before.output);
