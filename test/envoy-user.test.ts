@@ -12,6 +12,10 @@ import { removeShm, shmPath } from '../lib/hot-restart-shm';
 import { envoyBin, freePort, httpRequest, pidAlive, tempDir, waitFor } from './helpers/harness';
 import { debugEpochs, startAgent, waitLiveEpoch } from './helpers/agent';
 import { staticBootstrap } from './helpers/static-bootstrap';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { runIstioIptables } from '../lib/iptables-command';
+import { agentBin } from './helpers/agent';
+import { configureLogging, resetLogging } from '../lib/log';
 
 const ids: IdLookup = {
   user: (n) => ({ 'istio-proxy': 1337 })[n],
@@ -161,6 +165,77 @@ spec:
     if (pid && pidAlive(pid)) process.kill(pid, 'SIGKILL');
     if (baseId !== null) removeShm(baseId);
     backend.close();
+    dir.cleanup();
+  }
+});
+
+/** GET url from inside a network namespace (a separate node process there); '' when it fails. */
+function getIn(nsPath: string, url: string): string {
+  const code = `require('http').get(${JSON.stringify(url)}, (r) => { let b = ''; r.on('data', (d) => (b += d)); r.on('end', () => process.stdout.write(r.statusCode + ' ' + b)); }).on('error', () => {}).setTimeout(3000, function () { this.destroy(); });`;
+  return spawnSync('nsenter', [`--net=${nsPath}`, '--', process.execPath, '-e', code], { encoding: 'utf8', timeout: 10_000 }).stdout ?? '';
+}
+
+test('with the injector\'s capture rules, Envoy as 1337 reaches a remote backend directly; as root its upstream is captured to 15001', async () => {
+  // Pod namespace (10.1.0.5) and a "remote host" namespace (10.1.0.6), joined by a veth pair.
+  const pod = `ipt-user-pod-${process.pid}`;
+  const remote = `ipt-user-remote-${process.pid}`;
+  const ip = (...a: string[]) => execFileSync('ip', a, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const dir = tempDir('pa-envoy-capture-');
+  fs.chmodSync(dir.path, 0o755);
+  const children: ReturnType<typeof spawn>[] = [];
+  ip('netns', 'add', pod);
+  ip('netns', 'add', remote);
+  try {
+    ip('-n', pod, 'link', 'set', 'lo', 'up');
+    ip('-n', remote, 'link', 'set', 'lo', 'up');
+    ip('-n', pod, 'link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'eth0', 'netns', remote);
+    ip('-n', pod, 'addr', 'add', '10.1.0.5/24', 'dev', 'eth0');
+    ip('-n', remote, 'addr', 'add', '10.1.0.6/24', 'dev', 'eth0');
+    ip('-n', pod, 'link', 'set', 'eth0', 'up');
+    ip('-n', remote, 'link', 'set', 'eth0', 'up');
+    const podPath = `/var/run/netns/${pod}`;
+    try {
+      configureLogging({ write: () => {} });
+      const code = await runIstioIptables(['--network-namespace', podPath, '-p', '15001', '-z', '15006', '-u', '1337', '-m', 'REDIRECT', '-i', '*', '-x', '', '-b', '*', '-d', '15090,15021,15020']);
+      assert.is(code, 0);
+    } finally {
+      resetLogging();
+    }
+    const backend = spawn('nsenter', [`--net=/var/run/netns/${remote}`, '--', process.execPath, '-e',
+      "require('http').createServer((q, s) => s.end('from-remote')).listen(8080, '10.1.0.6')"], { stdio: 'ignore' });
+    children.push(backend);
+    await waitFor('remote backend', async () => getIn(`/var/run/netns/${remote}`, 'http://10.1.0.6:8080/') === '200 from-remote', 10_000);
+
+    const ports = { admin: 15000, listen: 18080 };
+    const bootstrap = staticBootstrap(ports, 'direct', { backendPort: 8080 });
+    const text = JSON.stringify(bootstrap).replace(/"address":"127\.0\.0\.1","port_value":8080/, '"address":"10.1.0.6","port_value":8080');
+    const runAgent = async (env: Record<string, string>) => {
+      const custom = path.join(dir.path, 'custom.json');
+      fs.writeFileSync(custom, text);
+      const agent = spawn('nsenter', [`--net=${podPath}`, '--', agentBin(), 'proxy', 'sidecar'], {
+        cwd: dir.path,
+        env: {
+          PATH: process.env.PATH, HOME: '/',
+          PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), customConfigFile: custom, drainDuration: '1s', terminationDrainDuration: '1s' }),
+          POD_NAME: 'capture', POD_NAMESPACE: 'test', INSTANCE_IP: '10.1.0.5',
+          ...env,
+        },
+        stdio: 'ignore',
+      });
+      children.push(agent);
+      await waitFor('agent ready', async () => getIn(podPath, 'http://127.0.0.1:15020/healthz/ready').startsWith('200'), 30_000);
+      const body = getIn(podPath, `http://127.0.0.1:${ports.listen}/slow`);
+      agent.kill('SIGTERM');
+      await new Promise((r) => agent.once('exit', r));
+      return body;
+    };
+    assert.is(await runAgent({ ENVOY_UID: '1337', ENVOY_GID: '1337' }), '200 from-remote', 'Envoy as 1337: its upstream connection is not captured');
+    // As root, Envoy's own connection is an app connection: redirected to 15001, where nothing listens here.
+    assert.match(await runAgent({}), /^503 /);
+  } finally {
+    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+    ip('netns', 'del', pod);
+    ip('netns', 'del', remote);
     dir.cleanup();
   }
 });
