@@ -8,12 +8,12 @@ import * as os from 'node:os';
 import * as net from 'node:net';
 import { AgentError, errorMessage } from './errors';
 import { IPTABLES_ENV as E, type Env } from './env';
-import { scope } from './log';
+import { configureLogging, scope } from './log';
 import {
   buildCaptureRules, checkCommands, cleanupTables, hasIstioState, parseSave, renderRestore, restoreTables, sameShape,
   type CaptureSettings, type Rule, type TableLines,
 } from './iptables-rules';
-import { iptablesCommandFromArgs, iptablesUsage, type IptablesCommand } from './iptables-flags';
+import { iptablesCommandFromArgs, IptablesSyntaxError, iptablesUsage, type IptablesCommand } from './iptables-flags';
 import { binaries, detectBackend, restore, rollback, Runner, save, type Backend } from './iptables-exec';
 
 
@@ -285,17 +285,23 @@ async function apply(r: Runner, cmd: IptablesCommand, settings: CaptureSettings,
   await tproxyRoutes(r, cmd, settings.enableIpv6);
 }
 
+/** One error line; exit 2 for a command line that cannot be parsed, 1 for anything else. */
 function fail(e: unknown): number {
+  if (e instanceof IptablesSyntaxError) {
+    log.error(`${e.message} (see pilot-agent istio-iptables --help)`);
+    return 2;
+  }
   log.error(errorMessage(e));
   return 1;
 }
 
-/** `pilot-agent istio-iptables [flags]`: the exit code (0 ok, 1 bad input or failure). */
+/** `pilot-agent istio-iptables [flags]`: the exit code (0 ok, 1 bad value or failure, 2 unparsable flags, 126 failed validation). */
 export async function runIstioIptables(args: string[], opts: IptablesRunOptions = {}): Promise<number> {
   const env = opts.env ?? process.env;
   const out = opts.out ?? ((t: string) => void process.stdout.write(t));
   try {
     const cmd = iptablesCommandFromArgs(args, env);
+    configureLogging(cmd.logging);
     if (cmd.help) {
       out(iptablesUsage());
       return 0;
@@ -343,6 +349,7 @@ export async function runIstioCleanIptables(args: string[], opts: IptablesRunOpt
   const out = opts.out ?? ((t: string) => void process.stdout.write(t));
   try {
     const cmd = iptablesCommandFromArgs(args, env);
+    configureLogging(cmd.logging);
     if (cmd.help) {
       out(iptablesUsage('istio-clean-iptables'));
       return 0;

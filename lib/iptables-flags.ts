@@ -3,7 +3,7 @@
 
 import { AgentError, errorMessage } from './errors';
 import { IPTABLES_ENV as E, type Env } from './env';
-import { configureLogging, scope } from './log';
+import { parseOutputLevels, scope } from './log';
 import { DEFAULT_SETTINGS, parsePrefix, separateV4V6, splitList, type CaptureSettings } from './iptables-rules';
 
 const log = scope('iptables');
@@ -65,6 +65,14 @@ const FLAGS: readonly FlagDef[] = [
 
 const usageError = (msg: string) => new AgentError('BAD_INPUT', msg);
 
+/** A command line that cannot be parsed (exit 2, as the agent's other commands), unlike a bad value (exit 1). */
+export class IptablesSyntaxError extends AgentError {
+  constructor(message: string) {
+    super('BAD_INPUT', message);
+  }
+}
+const syntaxError = (msg: string) => new IptablesSyntaxError(msg);
+
 /** Go's strconv.ParseBool. */
 export function parseBool(v: string): boolean | undefined {
   if (['1', 't', 'T', 'TRUE', 'true', 'True'].includes(v)) return true;
@@ -73,9 +81,9 @@ export function parseBool(v: string): boolean | undefined {
 }
 
 function checkValue(def: FlagDef, value: string, from: string): void {
-  if (def.kind === 'bool' && parseBool(value) === undefined) throw usageError(`invalid ${from}: "${value}" is not a boolean`);
-  if (def.kind === 'uint16' && !(/^\d+$/.test(value) && Number(value) <= 65535)) throw usageError(`invalid ${from}: "${value}" is not a port`);
-  if (def.kind === 'duration' && !/^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^0$/.test(value)) throw usageError(`invalid ${from}: "${value}" is not a duration`);
+  if (def.kind === 'bool' && parseBool(value) === undefined) throw syntaxError(`invalid ${from}: "${value}" is not a boolean`);
+  if (def.kind === 'uint16' && !(/^\d+$/.test(value) && Number(value) <= 65535)) throw syntaxError(`invalid ${from}: "${value}" is not a port`);
+  if (def.kind === 'duration' && !/^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^0$/.test(value)) throw syntaxError(`invalid ${from}: "${value}" is not a duration`);
 }
 
 /** pflag's syntax: --name=v, --name v, -x v, -xv, -x=v, grouped boolean shorthands; `--` ends the flags. */
@@ -90,25 +98,25 @@ export function parseIptablesFlags(args: readonly string[], env: Env): Map<strin
   for (let i = 0; i < args.length; i++) {
     const arg = args[i]!;
     if (arg === '--') {
-      if (i + 1 < args.length) throw usageError(`unexpected argument "${args[i + 1]}": istio-iptables takes only flags`);
+      if (i + 1 < args.length) throw syntaxError(`unexpected argument "${args[i + 1]}": istio-iptables takes only flags`);
       break;
     }
     if (arg.startsWith('--')) {
       const eq = arg.indexOf('=');
       const name = eq < 0 ? arg.slice(2) : arg.slice(2, eq);
       const def = byName.get(name);
-      if (!def) throw usageError(`unknown flag: --${name}`);
+      if (!def) throw syntaxError(`unknown flag: --${name}`);
       if (eq >= 0) set(def, arg.slice(eq + 1), `--${name}`);
       else if (def.kind === 'bool') set(def, 'true', `--${name}`);
       else if (i + 1 < args.length) set(def, args[++i]!, `--${name}`);
-      else throw usageError(`flag needs an argument: --${name}`);
+      else throw syntaxError(`flag needs an argument: --${name}`);
       continue;
     }
     if (arg.startsWith('-') && arg.length > 1) {
       for (let k = 1; k < arg.length; k++) {
         const c = arg[k]!;
         const def = byShort.get(c);
-        if (!def) throw usageError(`unknown shorthand flag: '${c}' in ${arg}`);
+        if (!def) throw syntaxError(`unknown shorthand flag: '${c}' in ${arg}`);
         const rest = arg.slice(k + 1);
         if (def.kind === 'bool') {
           if (rest.startsWith('=')) {
@@ -120,12 +128,12 @@ export function parseIptablesFlags(args: readonly string[], env: Env): Map<strin
         }
         if (rest !== '') set(def, rest.startsWith('=') ? rest.slice(1) : rest, `-${c}`);
         else if (i + 1 < args.length) set(def, args[++i]!, `-${c}`);
-        else throw usageError(`flag needs an argument: '${c}' in -${c}`);
+        else throw syntaxError(`flag needs an argument: '${c}' in -${c}`);
         break;
       }
       continue;
     }
-    throw usageError(`unexpected argument "${arg}": istio-iptables takes only flags (quote "*" so the shell does not expand it)`);
+    throw syntaxError(`unexpected argument "${arg}": istio-iptables takes only flags (quote "*" so the shell does not expand it)`);
   }
   // Variables fill what the command line left unset. Like Istio, a variable that does not parse is ignored.
   for (const def of FLAGS) {
@@ -160,6 +168,8 @@ export interface IptablesCommand {
   forceBinary: '' | 'legacy' | 'nft';
   probePort: number;
   probeTimeoutMs: number;
+  /** --log_output_level and --log_as_json, for the caller to apply. */
+  logging: { outputLevel?: string; json: boolean };
   help: boolean;
 }
 
@@ -212,8 +222,13 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
   if (b('run-validation') && s('network-namespace') !== '') {
     throw usageError('conflicting --run-validation and --network-namespace: the validation probe runs in the current network namespace');
   }
-  if (s('log_output_level') !== '') configureLogging({ outputLevel: s('log_output_level') });
-  if (b('log_as_json')) configureLogging({ json: true });
+  if (s('log_output_level') !== '') {
+    try {
+      parseOutputLevels(s('log_output_level'));
+    } catch (e) {
+      throw usageError(`invalid --log_output_level: ${errorMessage(e)}`);
+    }
+  }
 
   const loopback = E.ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR.get(env);
   const lp = parsePrefix(loopback);
@@ -263,6 +278,7 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
     forceBinary: forceBinary as IptablesCommand['forceBinary'],
     probePort: Number(s('iptables-probe-port')),
     probeTimeoutMs: goDurationMs(s('probe-timeout')),
+    logging: { outputLevel: s('log_output_level') || undefined, json: b('log_as_json') },
     help: b('help'),
   };
 }

@@ -229,6 +229,9 @@ test('the executable: pilot-agent istio-iptables with the injector\'s arguments,
     const bad = runAs(ns, 0, ['istio-iptables', '-m', 'NAT']);
     assert.is(bad.code, 1);
     assert.match(bad.output, /want REDIRECT or TPROXY/);
+    const typo = runAs(ns, 0, ['istio-iptables', '--envoy-prot', '15001']);
+    assert.is(typo.code, 2);
+    assert.match(typo.output, /unknown flag: --envoy-prot/);
   });
 });
 
@@ -250,26 +253,28 @@ test('--run-validation: a connection from the proxy uid reaches the capture port
 });
 
 test('unknown or conflicting flags and bad values: one clear error, exit 1, nothing applied', async () => {
-  const bad: [string[], RegExp][] = [
-    [['--no-such-flag'], /unknown flag: --no-such-flag/],
-    [['-y', '1'], /unknown shorthand flag: 'y'/],
-    [['-p'], /flag needs an argument/],
-    [['-p', '15001', '-z', '15001'], /conflicting -p and -z/],
-    [['-m', 'NAT'], /invalid -m\/--istio-inbound-interception-mode "NAT": want REDIRECT or TPROXY/],
-    [['-i', '*', '-x', '*'], /invalid -x\/--istio-service-exclude-cidr "\*"/],
-    [['-i', '10.0.0.0/33'], /invalid -i\/--istio-service-cidr: "10.0.0.0\/33" is not a CIDR/],
-    [['-b', '80,http'], /invalid -b\/--istio-inbound-ports: "http" is not a port/],
-    [['-i', '*', 'extra'], /unexpected argument "extra"/],
-    [['--native-nftables'], /--native-nftables is not supported/],
-    [['--force-iptables-binary', 'xtables'], /want legacy or nft/],
-    [['--dry-run=maybe'], /"maybe" is not a boolean/],
-    [['--cleanup-only', '--run-validation'], /conflicting --cleanup-only and --run-validation/],
-    [['--run-validation'], /conflicting --run-validation and --network-namespace/],
+  // Exit 2: the command line cannot be parsed; exit 1: a value that cannot be used.
+  const bad: [string[], RegExp, number][] = [
+    [['--no-such-flag'], /unknown flag: --no-such-flag \(see pilot-agent istio-iptables --help\)/, 2],
+    [['-y', '1'], /unknown shorthand flag: 'y'/, 2],
+    [['-p'], /flag needs an argument/, 2],
+    [['-i', '*', 'extra'], /unexpected argument "extra"/, 2],
+    [['--dry-run=maybe'], /"maybe" is not a boolean/, 2],
+    [['-p', '15001', '-z', '15001'], /conflicting -p and -z/, 1],
+    [['-m', 'NAT'], /invalid -m\/--istio-inbound-interception-mode "NAT": want REDIRECT or TPROXY/, 1],
+    [['-i', '*', '-x', '*'], /invalid -x\/--istio-service-exclude-cidr "\*"/, 1],
+    [['-i', '10.0.0.0/33'], /invalid -i\/--istio-service-cidr: "10.0.0.0\/33" is not a CIDR/, 1],
+    [['-b', '80,http'], /invalid -b\/--istio-inbound-ports: "http" is not a port/, 1],
+    [['--native-nftables'], /--native-nftables is not supported/, 1],
+    [['--force-iptables-binary', 'xtables'], /want legacy or nft/, 1],
+    [['--log_output_level=default:loud'], /invalid --log_output_level: unknown log level/, 1],
+    [['--cleanup-only', '--run-validation'], /conflicting --cleanup-only and --run-validation/, 1],
+    [['--run-validation'], /conflicting --run-validation and --network-namespace/, 1],
   ];
   await withNetns('v4', async (ns) => {
-    for (const [args, message] of bad) {
+    for (const [args, message, code] of bad) {
       const r = await run({}, args, ns);
-      assert.is(r.code, 1, args.join(' '));
+      assert.is(r.code, code, args.join(' '));
       assert.match(r.logs, message, args.join(' '));
       assert.is(r.logs.split('\n').filter((l) => /\terror\t/.test(l)).length, 1, r.logs);
     }
