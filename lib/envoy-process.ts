@@ -3,10 +3,10 @@
 // directly), and with hot restart enabled Envoy sets PR_SET_PDEATHSIG itself, so it dies with the agent.
 
 import { spawn as nodeSpawn, execFile } from 'node:child_process';
-import * as fs from 'node:fs';
 import * as readline from 'node:readline';
 import { DNS_PROXY_ADDR, ENVOY_GID, ENVOY_UID, type Env } from './env';
 import { configError } from './errors';
+import { systemIds, type IdLookup } from './os-users';
 
 export interface ExitStatus {
   code: number | null;
@@ -68,41 +68,12 @@ export function envoyCredentials(env: Env, agentUid: number, lookup: IdLookup = 
   return undefined;
 }
 
-export interface IdLookup {
-  user(name: string): number | undefined;
-  group(name: string): number | undefined;
-  primaryGroup(uid: number): number | undefined;
-}
-
 function resolveId(text: string, name: string, byName: (n: string) => number | undefined): number {
   if (/^\d+$/.test(text)) return Number(text);
   const id = byName(text);
   if (id === undefined) throw configError(name, `environment variable ${name}`, `"${text}" is neither a number nor a known name`);
   return id;
 }
-
-function readDb(file: string): string[][] {
-  try {
-    return fs.readFileSync(file, 'utf8').split('\n').map((l) => l.split(':'));
-  } catch {
-    return [];
-  }
-}
-
-const systemIds: IdLookup = {
-  user: (n) => {
-    const f = readDb('/etc/passwd').find((x) => x[0] === n);
-    return f?.[2] ? Number(f[2]) : undefined;
-  },
-  group: (n) => {
-    const f = readDb('/etc/group').find((x) => x[0] === n);
-    return f?.[2] ? Number(f[2]) : undefined;
-  },
-  primaryGroup: (uid) => {
-    const f = readDb('/etc/passwd').find((x) => x[2] === String(uid));
-    return f?.[3] ? Number(f[3]) : undefined;
-  },
-};
 
 export type Spawner = (binary: string, args: string[], opts: SpawnOptions) => EnvoyProcess;
 

@@ -15,7 +15,7 @@ import {
 } from './iptables-rules';
 import { iptablesCommandFromArgs, IptablesSyntaxError, iptablesUsage, type IptablesCommand } from './iptables-flags';
 import { binaries, detectBackend, restore, rollback, Runner, save, type Backend } from './iptables-exec';
-
+import { systemIds } from './os-users';
 
 const log = scope('iptables');
 
@@ -62,22 +62,10 @@ function resolvConfServers(path: string): { v4: string[]; v6: string[] } {
   return { v4: servers.filter((s) => net.isIPv4(s)), v6: servers.filter((s) => net.isIPv6(s)) };
 }
 
-function uidOf(user: string): string | undefined {
-  try {
-    for (const line of readFileSync('/etc/passwd', 'utf8').split('\n')) {
-      const f = line.split(':');
-      if (f[0] === user && f[2]) return f[2];
-    }
-  } catch {
-    /* no passwd file: the default applies */
-  }
-  return undefined;
-}
-
 /** Fills what Istio reads from the machine: the proxy uid, IPv6 or not, resolv.conf's servers. */
 async function completeSettings(cmd: IptablesCommand, r: Runner, env: Env, resolvConf: string): Promise<CaptureSettings> {
   const s = { ...cmd.settings };
-  if (s.proxyUid === '') s.proxyUid = uidOf(E.ENVOY_USER.get(env)) ?? '1337';
+  if (s.proxyUid === '') s.proxyUid = String(systemIds.user(E.ENVOY_USER.get(env)) ?? 1337);
   if (s.proxyGid === '') s.proxyGid = s.proxyUid;
   s.enableIpv6 = await detectIpv6(r, cmd.networkNamespace, cmd.dualStack);
   if (s.redirectDns && !s.captureAllDns) {
@@ -230,7 +218,7 @@ async function argumentDeletes(r: Runner, bin: string, rules: readonly Rule[]): 
  */
 async function clean(r: Runner, cmd: IptablesCommand, env: Env): Promise<void> {
   const s = { ...cmd.settings, enableIpv6: true };
-  if (s.proxyUid === '') s.proxyUid = uidOf(E.ENVOY_USER.get(env)) ?? '1337';
+  if (s.proxyUid === '') s.proxyUid = String(systemIds.user(E.ENVOY_USER.get(env)) ?? 1337);
   if (s.proxyGid === '') s.proxyGid = s.proxyUid;
   const rules = buildCaptureRules(s);
   let found = false;
