@@ -269,7 +269,9 @@ export async function main(args: string[]): Promise<number> {
         result = import('./lib/discovery/index').then((m) => m.runDiscoveryCommand({ configDir: argv['config-dir'], grpcAddr: argv['grpc-addr'] }));
       },
     )
-    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery or version')
+    .command('istio-iptables', 'Set up traffic capture with iptables (Istio\'s flags; run before the proxy starts)')
+    .command('istio-clean-iptables', 'Remove the traffic capture rules istio-iptables set up')
+    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery, istio-iptables, istio-clean-iptables or version')
     .strictCommands()
     .fail((msg, err) => {
       throw msg ? new UsageError(msg) : err;

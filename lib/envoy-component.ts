@@ -35,7 +35,7 @@ export class EnvoyComponent implements Component {
 
   constructor(private readonly o: { resolved: Resolved; env: Env; startedAt: number }) {
     const { cfg } = o.resolved;
-    this.runtime = new RealEnvoyRuntime(cfg);
+    this.runtime = new RealEnvoyRuntime(cfg, o.env as NodeJS.ProcessEnv);
     this.supervisor = new Supervisor({
       runtime: this.runtime,
       validate: envs.ENVOY_VALIDATE_BEFORE_RESTART.get(o.env),
