@@ -6,6 +6,7 @@ import * as fs from 'node:fs';
 import * as http from 'node:http';
 import * as https from 'node:https';
 import * as net from 'node:net';
+import * as os from 'node:os';
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import * as protobuf from 'protobufjs';
@@ -245,6 +246,29 @@ test('gRPC probe: SERVING answers 200; NOT_SERVING, an unknown service, a closed
   assert.match(none.body, /gRPC status 5: unknown service/);
   assert.is((await probe('/app-health/grpcclosed/readyz')).status, 500);
   assert.is((await probe('/app-health/grpconhttp/readyz')).status, 500);
+});
+
+test('a probe to the pod IP (a non-loopback address of this host) also comes from 127.0.0.6', async () => {
+  const podIp = Object.values(os.networkInterfaces()).flat().find((i) => i && i.family === 'IPv4' && !i.internal)?.address;
+  assert.ok(podIp, 'this test needs a non-loopback IPv4 address');
+  const app2 = http.createServer((req, res) => res.end(req.socket.remoteAddress));
+  const port = await new Promise<number>((r) => app2.listen(0, '0.0.0.0', () => r((app2.address() as net.AddressInfo).port)));
+  const env = { ISTIO_KUBE_APP_PROBERS: JSON.stringify({ '/app-health/pod/readyz': { httpGet: { path: '/', port } }, '/app-health/pod/livez': { tcpSocket: { port } } }), INSTANCE_IP: podIp! };
+  const p = new AppProbes({ probers: parseAppProbers(env), destination: appProbeDestination(env), statusPort: 0 });
+  const s = new StatusServer({ port: 0, host: '127.0.0.1' });
+  for (const r of p.routes()) s.route(r.method, r.path, r.handler);
+  await s.start();
+  try {
+    const r = await httpRequest(`http://127.0.0.1:${s.port}/app-health/pod/readyz`);
+    assert.is(r.status, 200);
+    assert.is(r.body, '127.0.0.6');
+    assert.is((await httpRequest(`http://127.0.0.1:${s.port}/app-health/pod/livez`)).status, 200);
+  } finally {
+    await p.close();
+    await s.close();
+    app2.closeAllConnections();
+    await new Promise<void>((r) => app2.close(() => r()));
+  }
 });
 
 test('an unknown probe path answers 400, other paths 404', async () => {

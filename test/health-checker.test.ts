@@ -144,7 +144,7 @@ test('an unhealthy VM leaves the other sidecar\'s endpoints, returns when health
     await Promise.all(backends.map((b) => b.close()));
     await app.close();
     dir.cleanup();
-    resetLogging();
+    configureLogging({ write: () => {} });
   }
 });
 
@@ -204,6 +204,40 @@ test('an exec probe that never exits is killed at its timeout and reported unhea
     await checker.close();
     await ok.close();
     dir.cleanup();
+  }
+});
+
+test('gRPC and HTTP probes: SERVING and 2xx/3xx are healthy, NOT_SERVING and 4xx are not', async () => {
+  const grpc = await import('@grpc/grpc-js');
+  let serving = 1;
+  const server = new grpc.Server();
+  server.addService({
+    Check: {
+      path: '/grpc.health.v1.Health/Check', requestStream: false, responseStream: false,
+      requestSerialize: (b: Buffer) => b, requestDeserialize: (b: Buffer) => b,
+      responseSerialize: (b: Buffer) => b, responseDeserialize: (b: Buffer) => b,
+    },
+  }, { Check: (_call: unknown, cb: (e: null, b: Buffer) => void) => cb(null, Buffer.from([0x08, serving])) });
+  const port = await new Promise<number>((res, rej) => server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e ? rej(e) : res(p))));
+  const app = await healthEndpoint();
+  const events: Record<string, HealthEvent[]> = { grpc: [], http: [] };
+  const checkers = [
+    new HealthChecker({ probe: parseReadinessProbe({ grpc: { port }, periodSeconds: 1 }, 'test'), defaultHost: '127.0.0.1', onChange: (e) => events.grpc!.push(e) }),
+    new HealthChecker({ probe: parseReadinessProbe({ httpGet: { port: app.port, path: '/' }, periodSeconds: 1 }, 'test'), defaultHost: '127.0.0.1', onChange: (e) => events.http!.push(e) }),
+  ];
+  try {
+    for (const c of checkers) await c.start();
+    await waitFor('both healthy', () => events.grpc!.length === 1 && events.http!.length === 1, 10_000);
+    assert.ok(events.grpc![0]!.healthy && events.http![0]!.healthy);
+    serving = 2;
+    app.healthy = false;
+    await waitFor('both unhealthy', () => events.grpc!.length === 2 && events.http!.length === 2, 10_000);
+    assert.match(events.grpc![1]!.message, /NOT_SERVING/);
+    assert.match(events.http![1]!.message, /500/);
+  } finally {
+    for (const c of checkers) await c.close();
+    server.forceShutdown();
+    await app.close();
   }
 });
 
