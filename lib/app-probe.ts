@@ -16,7 +16,7 @@ import { AgentError, configError } from './errors';
 import type { Env } from './env';
 import * as envs from './env';
 import { scope } from './log';
-import { grpcProbe, httpProbe, probeSourceAddress, tcpProbe, type ProbeResult } from './probe';
+import { grpcProbe, httpProbe, probeTarget, tcpProbe, type ProbeResult } from './probe';
 import type { Reply } from './status-server';
 
 const log = scope('probes');
@@ -158,17 +158,15 @@ export class AppProbes implements Component {
     const signal = this.stop.signal;
     if (p.httpGet) {
       const g = p.httpGet;
-      const host = g.host ?? this.o.destination;
-      return httpProbe({ scheme: g.scheme, host, port: g.port, path: g.path, headers: this.headers(req, g.port, g.httpHeaders), timeoutMs, localAddress: probeSourceAddress(host), signal });
+      const t = probeTarget(g.host ?? this.o.destination);
+      return httpProbe({ scheme: g.scheme, ...t, port: g.port, path: g.path, headers: this.headers(req, g.port, g.httpHeaders), timeoutMs, signal });
     }
     if (p.tcpSocket) {
-      const host = p.tcpSocket.host ?? this.o.destination;
-      return tcpProbe({ host, port: p.tcpSocket.port, timeoutMs, localAddress: probeSourceAddress(host), signal });
+      return tcpProbe({ ...probeTarget(p.tcpSocket.host ?? this.o.destination), port: p.tcpSocket.port, timeoutMs, signal });
     }
     if (p.grpc) {
-      const host = this.o.destination;
       const ua = req.headers['user-agent'];
-      return grpcProbe({ host, port: p.grpc.port, service: p.grpc.service, timeoutMs, localAddress: probeSourceAddress(host), userAgent: ua, signal });
+      return grpcProbe({ ...probeTarget(this.o.destination), port: p.grpc.port, service: p.grpc.service, timeoutMs, userAgent: ua, signal });
     }
     throw new AgentError('INTERNAL', 'app prober without a probe');
   }

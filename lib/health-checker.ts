@@ -10,7 +10,7 @@ import { spawn } from 'node:child_process';
 import { closedSignal, type Component } from './component';
 import { configError, errorMessage } from './errors';
 import { scope } from './log';
-import { grpcProbe, httpProbe, probeSourceAddress, tcpProbe, type ProbeResult } from './probe';
+import { grpcProbe, httpProbe, probeTarget, tcpProbe, type ProbeResult } from './probe';
 import { HEALTH_INFO_TYPE } from './xds-istio';
 import type { AgentRequest } from './xds-session';
 
@@ -102,8 +102,8 @@ export function parseReadinessProbe(raw: Record<string, unknown>, source: string
   return p;
 }
 
-/** Runs a command; exit 0 is healthy. One that outlives the timeout is killed with its process group. */
-export function execProbe(command: string[], timeoutMs: number): Promise<ProbeResult> {
+/** Runs a command; exit 0 is healthy. One that outlives the timeout (or the checker) is killed with its process group. */
+export function execProbe(command: string[], timeoutMs: number, signal?: AbortSignal): Promise<ProbeResult> {
   return new Promise((resolve) => {
     const [file, ...args] = command as [string, ...string[]];
     const child = spawn(file, args, { stdio: ['ignore', 'ignore', 'pipe'], detached: true });
@@ -112,25 +112,35 @@ export function execProbe(command: string[], timeoutMs: number): Promise<ProbeRe
       if (stderr.length < 1024) stderr += d.toString();
     });
     let timedOut = false;
-    const t = setTimeout(() => {
-      timedOut = true;
+    const kill = () => {
       try {
         process.kill(-child.pid!, 'SIGKILL');
       } catch {
         child.kill('SIGKILL');
       }
+    };
+    const t = setTimeout(() => {
+      timedOut = true;
+      kill();
     }, timeoutMs);
+    signal?.addEventListener('abort', kill, { once: true });
+    const done = () => {
+      clearTimeout(t);
+      signal?.removeEventListener('abort', kill);
+    };
     const fail = (reason: string) => resolve({ status: 500, body: reason, reason });
     child.once('error', (e) => {
-      clearTimeout(t);
+      done();
       fail(`exec ${file} failed: ${e.message}`);
     });
-    child.once('close', (code, signal) => {
-      clearTimeout(t);
+    // 'exit', not 'close': a background process the probe left holding stderr does not make it hang.
+    child.once('exit', (code, sig) => {
+      done();
+      child.stderr!.destroy();
       if (timedOut) return fail(`exec ${file} did not finish within ${timeoutMs} ms and was killed`);
       if (code === 0) return resolve({ status: 200, body: '' });
       const tail = stderr.trim() ? `: ${stderr.trim().split('\n').pop()}` : '';
-      fail(`exec ${file} ${signal ? `was killed by ${signal}` : `exited with ${code}`}${tail}`);
+      fail(`exec ${file} ${sig ? `was killed by ${sig}` : `exited with ${code}`}${tail}`);
     });
   });
 }
@@ -227,13 +237,13 @@ export class HealthChecker implements Component {
     const signal = this.stop.signal;
     if (p.httpGet) {
       const g = p.httpGet;
-      const host = g.host ?? this.o.defaultHost;
-      const r = await httpProbe({ scheme: g.scheme, host, port: g.port, path: g.path, headers: g.headers, timeoutMs, localAddress: probeSourceAddress(host), signal });
+      const r = await httpProbe({ scheme: g.scheme, ...probeTarget(g.host ?? this.o.defaultHost), port: g.port, path: g.path, headers: g.headers, timeoutMs, signal });
       // Istio's health checker counts only 200-399 as healthy.
       return r.status >= 400 && !r.reason ? { ...r, reason: `status code was not from [200,400), bad code ${r.status}` } : r;
     }
-    if (p.tcpSocket) return tcpProbe({ host: p.tcpSocket.host ?? this.o.defaultHost, port: p.tcpSocket.port, timeoutMs, signal });
-    if (p.exec) return execProbe(p.exec.command, timeoutMs);
-    return grpcProbe({ host: this.o.defaultHost, port: p.grpc!.port, service: p.grpc!.service, timeoutMs, signal });
+    // As Istio, only the HTTP probe comes from 127.0.0.6.
+    if (p.tcpSocket) return tcpProbe({ host: probeTarget(p.tcpSocket.host ?? this.o.defaultHost).host, port: p.tcpSocket.port, timeoutMs, signal });
+    if (p.exec) return execProbe(p.exec.command, timeoutMs, signal);
+    return grpcProbe({ host: probeTarget(this.o.defaultHost).host, port: p.grpc!.port, service: p.grpc!.service, timeoutMs, signal });
   }
 }

@@ -37,6 +37,16 @@ const FOLLOWED = new Set([301, 302, 303, 307, 308]);
 
 const fail = (reason: string): ProbeResult => ({ status: 500, body: reason + '\n', reason });
 
+/**
+ * Where to connect and from which address: 127.0.0.6 (or ::6) for a target on this host, so the probe is not
+ * captured; no source address for a remote target. `localhost` becomes 127.0.0.1, as Go's dialer picks the
+ * loopback address of the source's family.
+ */
+export function probeTarget(host: string): { host: string; localAddress?: string } {
+  const h = host === 'localhost' ? '127.0.0.1' : host;
+  return { host: h, localAddress: probeSourceAddress(h) };
+}
+
 /** 127.0.0.6 (or ::6) for a target on this host, so the probe is not captured; undefined for a remote target. */
 export function probeSourceAddress(target: string): string | undefined {
   const v6 = net.isIPv6(target);

@@ -150,11 +150,11 @@ test.before(async () => {
   const started = await startApp(dir);
   app = started.app;
   const env = { ISTIO_KUBE_APP_PROBERS: probers(started.ports), INSTANCE_IP: '127.0.0.1' };
-  probes = new AppProbes({ probers: parseAppProbers(env), destination: appProbeDestination(env), statusPort: 0 });
   status = new StatusServer({ port: 0, host: '127.0.0.1' });
+  await status.start();
+  probes = new AppProbes({ probers: parseAppProbers(env), destination: appProbeDestination(env), statusPort: status.port });
   for (const r of probes.routes()) status.route(r.method, r.path, r.handler, { localOnly: r.localOnly });
   await probes.start();
-  await status.start();
   base = `http://127.0.0.1:${status.port}`;
 });
 
@@ -173,11 +173,12 @@ test.after(async () => {
 const probe = (p: string, headers?: Record<string, string>) => httpRequest(base + p, { headers, timeoutMs: 10_000 });
 
 test('HTTP probe: 200 from the app answers 200 with its body, sent from 127.0.0.6 with kubelet headers and the probe headers', async () => {
-  const r = await probe('/app-health/web/readyz', { 'user-agent': 'kube-probe/1.30', 'x-kubelet': 'yes' });
+  const r = await probe('/app-health/web/readyz', { 'user-agent': 'kube-probe/1.30', 'x-kubelet': 'yes', host: `10.1.2.3:${status.port}` });
   assert.is(r.status, 200);
   assert.is(r.body, 'fine');
   const s = app.seen.filter((x) => x.path === '/ok').pop()!;
   assert.is(s.remote, '127.0.0.6');
+  assert.is(s.headers.host, `10.1.2.3:${(app.http.address() as net.AddressInfo).port}`, 'the Host keeps its name, with the app\'s port');
   assert.is(s.headers['user-agent'], 'kube-probe/1.30');
   assert.is(s.headers['x-kubelet'], 'yes');
   assert.is(s.headers['x-probe'], 'ready');
@@ -269,6 +270,17 @@ test('a probe to the pod IP (a non-loopback address of this host) also comes fro
     app2.closeAllConnections();
     await new Promise<void>((r) => app2.close(() => r()));
   }
+});
+
+test('REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION sends probes to localhost (127.0.0.1, still from 127.0.0.6)', async () => {
+  const env = { REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION: 'true', INSTANCE_IP: '10.9.9.9', ISTIO_KUBE_APP_PROBERS: JSON.stringify({ '/app-health/l/readyz': { httpGet: { path: '/ok', port: (app.http.address() as net.AddressInfo).port } } }) };
+  assert.is(appProbeDestination(env), 'localhost');
+  const p = new AppProbes({ probers: parseAppProbers(env), destination: appProbeDestination(env), statusPort: 0 });
+  const before = app.seen.length;
+  const r = await p.handle({ url: '/app-health/l/readyz', headers: {}, rawHeaders: [] } as unknown as http.IncomingMessage);
+  assert.is(r.status, 200);
+  assert.is(app.seen[before]!.remote, '127.0.0.6');
+  await p.close();
 });
 
 test('an unknown probe path answers 400, other paths 404', async () => {

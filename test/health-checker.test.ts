@@ -200,6 +200,18 @@ test('an exec probe that never exits is killed at its timeout and reported unhea
     await ok.start();
     await waitFor('the exec success', () => events.length === 2, 10_000);
     assert.ok(events[1]!.healthy);
+    // Closing the checker kills a probe still running.
+    fs.rmSync(pidFile);
+    const hung = new HealthChecker({
+      probe: parseReadinessProbe({ exec: { command: ['sh', '-c', `echo $$ > ${pidFile}; exec sleep 1000`] }, timeoutSeconds: 60 }, 'test'),
+      defaultHost: '127.0.0.1',
+      onChange: (e) => events.push(e),
+    });
+    await hung.start();
+    await waitFor('the probe to run', () => fs.existsSync(pidFile) && fs.readFileSync(pidFile, 'utf8').trim() !== '', 5000);
+    const pid2 = Number(fs.readFileSync(pidFile, 'utf8'));
+    await hung.close();
+    await waitFor('the probe of a closed checker to be gone', () => !pidAlive(pid2), 5000);
   } finally {
     await checker.close();
     await ok.close();
