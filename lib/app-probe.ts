@@ -147,7 +147,8 @@ export class AppProbes implements Component {
   async handle(req: http.IncomingMessage): Promise<Reply> {
     const path = (req.url ?? '/').split('?')[0]!;
     const p = this.o.probers.get(path);
-    if (!p) return { status: 400, body: `app prober config does not exist for ${path}\n` };
+    // Go's words, for tooling that matches them.
+    if (!p) return { status: 400, body: `app prober config does not exists for ${path}` };
     const r = await this.run(p, req);
     if (r.reason) log.warn(`app probe ${path} failed: ${r.reason}`);
     return { status: r.status, body: r.body };
