@@ -49,7 +49,7 @@ export class DiscoveryServer implements Component {
   readonly name = 'discovery server';
   readonly store = new MemoryConfigStore();
   readonly registry = new ServiceEntryRegistry(this.store);
-  readonly health = new WorkloadHealth(this.registry);
+  readonly health = new WorkloadHealth(this.registry, this.store);
   readonly closed: Promise<Error | undefined>;
   private resolveClosed!: (e: Error | undefined) => void;
   private readonly files: FileConfigSource;

@@ -5,6 +5,7 @@
 // reconnecting agent that re-sends it changes nothing.
 
 import { scope } from '../log';
+import type { ConfigStoreCache } from './config-store';
 import type { Proxy } from './proxy';
 import type { ServiceEntryRegistry } from './registry';
 
@@ -21,7 +22,7 @@ export interface HealthReport {
 export class WorkloadHealth {
   private readonly reports = new Map<string, HealthReport>();
 
-  constructor(private readonly registry: ServiceEntryRegistry) {}
+  constructor(private readonly registry: ServiceEntryRegistry, private readonly store: ConfigStoreCache) {}
 
   report(proxy: Proxy, error: { message?: string } | undefined): void {
     if (!proxy.workloadEntry) {
@@ -31,7 +32,9 @@ export class WorkloadHealth {
     const healthy = !error;
     const key = `${proxy.namespace}/${proxy.workloadEntry}`;
     this.reports.set(key, { workloadEntry: key, proxy: proxy.id, healthy, message: error?.message ?? '', at: new Date().toISOString() });
+    const known = this.store.get('WorkloadEntry', proxy.workloadEntry, proxy.namespace) !== undefined;
     if (!this.registry.setWorkloadHealthy(proxy.namespace, proxy.workloadEntry, healthy)) return;
+    if (!known) log.warn(`health event for WorkloadEntry ${key}, which does not exist: it applies when the entry appears`, { proxy: proxy.id });
     if (healthy) log.info(`WorkloadEntry ${key} is healthy again: its endpoints are back`, { proxy: proxy.id });
     else log.warn(`WorkloadEntry ${key} is unhealthy: its endpoints are withdrawn`, { proxy: proxy.id, reason: error?.message ?? '' });
   }
