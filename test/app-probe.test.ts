@@ -117,6 +117,7 @@ function probers(ports: Record<string, number>): string {
     '/app-health/web/readyz': get('/ok', { httpHeaders: [{ name: 'X-Probe', value: 'ready' }] }),
     '/app-health/web/livez': get('/fail'),
     '/app-health/web/startupz': get('/created'),
+    '/app-lifecycle/web/prestopz': get('/ok'),
     '/app-health/teapot/readyz': get('/teapot'),
     '/app-health/hop/readyz': get('/hop'),
     '/app-health/offhost/readyz': get('/offhost'),
@@ -192,6 +193,7 @@ test('HTTP probe: the app\'s own codes pass through (500 and 418 with at most 10
   assert.is(t.status, 418);
   assert.is(t.body.length, 10 * 1024);
   assert.is((await probe('/app-health/web/startupz')).status, 201);
+  assert.is((await probe('/app-lifecycle/web/prestopz')).status, 200, 'lifecycle hooks are served the same way');
   assert.ok(logs.some((l) => l.includes('app probe /app-health/web/livez failed: app answered 500')));
 });
 
