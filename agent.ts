@@ -116,11 +116,17 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   const { EnvoyComponent } = await import('./lib/envoy-component');
   const envoy = new EnvoyComponent({ resolved, env, startedAt });
   const validated = envoy.validateFirst();
-  const [component, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio] = await Promise.all([
+  const [component, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, appProbe, health, { Profiling }] = await Promise.all([
     import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
-    import('./lib/config-reloader'), import('./lib/xds-istio'),
+    import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/app-probe'), import('./lib/health-checker'),
+    import('./lib/profiling'),
   ]);
+  let appProbers: ReturnType<typeof appProbe.parseAppProbers>;
+  let readinessProbe: ReturnType<typeof health.parseReadinessProbe> | undefined;
   try {
+    appProbers = appProbe.parseAppProbers(env);
+    const rp = cfg.proxy.readinessProbe;
+    if (rp) readinessProbe = health.parseReadinessProbe(rp, cfg.sources.readinessProbe ?? 'ProxyConfig');
     await validated;
   } catch (err) {
     return startupFailure(err);
@@ -147,7 +153,18 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     readiness: (): Promise<Condition> => component.composeReadiness(components),
     metrics: { registry, sources: [envoy.statsSource] },
   });
-  const components: Component[] = [status, ...(discovery ? [discovery] : []), xds, envoy, reloader];
+  const appProbes = appProbers.size ? [new appProbe.AppProbes({ probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort })] : [];
+  const profiling = argv.profiling === false ? [] : [new Profiling()];
+  // VMs: the workload's readiness goes to the control plane as a health event; the xDS proxy re-sends it on reconnect.
+  const healthChecker = readinessProbe
+    ? [new health.HealthChecker({
+        probe: readinessProbe,
+        defaultHost: envs.REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION.get(env) ? 'localhost' : resolved.node.ips[0] ?? 'localhost',
+        onChange: (e) => xds.send(health.healthInformationRequest(e)),
+        envoyReady: async () => (await envoy.readiness()).ready,
+      })]
+    : [];
+  const components: Component[] = [status, ...appProbes, ...profiling, ...(discovery ? [discovery] : []), xds, envoy, ...healthChecker, reloader];
   for (const c of components) {
     if (c.routes) status.addRoutes(c.routes());
     c.registerMetrics?.(registry);
@@ -208,7 +225,8 @@ export async function main(args: string[]): Promise<number> {
       .option('concurrency', { type: 'number', requiresArg: true, describe: 'Envoy worker threads (0: all cores)' })
       .option('templateFile', { type: 'string', requiresArg: true, describe: 'Bootstrap template file' })
       .option('outlierLogPath', { type: 'string', requiresArg: true, describe: 'Outlier detection log path' })
-      .option('standalone', { type: 'string', requiresArg: true, describe: 'Directory of mesh config YAML: run an embedded discovery server instead of using istiod' });
+      .option('standalone', { type: 'string', requiresArg: true, describe: 'Directory of mesh config YAML: run an embedded discovery server instead of using istiod' })
+      .option('profiling', { type: 'boolean', default: true, describe: 'Serve /debug/pprof/ (heap snapshot, CPU and allocation profiles) on the status port, loopback only' });
 
   const parser = yargs(args)
     .scriptName('pilot-agent')

@@ -162,3 +162,9 @@ export const IPTABLES_ENV = {
 } as const;
 export const ENVOY_UID = str('ENVOY_UID', '', 'Run Envoy as this uid or user name (agent running as root); pair it with istio-iptables -u');
 export const ENVOY_GID = str('ENVOY_GID', '', 'Run Envoy with this gid or group name (default: ENVOY_UID\'s primary group, or the uid); pair it with istio-iptables -g');
+
+// ---- app probes, health checker, app metrics, profiling (issue 12) ----
+export const ISTIO_KUBE_APP_PROBERS = str('ISTIO_KUBE_APP_PROBERS', '', 'App probes rewritten by the injector: JSON keyed by /app-health/<container>/<kind> (httpGet, tcpSocket or grpc)');
+export const POD_IP = str('POD_IP', '', 'Pod IP; where app probes go when INSTANCE_IP is unset');
+export const REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = bool('REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION', false, 'Send app probes to localhost instead of the pod IP');
+export const ISTIO_PROMETHEUS_ANNOTATIONS = str('ISTIO_PROMETHEUS_ANNOTATIONS', '', 'Where the app serves metrics for the merged /stats/prometheus: JSON {scrape, path, port} (or {targets: [{port, path}]})');

@@ -19,6 +19,11 @@ if ! ENVOY_BIN="$(bash scripts/install-envoy.sh)"; then
   echo "0 passed, 1 failed"; exit 1
 fi
 export ENVOY_BIN
+# The reference Prometheus/OpenMetrics parsers the merged-metrics tests check against (Python prometheus_client).
+if ! bash scripts/install-prom-parser.sh >/dev/null; then
+  echo "test: Python's prometheus_client could not be installed; the metrics tests cannot run"
+  echo "0 passed, 1 failed"; exit 1
+fi
 echo "test: using Envoy $ENVOY_BIN ($("$ENVOY_BIN" --version 2>/dev/null | sed -n 's/.*version: //p'))"
 
 failed=0
