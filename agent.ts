@@ -116,15 +116,18 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   const { EnvoyComponent } = await import('./lib/envoy-component');
   const envoy = new EnvoyComponent({ resolved, env, startedAt });
   const validated = envoy.validateFirst();
-  const [component, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, appProbe, health, { Profiling }] = await Promise.all([
+  const [component, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, appProbe, health, { Profiling }, appMetricsMod] = await Promise.all([
     import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
     import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/app-probe'), import('./lib/health-checker'),
-    import('./lib/profiling'),
+    import('./lib/profiling'), import('./lib/app-metrics'),
   ]);
   let appProbers: ReturnType<typeof appProbe.parseAppProbers>;
+  let appMetrics: import('./lib/app-metrics').ScrapeTarget[] = [];
   let readinessProbe: ReturnType<typeof health.parseReadinessProbe> | undefined;
   try {
     appProbers = appProbe.parseAppProbers(env);
+    // Istio merges the app's metrics for sidecars only.
+    if (cfg.proxyType === 'sidecar') appMetrics = appMetricsMod.parseAppMetricsConfig(env, cfg.proxy.statusPort);
     const rp = cfg.proxy.readinessProbe;
     if (rp) readinessProbe = health.parseReadinessProbe(rp, cfg.sources.readinessProbe ?? 'ProxyConfig');
     await validated;
@@ -151,7 +154,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     startedAt,
     remoteDebug: envs.STATUS_SERVER_REMOTE_DEBUG.get(env),
     readiness: (): Promise<Condition> => component.composeReadiness(components),
-    metrics: { registry, sources: [envoy.statsSource] },
+    metrics: { registry, sources: [envoy.statsSource, ...appMetricsMod.appMetricsSources(appMetrics)] },
   });
   const appProbes = appProbers.size ? [new appProbe.AppProbes({ probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort })] : [];
   const profiling = argv.profiling === false ? [] : [new Profiling()];

@@ -6,6 +6,7 @@
 // when it is merged (lib/metrics-merge.ts).
 
 import * as http from 'node:http';
+import type { MetricsSource } from './metrics';
 import { configError, errorMessage } from './errors';
 import type { Env } from './env';
 import * as envs from './env';
@@ -110,4 +111,13 @@ export function scrapeApp(t: ScrapeTarget, o: ScrapeOptions): Promise<ScrapeOutc
     const timer = setTimeout(() => end({ ok: false, reason: `${url} did not answer within ${o.timeoutMs} ms` }), o.timeoutMs);
     timer.unref();
   });
+}
+
+/** The app's scrape targets as sources of the merged /stats/prometheus (short deadline: never slows the scrape). */
+export function appMetricsSources(targets: readonly ScrapeTarget[], timeoutMs = 2000): MetricsSource[] {
+  return targets.map((t, i) => ({
+    name: targets.length > 1 ? `app${i}` : 'app',
+    type: 'application' as const,
+    scrape: (accept: string | undefined) => scrapeApp(t, { timeoutMs, accept }),
+  }));
 }
