@@ -61,6 +61,8 @@ interface Family {
   samples: Sample[];
   /** Declared by a TYPE line (else an untyped family made up from a sample's name). */
   declared: boolean;
+  /** The name its TYPE line gave. */
+  declaredName?: string;
 }
 
 const NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
@@ -150,7 +152,10 @@ function parseSource(text: string, format: MetricsFormat): Family[] {
           const t = (arg ?? '').trim();
           if (!(format === 'text' ? TEXT_TYPES : OM_TYPES).has(t)) throw new LineError(`unknown type "${t}"`);
           const type: FamilyType = t === 'untyped' ? 'unknown' : (t as FamilyType);
-          const fname = familyName(name, type, format);
+          let fname = familyName(name, type, format);
+          // Text format: `x` and `x_total` may both be declared counters (Envoy does this); they stay two families.
+          const taken = fams.get(fname);
+          if (!declaredAs.get(name) && taken?.declaredName !== undefined && taken.declaredName !== name) fname = name;
           let f = declaredAs.get(name) ?? fams.get(fname);
           if (f && f.samples.length) throw new LineError(`# TYPE ${name} after its samples`);
           if (!f) {
@@ -166,6 +171,7 @@ function parseSource(text: string, format: MetricsFormat): Family[] {
             f.declared = true;
           }
           declaredAs.set(name, f);
+          f.declaredName = name;
           for (const sfx of SUFFIXES[type]) owners.set(fname + sfx, f);
           current = f;
         } else {
@@ -290,7 +296,8 @@ export function mergeExpositions(sources: readonly MetricsSource[], format: Metr
         const n = writtenName(f, s, format, ctr);
         if (n !== undefined) names.add(n);
       }
-      if (!f.samples.length) names.add(f.name);
+      // OpenMetrics names the family itself in its TYPE line: that name may not be another family's sample.
+      if (!f.samples.length || format === 'openmetrics') names.add(f.name);
       const clash = [...names].find((n) => sampleOwner.has(n) && sampleOwner.get(n) !== target);
       if (clash) {
         problems.push({ source: src.name, problem: `${clash} is already written by family ${sampleOwner.get(clash)!.name}; ${f.name} left out` });

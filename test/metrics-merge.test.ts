@@ -157,6 +157,25 @@ test('OpenMetrics: the same sources parse with the strict OpenMetrics parser, wi
   assertContiguousFamilies(r.body);
 });
 
+test('Envoy after traffic declares both x and x_total counters: both kept in text; OpenMetrics, where they would clash, keeps the first and reports the second', () => {
+  const envoyAfterTraffic = [
+    '# TYPE envoy_cluster_upstream_rq counter',
+    'envoy_cluster_upstream_rq{envoy_response_code="200",envoy_cluster_name="b"} 7',
+    '# TYPE envoy_cluster_upstream_rq_total counter',
+    'envoy_cluster_upstream_rq_total{envoy_cluster_name="b"} 7',
+    '',
+  ].join('\n');
+  const r = mergeExpositions([{ name: 'envoy', text: envoyAfterTraffic }], 'text');
+  assert.equal(r.problems, []);
+  assert.match(r.body, /^envoy_cluster_upstream_rq\{envoy_response_code="200",envoy_cluster_name="b"\} 7$/m);
+  assert.match(r.body, /^envoy_cluster_upstream_rq_total\{envoy_cluster_name="b"\} 7$/m);
+  const fams = parseExposition(r.body, 'text');
+  assert.is(fams.reduce((n, f) => n + f.samples.length, 0), 2, 'the reference parser sees both series');
+  const om = mergeExpositions([{ name: 'envoy', text: envoyAfterTraffic }], 'openmetrics');
+  assert.is(parseExposition(om.body, 'openmetrics').reduce((n, f) => n + f.samples.length, 0), 1);
+  assert.ok(om.problems.some((p) => /envoy_cluster_upstream_rq_total/.test(p.problem)), JSON.stringify(om.problems));
+});
+
 test('a source that is not Prometheus text is left out whole; a family that clashes with an earlier one is left out', () => {
   const garbage = { name: 'app', text: '<html><body>Welcome</body></html>\n' };
   const clash = { name: 'app2', text: '# TYPE envoy_server_live counter\nenvoy_server_live 5\n# TYPE fine gauge\nfine 1\n' };
