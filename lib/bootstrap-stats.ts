@@ -117,3 +117,26 @@ export function statsFlushInterval(cfg: AgentConfig): string | undefined {
     throw configError(ANN_FLUSH, `pod annotation ${ANN_FLUSH}`, (e as Error).message);
   }
 }
+
+// ---- compression of Envoy's Prometheus listener (ProxyConfig.statsCompression, default on, as in Istio) ----
+
+const STATS_CONTENT_TYPES = ['text/plain', 'application/vnd.google.protobuf', 'application/openmetrics-text', 'application/openmetrics-protobuf'];
+
+function compressor(kind: 'brotli' | 'zstd' | 'gzip'): Json {
+  return {
+    name: `envoy.filters.http.compressor.${kind}`,
+    typed_config: {
+      '@type': 'type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor',
+      compressor_library: {
+        name: `stats_${kind}`,
+        typed_config: { '@type': `type.googleapis.com/envoy.extensions.compression.${kind}.compressor.v3.${kind[0]!.toUpperCase()}${kind.slice(1)}` },
+      },
+      response_direction_config: { common_config: { content_type: STATS_CONTENT_TYPES } },
+    },
+  };
+}
+
+/** Compressor filters for the /stats/prometheus listener, in Istio's order (a client's Accept-Encoding picks one). */
+export function statsCompressors(cfg: AgentConfig): Json[] {
+  return cfg.proxy.extra.statsCompression === false ? [] : [compressor('brotli'), compressor('zstd'), compressor('gzip')];
+}

@@ -8,7 +8,7 @@
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
 import { configError } from './errors';
-import { statsConfig, statsFlushInterval } from './bootstrap-stats';
+import { statsCompressors, statsConfig, statsFlushInterval } from './bootstrap-stats';
 
 export interface BootstrapInputs {
   cfg: AgentConfig;
@@ -74,14 +74,15 @@ export function buildBootstrap(i: BootstrapInputs): Json {
     dynamic_resources: dynamicResources(cfg),
     static_resources: {
       clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : [])],
-      listeners: [prometheusListener(cfg, net), readinessListener(cfg, net)],
+      listeners: [withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg)), readinessListener(cfg, net)],
     },
   };
   if (tracer) b.tracing = tracer.tracing;
-  if (maxConnections !== undefined) b.overload_manager = overloadManager(maxConnections);
+  b.overload_manager = overloadManager(maxConnections);
   const flush = statsFlushInterval(cfg);
   if (flush) b.stats_flush_interval = flush;
-  b.cluster_manager = clusterManager(cfg);
+  const cm = clusterManager(cfg, node);
+  if (cm) b.cluster_manager = cm;
   // Istio's default: stats objects are created on first use, which saves memory on large meshes.
   b.deferred_stat_options = { enable_deferred_creation_stats: true };
   return b;
@@ -93,36 +94,40 @@ function nodeSection(node: NodeIdentity): Json {
 }
 
 /**
- * The static runtime layer: Istio's defaults, then ProxyConfig.runtimeValues. An empty value removes a default;
- * "true"/"false" become booleans because Envoy no longer accepts strings for boolean flags.
- * The connection limit is not here: it goes to the overload manager (see maxDownstreamConnections).
+ * The static runtime layer: Istio's defaults, then every ProxyConfig.runtimeValues key. An empty value removes a
+ * default; "true"/"false" become booleans because Envoy no longer accepts strings for boolean flags.
  */
 export function runtimeFlags(cfg: AgentConfig): Json {
   const flags: Json = {
     'envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst': true,
     'envoy.reloadable_features.http_reject_path_with_fragment': false,
+    'envoy.reloadable_features.fixed_heap_use_allocated': true,
+    // Istio turns this off to work around https://github.com/envoyproxy/envoy/issues/45212.
+    'envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update': false,
     're2.max_program_size.error_level': '32768',
   };
   for (const [k, v] of Object.entries(cfg.proxy.runtimeValues)) {
-    if (k === MAX_CONNECTIONS_KEY) continue;
     if (v === '') delete flags[k];
     else flags[k] = v === 'true' ? true : v === 'false' ? false : v;
   }
   return flags;
 }
 
-/** undefined when runtimeValues sets the limit to "" (no limit at all). */
-function maxDownstreamConnections(cfg: AgentConfig): number | undefined {
+/**
+ * The overload manager's limit: proxyMetadata ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS, else the
+ * runtimeValues key (which also stays in the runtime layer, as in Istio), else no practical limit.
+ */
+function maxDownstreamConnections(cfg: AgentConfig): number {
+  const fromMeta = cfg.proxy.proxyMetadata.ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS;
+  if (fromMeta !== undefined && /^\d+$/.test(fromMeta)) return Number(fromMeta);
   const raw = cfg.proxy.runtimeValues[MAX_CONNECTIONS_KEY];
-  if (raw === undefined) return DEFAULT_MAX_DOWNSTREAM_CONNECTIONS;
-  if (raw === '') return undefined;
+  if (raw === undefined || raw === '') return DEFAULT_MAX_DOWNSTREAM_CONNECTIONS;
   if (!/^\d+$/.test(raw) || Number(raw) < 1) {
     throw configError(`runtimeValues["${MAX_CONNECTIONS_KEY}"]`, cfg.sources.runtimeValues ?? 'ProxyConfig', `want a positive integer, got "${raw}"`);
   }
   return Number(raw);
 }
 
-// Setting the limit through the runtime key as well makes Envoy warn that both are configured.
 function overloadManager(max: number): Json {
   return {
     resource_monitors: [
@@ -211,7 +216,8 @@ function localClusters(cfg: AgentConfig, net: LocalNet): Json[] {
     {
       // One ADS stream per connection, so a new stream always comes with a new connection to the agent.
       // Set in the protocol options: the Cluster-level max_requests_per_connection is deprecated.
-      ...pipeCluster('xds-grpc', cfg.xdsSocket, { max_requests_per_connection: 1 }),
+      // The path is written as Istio's template writes it (`<configPath>/XDS`, not normalised).
+      ...pipeCluster('xds-grpc', `${cfg.proxy.configPath}/XDS`, { max_requests_per_connection: 1 }),
       circuit_breakers: { thresholds: [limits('DEFAULT'), limits('HIGH')] },
       upstream_connection_options: { tcp_keepalive: { keepalive_time: 300 } },
     },
@@ -254,12 +260,29 @@ function readinessListener(cfg: AgentConfig, net: LocalNet): Json {
   return httpListener(net, cfg.envoyStatusPort, 'agent', '/healthz/ready', 'agent');
 }
 
-function clusterManager(cfg: AgentConfig): Json {
+/** Istio's template writes cluster_manager only for an outlier log or LRS, and then defers cluster creation too. */
+function clusterManager(cfg: AgentConfig, node: NodeIdentity): Json | undefined {
+  const lrs = node.metadata.LOAD_STATS_CONFIG_JSON;
+  if (!cfg.outlierLogPath && typeof lrs !== 'string') return undefined;
   const out: Json = {};
   if (cfg.outlierLogPath) out.outlier_detection = { event_log_path: cfg.outlierLogPath };
-  // Istio's default: clusters are initialised on first use, which cuts memory with large CDS pushes.
+  if (typeof lrs === 'string') {
+    try {
+      out.load_stats_config = JSON.parse(lrs);
+    } catch (e) {
+      throw configError('ISTIO_META_LOAD_STATS_CONFIG_JSON', 'node metadata LOAD_STATS_CONFIG_JSON', `not valid JSON: ${(e as Error).message}`);
+    }
+  }
   out.enable_deferred_cluster_creation = true;
   return out;
+}
+
+/** Adds HTTP filters in front of a listener's router filter. */
+function withHttpFilters(listener: Json, filters: Json[]): Json {
+  if (filters.length === 0) return listener;
+  const hcm = ((listener.filter_chains as Json[])[0]!.filters as Json[])[0]!.typed_config as Json;
+  hcm.http_filters = [...filters, ...(hcm.http_filters as Json[])];
+  return listener;
 }
 
 // ---- tracing (ProxyConfig.tracing: zipkin or datadog; other tracers are gone from current Envoy) ----
@@ -280,11 +303,14 @@ function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster
   const kind = tracers[0] as 'zipkin' | 'datadog';
   const address = tracerAddress(t[kind], `tracing.${kind}`, source);
   const clusterName = kind === 'zipkin' ? 'zipkin' : 'datadog_agent';
+  // Istio's fields; Envoy deprecates respect_dns_ttl / dns_refresh_rate on Cluster but still honours them.
   const cluster: Json = {
     name: clusterName,
-    // No respect_dns_ttl / dns_refresh_rate (Istio sets them): current Envoy deprecates both on Cluster.
+    alt_stat_name: `${clusterName};`,
     type: 'STRICT_DNS',
+    respect_dns_ttl: true,
     dns_lookup_family: net.dnsLookupFamily,
+    ...(kind === 'zipkin' ? { dns_refresh_rate: '30s' } : {}),
     connect_timeout: '1s',
     lb_policy: 'ROUND_ROBIN',
     load_assignment: assignment(clusterName, { socket_address: { address: address.host, port_value: address.port } }),

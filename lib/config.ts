@@ -73,6 +73,11 @@ export interface AgentConfig {
   /** Pod labels and annotations read from ./etc/istio/pod. */
   podLabels: Record<string, string>;
   podAnnotations: Record<string, string>;
+  /** Envoy gets --skip-deprecated-logs (ENVOY_SKIP_DEPRECATED_LOGS, default true as in Istio). */
+  skipDeprecatedLogs: boolean;
+  /** PEER_METADATA_DISCOVERY when set. */
+  metadataDiscovery: boolean | undefined;
+  workloadIdentitySocketFile: string;
   /** Where each ProxyConfig field's value came from, for error messages and `bootstrap` output. */
   sources: Record<string, string>;
 }
@@ -132,8 +137,11 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   for (const k of Object.keys(proxy)) sources[k] = 'default';
 
   const apply = (layer: ProxyConfigLayer, source: string) => {
-    proxy = { ...proxy, ...layer };
-    for (const k of Object.keys(layer)) sources[k] = source;
+    const { extra, ...fields } = layer;
+    // serviceCluster and tracingServiceName are one field in Istio (a oneof): setting one clears the other.
+    const oneof: ProxyConfigLayer = fields.tracingServiceName ? { serviceCluster: '' } : fields.serviceCluster !== undefined ? { tracingServiceName: '' } : {};
+    proxy = { ...proxy, ...oneof, ...fields, extra: { ...proxy.extra, ...extra } };
+    for (const k of [...Object.keys(fields), ...Object.keys(extra ?? {})]) sources[k] = source;
   };
 
   // Mesh config file: absent at the default path is fine; absent when named explicitly is an error.
@@ -171,7 +179,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   const effEnv: Env = { ...proxy.proxyMetadata, ...env };
 
   // Flags.
-  if (flags.serviceCluster !== undefined) apply({ serviceCluster: flags.serviceCluster }, '--serviceCluster');
+  if (flags.serviceCluster !== undefined && !proxy.tracingServiceName) apply({ serviceCluster: flags.serviceCluster }, '--serviceCluster');
   if (flags.concurrency !== undefined) {
     if (!Number.isInteger(flags.concurrency) || flags.concurrency < 0) throw configError('concurrency', '--concurrency', `want a non-negative integer, got ${flags.concurrency}`);
     apply({ concurrency: flags.concurrency }, '--concurrency');
@@ -183,6 +191,11 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   if (flags.templateFile) apply({ proxyBootstrapTemplatePath: flags.templateFile }, '--templateFile');
   else if (envs.ISTIO_BOOTSTRAP.isSet(effEnv)) apply({ proxyBootstrapTemplatePath: envs.ISTIO_BOOTSTRAP.get(effEnv) }, 'environment variable ISTIO_BOOTSTRAP');
 
+  // Istio no longer has a parent shutdown time (no hot restart), so a long drainDuration alone must not be an
+  // error: the default then follows it.
+  if (sources.parentShutdownDuration === 'default' && proxy.parentShutdownDuration <= proxy.drainDuration) {
+    proxy = { ...proxy, parentShutdownDuration: proxy.drainDuration + 15_000 };
+  }
   if (proxy.parentShutdownDuration <= proxy.drainDuration) {
     throw configError('parentShutdownDuration', sources.parentShutdownDuration!, `must be longer than drainDuration (${proxy.drainDuration / 1000}s from ${sources.drainDuration}), or the parent is killed before it drains`);
   }
@@ -243,6 +256,9 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     standaloneDir: flags.standalone ?? '',
     podLabels,
     podAnnotations,
+    skipDeprecatedLogs: envs.ENVOY_SKIP_DEPRECATED_LOGS.get(effEnv),
+    metadataDiscovery: envs.PEER_METADATA_DISCOVERY.isSet(effEnv) ? envs.PEER_METADATA_DISCOVERY.get(effEnv) : undefined,
+    workloadIdentitySocketFile: envs.WORKLOAD_IDENTITY_SOCKET_FILE.get(effEnv),
     sources,
   };
   return deepFreeze(cfg);

@@ -168,3 +168,8 @@ export const ISTIO_KUBE_APP_PROBERS = str('ISTIO_KUBE_APP_PROBERS', '', 'App pro
 export const POD_IP = str('POD_IP', '', 'Pod IP; where app probes go when INSTANCE_IP is unset');
 export const REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = bool('REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION', false, 'Send app probes to localhost instead of the pod IP');
 export const ISTIO_PROMETHEUS_ANNOTATIONS = str('ISTIO_PROMETHEUS_ANNOTATIONS', '', 'Where the app serves metrics for the merged /stats/prometheus: JSON {scrape, path, port} (or {targets: [{port, path}]})');
+
+// ---- Go agent parity (issue 13) ----
+export const ENVOY_SKIP_DEPRECATED_LOGS = bool('ENVOY_SKIP_DEPRECATED_LOGS', true, 'Pass --skip-deprecated-logs to Envoy (false: show deprecation warnings)');
+export const PEER_METADATA_DISCOVERY = bool('PEER_METADATA_DISCOVERY', false, 'Reported as node metadata METADATA_DISCOVERY (unset: follows ISTIO_META_ENABLE_HBONE)');
+export const WORKLOAD_IDENTITY_SOCKET_FILE = str('WORKLOAD_IDENTITY_SOCKET_FILE', 'socket', 'File name of the workload SDS socket in ./var/run/secrets/workload-spiffe-uds (node metadata)');

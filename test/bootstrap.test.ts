@@ -106,7 +106,7 @@ test('node: id, cluster and metadata come from the node identity', () => {
   const { cfg, node } = fixture({ env: { ISTIO_META_FOO: 'bar' } });
   const b: Json = buildBootstrap({ cfg, node });
   assert.is(b.node.id, 'sidecar~10.44.0.7~web-7d9f8-abcde.shop~shop.svc.cluster.local');
-  assert.is(b.node.cluster, 'istio-proxy');
+  assert.is(b.node.cluster, 'istio-proxy.shop', 'no app label in this fixture: istio-proxy.<namespace>, as Istio');
   assert.is(b.node.metadata.FOO, 'bar');
   assert.equal(b.node.metadata, node.metadata);
   b.node.metadata.FOO = 'changed';
@@ -220,14 +220,16 @@ test('runtime: Istio defaults, runtimeValues override, "" removes, booleans type
   assert.is(layer(b)['x.num'], '12');
 });
 
-test('overload manager carries the global connection limit, not the runtime layer', () => {
+test('overload manager carries the global connection limit; the runtimeValues key stays in the runtime layer too', () => {
   const limit = (b: Json) => b.overload_manager?.resource_monitors[0].typed_config.max_active_downstream_connections;
   assert.is(limit(bootstrapOf()), DEFAULT_MAX_DOWNSTREAM_CONNECTIONS);
   const rv = (v: string) => ({ env: { PROXY_CONFIG: JSON.stringify({ runtimeValues: { 'overload.global_downstream_max_connections': v } }) } });
   const b = bootstrapOf(rv('5000'));
   assert.is(limit(b), 5000);
-  assert.not.ok('overload.global_downstream_max_connections' in b.layered_runtime.layers[0].static_layer);
-  assert.is(bootstrapOf(rv('')).overload_manager, undefined);
+  assert.is(b.layered_runtime.layers[0].static_layer['overload.global_downstream_max_connections'], '5000');
+  assert.is(limit(bootstrapOf(rv(''))), DEFAULT_MAX_DOWNSTREAM_CONNECTIONS);
+  const meta = { env: { PROXY_CONFIG: JSON.stringify({ proxyMetadata: { ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS: '77' }, runtimeValues: { 'overload.global_downstream_max_connections': '5000' } }) } };
+  assert.is(limit(bootstrapOf(meta)), 77, 'proxyMetadata ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS wins');
   throwsConfig(() => bootstrapOf(rv('lots')), /overload\.global_downstream_max_connections/, /PROXY_CONFIG/);
 });
 
@@ -244,9 +246,21 @@ test('tracing: zipkin and datadog clusters; other tracers rejected naming the fi
   throwsConfig(() => bootstrapOf(tr({ zipkin: { address: 'no-port' } })), /tracing\.zipkin\.address/);
 });
 
-test('outlier log path goes to cluster_manager', () => {
-  assert.equal(bootstrapOf({ flags: { outlierLogPath: '/dev/stdout' } }).cluster_manager.outlier_detection, { event_log_path: '/dev/stdout' });
-  assert.is(bootstrapOf().cluster_manager.outlier_detection, undefined);
+test('cluster_manager only with an outlier log path (then with deferred cluster creation, as Istio\'s template)', () => {
+  assert.equal(bootstrapOf({ flags: { outlierLogPath: '/dev/stdout' } }).cluster_manager, { outlier_detection: { event_log_path: '/dev/stdout' }, enable_deferred_cluster_creation: true });
+  assert.is(bootstrapOf().cluster_manager, undefined);
+});
+
+test('runtime layer has Istio\'s defaults, including its Envoy bug workaround', () => {
+  const layer = bootstrapOf().layered_runtime.layers[0].static_layer;
+  assert.is(layer['envoy.reloadable_features.fixed_heap_use_allocated'], true);
+  assert.is(layer['envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update'], false);
+});
+
+test('Prometheus listener compresses with brotli, zstd and gzip unless statsCompression is false', () => {
+  const filters = (b: Json) => (b.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters as Json[]).map((f) => f.name);
+  assert.equal(filters(bootstrapOf()), ['envoy.filters.http.compressor.brotli', 'envoy.filters.http.compressor.zstd', 'envoy.filters.http.compressor.gzip', 'envoy.filters.http.router']);
+  assert.equal(filters(bootstrapOf({ env: { PROXY_CONFIG: '{"statsCompression": false}' } })), ['envoy.filters.http.router']);
 });
 
 test('buildBootstrap is deterministic', () => {
@@ -329,7 +343,7 @@ test('loader: template placeholders are substituted (strings escaped, numbers ba
   const r = resolveBootstrap(cfg, node, (f) => (f === '/t/bootstrap.json' ? tmpl : undefined));
   const b = r.bootstrap as Json;
   assert.is(b.node.id, node.id);
-  assert.is(b.node.cluster, 'istio-proxy');
+  assert.is(b.node.cluster, node.cluster);
   assert.equal(b.node.metadata, node.metadata);
   assert.is(b.node.metadata.QUOTED, 'say "hi"');
   assert.equal(b.admin.address.socket_address, { address: '127.0.0.1', port_value: 15000 });
@@ -341,7 +355,7 @@ test('loader: template placeholders are substituted (strings escaped, numbers ba
 test('loader: YAML templates work too', () => {
   const r = loader({ flags: { templateFile: '/t.yaml' }, files: { '/t.yaml': 'node:\n  id: "{{ .nodeID }}"\n  cluster: {{ .cluster }}\nadmin:\n  address: {socket_address: {address: "{{ .localhost }}", port_value: {{ .config.ProxyAdminPort }}}}\n' } });
   const b = r.bootstrap as Json;
-  assert.is(b.node.cluster, 'istio-proxy');
+  assert.is(b.node.cluster, 'istio-proxy.shop');
   assert.is(b.admin.address.socket_address.port_value, 15000);
 });
 
