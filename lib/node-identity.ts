@@ -82,6 +82,34 @@ export function serviceClusterName(cfg: AgentConfig, labels: Record<string, stri
   }
 }
 
+// Metadata keys Istio reads into typed fields and writes back in that type's form (the rest pass as given).
+const STRING_BOOLS = [
+  'ENABLE_SELF_DISCOVERY', 'DNS_CAPTURE', 'DNS_AUTO_ALLOCATE', 'ENABLE_HBONE', 'DISABLE_HBONE_SEND',
+  'INBOUND_LISTENER_EXACT_BALANCE', 'OUTBOUND_LISTENER_EXACT_BALANCE',
+];
+const GO_TRUE = new Set(['1', 't', 'T', 'TRUE', 'true', 'True']);
+const GO_FALSE = new Set(['0', 'f', 'F', 'FALSE', 'false', 'False']);
+
+/** "true"/"false" strings (false ones left out) and POD_PORTS as compact JSON text, as Istio's typed metadata. */
+function typedMetadata(metadata: Record<string, unknown>): void {
+  for (const k of STRING_BOOLS) {
+    const v = metadata[k];
+    if (typeof v !== 'string') continue;
+    if (GO_TRUE.has(v)) metadata[k] = 'true';
+    else if (GO_FALSE.has(v)) delete metadata[k];
+  }
+  if (typeof metadata.POD_PORTS === 'string') {
+    try {
+      const ports = JSON.parse(metadata.POD_PORTS) as Array<Record<string, unknown>>;
+      if (Array.isArray(ports)) {
+        metadata.POD_PORTS = JSON.stringify(ports.map((p) => ({ ...(p.name ? { name: p.name } : {}), containerPort: p.containerPort ?? 0, protocol: p.protocol ?? '' })));
+      }
+    } catch {
+      // Passed on as given; istiod reports what it cannot read.
+    }
+  }
+}
+
 /** Istio's discovery SAN: the discovery host (istiod's own name when it is localhost). */
 export function pilotSan(discoveryAddress: string): string {
   const host = discoveryAddress.split(':')[0]!;
@@ -114,6 +142,7 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
     if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw configError(k, `environment variable ${k}`, 'want a JSON object');
     Object.assign(metadata, parsed);
   }
+  typedMetadata(metadata);
   // Only the environment's own DNS_PROXY_ADDR is reported (istiod falls back to its default), as Istio does.
   if (env.DNS_PROXY_ADDR) metadata.DNS_PROXY_ADDR = env.DNS_PROXY_ADDR;
 
