@@ -48,9 +48,13 @@ const ANN_FLUSH = 'sidecar.istio.io/statsFlushInterval';
 
 const splitList = (s: string | undefined): string[] => (s ?? '').split(',').map((x) => x.trim()).filter(Boolean);
 
+/** ProxyConfig.extraStatTags and the pod's extraStatTags annotation, without duplicates. */
+export function extraStatTags(cfg: AgentConfig): string[] {
+  return [...new Set([...cfg.proxy.extraStatTags.filter(Boolean), ...splitList(cfg.podAnnotations[ANN_EXTRA_TAGS])])];
+}
+
 export function statsConfig(cfg: AgentConfig, node: NodeIdentity): Json {
-  const ann = cfg.podAnnotations;
-  const extra = [...new Set([...cfg.proxy.extraStatTags.filter(Boolean), ...splitList(ann[ANN_EXTRA_TAGS])])];
+  const extra = extraStatTags(cfg);
   const tag = ([tag_name, regex]: [string, string]) => ({ tag_name, regex });
   const out: Json = {
     use_all_default_tags: false,
@@ -60,24 +64,34 @@ export function statsConfig(cfg: AgentConfig, node: NodeIdentity): Json {
       ...TAGS_AFTER_EXTRA.map(tag),
     ],
   };
-  const buckets = histogramBuckets(ann[ANN_BUCKETS]);
+  const buckets = histogramBucketSettings(cfg);
   if (buckets) out.histogram_bucket_settings = buckets;
   out.stats_matcher = { inclusion_list: { patterns: inclusionPatterns(cfg, node) } };
   return out;
 }
 
-function inclusionPatterns(cfg: AgentConfig, node: NodeIdentity): Json[] {
+/** The stats inclusion lists (annotation or ProxyConfig, then the required entries), pod IPs substituted. */
+export function statsInclusion(cfg: AgentConfig, node: NodeIdentity): { prefixes: string[]; suffixes: string[]; regexps: string[] } {
   const m = cfg.proxy.proxyStatsMatcher ?? {};
   const ann = cfg.podAnnotations;
   // An annotation replaces the ProxyConfig list rather than adding to it, as in Istio.
   const pick = (annotation: string, fromConfig: string[] | undefined, required: string[]) =>
     withPodIps([...(ann[annotation] ? splitList(ann[annotation]) : fromConfig ?? []), ...required], node.ips);
   const suffixes = cfg.exitOnZeroActiveConnections ? [...RBAC_SUFFIXES, DRAIN_SUFFIX] : RBAC_SUFFIXES;
+  return {
+    prefixes: pick(ANN_PREFIXES, m.inclusionPrefixes, REQUIRED_PREFIXES),
+    suffixes: pick(ANN_SUFFIXES, m.inclusionSuffixes, suffixes),
+    regexps: pick(ANN_REGEXPS, m.inclusionRegexps, REQUIRED_REGEXPS),
+  };
+}
+
+function inclusionPatterns(cfg: AgentConfig, node: NodeIdentity): Json[] {
+  const { prefixes, suffixes, regexps } = statsInclusion(cfg, node);
   return [
     { prefix: 'reporter=' },
-    ...pick(ANN_PREFIXES, m.inclusionPrefixes, REQUIRED_PREFIXES).map((prefix) => ({ prefix })),
-    ...pick(ANN_SUFFIXES, m.inclusionSuffixes, suffixes).map((suffix) => ({ suffix })),
-    ...pick(ANN_REGEXPS, m.inclusionRegexps, REQUIRED_REGEXPS).map((regex) => ({ safe_regex: { regex } })),
+    ...prefixes.map((prefix) => ({ prefix })),
+    ...suffixes.map((suffix) => ({ suffix })),
+    ...regexps.map((regex) => ({ safe_regex: { regex } })),
     { prefix: 'component' },
     { prefix: 'istio' },
   ];
@@ -88,7 +102,9 @@ function withPodIps(patterns: string[], ips: string[]): string[] {
   return patterns.flatMap((p) => (p.includes('{pod_ip}') ? ips.map((ip) => p.split('{pod_ip}').join(ip)) : [p]));
 }
 
-function histogramBuckets(raw: string | undefined): Json[] | undefined {
+/** The pod's statsHistogramBuckets annotation as Envoy's histogram_bucket_settings, sorted by prefix. */
+export function histogramBucketSettings(cfg: AgentConfig): Json[] | undefined {
+  const raw = cfg.podAnnotations[ANN_BUCKETS];
   if (raw === undefined) return undefined;
   const fail = (problem: string) => configError(ANN_BUCKETS, `pod annotation ${ANN_BUCKETS}`, problem);
   let parsed: unknown;
@@ -109,10 +125,16 @@ function histogramBuckets(raw: string | undefined): Json[] | undefined {
 }
 
 export function statsFlushInterval(cfg: AgentConfig): string | undefined {
+  const ms = statsFlushIntervalMs(cfg);
+  return ms === undefined ? undefined : formatProtoDuration(ms);
+}
+
+/** The pod's statsFlushInterval annotation in milliseconds. */
+export function statsFlushIntervalMs(cfg: AgentConfig): number | undefined {
   const raw = cfg.podAnnotations[ANN_FLUSH];
   if (raw === undefined) return undefined;
   try {
-    return formatProtoDuration(parseDuration(raw));
+    return parseDuration(raw);
   } catch (e) {
     throw configError(ANN_FLUSH, `pod annotation ${ANN_FLUSH}`, (e as Error).message);
   }

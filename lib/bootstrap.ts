@@ -117,7 +117,7 @@ export function runtimeFlags(cfg: AgentConfig): Json {
  * The overload manager's limit: proxyMetadata ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS, else the
  * runtimeValues key (which also stays in the runtime layer, as in Istio), else no practical limit.
  */
-function maxDownstreamConnections(cfg: AgentConfig): number {
+export function maxDownstreamConnections(cfg: AgentConfig): number {
   const fromMeta = cfg.proxy.proxyMetadata.ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS;
   if (fromMeta !== undefined && /^\d+$/.test(fromMeta)) return Number(fromMeta);
   const raw = cfg.proxy.runtimeValues[MAX_CONNECTIONS_KEY];
@@ -291,7 +291,8 @@ function withHttpFilters(listener: Json, filters: Json[]): Json {
 // Fields of Istio's Tracing message that istiod consumes, not the bootstrap.
 const TRACING_IGNORED = new Set(['sampling', 'customTags', 'maxPathTagLength', 'useRequestIdForTraceSampling']);
 
-function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster: Json; tracing: Json } | undefined {
+/** The tracer ProxyConfig.tracing names and its collector address, if any. */
+export function tracer(cfg: AgentConfig): { kind: 'zipkin' | 'datadog'; host: string; port: number } | undefined {
   const t = cfg.proxy.tracing;
   if (!t) return undefined;
   const source = cfg.sources.tracing ?? 'ProxyConfig';
@@ -301,7 +302,14 @@ function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster
     throw configError('tracing', source, `unsupported tracing settings ${tracers.map((k) => `"${k}"`).join(', ')} (this agent supports zipkin and datadog)`);
   }
   const kind = tracers[0] as 'zipkin' | 'datadog';
-  const address = tracerAddress(t[kind], `tracing.${kind}`, source);
+  return { kind, ...tracerAddress(t[kind], `tracing.${kind}`, source) };
+}
+
+function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster: Json; tracing: Json } | undefined {
+  const found = tracer(cfg);
+  if (!found) return undefined;
+  const { kind } = found;
+  const address = found;
   const clusterName = kind === 'zipkin' ? 'zipkin' : 'datadog_agent';
   // Istio's fields; Envoy deprecates respect_dns_ttl / dns_refresh_rate on Cluster but still honours them.
   const cluster: Json = {

@@ -189,7 +189,8 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     if (cpu > 0) apply({ concurrency: cpu }, 'environment variable ISTIO_CPU_LIMIT');
   }
   if (flags.templateFile) apply({ proxyBootstrapTemplatePath: flags.templateFile }, '--templateFile');
-  else if (envs.ISTIO_BOOTSTRAP.isSet(effEnv)) apply({ proxyBootstrapTemplatePath: envs.ISTIO_BOOTSTRAP.get(effEnv) }, 'environment variable ISTIO_BOOTSTRAP');
+  // ISTIO_BOOTSTRAP picks the template over everything else, as in Istio, without becoming part of the ProxyConfig.
+  if (envs.ISTIO_BOOTSTRAP.isSet(effEnv)) sources.ISTIO_BOOTSTRAP = 'environment variable ISTIO_BOOTSTRAP';
 
   // Istio no longer has a parent shutdown time (no hot restart), so a long drainDuration alone must not be an
   // error: the default then follows it.
@@ -233,7 +234,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     componentLogLevel: [...components, ...extraComponents].join(','),
     logAsJson: flags.logAsJson ?? false,
     concurrency: proxy.concurrency,
-    templateFile: proxy.proxyBootstrapTemplatePath,
+    templateFile: envs.ISTIO_BOOTSTRAP.isSet(effEnv) ? envs.ISTIO_BOOTSTRAP.get(effEnv) : proxy.proxyBootstrapTemplatePath,
     meshConfigFile,
     bootstrapOverrideFile: envs.ISTIO_BOOTSTRAP_OVERRIDE.get(effEnv),
     outlierLogPath: flags.outlierLogPath ?? '',
