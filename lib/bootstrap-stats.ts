@@ -45,6 +45,7 @@ const ANN_SUFFIXES = 'sidecar.istio.io/statsInclusionSuffixes';
 const ANN_REGEXPS = 'sidecar.istio.io/statsInclusionRegexps';
 const ANN_BUCKETS = 'sidecar.istio.io/statsHistogramBuckets';
 const ANN_FLUSH = 'sidecar.istio.io/statsFlushInterval';
+const ANN_EVICTION = 'sidecar.istio.io/statsEvictionInterval';
 
 const splitList = (s: string | undefined): string[] => (s ?? '').split(',').map((x) => x.trim()).filter(Boolean);
 
@@ -161,4 +162,23 @@ function compressor(kind: 'brotli' | 'zstd' | 'gzip'): Json {
 /** Compressor filters for the /stats/prometheus listener, in Istio's order (a client's Accept-Encoding picks one). */
 export function statsCompressors(cfg: AgentConfig): Json[] {
   return cfg.proxy.extra.statsCompression === false ? [] : [compressor('brotli'), compressor('zstd'), compressor('gzip')];
+}
+
+/**
+ * The pod's statsEvictionInterval annotation, in whole seconds; it must be a multiple of the flush interval
+ * (Envoy's default 5s), as Istio checks.
+ */
+export function statsEvictionInterval(cfg: AgentConfig): string | undefined {
+  const raw = cfg.podAnnotations[ANN_EVICTION];
+  if (raw === undefined) return undefined;
+  const fail = (problem: string) => configError(ANN_EVICTION, `pod annotation ${ANN_EVICTION}`, problem);
+  let ms: number;
+  try {
+    ms = parseDuration(raw);
+  } catch (e) {
+    throw fail((e as Error).message);
+  }
+  const flush = statsFlushIntervalMs(cfg) ?? 5000;
+  if (flush === 0 || ms % flush !== 0) throw fail(`must be a multiple of the stats flush interval (${flush / 1000}s)`);
+  return `${Math.floor(ms / 1000)}s`;
 }

@@ -12,7 +12,7 @@ import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
 import { pilotSan } from './node-identity';
 import { localNet, maxDownstreamConnections, runtimeFlags, tracer, xdsApiType } from './bootstrap';
-import { extraStatTags, histogramBucketSettings, statsFlushIntervalMs, statsInclusion } from './bootstrap-stats';
+import { extraStatTags, histogramBucketSettings, statsEvictionInterval, statsFlushIntervalMs, statsInclusion } from './bootstrap-stats';
 import { GO_NIL, goStruct } from './go-template';
 import { formatProtoDuration } from './duration';
 
@@ -114,6 +114,8 @@ export function templateVariables(cfg: AgentConfig, node: NodeIdentity): Json {
   if (inc.regexps.length) v.inclusionRegexps = inc.regexps;
   const flush = statsFlushIntervalMs(cfg);
   if (flush !== undefined) v.stats_flush_interval = goDuration(flush);
+  const eviction = statsEvictionInterval(cfg);
+  if (eviction) v.stats_eviction_interval = eviction;
   const t = tracer(cfg);
   if (t) v[t.kind] = address(t.host, t.port);
   if (typeof node.metadata.LOAD_STATS_CONFIG_JSON === 'string') v.load_stats_config_json_str = node.metadata.LOAD_STATS_CONFIG_JSON;

@@ -8,7 +8,7 @@
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
 import { configError } from './errors';
-import { statsCompressors, statsConfig, statsFlushInterval } from './bootstrap-stats';
+import { statsCompressors, statsConfig, statsEvictionInterval, statsFlushInterval } from './bootstrap-stats';
 
 export interface BootstrapInputs {
   cfg: AgentConfig;
@@ -81,6 +81,8 @@ export function buildBootstrap(i: BootstrapInputs): Json {
   b.overload_manager = overloadManager(maxConnections);
   const flush = statsFlushInterval(cfg);
   if (flush) b.stats_flush_interval = flush;
+  const eviction = statsEvictionInterval(cfg);
+  if (eviction) b.stats_eviction_interval = eviction;
   const cm = clusterManager(cfg, node);
   if (cm) b.cluster_manager = cm;
   // Istio's default: stats objects are created on first use, which saves memory on large meshes.
@@ -106,6 +108,9 @@ export function runtimeFlags(cfg: AgentConfig): Json {
     'envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update': false,
     're2.max_program_size.error_level': '32768',
   };
+  if (cfg.compliancePolicy === 'fips-140-2') flags['envoy.reloadable_features.google_grpc_disable_tls_13'] = true;
+  // Istio's condition is backwards, and kept so for compatibility: the variable set to false adds "false".
+  if (!cfg.stripFragmentFromPath) flags['envoy.reloadable_features.http_strip_fragment_from_path_unsafe_if_disabled'] = 'false';
   for (const [k, v] of Object.entries(cfg.proxy.runtimeValues)) {
     if (v === '') delete flags[k];
     else flags[k] = v === 'true' ? true : v === 'false' ? false : v;
@@ -302,7 +307,10 @@ export function tracer(cfg: AgentConfig): { kind: 'zipkin' | 'datadog'; host: st
     throw configError('tracing', source, `unsupported tracing settings ${tracers.map((k) => `"${k}"`).join(', ')} (this agent supports zipkin and datadog)`);
   }
   const kind = tracers[0] as 'zipkin' | 'datadog';
-  return { kind, ...tracerAddress(t[kind], `tracing.${kind}`, source) };
+  const address = tracerAddress(t[kind], `tracing.${kind}`, source);
+  // Tracer addresses once lived in the pod spec, where Kubernetes expanded $(HOST_IP); Istio does it here now.
+  if (address.host === '$(HOST_IP)' && cfg.hostIp) address.host = cfg.hostIp;
+  return { kind, ...address };
 }
 
 function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster: Json; tracing: Json } | undefined {

@@ -78,6 +78,12 @@ export interface AgentConfig {
   /** PEER_METADATA_DISCOVERY when set. */
   metadataDiscovery: boolean | undefined;
   workloadIdentitySocketFile: string;
+  /** COMPLIANCE_POLICY (fips-140-2 adds a runtime flag). */
+  compliancePolicy: string;
+  /** HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED. */
+  stripFragmentFromPath: boolean;
+  /** HOST_IP: replaces `$(HOST_IP)` in tracer addresses, as Istio does. */
+  hostIp: string;
   /** Where each ProxyConfig field's value came from, for error messages and `bootstrap` output. */
   sources: Record<string, string>;
 }
@@ -260,6 +266,9 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     skipDeprecatedLogs: envs.ENVOY_SKIP_DEPRECATED_LOGS.get(effEnv),
     metadataDiscovery: envs.PEER_METADATA_DISCOVERY.isSet(effEnv) ? envs.PEER_METADATA_DISCOVERY.get(effEnv) : undefined,
     workloadIdentitySocketFile: envs.WORKLOAD_IDENTITY_SOCKET_FILE.get(effEnv),
+    compliancePolicy: envs.COMPLIANCE_POLICY.get(effEnv),
+    stripFragmentFromPath: envs.HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED.get(effEnv),
+    hostIp: envs.HOST_IP.get(effEnv),
     sources,
   };
   return deepFreeze(cfg);

@@ -173,3 +173,5 @@ export const ISTIO_PROMETHEUS_ANNOTATIONS = str('ISTIO_PROMETHEUS_ANNOTATIONS', 
 export const ENVOY_SKIP_DEPRECATED_LOGS = bool('ENVOY_SKIP_DEPRECATED_LOGS', true, 'Pass --skip-deprecated-logs to Envoy (false: show deprecation warnings)');
 export const PEER_METADATA_DISCOVERY = bool('PEER_METADATA_DISCOVERY', false, 'Reported as node metadata METADATA_DISCOVERY (unset: follows ISTIO_META_ENABLE_HBONE)');
 export const WORKLOAD_IDENTITY_SOCKET_FILE = str('WORKLOAD_IDENTITY_SOCKET_FILE', 'socket', 'File name of the workload SDS socket in ./var/run/secrets/workload-spiffe-uds (node metadata)');
+export const COMPLIANCE_POLICY = str('COMPLIANCE_POLICY', '', 'fips-140-2 limits Envoy\'s Google gRPC client to TLS 1.2 (runtime flag), as Istio does');
+export const HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = bool('HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED', true, 'false: Envoy keeps URL fragments in paths (Istio\'s runtime flag of that name)');

@@ -257,6 +257,25 @@ test('runtime layer has Istio\'s defaults, including its Envoy bug workaround', 
   assert.is(layer['envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update'], false);
 });
 
+test('runtime layer: COMPLIANCE_POLICY=fips-140-2 and HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED=false add Istio\'s flags', () => {
+  const layer = (env: Record<string, string>) => bootstrapOf({ env }).layered_runtime.layers[0].static_layer;
+  assert.is(layer({ COMPLIANCE_POLICY: 'fips-140-2' })['envoy.reloadable_features.google_grpc_disable_tls_13'], true);
+  assert.is(layer({})['envoy.reloadable_features.google_grpc_disable_tls_13'], undefined);
+  assert.is(layer({ HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED: 'false' })['envoy.reloadable_features.http_strip_fragment_from_path_unsafe_if_disabled'], 'false');
+});
+
+test('tracer address $(HOST_IP) is the node\'s HOST_IP, as Istio expands it', () => {
+  const b = bootstrapOf({ env: { HOST_IP: '192.168.7.7', PROXY_CONFIG: JSON.stringify({ tracing: { zipkin: { address: '$(HOST_IP):9411' } } }) } });
+  assert.equal(cluster(b, 'zipkin')!.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address, { address: '192.168.7.7', port_value: 9411 });
+});
+
+test('stats eviction interval from the pod annotation, a multiple of the flush interval', () => {
+  const ann = (a: string) => ({ files: { './etc/istio/pod/annotations': a } });
+  assert.is(bootstrapOf(ann('sidecar.istio.io/statsEvictionInterval="60s"\n')).stats_eviction_interval, '60s');
+  assert.is(bootstrapOf().stats_eviction_interval, undefined);
+  throwsConfig(() => bootstrapOf(ann('sidecar.istio.io/statsEvictionInterval="7s"\n')), /statsEvictionInterval/, /multiple/);
+});
+
 test('Prometheus listener compresses with brotli, zstd and gzip unless statsCompression is false', () => {
   const filters = (b: Json) => (b.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters as Json[]).map((f) => f.name);
   assert.equal(filters(bootstrapOf()), ['envoy.filters.http.compressor.brotli', 'envoy.filters.http.compressor.zstd', 'envoy.filters.http.compressor.gzip', 'envoy.filters.http.router']);
