@@ -74,7 +74,7 @@ export function buildBootstrap(i: BootstrapInputs): Json {
     dynamic_resources: dynamicResources(cfg),
     static_resources: {
       clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : [])],
-      listeners: [withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg)), readinessListener(cfg, net)],
+      listeners: [localOnly(cfg, net, withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg))), readinessListener(cfg, net)],
     },
   };
   if (tracer) b.tracing = tracer.tracing;
@@ -280,6 +280,15 @@ function clusterManager(cfg: AgentConfig, node: NodeIdentity): Json | undefined 
   }
   out.enable_deferred_cluster_creation = true;
   return out;
+}
+
+/** proxyMetadata METRICS_LOCALHOST_ACCESS_ONLY=true: the Prometheus listener binds loopback only, as in Istio. */
+function localOnly(cfg: AgentConfig, net: LocalNet, listener: Json): Json {
+  if (cfg.proxy.proxyMetadata.METRICS_LOCALHOST_ACCESS_ONLY !== 'true') return listener;
+  const sa = (listener.address as { socket_address: Json }).socket_address;
+  listener.name = `${net.localhost}_${sa.port_value}`;
+  sa.address = net.localhost;
+  return listener;
 }
 
 /** Adds HTTP filters in front of a listener's router filter. */

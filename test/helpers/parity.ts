@@ -86,8 +86,8 @@ export const INPUT_SETS: InputSet[] = [
   },
   {
     name: 'gateway',
-    what: 'a gateway with gatewayTopology, proxyHeaders, runtimeValues and extraStatTags (mesh config file and PROXY_CONFIG)',
-    args: ['proxy', 'router', '--domain', 'istio-system.svc.cluster.local', '--proxyLogLevel=warning'],
+    what: 'a gateway with gatewayTopology, proxyHeaders, runtimeValues, extraStatTags, metrics on localhost only, JSON logs (mesh config file and PROXY_CONFIG)',
+    args: ['proxy', 'router', '--domain', 'istio-system.svc.cluster.local', '--proxyLogLevel=warning', '--log_as_json'],
     env: {
       POD_NAME: 'gw-6f7d9-zzzzz', POD_NAMESPACE: 'istio-system', INSTANCE_IP: '10.44.0.11', SERVICE_ACCOUNT: 'gw',
       ISTIO_META_WORKLOAD_NAME: 'gw', ISTIO_META_ROUTER_MODE: 'sni-dnat', ISTIO_META_UNPRIVILEGED_POD: 'true',
@@ -96,6 +96,7 @@ export const INPUT_SETS: InputSet[] = [
         proxyHeaders: { server: { disabled: true }, requestId: { disabled: true } },
         runtimeValues: { 'overload.global_downstream_max_connections': '50000', 'envoy.reloadable_features.http_reject_path_with_fragment': 'true' },
         extraStatTags: ['request_host', 'destination_port'],
+        proxyMetadata: { METRICS_LOCALHOST_ACCESS_ONLY: 'true' },
       }),
     },
     files: {
@@ -113,9 +114,17 @@ export const INPUT_SETS: InputSet[] = [
   },
   {
     name: 'dns-capture',
-    what: 'a sidecar with DNS capture and auto allocation on',
-    args: ['proxy', 'sidecar', ...INJECTED_FLAGS],
+    what: 'a sidecar with DNS capture and auto allocation on, an outlier log and stats annotations',
+    args: ['proxy', 'sidecar', ...INJECTED_FLAGS, '--outlierLogPath', '/dev/stdout'],
     env: { ...POD_ENV, INSTANCE_IP: '10.44.0.7', ISTIO_META_DNS_CAPTURE: 'true', ISTIO_META_DNS_AUTO_ALLOCATE: 'true' },
+    files: {
+      'etc/istio/pod/annotations': downward({
+        'sidecar.istio.io/statsHistogramBuckets': '{"istiocustom": [1, 5, 10], "cluster.xds-grpc": [1, 10, 100]}',
+        'sidecar.istio.io/statsFlushInterval': '10s',
+        'sidecar.istio.io/statsEvictionInterval': '30s',
+        'sidecar.istio.io/extraStatTags': 'tag_a,tag_b',
+      }),
+    },
     ipv4: '10.44.0.7',
   },
   {
