@@ -54,7 +54,7 @@ export function extraStatTags(cfg: AgentConfig): string[] {
   return [...new Set([...cfg.proxy.extraStatTags.filter(Boolean), ...splitList(cfg.podAnnotations[ANN_EXTRA_TAGS])])];
 }
 
-export function statsConfig(cfg: AgentConfig, node: NodeIdentity): Json {
+export function statsConfig(cfg: AgentConfig, node: NodeIdentity, metadataDiscovery = false): Json {
   const extra = extraStatTags(cfg);
   const tag = ([tag_name, regex]: [string, string]) => ({ tag_name, regex });
   const out: Json = {
@@ -67,7 +67,7 @@ export function statsConfig(cfg: AgentConfig, node: NodeIdentity): Json {
   };
   const buckets = histogramBucketSettings(cfg);
   if (buckets) out.histogram_bucket_settings = buckets;
-  out.stats_matcher = { inclusion_list: { patterns: inclusionPatterns(cfg, node) } };
+  out.stats_matcher = { inclusion_list: { patterns: inclusionPatterns(cfg, node, metadataDiscovery) } };
   return out;
 }
 
@@ -86,10 +86,12 @@ export function statsInclusion(cfg: AgentConfig, node: NodeIdentity): { prefixes
   };
 }
 
-function inclusionPatterns(cfg: AgentConfig, node: NodeIdentity): Json[] {
+function inclusionPatterns(cfg: AgentConfig, node: NodeIdentity, metadataDiscovery: boolean): Json[] {
   const { prefixes, suffixes, regexps } = statsInclusion(cfg, node);
   return [
     { prefix: 'reporter=' },
+    // The peer metadata discovery extension's own stats.
+    ...(metadataDiscovery ? [{ prefix: 'workload_discovery' }] : []),
     ...prefixes.map((prefix) => ({ prefix })),
     ...suffixes.map((suffix) => ({ suffix })),
     ...regexps.map((regex) => ({ safe_regex: { regex } })),

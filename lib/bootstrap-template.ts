@@ -11,7 +11,7 @@
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
 import { pilotSan } from './node-identity';
-import { localNet, maxDownstreamConnections, runtimeFlags, tracer, xdsApiType } from './bootstrap';
+import { localNet, maxDownstreamConnections, metadataDiscovery, runtimeFlags, tracer, xdsApiType } from './bootstrap';
 import { extraStatTags, histogramBucketSettings, statsEvictionInterval, statsFlushIntervalMs, statsInclusion } from './bootstrap-stats';
 import { GO_NIL, goStruct } from './go-template';
 import { formatProtoDuration } from './duration';
@@ -82,10 +82,10 @@ export function templateVariables(cfg: AgentConfig, node: NodeIdentity): Json {
     pilot_SAN: `[${(p.controlPlaneAuthPolicy === 'MUTUAL_TLS' ? [pilotSan(p.discoveryAddress)] : []).map((s) => `{"exact":"${s}"}`).join(',')}]`,
     discovery_address: p.discoveryAddress,
     discovery_host: p.discoveryAddress.split(':')[0],
-    xds_type: xdsApiType(cfg),
+    xds_type: xdsApiType(cfg, node),
     xds_root_cert: '',
     log_json: cfg.logAsJson,
-    metadata_discovery: false,
+    metadata_discovery: metadataDiscovery(cfg, node),
     metrics_localhost_access_only: p.proxyMetadata.METRICS_LOCALHOST_ACCESS_ONLY === 'true',
     workload_identity_socket_file: cfg.workloadIdentitySocketFile,
     localhost: net.localhost,

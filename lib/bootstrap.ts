@@ -39,8 +39,20 @@ export function localNet(node: NodeIdentity): LocalNet {
     : { localhost: '127.0.0.1', wildcard: '0.0.0.0', dnsLookupFamily: 'V4_ONLY' };
 }
 
-export function xdsApiType(cfg: AgentConfig): 'DELTA_GRPC' | 'GRPC' {
-  return cfg.deltaXds ? 'DELTA_GRPC' : 'GRPC';
+const isWaypoint = (node: NodeIdentity) => node.id.startsWith('waypoint~');
+
+/** Delta unless ISTIO_DELTA_XDS=false; a waypoint always uses Delta, as in Istio. */
+export function xdsApiType(cfg: AgentConfig, node: NodeIdentity): 'DELTA_GRPC' | 'GRPC' {
+  return cfg.deltaXds || isWaypoint(node) ? 'DELTA_GRPC' : 'GRPC';
+}
+
+/**
+ * Envoy's peer metadata discovery extension (Istio's `metadata_discovery`): on for waypoints, else as
+ * PEER_METADATA_DISCOVERY says (unset: on with ENABLE_HBONE); never over state-of-the-world xDS.
+ */
+export function metadataDiscovery(cfg: AgentConfig, node: NodeIdentity): boolean {
+  const on = isWaypoint(node) || (cfg.metadataDiscovery ?? node.metadata.ENABLE_HBONE === 'true');
+  return on && xdsApiType(cfg, node) === 'DELTA_GRPC';
 }
 
 export function buildBootstrap(i: BootstrapInputs): Json {
@@ -64,14 +76,26 @@ export function buildBootstrap(i: BootstrapInputs): Json {
       ],
     },
     bootstrap_extensions: [
+      ...(metadataDiscovery(cfg, node)
+        ? [
+            {
+              name: 'metadata_discovery',
+              typed_config: {
+                '@type': `${TYPE}udpa.type.v1.TypedStruct`,
+                type_url: `${TYPE}istio.workload.BootstrapExtension`,
+                value: { config_source: { ads: {} } },
+              },
+            },
+          ]
+        : []),
       {
         name: 'envoy.bootstrap.internal_listener',
         typed_config: { '@type': `${TYPE}envoy.extensions.bootstrap.internal_listener.v3.InternalListener`, buffer_size_kb: 64 },
       },
     ],
-    stats_config: statsConfig(cfg, node),
+    stats_config: statsConfig(cfg, node, metadataDiscovery(cfg, node)),
     admin: admin(cfg, net),
-    dynamic_resources: dynamicResources(cfg),
+    dynamic_resources: dynamicResources(cfg, node),
     static_resources: {
       clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : [])],
       listeners: [localOnly(cfg, net, withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg))), readinessListener(cfg, net)],
@@ -162,14 +186,14 @@ function admin(cfg: AgentConfig, net: LocalNet): Json {
   };
 }
 
-function dynamicResources(cfg: AgentConfig): Json {
+function dynamicResources(cfg: AgentConfig, node: NodeIdentity): Json {
   // initial_fetch_timeout 0s: Envoy waits for the first LDS/CDS instead of starting with nothing.
   const overAds = () => ({ ads: {}, initial_fetch_timeout: '0s', resource_api_version: 'V3' });
   return {
     lds_config: overAds(),
     cds_config: overAds(),
     ads_config: {
-      api_type: xdsApiType(cfg),
+      api_type: xdsApiType(cfg, node),
       set_node_on_first_message_only: true,
       transport_api_version: 'V3',
       grpc_services: [{ envoy_grpc: { cluster_name: 'xds-grpc' } }],

@@ -128,6 +128,14 @@ export const INPUT_SETS: InputSet[] = [
     ipv4: '10.44.0.7',
   },
   {
+    name: 'waypoint',
+    what: 'proxy waypoint (Delta xDS and peer metadata discovery forced on, as Istio does for waypoints)',
+    args: ['proxy', 'waypoint', '--domain', 'shop.svc.cluster.local', '--proxyLogLevel=warning'],
+    env: { POD_NAME: 'waypoint-5d8c7-qwert', POD_NAMESPACE: 'shop', INSTANCE_IP: '10.44.0.21', SERVICE_ACCOUNT: 'waypoint', ISTIO_DELTA_XDS: 'false', ISTIO_META_ENABLE_HBONE: 'true' },
+    files: { 'etc/istio/pod/labels': downward({ 'gateway.networking.k8s.io/gateway-name': 'waypoint', 'istio.io/dataplane-mode': 'none' }) },
+    ipv4: '10.44.0.21',
+  },
+  {
     name: 'custom-template',
     what: 'a user template in Go text/template (--templateFile) using if/else, range, with, variables, pipelines and functions',
     args: ['proxy', 'sidecar', ...INJECTED_FLAGS, '--templateFile', './custom-template.json'],
