@@ -1,7 +1,7 @@
 // Istio's ProxyConfig: field names, defaults, and strict parsing of one layer (mesh file, PROXY_CONFIG, annotation).
 // Layers replace whole top-level fields, as Istio's merge does; durations are kept as milliseconds.
 
-import { formatProtoDuration, parseDuration } from './duration';
+import { parseDuration } from './duration';
 import { configError } from './errors';
 
 export interface StatsMatcher {
@@ -199,6 +199,14 @@ const DURATIONS = new Set<keyof ProxyConfig>(['drainDuration', 'parentShutdownDu
 // google.protobuf wrappers: emitted even when they hold the zero value.
 const WRAPPERS = new Set<keyof ProxyConfig>(['concurrency', 'holdApplicationUntilProxyStarts']);
 
+/** protojson's Duration: whole seconds, else 3, 6 or 9 fractional digits ("0.500s"). */
+export function protojsonDuration(ms: number): string {
+  const secs = ms / 1000;
+  if (Number.isInteger(secs)) return `${secs}s`;
+  const digits = Number.isInteger(ms) ? 3 : Number.isInteger(ms * 1000) ? 6 : 9;
+  return `${secs.toFixed(digits)}s`;
+}
+
 const isZero = (v: unknown) =>
   v === undefined || v === '' || v === 0 || v === false || (Array.isArray(v) && v.length === 0) ||
   (v !== null && typeof v === 'object' && !Array.isArray(v) && Object.keys(v).length === 0);
@@ -214,7 +222,7 @@ export function proxyConfigJson(p: Readonly<ProxyConfig>, sources: Record<string
     const v = p[k];
     if (!ISTIO_DEFAULTS.has(k) && (sources[k] ?? 'default') === 'default') continue;
     if (v === undefined || (isZero(v) && !WRAPPERS.has(k))) continue;
-    out[k] = DURATIONS.has(k) ? formatProtoDuration(v as number) : v;
+    out[k] = DURATIONS.has(k) ? protojsonDuration(v as number) : v;
   }
   for (const [k, v] of Object.entries(p.extra)) out[k] = v;
   return out;

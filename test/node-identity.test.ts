@@ -138,14 +138,14 @@ test('DNS proxy address is in metadata only when DNS_PROXY_ADDR is set, as Istio
 
 test('PROXY_CONFIG metadata is the effective ProxyConfig in Istio\'s JSON form, including fields only istiod reads', () => {
   const pc = {
-    concurrency: 2, tracing: { sampling: 10, zipkin: { address: 'zipkin:9411' } }, drainDuration: '1m',
+    concurrency: 2, tracing: { sampling: 10, zipkin: { address: 'zipkin:9411' } }, drainDuration: '1m', terminationDrainDuration: '2500ms',
     gatewayTopology: { numTrustedProxies: 2, forwardClientCertDetails: 'SANITIZE_SET' }, proxyHeaders: { server: { disabled: true } },
     privateKeyProvider: { cryptomb: { pollDelay: '0.01s' } },
   };
   const meta = identity({ env: { PROXY_CONFIG: JSON.stringify(pc) } }).metadata.PROXY_CONFIG as Record<string, unknown>;
   assert.equal(meta, {
     configPath: './etc/istio/proxy', binaryPath: '/usr/local/bin/envoy', serviceCluster: 'istio-proxy', drainDuration: '60s',
-    terminationDrainDuration: '5s', discoveryAddress: 'istiod.istio-system.svc:15012', proxyAdminPort: 15000, statusPort: 15020,
+    terminationDrainDuration: '2.500s', discoveryAddress: 'istiod.istio-system.svc:15012', proxyAdminPort: 15000, statusPort: 15020,
     controlPlaneAuthPolicy: 'MUTUAL_TLS', concurrency: 2, statNameLength: 189, tracing: pc.tracing,
     gatewayTopology: pc.gatewayTopology, proxyHeaders: pc.proxyHeaders, privateKeyProvider: pc.privateKeyProvider,
   });
