@@ -7,6 +7,7 @@ import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import { pathToFileURL } from 'node:url';
 
 export const REPO = path.resolve(__dirname, '..', '..');
 export const GOLDEN_DIR = path.join(REPO, 'test', 'golden', 'parity');
@@ -335,7 +336,11 @@ export function readGolden(set: string): AgentRun {
   return JSON.parse(fs.readFileSync(goldenFile(set), 'utf8')) as AgentRun;
 }
 
-/** This agent's command: the TypeScript source run by tsx, so the check always sees the current code. */
+/**
+ * This agent's command: the TypeScript source run through tsx's loader, so the check always sees the current
+ * code. (Not tsx's CLI: it listens on /tmp/tsx-<uid>/<pid>.pipe, and every run here is pid 1 of its namespace.)
+ */
 export function ourAgentCommand(): string[] {
-  return [process.execPath, path.join(REPO, 'node_modules', 'tsx', 'dist', 'cli.mjs'), path.join(REPO, 'agent.ts')];
+  const loader = pathToFileURL(path.join(REPO, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
+  return [process.execPath, '--import', loader, path.join(REPO, 'agent.ts')];
 }
