@@ -14,6 +14,7 @@ import { pilotSan } from './node-identity';
 import { localNet, maxDownstreamConnections, metadataDiscovery, runtimeFlags, tracer, xdsApiType } from './bootstrap';
 import { extraStatTags, histogramBucketSettings, statsEvictionInterval, statsFlushIntervalMs, statsInclusion } from './bootstrap-stats';
 import { GO_NIL, goStruct } from './go-template';
+import { accessLogService, metricsService, statsdAddress } from './bootstrap-services';
 import { formatProtoDuration } from './duration';
 
 type Json = Record<string, unknown>;
@@ -118,6 +119,13 @@ export function templateVariables(cfg: AgentConfig, node: NodeIdentity): Json {
   if (eviction) v.stats_eviction_interval = eviction;
   const t = tracer(cfg);
   if (t) v[t.kind] = address(t.host, t.port);
+  for (const [svc, prefix] of [[metricsService(cfg), 'envoy_metrics_service'], [accessLogService(cfg), 'envoy_accesslog_service']] as const) {
+    if (!svc) continue;
+    v[`${prefix}_address`] = address(svc.address.host, svc.address.port);
+    if (svc.keepalive) v[`${prefix}_tcp_keepalive`] = JSON.stringify(svc.keepalive);
+  }
+  const statsd = statsdAddress(cfg);
+  if (statsd) v.statsd = address(statsd.host, statsd.port);
   if (typeof node.metadata.LOAD_STATS_CONFIG_JSON === 'string') v.load_stats_config_json_str = node.metadata.LOAD_STATS_CONFIG_JSON;
   return v;
 }

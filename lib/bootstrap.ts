@@ -8,6 +8,7 @@
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
 import { configError } from './errors';
+import { serviceClusters, statsSinks } from './bootstrap-services';
 import { statsCompressors, statsConfig, statsEvictionInterval, statsFlushInterval } from './bootstrap-stats';
 
 export interface BootstrapInputs {
@@ -97,11 +98,13 @@ export function buildBootstrap(i: BootstrapInputs): Json {
     admin: admin(cfg, net),
     dynamic_resources: dynamicResources(cfg, node),
     static_resources: {
-      clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : [])],
+      clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : []), ...serviceClusters(cfg, net.dnsLookupFamily)],
       listeners: [localOnly(cfg, net, withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg))), readinessListener(cfg, net)],
     },
   };
   if (tracer) b.tracing = tracer.tracing;
+  const sinks = statsSinks(cfg);
+  if (sinks) b.stats_sinks = sinks;
   b.overload_manager = overloadManager(maxConnections);
   const flush = statsFlushInterval(cfg);
   if (flush) b.stats_flush_interval = flush;

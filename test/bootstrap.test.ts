@@ -276,6 +276,17 @@ test('stats eviction interval from the pod annotation, a multiple of the flush i
   throwsConfig(() => bootstrapOf(ann('sidecar.istio.io/statsEvictionInterval="7s"\n')), /statsEvictionInterval/, /multiple/);
 });
 
+test('remote services: metrics service cluster and sink, access log service cluster, statsd sink; TLS to them refused', () => {
+  const pc = (p: unknown) => ({ env: { PROXY_CONFIG: JSON.stringify(p) } });
+  const b = bootstrapOf(pc({ envoyMetricsService: { address: 'm:15000', tcpKeepalive: { probes: 3, time: '10s' } }, envoyAccessLogService: { address: 'a:9000' }, statsdUdpAddress: '10.0.0.9:8125' }));
+  assert.equal(cluster(b, 'envoy_metrics_service')!.upstream_connection_options, { tcp_keepalive: { keepalive_probes: 3, keepalive_time: 10 } });
+  assert.is(cluster(b, 'envoy_accesslog_service')!.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value, 9000);
+  assert.equal((b.stats_sinks as Json[]).map((x) => x.name), ['envoy.stat_sinks.metrics_service', 'envoy.stat_sinks.statsd']);
+  assert.is(bootstrapOf().stats_sinks, undefined);
+  throwsConfig(() => bootstrapOf(pc({ envoyMetricsService: { address: 'm:1', tlsSettings: { mode: 'SIMPLE' } } })), /envoyMetricsService\.tlsSettings/);
+  throwsConfig(() => bootstrapOf(pc({ statsdUdpAddress: 'statsd.monitoring:8125' })), /statsdUdpAddress/, /IP address/);
+});
+
 test('Prometheus listener compresses with brotli, zstd and gzip unless statsCompression is false', () => {
   const filters = (b: Json) => (b.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters as Json[]).map((f) => f.name);
   assert.equal(filters(bootstrapOf()), ['envoy.filters.http.compressor.brotli', 'envoy.filters.http.compressor.zstd', 'envoy.filters.http.compressor.gzip', 'envoy.filters.http.router']);

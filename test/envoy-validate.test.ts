@@ -94,6 +94,19 @@ const CASES: Record<string, Case> = {
   },
   'datadog tracing on IPv6': { env: { INSTANCE_IP: 'fd00::7', PROXY_CONFIG: '{"tracing": {"datadog": {"address": "[fd00::1]:8126"}}}' }, hosts: V6_HOSTS },
   'hot restart epoch 3 with a fixed base id': { epoch: 3, baseId: { id: 17 } },
+  'metrics service, access log service and statsd': {
+    env: {
+      PROXY_CONFIG: JSON.stringify({
+        envoyMetricsService: { address: 'metrics.monitoring:15000', tcpKeepalive: { probes: 3, time: '10s', interval: '5s' } },
+        envoyAccessLogService: { address: 'als.monitoring:9000' },
+        statsdUdpAddress: '10.0.0.9:8125',
+      }),
+    },
+  },
+  'Istio\'s stock template (ISTIO_BOOTSTRAP)': {
+    env: { ISTIO_BOOTSTRAP: '/istio/envoy_bootstrap_tmpl.json', ISTIO_META_WORKLOAD_NAME: 'web', PROXY_CONFIG: '{"tracing": {"zipkin": {"address": "zipkin:9411"}}}' },
+    files: { '/istio/envoy_bootstrap_tmpl.json': fs.readFileSync(path.join(__dirname, 'fixtures', 'istio', 'envoy_bootstrap.json'), 'utf8') },
+  },
 };
 
 interface Outcome {

@@ -137,6 +137,21 @@ export const INPUT_SETS: InputSet[] = [
     ipv4: '10.44.0.21',
   },
   {
+    name: 'remote-services',
+    what: 'a sidecar sending metrics to a metrics service and statsd, with an access log service (ProxyConfig)',
+    args: ['proxy', 'sidecar', ...INJECTED_FLAGS],
+    env: {
+      ...POD_ENV, INSTANCE_IP: '10.44.0.7',
+      PROXY_CONFIG: JSON.stringify({
+        envoyMetricsService: { address: 'metrics.monitoring:15000', tcpKeepalive: { probes: 3, time: '10s', interval: '5s' } },
+        envoyAccessLogService: { address: 'als.monitoring:9000' },
+        statsdUdpAddress: '10.0.0.9:8125',
+        tracing: { datadog: { address: '$(HOST_IP):8126' } },
+      }),
+    },
+    ipv4: '10.44.0.7',
+  },
+  {
     name: 'custom-template',
     what: 'a user template in Go text/template (--templateFile) using if/else, range, with, variables, pipelines and functions',
     args: ['proxy', 'sidecar', ...INJECTED_FLAGS, '--templateFile', './custom-template.json'],
@@ -219,11 +234,14 @@ export async function runAgent(command: string[], set: InputSet, extraEnv: Recor
 
 /**
  * Rewrites forms Envoy treats as the same config into one form: a udpa TypedStruct into the typed message it
- * carries, and the deprecated Cluster.max_requests_per_connection into the HTTP protocol options.
+ * carries, the deprecated Cluster.max_requests_per_connection into the HTTP protocol options, and a protobuf
+ * wrapper written as an object (`{"value": 3}`, Go's JSON of a UInt32Value) into the bare value.
  */
 export function normalise(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(normalise);
   if (v === null || typeof v !== 'object') return v;
+  const keys = Object.keys(v);
+  if (keys.length === 1 && keys[0] === 'value' && ['number', 'boolean'].includes(typeof (v as Json).value)) return (v as Json).value;
   let o = v as Json;
   if (o['@type'] === 'type.googleapis.com/udpa.type.v1.TypedStruct' && typeof o.type_url === 'string') {
     o = { '@type': o.type_url, ...(o.value as Json) };
