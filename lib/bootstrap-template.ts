@@ -92,6 +92,7 @@ export function templateVariables(cfg: AgentConfig, node: NodeIdentity): Json {
     localhost: net.localhost,
     wildcard: net.wildcard,
     dns_lookup_family: net.dnsLookupFamily,
+    ...(net.additional ? { dual_stack: true, additional_localhost: net.additional.localhost, additional_wildcard: net.additional.wildcard } : {}),
     envoy_status_port: cfg.envoyStatusPort,
     envoy_prometheus_port: cfg.envoyPrometheusPort,
     global_downstream_max_connections: maxDownstreamConnections(cfg),

@@ -31,13 +31,18 @@ const MAX_CONNECTIONS_KEY = 'overload.global_downstream_max_connections';
 export interface LocalNet {
   localhost: string;
   wildcard: string;
-  dnsLookupFamily: 'V4_ONLY' | 'V6_ONLY';
+  dnsLookupFamily: 'V4_ONLY' | 'V6_ONLY' | 'ALL';
+  /** Dual stack: the other family's loopback and wildcard, also bound by the local listeners. */
+  additional?: { localhost: string; wildcard: string };
 }
 
+const V4 = { localhost: '127.0.0.1', wildcard: '0.0.0.0' };
+const V6 = { localhost: '::1', wildcard: '::' };
+
 export function localNet(node: NodeIdentity): LocalNet {
-  return node.ipv6
-    ? { localhost: '::1', wildcard: '::', dnsLookupFamily: 'V6_ONLY' }
-    : { localhost: '127.0.0.1', wildcard: '0.0.0.0', dnsLookupFamily: 'V4_ONLY' };
+  if (node.dualStack === 'ipv6-first') return { ...V6, dnsLookupFamily: 'ALL', additional: V4 };
+  if (node.dualStack === 'ipv4-first') return { ...V4, dnsLookupFamily: 'ALL', additional: V6 };
+  return node.ipv6 ? { ...V6, dnsLookupFamily: 'V6_ONLY' } : { ...V4, dnsLookupFamily: 'V4_ONLY' };
 }
 
 const isWaypoint = (node: NodeIdentity) => node.id.startsWith('waypoint~');
@@ -99,7 +104,10 @@ export function buildBootstrap(i: BootstrapInputs): Json {
     dynamic_resources: dynamicResources(cfg, node),
     static_resources: {
       clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : []), ...serviceClusters(cfg, net.dnsLookupFamily)],
-      listeners: [localOnly(cfg, net, withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg))), readinessListener(cfg, net)],
+      listeners: [
+        alsoOtherFamily(net, localOnly(cfg, net, withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg)))),
+        alsoOtherFamily(net, readinessListener(cfg, net)),
+      ],
     },
   };
   if (tracer) b.tracing = tracer.tracing;
@@ -315,6 +323,15 @@ function localOnly(cfg: AgentConfig, net: LocalNet, listener: Json): Json {
   const sa = (listener.address as { socket_address: Json }).socket_address;
   listener.name = `${net.localhost}_${sa.port_value}`;
   sa.address = net.localhost;
+  return listener;
+}
+
+/** Dual stack: the listener also binds the other family's address (its loopback for a loopback listener). */
+function alsoOtherFamily(net: LocalNet, listener: Json): Json {
+  if (!net.additional) return listener;
+  const sa = (listener.address as { socket_address: Json }).socket_address;
+  const address = sa.address === net.localhost ? net.additional.localhost : net.additional.wildcard;
+  listener.additional_addresses = [{ address: { socket_address: { protocol: 'TCP', address, port_value: sa.port_value } } }];
   return listener;
 }
 

@@ -82,6 +82,8 @@ export interface AgentConfig {
   compliancePolicy: string;
   /** HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED. */
   stripFragmentFromPath: boolean;
+  /** ISTIO_DUAL_STACK: a pod with IPv4 and IPv6 addresses gets both loopbacks and wildcards, as in Istio. */
+  dualStack: boolean;
   /** HOST_IP: replaces `$(HOST_IP)` in tracer addresses, as Istio does. */
   hostIp: string;
   /** Where each ProxyConfig field's value came from, for error messages and `bootstrap` output. */
@@ -269,6 +271,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     compliancePolicy: envs.COMPLIANCE_POLICY.get(effEnv),
     stripFragmentFromPath: envs.HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED.get(effEnv),
     hostIp: envs.HOST_IP.get(effEnv),
+    dualStack: ['1', 't', 'T', 'TRUE', 'true', 'True'].includes(envs.IPTABLES_ENV.ISTIO_DUAL_STACK.get(effEnv)),
     sources,
   };
   return deepFreeze(cfg);

@@ -12,6 +12,8 @@ export interface NodeIdentity {
   cluster: string;
   ips: string[];
   ipv6: boolean;
+  /** ISTIO_DUAL_STACK and addresses of both families: the first address's family leads, the other is added. */
+  dualStack?: 'ipv4-first' | 'ipv6-first';
   metadata: Record<string, unknown>;
   locality: { region?: string; zone?: string; sub_zone?: string };
 }
@@ -188,5 +190,7 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
 
   const workloadName = typeof metadata.WORKLOAD_NAME === 'string' ? metadata.WORKLOAD_NAME : '';
   const cluster = serviceClusterName(cfg, labels, workloadName, ns);
-  return { id, cluster, ips, ipv6: isIpv6Only(ips), metadata, locality };
+  const mixed = !isIpv6Only(ips) && !ips.every((ip) => net.isIPv4(ip));
+  const dualStack = cfg.dualStack && mixed ? (net.isIPv6(ips[0]!) ? 'ipv6-first' : 'ipv4-first') : undefined;
+  return { id, cluster, ips, ipv6: isIpv6Only(ips), ...(dualStack ? { dualStack } : {}), metadata, locality };
 }

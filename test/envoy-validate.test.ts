@@ -103,6 +103,10 @@ const CASES: Record<string, Case> = {
       }),
     },
   },
+  'dual stack (ISTIO_DUAL_STACK), IPv6 first': {
+    env: { INSTANCE_IP: 'fd00::7', ISTIO_DUAL_STACK: 'true', PROXY_CONFIG: '{"tracing": {"zipkin": {"address": "zipkin:9411"}}}' },
+    hosts: [...V4_HOSTS, ...V6_HOSTS],
+  },
   'Istio\'s stock template (ISTIO_BOOTSTRAP)': {
     env: { ISTIO_BOOTSTRAP: '/istio/envoy_bootstrap_tmpl.json', ISTIO_META_WORKLOAD_NAME: 'web', PROXY_CONFIG: '{"tracing": {"zipkin": {"address": "zipkin:9411"}}}' },
     files: { '/istio/envoy_bootstrap_tmpl.json': fs.readFileSync(path.join(__dirname, 'fixtures', 'istio', 'envoy_bootstrap.json'), 'utf8') },

@@ -152,6 +152,17 @@ export const INPUT_SETS: InputSet[] = [
     ipv4: '10.44.0.7',
   },
   {
+    name: 'dual-stack',
+    what: 'a dual-stack sidecar with ISTIO_DUAL_STACK (IPv6 first) and metrics on localhost only',
+    args: ['proxy', 'sidecar', ...INJECTED_FLAGS],
+    env: {
+      ...POD_ENV, INSTANCE_IP: 'fd00:10:44::8', ISTIO_DUAL_STACK: 'true',
+      PROXY_CONFIG: JSON.stringify({ proxyMetadata: { METRICS_LOCALHOST_ACCESS_ONLY: 'true' }, tracing: { zipkin: { address: 'zipkin.istio-system:9411' } } }),
+    },
+    ipv4: '10.44.0.8',
+    ipv6: 'fd00:10:44::8',
+  },
+  {
     name: 'custom-template',
     what: 'a user template in Go text/template (--templateFile) using if/else, range, with, variables, pipelines and functions',
     args: ['proxy', 'sidecar', ...INJECTED_FLAGS, '--templateFile', './custom-template.json'],
@@ -235,7 +246,8 @@ export async function runAgent(command: string[], set: InputSet, extraEnv: Recor
 /**
  * Rewrites forms Envoy treats as the same config into one form: a udpa TypedStruct into the typed message it
  * carries, the deprecated Cluster.max_requests_per_connection into the HTTP protocol options, and a protobuf
- * wrapper written as an object (`{"value": 3}`, Go's JSON of a UInt32Value) into the bare value.
+ * wrapper written as an object (`{"value": 3}`, Go's JSON of a UInt32Value) into the bare value, and a field's
+lowerCamel JSON name into its proto name.
  */
 export function normalise(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(normalise);
@@ -247,7 +259,8 @@ export function normalise(v: unknown): unknown {
     o = { '@type': o.type_url, ...(o.value as Json) };
   }
   const out: Json = {};
-  for (const [k, x] of Object.entries(o)) out[k] = normalise(x);
+  // Proto JSON takes a field by its lowerCamel name too; Istio's template writes one field so.
+  for (const [k, x] of Object.entries(o)) out[k === 'additionalAddresses' ? 'additional_addresses' : k] = normalise(x);
   const opts = 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions';
   if (typeof out.max_requests_per_connection === 'number' && out.typed_extension_protocol_options) {
     const p = (out.typed_extension_protocol_options as Json)[opts] as Json | undefined;
