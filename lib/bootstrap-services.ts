@@ -1,6 +1,7 @@
-// ProxyConfig's remote services in the bootstrap, as Istio's template writes them: envoyMetricsService (a cluster
+// Metrics and logs leaving the pod, as Istio's template writes them: ProxyConfig's envoyMetricsService (a cluster
 // and a metrics_service stats sink), envoyAccessLogService (a cluster istiod's access log config points at) and
-// statsdUdpAddress (a statsd sink). Pure, like the rest of the bootstrap.
+// statsdUdpAddress (a statsd sink), and the mTLS scrape listeners (ENVOY_SECURE_METRICS_PORT,
+// ENVOY_SECURE_MERGED_METRICS_PORT). Pure, like the rest of the bootstrap.
 
 import type { AgentConfig } from './config';
 import { parseDuration } from './duration';
@@ -114,4 +115,67 @@ export function statsSinks(cfg: AgentConfig): Json[] | undefined {
     });
   }
   return sinks.length ? sinks : undefined;
+}
+
+// ---- mTLS scrape listeners: the workload certificate from SDS, client certificates required ----
+
+function sdsSecret(name: string): Json {
+  return {
+    name,
+    sds_config: {
+      api_config_source: { api_type: 'GRPC', grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }], set_node_on_first_message_only: true, transport_api_version: 'V3' },
+      resource_api_version: 'V3',
+    },
+  };
+}
+
+function secureListener(wildcard: string, port: number, statPrefix: string, routes: Array<[string, string]>): Json {
+  return {
+    name: `${wildcard}_${port}`,
+    address: { socket_address: { protocol: 'TCP', address: wildcard, port_value: port } },
+    ignore_global_conn_limit: true,
+    bypass_overload_manager: true,
+    listener_filters: [
+      { name: 'envoy.filters.listener.tls_inspector', typed_config: { '@type': 'type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector' } },
+    ],
+    filter_chains: [
+      {
+        filter_chain_match: { transport_protocol: 'tls' },
+        transport_socket: {
+          name: 'envoy.transport_sockets.tls',
+          typed_config: {
+            '@type': 'type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext',
+            require_client_certificate: true,
+            common_tls_context: {
+              tls_certificate_sds_secret_configs: [sdsSecret('default')],
+              combined_validation_context: { default_validation_context: {}, validation_context_sds_secret_config: sdsSecret('ROOTCA') },
+            },
+          },
+        },
+        filters: [
+          {
+            name: 'envoy.filters.network.http_connection_manager',
+            typed_config: {
+              '@type': 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager',
+              codec_type: 'AUTO',
+              stat_prefix: statPrefix,
+              route_config: {
+                virtual_hosts: [{ name: 'backend', domains: ['*'], routes: routes.map(([prefix, cluster]) => ({ match: { prefix }, route: { cluster } })) }],
+              },
+              http_filters: [{ name: 'envoy.filters.http.router', typed_config: { '@type': 'type.googleapis.com/envoy.extensions.filters.http.router.v3.Router' } }],
+            },
+          },
+        ],
+      },
+    ],
+  };
+}
+
+export function secureMetricsListeners(cfg: AgentConfig, wildcard: string): Json[] {
+  const out: Json[] = [];
+  if (cfg.secureMetricsPort) out.push(secureListener(wildcard, cfg.secureMetricsPort, 'secure_stats', [['/stats/prometheus', 'prometheus_stats']]));
+  if (cfg.secureMergedMetricsPort) {
+    out.push(secureListener(wildcard, cfg.secureMergedMetricsPort, 'secure_merged_stats', [['/stats/prometheus', 'agent'], ['/metrics', 'agent']]));
+  }
+  return out;
 }

@@ -98,6 +98,8 @@ export function templateVariables(cfg: AgentConfig, node: NodeIdentity): Json {
     global_downstream_max_connections: maxDownstreamConnections(cfg),
     envoy_metrics_stats_compression: p.extra.statsCompression !== false,
     histogram_buckets: histogramBucketSettings(cfg) ?? null,
+    ...(cfg.secureMetricsPort ? { secure_metrics_port: cfg.secureMetricsPort } : {}),
+    ...(cfg.secureMergedMetricsPort ? { secure_merged_metrics_port: cfg.secureMergedMetricsPort } : {}),
     // This agent's own names.
     xds_socket: cfg.xdsSocket,
     sds_socket: cfg.sdsSocket,

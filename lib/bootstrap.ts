@@ -8,7 +8,7 @@
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
 import { configError } from './errors';
-import { serviceClusters, statsSinks } from './bootstrap-services';
+import { secureMetricsListeners, serviceClusters, statsSinks } from './bootstrap-services';
 import { statsCompressors, statsConfig, statsEvictionInterval, statsFlushInterval } from './bootstrap-stats';
 
 export interface BootstrapInputs {
@@ -106,6 +106,7 @@ export function buildBootstrap(i: BootstrapInputs): Json {
       clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : []), ...serviceClusters(cfg, net.dnsLookupFamily)],
       listeners: [
         alsoOtherFamily(net, localOnly(cfg, net, withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg)))),
+        ...secureMetricsListeners(cfg, net.wildcard),
         alsoOtherFamily(net, readinessListener(cfg, net)),
       ],
     },

@@ -82,6 +82,9 @@ export interface AgentConfig {
   compliancePolicy: string;
   /** HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED. */
   stripFragmentFromPath: boolean;
+  /** ENVOY_SECURE_METRICS_PORT / ENVOY_SECURE_MERGED_METRICS_PORT (0: none): mTLS scrape listeners. */
+  secureMetricsPort: number;
+  secureMergedMetricsPort: number;
   /** ISTIO_DUAL_STACK: a pod with IPv4 and IPv6 addresses gets both loopbacks and wildcards, as in Istio. */
   dualStack: boolean;
   /** HOST_IP: replaces `$(HOST_IP)` in tracer addresses, as Istio does. */
@@ -271,6 +274,8 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     compliancePolicy: envs.COMPLIANCE_POLICY.get(effEnv),
     stripFragmentFromPath: envs.HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED.get(effEnv),
     hostIp: envs.HOST_IP.get(effEnv),
+    secureMetricsPort: envs.ENVOY_SECURE_METRICS_PORT.get(effEnv),
+    secureMergedMetricsPort: envs.ENVOY_SECURE_MERGED_METRICS_PORT.get(effEnv),
     dualStack: ['1', 't', 'T', 'TRUE', 'true', 'True'].includes(envs.IPTABLES_ENV.ISTIO_DUAL_STACK.get(effEnv)),
     sources,
   };

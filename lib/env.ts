@@ -175,3 +175,5 @@ export const PEER_METADATA_DISCOVERY = bool('PEER_METADATA_DISCOVERY', false, 'R
 export const WORKLOAD_IDENTITY_SOCKET_FILE = str('WORKLOAD_IDENTITY_SOCKET_FILE', 'socket', 'File name of the workload SDS socket in ./var/run/secrets/workload-spiffe-uds (node metadata)');
 export const COMPLIANCE_POLICY = str('COMPLIANCE_POLICY', '', 'fips-140-2 limits Envoy\'s Google gRPC client to TLS 1.2 (runtime flag), as Istio does');
 export const HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = bool('HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED', true, 'false: Envoy keeps URL fragments in paths (Istio\'s runtime flag of that name)');
+export const ENVOY_SECURE_METRICS_PORT = int('ENVOY_SECURE_METRICS_PORT', 0, 'Envoy serves its own /stats/prometheus over mTLS (workload certificate) on this port (0: none)');
+export const ENVOY_SECURE_MERGED_METRICS_PORT = int('ENVOY_SECURE_MERGED_METRICS_PORT', 0, 'Envoy serves the merged scrape (agent, Envoy, app) over mTLS on this port (0: none)');

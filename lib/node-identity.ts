@@ -168,6 +168,8 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
   if (cfg.serviceAccount) metadata.SERVICE_ACCOUNT = cfg.serviceAccount;
   metadata.ENVOY_STATUS_PORT = cfg.envoyStatusPort;
   metadata.ENVOY_PROMETHEUS_PORT = cfg.envoyPrometheusPort;
+  if (cfg.secureMetricsPort) metadata.ENVOY_SECURE_METRICS_PORT = cfg.secureMetricsPort;
+  if (cfg.secureMergedMetricsPort) metadata.ENVOY_SECURE_MERGED_METRICS_PORT = cfg.secureMergedMetricsPort;
   if (cfg.exitOnZeroActiveConnections) metadata.EXIT_ON_ZERO_ACTIVE_CONNECTIONS = 'true';
   else delete metadata.EXIT_ON_ZERO_ACTIVE_CONNECTIONS;
   if (cfg.outlierLogPath) metadata.OUTLIER_LOG_PATH = cfg.outlierLogPath;

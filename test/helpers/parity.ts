@@ -138,10 +138,10 @@ export const INPUT_SETS: InputSet[] = [
   },
   {
     name: 'remote-services',
-    what: 'a sidecar sending metrics to a metrics service and statsd, with an access log service (ProxyConfig)',
+    what: 'a sidecar sending metrics to a metrics service and statsd, with an access log service, and mTLS scrape ports',
     args: ['proxy', 'sidecar', ...INJECTED_FLAGS],
     env: {
-      ...POD_ENV, INSTANCE_IP: '10.44.0.7',
+      ...POD_ENV, INSTANCE_IP: '10.44.0.7', ENVOY_SECURE_METRICS_PORT: '15091', ENVOY_SECURE_MERGED_METRICS_PORT: '15092',
       PROXY_CONFIG: JSON.stringify({
         envoyMetricsService: { address: 'metrics.monitoring:15000', tcpKeepalive: { probes: 3, time: '10s', interval: '5s' } },
         envoyAccessLogService: { address: 'als.monitoring:9000' },
