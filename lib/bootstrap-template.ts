@@ -47,21 +47,42 @@ function configStruct(cfg: AgentConfig): Json {
   return goStruct('*model.NodeMetaProxyConfig', out);
 }
 
-// Node metadata keys -> the Go field names of model.BootstrapNodeMetadata.
-const METADATA_FIELDS: Record<string, string> = {
-  LABELS: 'Labels', STATIC_LABELS: 'StaticLabels', ANNOTATIONS: 'Annotations', NAMESPACE: 'Namespace', NAME: 'InstanceName',
-  WORKLOAD_NAME: 'WorkloadName', SERVICE_ACCOUNT: 'ServiceAccount', CLUSTER_ID: 'ClusterID', MESH_ID: 'MeshID', NETWORK: 'Network',
-  ISTIO_VERSION: 'IstioVersion', ISTIO_REVISION: 'IstioRevision', OWNER: 'Owner', POD_PORTS: 'PodPorts', INTERCEPTION_MODE: 'InterceptionMode',
-  NODE_NAME: 'NodeName', APP_CONTAINERS: 'AppContainers', PILOT_SAN: 'PilotSubjectAltName', ENVOY_STATUS_PORT: 'EnvoyStatusPort',
-  ENVOY_PROMETHEUS_PORT: 'EnvoyPrometheusPort', DNS_CAPTURE: 'DNSCapture', DNS_AUTO_ALLOCATE: 'DNSAutoAllocate', DNS_PROXY_ADDR: 'DNSProxyAddr',
-  ENABLE_HBONE: 'EnableHBONE', PLATFORM_METADATA: 'PlatformMetadata', STS_PORT: 'StsPort', OUTLIER_LOG_PATH: 'OutlierLogPath',
-  WORKLOAD_IDENTITY_SOCKET_FILE: 'WorkloadIdentitySocketFile', GENERATOR: 'Generator', UNPRIVILEGED_POD: 'UnprivilegedPod',
+// Node metadata keys -> the Go field names of model.BootstrapNodeMetadata, with the kind of each field.
+const STR = 'string';
+const BOOL = 'bool';
+const INT = 'int';
+const MAP = 'map';
+const LIST = 'list';
+const METADATA_FIELDS: Record<string, [string, string]> = {
+  LABELS: ['Labels', MAP], STATIC_LABELS: ['StaticLabels', MAP], ANNOTATIONS: ['Annotations', MAP], PLATFORM_METADATA: ['PlatformMetadata', MAP],
+  NAMESPACE: ['Namespace', STR], NAME: ['InstanceName', STR], WORKLOAD_NAME: ['WorkloadName', STR], SERVICE_ACCOUNT: ['ServiceAccount', STR],
+  CLUSTER_ID: ['ClusterID', STR], MESH_ID: ['MeshID', STR], NETWORK: ['Network', STR], ISTIO_VERSION: ['IstioVersion', STR],
+  ISTIO_REVISION: ['IstioRevision', STR], OWNER: ['Owner', STR], INTERCEPTION_MODE: ['InterceptionMode', STR], NODE_NAME: ['NodeName', STR],
+  APP_CONTAINERS: ['AppContainers', STR], HTTP_PROXY_PORT: ['HTTPProxyPort', STR], GENERATOR: ['Generator', STR], IDLE_TIMEOUT: ['IdleTimeout', STR],
+  HTTP10: ['HTTP10', STR], BASE: ['CertBaseDir', STR], DNS_PROXY_ADDR: ['DNSProxyAddr', STR], AUTO_REGISTER_GROUP: ['AutoRegisterGroup', STR],
+  WORKLOAD_ENTRY: ['WorkloadEntry', STR], UNPRIVILEGED_POD: ['UnprivilegedPod', STR], STS_PORT: ['StsPort', STR], CLOUDRUN_ADDR: ['CloudrunAddr', STR],
+  OUTLIER_LOG_PATH: ['OutlierLogPath', STR], ISTIO_PROXY_SHA: ['IstioProxySHA', STR], WORKLOAD_IDENTITY_SOCKET_FILE: ['WorkloadIdentitySocketFile', STR],
+  TLS_SERVER_CERT_CHAIN: ['TLSServerCertChain', STR], TLS_SERVER_KEY: ['TLSServerKey', STR], TLS_SERVER_ROOT_CERT: ['TLSServerRootCert', STR],
+  TLS_CLIENT_CERT_CHAIN: ['TLSClientCertChain', STR], TLS_CLIENT_KEY: ['TLSClientKey', STR], TLS_CLIENT_ROOT_CERT: ['TLSClientRootCert', STR],
+  POD_PORTS: ['PodPorts', STR], PILOT_SAN: ['PilotSubjectAltName', LIST], REQUESTED_NETWORK_VIEW: ['RequestedNetworkView', STR],
+  ENVOY_STATUS_PORT: ['EnvoyStatusPort', INT], ENVOY_PROMETHEUS_PORT: ['EnvoyPrometheusPort', INT],
+  ENVOY_SECURE_METRICS_PORT: ['EnvoySecureMetricsPort', INT], ENVOY_SECURE_MERGED_METRICS_PORT: ['EnvoySecureMergedMetricsPort', INT],
+  ENABLE_SELF_DISCOVERY: ['EnableSelfDiscovery', BOOL], DNS_CAPTURE: ['DNSCapture', BOOL], DNS_AUTO_ALLOCATE: ['DNSAutoAllocate', BOOL],
+  ENABLE_HBONE: ['EnableHBONE', BOOL], DISABLE_HBONE_SEND: ['DisableHBONESend', BOOL], EXIT_ON_ZERO_ACTIVE_CONNECTIONS: ['ExitOnZeroActiveConnections', BOOL],
+  INBOUND_LISTENER_EXACT_BALANCE: ['InboundListenerExactBalance', BOOL], OUTBOUND_LISTENER_EXACT_BALANCE: ['OutboundListenerExactBalance', BOOL],
+  METADATA_DISCOVERY: ['MetadataDiscovery', BOOL], ENVOY_SKIP_DEPRECATED_LOGS: ['EnvoySkipDeprecatedLogs', BOOL],
 };
 
 function metadataStruct(cfg: AgentConfig, node: NodeIdentity): Json {
   const m = node.metadata;
   const out: Json = {};
-  for (const [key, field] of Object.entries(METADATA_FIELDS)) out[field] = m[key] ?? (field.endsWith('Port') ? 0 : '');
+  for (const [key, [field, kind]] of Object.entries(METADATA_FIELDS)) {
+    const v = m[key];
+    if (kind === BOOL) out[field] = v === 'true' || v === true;
+    else if (kind === INT) out[field] = typeof v === 'number' ? v : 0;
+    else if (kind === MAP || kind === LIST) out[field] = v === undefined || isEmpty(v) ? GO_NIL : v;
+    else out[field] = typeof v === 'string' ? v : '';
+  }
   out.InstanceIPs = node.ips;
   out.ProxyConfig = configStruct(cfg);
   return goStruct('*model.BootstrapNodeMetadata', out);
