@@ -41,7 +41,9 @@ export function resolveBootstrap(cfg: AgentConfig, node: NodeIdentity, readFile:
   } else if (cfg.templateFile) {
     const setting = cfg.sources.ISTIO_BOOTSTRAP
       ? { field: 'ISTIO_BOOTSTRAP', source: cfg.sources.ISTIO_BOOTSTRAP }
-      : { field: 'proxyBootstrapTemplatePath', source: cfg.sources.proxyBootstrapTemplatePath ?? '--templateFile' };
+      : cfg.sources.defaultTemplate
+        ? { field: 'bootstrap template', source: cfg.sources.defaultTemplate }
+        : { field: 'proxyBootstrapTemplatePath', source: cfg.sources.proxyBootstrapTemplatePath ?? '--templateFile' };
     bootstrap = loadTemplate(cfg.templateFile, setting, cfg, node, readFile);
     inputs.push(cfg.templateFile);
   } else {

@@ -95,6 +95,8 @@ export interface AgentConfig {
 
 export const DEFAULT_MESH_CONFIG = './etc/istio/config/mesh';
 export const POD_LABELS_FILE = './etc/istio/pod/labels';
+/** Where Istio's images (and VM packages) put the bootstrap template; the Go agent renders it when present. */
+export const DEFAULT_TEMPLATE_FILE = './var/lib/istio/envoy/envoy_bootstrap_tmpl.json';
 export const POD_ANNOTATIONS_FILE = './etc/istio/pod/annotations';
 export const SDS_SOCKET = './var/run/secrets/workload-spiffe-uds/socket';
 
@@ -201,7 +203,17 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   }
   if (flags.templateFile) apply({ proxyBootstrapTemplatePath: flags.templateFile }, '--templateFile');
   // ISTIO_BOOTSTRAP picks the template over everything else, as in Istio, without becoming part of the ProxyConfig.
-  if (envs.ISTIO_BOOTSTRAP.isSet(effEnv)) sources.ISTIO_BOOTSTRAP = 'environment variable ISTIO_BOOTSTRAP';
+  // With no template named, a file at Istio's default template path is used, as the Go agent does (a template
+  // customised in the image or mounted there); without one, the bootstrap is generated (the same as Istio's
+  // stock template gives, which test/parity.test.ts checks).
+  let templateFile = proxy.proxyBootstrapTemplatePath;
+  if (envs.ISTIO_BOOTSTRAP.isSet(effEnv)) {
+    sources.ISTIO_BOOTSTRAP = 'environment variable ISTIO_BOOTSTRAP';
+    templateFile = envs.ISTIO_BOOTSTRAP.get(effEnv);
+  } else if (!templateFile && inputs.readFile(DEFAULT_TEMPLATE_FILE) !== undefined) {
+    sources.defaultTemplate = `Istio's default template path ${DEFAULT_TEMPLATE_FILE}`;
+    templateFile = DEFAULT_TEMPLATE_FILE;
+  }
 
   // Istio no longer has a parent shutdown time (no hot restart), so a long drainDuration alone must not be an
   // error: the default then follows it.
@@ -245,7 +257,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     componentLogLevel: [...components, ...extraComponents].join(','),
     logAsJson: flags.logAsJson ?? false,
     concurrency: proxy.concurrency,
-    templateFile: envs.ISTIO_BOOTSTRAP.isSet(effEnv) ? envs.ISTIO_BOOTSTRAP.get(effEnv) : proxy.proxyBootstrapTemplatePath,
+    templateFile,
     meshConfigFile,
     bootstrapOverrideFile: envs.ISTIO_BOOTSTRAP_OVERRIDE.get(effEnv),
     outlierLogPath: flags.outlierLogPath ?? '',

@@ -20,7 +20,7 @@ async function main(): Promise<number> {
   let unexplained = 0;
   const sets = INPUT_SETS.filter((s) => !filter || s.name.includes(filter));
   for (const set of sets) {
-    const [go, ours] = await Promise.all([runAgent([goAgent], set), runAgent(ourAgentCommand(), set)]);
+    const [go, ours] = await Promise.all([runAgent([goAgent], set, { goAgent: true }), runAgent(ourAgentCommand(), set)]);
     writeGolden(set, go);
     const diffs = compareRuns(go, ours);
     process.stdout.write(`== ${set.name}: ${set.what}\n`);

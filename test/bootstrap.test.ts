@@ -382,6 +382,16 @@ test('loader: a template is a Go text/template over Istio\'s variables (JSON tex
   assert.equal(r.inputs, ['/t/bootstrap.json']);
 });
 
+test('loader: a template at Istio\'s default path is rendered when no other is named, as the Go agent does', () => {
+  const tmpl = '{"node": {"id": "{{ .nodeID }}", "cluster": "from-image"}}';
+  const r = loader({ files: { './var/lib/istio/envoy/envoy_bootstrap_tmpl.json': tmpl } });
+  assert.is((r.bootstrap as Json).node.cluster, 'from-image');
+  assert.equal(r.inputs, ['./var/lib/istio/envoy/envoy_bootstrap_tmpl.json']);
+  const named = loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{"node": {"cluster": "named"}}', './var/lib/istio/envoy/envoy_bootstrap_tmpl.json': tmpl } });
+  assert.is((named.bootstrap as Json).node.cluster, 'named');
+  throwsConfig(() => loader({ files: { './var/lib/istio/envoy/envoy_bootstrap_tmpl.json': '{{ if }}' } }), /bootstrap template \(from Istio's default template path/);
+});
+
 test('loader: YAML templates work too', () => {
   const r = loader({ flags: { templateFile: '/t.yaml' }, files: { '/t.yaml': 'node:\n  id: "{{ .nodeID }}"\n  cluster: {{ .cluster }}\nadmin:\n  address: {socket_address: {address: "{{ .localhost }}", port_value: {{ .config.ProxyAdminPort }}}}\n' } });
   const b = r.bootstrap as Json;

@@ -27,6 +27,8 @@ export interface InputSet {
   env: Record<string, string>;
   /** Files relative to the agent's working directory. */
   files?: Record<string, string>;
+  /** A template placed at Istio's default path (./var/lib/istio/envoy/envoy_bootstrap_tmpl.json), as an image would. */
+  imageTemplate?: string;
   /** Addresses on the pod's eth0 (none: loopback only). */
   ipv4?: string;
   ipv6?: string;
@@ -163,6 +165,14 @@ export const INPUT_SETS: InputSet[] = [
     ipv6: 'fd00:10:44::8',
   },
   {
+    name: 'image-template',
+    what: 'a customised template at Istio\'s default path in the image (./var/lib/istio/envoy/envoy_bootstrap_tmpl.json)',
+    args: ['proxy', 'router', '--domain', 'istio-system.svc.cluster.local'],
+    env: { POD_NAME: 'gw-1', POD_NAMESPACE: 'istio-system', INSTANCE_IP: '10.44.0.12', ISTIO_META_WORKLOAD_NAME: 'gw' },
+    imageTemplate: CUSTOM_TEMPLATE,
+    ipv4: '10.44.0.12',
+  },
+  {
     name: 'custom-template',
     what: 'a user template in Go text/template (--templateFile) using if/else, range, with, variables, pipelines and functions',
     args: ['proxy', 'sidecar', ...INJECTED_FLAGS, '--templateFile', './custom-template.json'],
@@ -188,17 +198,25 @@ export interface AgentRun {
  * set's addresses, the fake Envoy at the default binaryPath /usr/local/bin/envoy (a tmpfs there), and a fresh
  * working directory. Returns once the fake Envoy has copied its bootstrap; everything started is gone then.
  */
-export async function runAgent(command: string[], set: InputSet, extraEnv: Record<string, string> = {}, timeoutMs = 90_000): Promise<AgentRun> {
+export async function runAgent(command: string[], set: InputSet, opts: { goAgent?: boolean } = {}, timeoutMs = 90_000): Promise<AgentRun> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `parity-${set.name}-`));
   try {
     for (const [rel, text] of Object.entries(set.files ?? {})) {
       fs.mkdirSync(path.dirname(path.join(dir, rel)), { recursive: true });
       fs.writeFileSync(path.join(dir, rel), text);
     }
-    // The Go agent's default template path, and a root certificate so it gets as far as starting Envoy.
-    fs.mkdirSync(path.join(dir, 'var/lib/istio/envoy'), { recursive: true });
-    fs.copyFileSync(ISTIO_TEMPLATE, path.join(dir, 'var/lib/istio/envoy/envoy_bootstrap_tmpl.json'));
+    // The Go agent always renders a template: Istio's stock one (through ISTIO_BOOTSTRAP, so that this agent,
+    // finding nothing at the default path, generates its bootstrap) unless the set names or places its own.
+    const extraEnv: Record<string, string> = {};
+    fs.copyFileSync(ISTIO_TEMPLATE, path.join(dir, 'istio-stock-template.json'));
     fs.copyFileSync(CUSTOM_TEMPLATE, path.join(dir, 'custom-template.json'));
+    if (set.imageTemplate) {
+      fs.mkdirSync(path.join(dir, 'var/lib/istio/envoy'), { recursive: true });
+      fs.copyFileSync(set.imageTemplate, path.join(dir, 'var/lib/istio/envoy/envoy_bootstrap_tmpl.json'));
+    } else if (opts.goAgent && !set.args.includes('--templateFile')) {
+      extraEnv.ISTIO_BOOTSTRAP = './istio-stock-template.json';
+    }
+    // A root certificate, so that the Go agent gets as far as starting Envoy.
     fs.mkdirSync(path.join(dir, 'var/run/secrets/istio'), { recursive: true });
     fs.copyFileSync(path.join(REPO, 'test', 'fixtures', 'parity', 'root-cert.pem'), path.join(dir, 'var/run/secrets/istio/root-cert.pem'));
 
