@@ -22,20 +22,88 @@ export function hostPort(value: unknown, field: string, source: string): Service
   return { host: (m[1] ?? m[2])!, port };
 }
 
+// ---- TLS to a tracer or service (Istio's ClientTLSSettings), certificates from the agent's SDS ----
+
+function sdsConfig(name: string): Json {
+  // Istio's workload certificate and root are asked for with no initial fetch timeout; file resources are not.
+  const builtIn = name === 'default' || name === 'ROOTCA';
+  return {
+    name,
+    sds_config: {
+      api_config_source: { api_type: 'GRPC', grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }], set_node_on_first_message_only: true, transport_api_version: 'V3' },
+      ...(builtIn ? { initial_fetch_timeout: '0s' } : {}),
+      resource_api_version: 'V3',
+    },
+  };
+}
+
+/**
+ * The transport socket for ClientTLSSettings (mode SIMPLE, MUTUAL or ISTIO_MUTUAL; DISABLE gives none), as
+ * Istio builds it: roots and certificates by SDS resource name (file-root:<ca>, file-cert:<cert>~<key>, or the
+ * workload's default/ROOTCA), node metadata TLS_CLIENT_* overriding the files, ALPN only for HTTP/2 peers.
+ */
+export function tlsTransportSocket(tls: unknown, sniName: string, metadata: Json, h2: boolean, field: string, source: string): Json | undefined {
+  if (tls === undefined || tls === null) return undefined;
+  if (typeof tls !== 'object' || Array.isArray(tls)) throw configError(field, source, 'want ClientTLSSettings');
+  const t = tls as Json;
+  const str = (v: unknown) => (typeof v === 'string' ? v : '');
+  const meta = (k: string, def: unknown) => str(metadata[k]) || str(def);
+  const sans = Array.isArray(t.subjectAltNames) ? (t.subjectAltNames as unknown[]).map(str) : [];
+  const validation = (rootName: string): Json => ({
+    default_validation_context: sans.length ? { match_subject_alt_names: sans.map((exact) => ({ exact })) } : {},
+    ...(rootName ? { validation_context_sds_secret_config: sdsConfig(rootName) } : {}),
+  });
+  const common: Json = {};
+  let alpn: string[];
+  let sni = str(t.sni);
+  const mode = t.mode ?? 'DISABLE';
+  if (mode === 'SIMPLE' || mode === 'MUTUAL') {
+    const ca = meta('TLS_CLIENT_ROOT_CERT', t.caCertificates);
+    if (mode === 'MUTUAL') {
+      const cert = meta('TLS_CLIENT_CERT_CHAIN', t.clientCertificate);
+      const key = meta('TLS_CLIENT_KEY', t.privateKey);
+      if (cert && key) common.tls_certificate_sds_secret_configs = [sdsConfig(`file-cert:${cert}~${key}`)];
+    }
+    common.combined_validation_context = validation(ca ? `file-root:${ca}` : '');
+    alpn = ['h2'];
+  } else if (mode === 'ISTIO_MUTUAL') {
+    common.tls_certificate_sds_secret_configs = [sdsConfig('default')];
+    common.combined_validation_context = validation('ROOTCA');
+    alpn = ['istio', 'h2'];
+    sni ||= sniName;
+  } else if (mode === 'DISABLE') {
+    return undefined;
+  } else {
+    throw configError(`${field}.mode`, source, `want DISABLE, SIMPLE, MUTUAL or ISTIO_MUTUAL, got ${JSON.stringify(mode)}`);
+  }
+  if (h2) common.alpn_protocols = alpn;
+  return {
+    name: 'envoy.transport_sockets.tls',
+    typed_config: {
+      '@type': 'type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext',
+      common_tls_context: common,
+      ...(sni ? { sni } : {}),
+    },
+  };
+}
+
 interface RemoteService {
   name: 'envoy_metrics_service' | 'envoy_accesslog_service';
   address: ServiceAddress;
   /** upstream_connection_options from tcpKeepalive, when given. */
   keepalive?: Json;
+  /** From tlsSettings. */
+  transportSocket?: Json;
 }
 
-function remoteService(cfg: AgentConfig, field: 'envoyMetricsService' | 'envoyAccessLogService'): RemoteService | undefined {
+function remoteService(cfg: AgentConfig, field: 'envoyMetricsService' | 'envoyAccessLogService', metadata: Json = {}): RemoteService | undefined {
   const raw = cfg.proxy.extra[field] as Json | undefined;
   const source = cfg.sources[field] ?? 'ProxyConfig';
   if (!raw || typeof raw !== 'object' || !raw.address) return undefined;
-  if (raw.tlsSettings) throw configError(`${field}.tlsSettings`, source, 'TLS to this service is not supported by this agent');
   const name = field === 'envoyMetricsService' ? 'envoy_metrics_service' : 'envoy_accesslog_service';
   const out: RemoteService = { name, address: hostPort(raw.address, `${field}.address`, source) };
+  const ts = tlsTransportSocket(raw.tlsSettings, name, metadata, true, `${field}.tlsSettings`, source);
+  if (ts) out.transportSocket = ts;
   const ka = raw.tcpKeepalive as Json | undefined;
   if (ka && typeof ka === 'object') {
     const seconds = (v: unknown, f: string) => {
@@ -54,12 +122,12 @@ function remoteService(cfg: AgentConfig, field: 'envoyMetricsService' | 'envoyAc
   return out;
 }
 
-export function metricsService(cfg: AgentConfig): RemoteService | undefined {
-  return remoteService(cfg, 'envoyMetricsService');
+export function metricsService(cfg: AgentConfig, metadata?: Json): RemoteService | undefined {
+  return remoteService(cfg, 'envoyMetricsService', metadata);
 }
 
-export function accessLogService(cfg: AgentConfig): RemoteService | undefined {
-  return remoteService(cfg, 'envoyAccessLogService');
+export function accessLogService(cfg: AgentConfig, metadata?: Json): RemoteService | undefined {
+  return remoteService(cfg, 'envoyAccessLogService', metadata);
 }
 
 /** statsdUdpAddress; Envoy's statsd sink needs an IP (the Go agent resolves a name once at start). */
@@ -74,11 +142,12 @@ export function statsdAddress(cfg: AgentConfig): ServiceAddress | undefined {
 
 const HTTP_OPTIONS = 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions';
 
-export function serviceClusters(cfg: AgentConfig, dnsLookupFamily: string): Json[] {
-  return [metricsService(cfg), accessLogService(cfg)].filter((s): s is RemoteService => !!s).map((s) => ({
+export function serviceClusters(cfg: AgentConfig, dnsLookupFamily: string, metadata: Json): Json[] {
+  return [metricsService(cfg, metadata), accessLogService(cfg, metadata)].filter((s): s is RemoteService => !!s).map((s) => ({
     name: s.name,
     alt_stat_name: `${s.name};`,
     type: 'STRICT_DNS',
+    ...(s.transportSocket ? { transport_socket: s.transportSocket } : {}),
     ...(s.keepalive ? { upstream_connection_options: s.keepalive } : {}),
     respect_dns_ttl: true,
     dns_lookup_family: dnsLookupFamily,

@@ -14,7 +14,7 @@ import { pilotSan } from './node-identity';
 import { localNet, maxDownstreamConnections, metadataDiscovery, runtimeFlags, tracer, xdsApiType } from './bootstrap';
 import { extraStatTags, histogramBucketSettings, statsEvictionInterval, statsFlushIntervalMs, statsInclusion } from './bootstrap-stats';
 import { GO_NIL, goStruct } from './go-template';
-import { accessLogService, metricsService, statsdAddress } from './bootstrap-services';
+import { accessLogService, metricsService, statsdAddress, tlsTransportSocket } from './bootstrap-services';
 import { formatProtoDuration } from './duration';
 
 type Json = Record<string, unknown>;
@@ -143,10 +143,15 @@ export function templateVariables(cfg: AgentConfig, node: NodeIdentity): Json {
   if (eviction) v.stats_eviction_interval = eviction;
   const t = tracer(cfg);
   if (t) v[t.kind] = address(t.host, t.port);
-  for (const [svc, prefix] of [[metricsService(cfg), 'envoy_metrics_service'], [accessLogService(cfg), 'envoy_accesslog_service']] as const) {
+  for (const [svc, prefix] of [[metricsService(cfg, node.metadata), 'envoy_metrics_service'], [accessLogService(cfg, node.metadata), 'envoy_accesslog_service']] as const) {
     if (!svc) continue;
     v[`${prefix}_address`] = address(svc.address.host, svc.address.port);
     if (svc.keepalive) v[`${prefix}_tcp_keepalive`] = JSON.stringify(svc.keepalive);
+    if (svc.transportSocket) v[`${prefix}_tls`] = JSON.stringify(svc.transportSocket);
+  }
+  if (t) {
+    const ts = tlsTransportSocket(p.tracing!.tlsSettings, 'tracer', node.metadata, false, 'tracing.tlsSettings', cfg.sources.tracing ?? 'ProxyConfig');
+    if (ts) v.tracing_tls = JSON.stringify(ts);
   }
   const statsd = statsdAddress(cfg);
   if (statsd) v.statsd = address(statsd.host, statsd.port);

@@ -8,7 +8,7 @@
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
 import { configError } from './errors';
-import { secureMetricsListeners, serviceClusters, statsSinks } from './bootstrap-services';
+import { secureMetricsListeners, serviceClusters, statsSinks, tlsTransportSocket } from './bootstrap-services';
 import { statsCompressors, statsConfig, statsEvictionInterval, statsFlushInterval } from './bootstrap-stats';
 
 export interface BootstrapInputs {
@@ -103,7 +103,7 @@ export function buildBootstrap(i: BootstrapInputs): Json {
     admin: admin(cfg, net),
     dynamic_resources: dynamicResources(cfg, node),
     static_resources: {
-      clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : []), ...serviceClusters(cfg, net.dnsLookupFamily)],
+      clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : []), ...serviceClusters(cfg, net.dnsLookupFamily, node.metadata)],
       listeners: [
         alsoOtherFamily(net, localOnly(cfg, net, withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg)))),
         ...secureMetricsListeners(cfg, net.wildcard),
@@ -348,7 +348,8 @@ function withHttpFilters(listener: Json, filters: Json[]): Json {
 // Bootstrap-level tracing is deprecated in Envoy but still honoured; Istio still writes it for ProxyConfig.tracing.
 
 // Fields of Istio's Tracing message that istiod consumes, not the bootstrap.
-const TRACING_IGNORED = new Set(['sampling', 'customTags', 'maxPathTagLength', 'useRequestIdForTraceSampling']);
+// tlsSettings is read with the tracer.
+const TRACING_IGNORED = new Set(['sampling', 'customTags', 'maxPathTagLength', 'useRequestIdForTraceSampling', 'tlsSettings']);
 
 /** The tracer ProxyConfig.tracing names and its collector address, if any. */
 export function tracer(cfg: AgentConfig): { kind: 'zipkin' | 'datadog'; host: string; port: number } | undefined {
@@ -374,9 +375,11 @@ function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster
   const address = found;
   const clusterName = kind === 'zipkin' ? 'zipkin' : 'datadog_agent';
   // Istio's fields; Envoy deprecates respect_dns_ttl / dns_refresh_rate on Cluster but still honours them.
+  const transportSocket = tlsTransportSocket(cfg.proxy.tracing!.tlsSettings, 'tracer', node.metadata, false, 'tracing.tlsSettings', cfg.sources.tracing ?? 'ProxyConfig');
   const cluster: Json = {
     name: clusterName,
     alt_stat_name: `${clusterName};`,
+    ...(transportSocket ? { transport_socket: transportSocket } : {}),
     type: 'STRICT_DNS',
     respect_dns_ttl: true,
     dns_lookup_family: net.dnsLookupFamily,

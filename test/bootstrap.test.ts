@@ -276,14 +276,21 @@ test('stats eviction interval from the pod annotation, a multiple of the flush i
   throwsConfig(() => bootstrapOf(ann('sidecar.istio.io/statsEvictionInterval="7s"\n')), /statsEvictionInterval/, /multiple/);
 });
 
-test('remote services: metrics service cluster and sink, access log service cluster, statsd sink; TLS to them refused', () => {
+test('remote services: metrics service cluster and sink, access log service cluster, statsd sink, TLS by SDS', () => {
   const pc = (p: unknown) => ({ env: { PROXY_CONFIG: JSON.stringify(p) } });
   const b = bootstrapOf(pc({ envoyMetricsService: { address: 'm:15000', tcpKeepalive: { probes: 3, time: '10s' } }, envoyAccessLogService: { address: 'a:9000' }, statsdUdpAddress: '10.0.0.9:8125' }));
   assert.equal(cluster(b, 'envoy_metrics_service')!.upstream_connection_options, { tcp_keepalive: { keepalive_probes: 3, keepalive_time: 10 } });
   assert.is(cluster(b, 'envoy_accesslog_service')!.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value, 9000);
   assert.equal((b.stats_sinks as Json[]).map((x) => x.name), ['envoy.stat_sinks.metrics_service', 'envoy.stat_sinks.statsd']);
   assert.is(bootstrapOf().stats_sinks, undefined);
-  throwsConfig(() => bootstrapOf(pc({ envoyMetricsService: { address: 'm:1', tlsSettings: { mode: 'SIMPLE' } } })), /envoyMetricsService\.tlsSettings/);
+  const tls = cluster(bootstrapOf(pc({ envoyMetricsService: { address: 'm:1', tlsSettings: { mode: 'ISTIO_MUTUAL' } } })), 'envoy_metrics_service')!.transport_socket;
+  assert.is(tls.typed_config.sni, 'envoy_metrics_service');
+  assert.equal(tls.typed_config.common_tls_context.alpn_protocols, ['istio', 'h2']);
+  assert.is(tls.typed_config.common_tls_context.tls_certificate_sds_secret_configs[0].name, 'default');
+  const z = cluster(bootstrapOf(pc({ tracing: { zipkin: { address: 'z:9411' }, tlsSettings: { mode: 'SIMPLE', caCertificates: '/ca.pem' } } })), 'zipkin')!.transport_socket;
+  assert.is(z.typed_config.common_tls_context.combined_validation_context.validation_context_sds_secret_config.name, 'file-root:/ca.pem');
+  assert.is(z.typed_config.common_tls_context.alpn_protocols, undefined, 'zipkin speaks HTTP/1.1');
+  throwsConfig(() => bootstrapOf(pc({ envoyMetricsService: { address: 'm:1', tlsSettings: { mode: 'SOMETIMES' } } })), /envoyMetricsService\.tlsSettings\.mode/);
   throwsConfig(() => bootstrapOf(pc({ statsdUdpAddress: 'statsd.monitoring:8125' })), /statsdUdpAddress/, /IP address/);
 });
 

@@ -140,13 +140,13 @@ export const INPUT_SETS: InputSet[] = [
   },
   {
     name: 'remote-services',
-    what: 'a sidecar sending metrics to a metrics service and statsd, with an access log service, and mTLS scrape ports',
+    what: 'a sidecar sending metrics to a metrics service (Istio mTLS) and statsd, an access log service (mutual TLS), mTLS scrape ports',
     args: ['proxy', 'sidecar', ...INJECTED_FLAGS],
     env: {
       ...POD_ENV, INSTANCE_IP: '10.44.0.7', ENVOY_SECURE_METRICS_PORT: '15091', ENVOY_SECURE_MERGED_METRICS_PORT: '15092',
       PROXY_CONFIG: JSON.stringify({
-        envoyMetricsService: { address: 'metrics.monitoring:15000', tcpKeepalive: { probes: 3, time: '10s', interval: '5s' } },
-        envoyAccessLogService: { address: 'als.monitoring:9000' },
+        envoyMetricsService: { address: 'metrics.monitoring:15000', tcpKeepalive: { probes: 3, time: '10s', interval: '5s' }, tlsSettings: { mode: 'ISTIO_MUTUAL' } },
+        envoyAccessLogService: { address: 'als.monitoring:9000', tlsSettings: { mode: 'MUTUAL', clientCertificate: '/etc/als/cert.pem', privateKey: '/etc/als/key.pem', caCertificates: '/etc/als/ca.pem', subjectAltNames: ['als.monitoring'] } },
         statsdUdpAddress: '10.0.0.9:8125',
         tracing: { datadog: { address: '$(HOST_IP):8126' } },
       }),
@@ -155,11 +155,14 @@ export const INPUT_SETS: InputSet[] = [
   },
   {
     name: 'dual-stack',
-    what: 'a dual-stack sidecar with ISTIO_DUAL_STACK (IPv6 first) and metrics on localhost only',
+    what: 'a dual-stack sidecar with ISTIO_DUAL_STACK (IPv6 first), metrics on localhost only, zipkin over TLS',
     args: ['proxy', 'sidecar', ...INJECTED_FLAGS],
     env: {
       ...POD_ENV, INSTANCE_IP: 'fd00:10:44::8', ISTIO_DUAL_STACK: 'true',
-      PROXY_CONFIG: JSON.stringify({ proxyMetadata: { METRICS_LOCALHOST_ACCESS_ONLY: 'true' }, tracing: { zipkin: { address: 'zipkin.istio-system:9411' } } }),
+      PROXY_CONFIG: JSON.stringify({
+        proxyMetadata: { METRICS_LOCALHOST_ACCESS_ONLY: 'true' },
+        tracing: { zipkin: { address: 'zipkin.istio-system:9411' }, tlsSettings: { mode: 'SIMPLE', caCertificates: '/etc/zipkin/ca.pem', sni: 'zipkin.example' } },
+      }),
     },
     ipv4: '10.44.0.8',
     ipv6: 'fd00:10:44::8',
