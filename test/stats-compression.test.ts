@@ -1,6 +1,5 @@
 // Scrapes are compressed as with the Go agent: Envoy's Prometheus listener (15090) answers brotli, zstd or gzip
-// as the client asks (the real Envoy, running the listener this agent generates), and the status server's merged
-// /stats/prometheus (15020) answers gzip.
+// as the client asks (the real Envoy, running the listener this agent generates).
 
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
@@ -12,8 +11,6 @@ import * as zlib from 'node:zlib';
 import { buildConfig } from '../lib/config';
 import { buildNodeIdentity } from '../lib/node-identity';
 import { buildBootstrap } from '../lib/bootstrap';
-import { newRegistry } from '../lib/metrics';
-import { acceptsGzip, StatusServer } from '../lib/status-server';
 import { envoyBin, freePort, tempDir, waitFor } from './helpers/harness';
 
 function get(url: string, acceptEncoding?: string): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: Buffer }> {
@@ -66,36 +63,6 @@ test('Envoy\'s Prometheus listener compresses with brotli, zstd or gzip, as the 
     await exited;
     dir.cleanup();
   }
-});
-
-test('the status server gzips its merged scrape for a client that accepts gzip', async () => {
-  const registry = newRegistry({ defaultMetrics: false });
-  const bigText = Array.from({ length: 400 }, (_x, i) => `envoy_cluster_upstream_rq{cluster_name="c${i}"} ${i}`).join('\n') + '\n';
-  const server = new StatusServer({ port: 0, host: '127.0.0.1', metrics: { registry, sources: [{ name: 'envoy', scrape: async () => bigText }] } });
-  await server.start();
-  try {
-    const url = `http://127.0.0.1:${server.port}/stats/prometheus`;
-    const plain = await get(url);
-    assert.is(plain.headers['content-encoding'], undefined);
-    const gz = await get(url, 'gzip, deflate, br');
-    assert.is(gz.headers['content-encoding'], 'gzip');
-    assert.is(gz.headers.vary, 'Accept-Encoding');
-    assert.is(zlib.gunzipSync(gz.body).toString(), plain.body.toString());
-    assert.ok(gz.body.length < plain.body.length / 4);
-    const small = await get(`http://127.0.0.1:${server.port}/nope`, 'gzip');
-    assert.is(small.headers['content-encoding'], undefined, 'small replies stay plain');
-  } finally {
-    await server.close();
-  }
-});
-
-test('Accept-Encoding parsing honours q=0', () => {
-  assert.ok(acceptsGzip('gzip'));
-  assert.ok(acceptsGzip('br;q=1.0, gzip;q=0.5'));
-  assert.ok(acceptsGzip('*'));
-  assert.not.ok(acceptsGzip('gzip;q=0'));
-  assert.not.ok(acceptsGzip('br'));
-  assert.not.ok(acceptsGzip(undefined));
 });
 
 test.run();
