@@ -6,6 +6,7 @@
 
 import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client';
 import { scope } from './log';
+import { VERSION } from './version';
 import { mergeExpositions, negotiateFormat, type MetricsFormat } from './metrics-merge';
 
 const log = scope('metrics');
@@ -15,6 +16,7 @@ export type { Registry } from 'prom-client';
 export function newRegistry(opts: { defaultMetrics?: boolean } = {}): Registry {
   const registry = new Registry();
   if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: registry, prefix: 'istio_agent_' });
+  new Gauge({ name: 'istio_agent_istio_build', help: 'Istio component build info', labelNames: ['component', 'tag'], registers: [registry] }).set({ component: 'pilot-agent', tag: VERSION }, 1);
   return registry;
 }
 
