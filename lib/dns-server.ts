@@ -290,8 +290,14 @@ export class DnsServer implements Component {
       return errorReply(query, RCODE.SERVFAIL, q);
     }
     if (reply.length <= limit) return reply;
-    // The upstream answered more than the client takes (an upstream that ignored its EDNS size, or TCP -> UDP).
-    return encodeWithin(dnsPacket.decode(reply), limit);
+    // The upstream answered more than the client takes (it ignored the client's EDNS size).
+    try {
+      return encodeWithin(dnsPacket.decode(reply), limit);
+    } catch (err) {
+      log.info(`upstream answer for ${q.name} cannot be decoded to truncate it: ${errorMessage(err)}`);
+      this.m.failures.inc();
+      return errorReply(query, RCODE.SERVFAIL, q);
+    }
   }
 
   /** One upstream, one try: the reply, or undefined on timeout, error, or an answer that does not decode. */
@@ -315,14 +321,9 @@ export class DnsServer implements Component {
       timer.unref();
       const accept = (reply: Buffer): boolean => {
         if (!isAnswerTo(query, qEnd, reply)) return false;
-        try {
-          if (!wellFormed(reply)) throw new Error('bad framing');
-          dnsPacket.decode(reply);
-        } catch (err) {
-          finish(undefined, `undecodable answer: ${errorMessage(err)}`);
-          return true;
-        }
-        finish(reply);
+        // The framing check is enough to pass it on; it is decoded only if it must be cut down.
+        if (!wellFormed(reply)) finish(undefined, 'undecodable answer');
+        else finish(reply);
         return true;
       };
       if (proto === 'udp') {

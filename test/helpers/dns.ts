@@ -41,7 +41,7 @@ export async function startDnsmasq(args: string[] = []): Promise<Dnsmasq> {
   const port = await freePort();
   const child: ChildProcess = spawn('dnsmasq', [
     '--keep-in-foreground', '--no-resolv', '--no-hosts', '--conf-file=/dev/null', '--pid-file=', '--user=root',
-    '--listen-address=127.0.0.1', '--bind-interfaces', `--port=${port}`, '--local=/test/', '--cache-size=0', ...args,
+    '--listen-address=127.0.0.1', '--bind-interfaces', `--port=${port}`, '--local=/test/', ...(args.some((a) => a.startsWith('--cache-size')) ? [] : ['--cache-size=0']), ...args,
   ], { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   child.stderr!.on('data', (d) => (stderr += d));
