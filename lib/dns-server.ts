@@ -17,6 +17,8 @@ import {
   clientLimit, encodeWithin, errorReply, F, frame, HEADER, isAnswerTo, type Proto, type Question, questionEnd, RCODE, shuffle,
   wellFormed,
 } from './dns-wire';
+import type { AgentConfig } from './config';
+import { DNS_FORWARD_PARALLEL, DNS_FORWARD_TIMEOUT, type Env } from './env';
 import { AgentError, errorMessage } from './errors';
 import { scope } from './log';
 import { json } from './status-server';
@@ -86,6 +88,31 @@ export function dnsListenPlan(address: string, uid: number, altResolvConfExists:
     }
   }
   return plan;
+}
+
+/**
+ * The DNS proxy's options from the agent's config: the listen plan (port 53 rules), upstreams and search domains
+ * from resolv.conf, and DNS_FORWARD_PARALLEL / DNS_FORWARD_TIMEOUT from `env` (proxyMetadata over the environment).
+ */
+export function dnsOptionsFor(
+  cfg: Pick<AgentConfig, 'dnsProxyAddr' | 'podNamespace' | 'domain'>,
+  env: Env,
+  io: { readFile(path: string): string | undefined; uid: number },
+): DnsServerOptions {
+  const plan = dnsListenPlan(cfg.dnsProxyAddr, io.uid, io.uid === 0 && io.readFile('/var/lib/istio/resolv.conf') !== undefined);
+  const text = io.readFile(plan.resolvConf);
+  if (text === undefined) log.warn(`${plan.resolvConf} does not exist: DNS questions not in the name table get SERVFAIL`);
+  const rc = parseResolvConf(text ?? '');
+  return {
+    address: plan.address,
+    upstreams: rc.servers,
+    searchDomains: rc.search,
+    proxyNamespace: cfg.podNamespace,
+    proxyDomain: cfg.domain,
+    forwardParallel: DNS_FORWARD_PARALLEL.get(env),
+    timeoutMs: DNS_FORWARD_TIMEOUT.get(env),
+    forwardBeforeTable: plan.forwardBeforeTable,
+  };
 }
 
 export class DnsServer implements Component {

@@ -7,7 +7,7 @@ import * as dnsPacket from 'dns-packet';
 import { Registry } from 'prom-client';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { DnsServer, type DnsServerOptions, dnsListenPlan, parseResolvConf } from '../lib/dns-server';
+import { DnsServer, type DnsServerOptions, dnsListenPlan, dnsOptionsFor, parseResolvConf } from '../lib/dns-server';
 import type { NameTable } from '../lib/xds-istio';
 import { dig, type Dnsmasq, fakeUpstream, startDnsmasq } from './helpers/dns';
 
@@ -78,6 +78,19 @@ test('forwards before the first table when told to', async () => {
   const r = await dig(s.port, 'up.test');
   assert.is(r.status, 'NOERROR');
   assert.equal(r.answers.map((a) => a.data), ['10.9.9.9']);
+});
+
+test('options from the agent config: resolv.conf upstreams and search list, env knobs, the port 53 rules', () => {
+  const files: Record<string, string> = { '/etc/resolv.conf': 'nameserver 10.0.0.10\nsearch ns1.svc.cluster.local svc.cluster.local\n', '/var/lib/istio/resolv.conf': 'nameserver 10.0.0.99\n' };
+  const io = (uid: number) => ({ readFile: (p: string) => files[p], uid });
+  const cfg = { dnsProxyAddr: 'localhost:15053', podNamespace: 'ns1', domain: 'ns1.svc.cluster.local' };
+  assert.equal(dnsOptionsFor(cfg, {}, io(1000)), {
+    address: 'localhost:15053', upstreams: ['10.0.0.10:53'], searchDomains: ['ns1.svc.cluster.local', 'svc.cluster.local'],
+    proxyNamespace: 'ns1', proxyDomain: 'ns1.svc.cluster.local', forwardParallel: false, timeoutMs: 5000, forwardBeforeTable: false,
+  });
+  const o = dnsOptionsFor({ ...cfg, dnsProxyAddr: '0.0.0.0:53' }, { DNS_FORWARD_PARALLEL: 'true', DNS_FORWARD_TIMEOUT: '2s' }, io(0));
+  assert.equal([o.address, o.upstreams, o.forwardParallel, o.timeoutMs, o.forwardBeforeTable], ['0.0.0.0:53', ['10.0.0.99:53'], true, 2000, true]);
+  assert.is(dnsOptionsFor({ ...cfg, dnsProxyAddr: '0.0.0.0:53' }, {}, io(1000)).address, 'localhost:15053');
 });
 
 test('resolv.conf: nameservers in order with port 53, the last search line', () => {
