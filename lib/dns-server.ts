@@ -14,8 +14,8 @@ import { Counter, Histogram, type Registry } from 'prom-client';
 import { type Component, type Condition, closedSignal, type StatusRoute } from './component';
 import { buildDnsTable, type DnsTable, lookup } from './dns-table';
 import {
-  clientLimit, encodeWithin, errorReply, F, frame, HEADER, isAnswerTo, type Proto, type Question, questionEnd, RCODE, shuffle,
-  wellFormed,
+  addressRdata, clientLimit, encodeLocalAnswer, encodeWithin, errorReply, F, frame, HEADER, isAnswerTo, type Proto, type Question,
+  questionEnd, RCODE, shuffle, wellFormed,
 } from './dns-wire';
 import type { AgentConfig } from './config';
 import { DNS_FORWARD_PARALLEL, DNS_FORWARD_TIMEOUT, type Env } from './env';
@@ -27,6 +27,8 @@ import type { NameTable } from './xds-istio';
 const log = scope('dns');
 
 const TTL = 30;
+/** The UDP size this proxy advertises in its own OPT records (the DNS flag day 2020 value). */
+const EDNS_UDP_SIZE = 1232;
 const TCP_IDLE_MS = 10_000;
 
 export interface DnsServerOptions {
@@ -129,6 +131,7 @@ export class DnsServer implements Component {
   private failure: Error | undefined;
   private readonly timeoutMs: number;
   private boundPort = 0;
+  private readonly rdataCache = new Map<string, Buffer>();
   private readonly m = {
     requests: new Counter({ name: 'istio_agent_dns_requests_total', help: 'Total number of DNS requests.', registers: [] }),
     upstream: new Counter({ name: 'istio_agent_dns_upstream_requests_total', help: 'Total number of DNS requests forwarded to upstream.', registers: [] }),
@@ -281,18 +284,25 @@ export class DnsServer implements Component {
     }
     const found = lookup(this.table, q.type, q.name);
     if (!found) return this.forward(query, proto, limit, q);
-    const cnames = found.answers.filter((a) => a.type === 'CNAME');
-    const addrs = shuffle(found.answers.filter((a) => a.type !== 'CNAME'));
-    const hasOpt = additionals.some((a) => a.type === 'OPT');
-    const flags = F.AA | F.RA | (query.readUInt16BE(2) & (F.RD | F.CD));
-    return encodeWithin({
-      id: req.id,
-      type: 'response',
-      flags,
-      questions: [q as dnsPacket.Question],
-      answers: [...cnames, ...addrs].map((a) => ({ type: a.type, name: a.name.replace(/\.$/, ''), ttl: TTL, class: 'IN', data: a.data.replace(/\.$/, '') }) as dnsPacket.Answer),
-      additionals: hasOpt ? [{ type: 'OPT', name: '.', udpPayloadSize: 1232 } as dnsPacket.Answer] : [],
-    }, limit);
+    const qEnd = questionEnd(query);
+    if (qEnd < 0) return errorReply(query, RCODE.FORMERR);
+    const cname = found.answers[0]?.type === 'CNAME' ? found.answers[0].data : undefined;
+    const addrs = found.answers.filter((a) => a.type !== 'CNAME').map((a) => this.rdata(q.type as 'A' | 'AAAA', a.data));
+    return encodeLocalAnswer({
+      query, qEnd, ttl: TTL, cname, type: q.type as 'A' | 'AAAA', rdata: shuffle(addrs), limit,
+      flags: F.AA | F.RA | (query.readUInt16BE(2) & (F.RD | F.CD)),
+      optUdpSize: additionals.some((a) => a.type === 'OPT') ? EDNS_UDP_SIZE : undefined,
+    });
+  }
+
+  /** Wire form of an address record's data, kept per address (a table has a bounded set of them). */
+  private rdata(type: 'A' | 'AAAA', ip: string): Buffer {
+    let b = this.rdataCache.get(ip);
+    if (!b) {
+      if (this.rdataCache.size > 100_000) this.rdataCache.clear();
+      this.rdataCache.set(ip, (b = addressRdata(type, ip)));
+    }
+    return b;
   }
 
   private async forward(query: Buffer, proto: Proto, limit: number, q: Question): Promise<Buffer> {

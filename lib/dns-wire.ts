@@ -75,10 +75,14 @@ export function wellFormed(buf: Buffer): boolean {
   return o === buf.length;
 }
 
-/** Byte offset of the end of the first question, or -1. */
+/** Byte offset of the end of the first question, or -1 (also when its name is compressed: nothing precedes it). */
 export function questionEnd(buf: Buffer): number {
-  const o = skipName(buf, HEADER);
-  return o > 0 && o + 4 <= buf.length ? o + 4 : -1;
+  let o = HEADER;
+  while (o < buf.length && buf[o] !== 0) {
+    if (buf[o]! & 0xc0) return -1;
+    o += buf[o]! + 1;
+  }
+  return o + 5 <= buf.length ? o + 5 : -1;
 }
 
 /** Does a reply answer this query: same id, QR set, and the same question (names compared case-insensitively)? */
@@ -142,4 +146,73 @@ export function frame(msg: Buffer): Buffer {
   f.writeUInt16BE(msg.length, 0);
   msg.copy(f, 2);
   return f;
+}
+
+// dns-packet's record codecs, which its type definitions do not list.
+const codecs = dnsPacket as unknown as { a: { encode(ip: string): Buffer }; aaaa: { encode(ip: string): Buffer }; name: { encode(n: string): Buffer } };
+
+/** RDLENGTH + RDATA of an A or AAAA record. */
+export function addressRdata(type: 'A' | 'AAAA', ip: string): Buffer {
+  return type === 'A' ? codecs.a.encode(ip) : codecs.aaaa.encode(ip);
+}
+
+export interface LocalAnswer {
+  /** The query; its id and question are echoed byte for byte. */
+  query: Buffer;
+  qEnd: number;
+  flags: number;
+  ttl: number;
+  /** A CNAME from the question to this name comes first, and the addresses belong to it. */
+  cname?: string;
+  type: 'A' | 'AAAA';
+  /** RDLENGTH + RDATA of each address record, in answer order. */
+  rdata: readonly Buffer[];
+  /** Append an OPT record (the query had one) advertising this UDP size. */
+  optUdpSize?: number;
+  limit: number;
+}
+
+/**
+ * Writes a local answer with names compressed (RFC 1035 4.1.4): each owner is a pointer to the question or to the
+ * CNAME's target, as Istio's replies are compressed, so about twice as many addresses fit in 512 bytes as
+ * dns-packet's uncompressed encoding would allow. Addresses that do not fit are left out and TC is set.
+ */
+export function encodeLocalAnswer(a: LocalAnswer): Buffer {
+  const question = a.query.subarray(HEADER, a.qEnd);
+  const target = a.cname === undefined ? undefined : codecs.name.encode(a.cname.replace(/\.$/, ''));
+  const cnameLen = target ? 12 + target.length : 0;
+  const fixed = HEADER + question.length + cnameLen + (a.optUdpSize ? 11 : 0);
+  const rrLen = a.type === 'A' ? 16 : 28;
+  const fit = Math.max(0, Math.min(a.rdata.length, Math.floor((a.limit - fixed) / rrLen)));
+  const buf = Buffer.alloc(fixed + fit * rrLen);
+  buf.writeUInt16BE(a.query.readUInt16BE(0), 0);
+  buf.writeUInt16BE(F.QR | a.flags | (fit < a.rdata.length ? F.TC : 0), 2);
+  buf.writeUInt16BE(1, 4);
+  buf.writeUInt16BE((target ? 1 : 0) + fit, 6);
+  buf.writeUInt16BE(a.optUdpSize ? 1 : 0, 10);
+  let o = HEADER + question.copy(buf, HEADER);
+  let owner = 0xc000 | HEADER;
+  const rr = (type: number) => {
+    buf.writeUInt16BE(owner, o);
+    buf.writeUInt16BE(type, o + 2);
+    buf.writeUInt16BE(1, o + 4); // IN
+    buf.writeUInt32BE(a.ttl, o + 6);
+    o += 10;
+  };
+  if (target) {
+    rr(5);
+    buf.writeUInt16BE(target.length, o);
+    owner = 0xc000 | (o + 2);
+    o += 2 + target.copy(buf, o + 2);
+  }
+  for (let i = 0; i < fit; i++) {
+    rr(a.type === 'A' ? 1 : 28);
+    o += a.rdata[i]!.copy(buf, o);
+  }
+  if (a.optUdpSize) {
+    buf.writeUInt16BE(41, o + 1); // root name (0), type OPT
+    buf.writeUInt16BE(a.optUdpSize, o + 3);
+    o += 11;
+  }
+  return buf;
 }
