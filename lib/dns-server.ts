@@ -66,10 +66,10 @@ export function joinHostPort(host: string, port: number): string {
   return host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`;
 }
 
-export function splitHostPort(addr: string): { host: string; port: number } {
+export function splitHostPort(addr: string, what = 'DNS address'): { host: string; port: number } {
   const m = /^(?:\[([^\]]+)\]|([^:\s]*)):(\d{1,5})$/.exec(addr);
   const port = m ? Number(m[3]) : NaN;
-  if (!m || port > 65535) throw new AgentError('CONFIG_INVALID', `invalid DNS address "${addr}": want host:port`);
+  if (!m || port > 65535) throw new AgentError('CONFIG_INVALID', `invalid ${what} "${addr}": want host:port`);
   return { host: m[1] ?? m[2] ?? '', port };
 }
 
@@ -147,8 +147,8 @@ export class DnsServer implements Component {
 
   constructor(private readonly o: DnsServerOptions) {
     this.timeoutMs = o.timeoutMs ?? 5000;
-    splitHostPort(o.address);
-    for (const u of o.upstreams) splitHostPort(u);
+    splitHostPort(o.address, 'DNS_PROXY_ADDR');
+    for (const u of o.upstreams) splitHostPort(u, 'upstream DNS server');
   }
 
   /** The port it listens on (the real one when 0 was asked). */
