@@ -5,6 +5,7 @@
 import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import * as dgram from 'node:dgram';
 import { freePort, waitFor } from './harness';
+import type { Netns } from './netns';
 
 let ensured = false;
 export function ensureDnsTools(): void {
@@ -35,13 +36,17 @@ export interface Dnsmasq {
   stop(): Promise<void>;
 }
 
-/** dnsmasq on 127.0.0.1:<free port>, authoritative for `.test` (unknown names there are NXDOMAIN), no upstream. */
-export async function startDnsmasq(args: string[] = []): Promise<Dnsmasq> {
+/**
+ * dnsmasq on 127.0.0.1:<free port> (or a given port inside a test's network namespace), authoritative for `.test`
+ * (unknown names there are NXDOMAIN), no upstream.
+ */
+export async function startDnsmasq(args: string[] = [], where: { netns?: Netns; port?: number; listen?: string } = {}): Promise<Dnsmasq> {
   ensureDnsTools();
-  const port = await freePort();
-  const child: ChildProcess = spawn('dnsmasq', [
+  const port = where.port ?? await freePort();
+  const run = where.netns ? where.netns.spawn : (cmd: string, a: string[], o: object) => spawn(cmd, a, o);
+  const child: ChildProcess = run('dnsmasq', [
     '--keep-in-foreground', '--no-resolv', '--no-hosts', '--conf-file=/dev/null', '--pid-file=', '--user=root',
-    '--listen-address=127.0.0.1', '--bind-interfaces', `--port=${port}`, '--local=/test/', ...(args.some((a) => a.startsWith('--cache-size')) ? [] : ['--cache-size=0']), ...args,
+    `--listen-address=${where.listen ?? '127.0.0.1'}`, '--bind-interfaces', `--port=${port}`, '--local=/test/', ...(args.some((a) => a.startsWith('--cache-size')) ? [] : ['--cache-size=0']), ...args,
   ], { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   child.stderr!.on('data', (d) => (stderr += d));
@@ -53,13 +58,13 @@ export async function startDnsmasq(args: string[] = []): Promise<Dnsmasq> {
   try {
     await waitFor(`dnsmasq on port ${port}`, async () => {
       if (child.exitCode !== null) throw new Error(`dnsmasq exited: ${stderr}`);
-      return (await dig(port, 'probe.test')).status === 'NXDOMAIN';
+      return (await dig(port, 'probe.test', 'A', [], where.listen ?? '127.0.0.1', where.netns)).status === 'NXDOMAIN';
     }, 10_000, 100);
   } catch (e) {
     await stop();
     throw e;
   }
-  return { port, address: `127.0.0.1:${port}`, stop };
+  return { port, address: `${where.listen ?? '127.0.0.1'}:${port}`, stop };
 }
 
 export interface DigResult {
@@ -89,10 +94,12 @@ export function parseDig(out: string): DigResult {
 }
 
 /** Runs the real `dig` (asynchronously: the server under test may live in this process). */
-export function dig(port: number, name: string, type = 'A', opts: string[] = [], server = '127.0.0.1'): Promise<DigResult> {
+export function dig(port: number, name: string, type = 'A', opts: string[] = [], server = '127.0.0.1', netns?: Netns): Promise<DigResult> {
   ensureDnsTools();
+  const args = [`@${server}`, '-p', String(port), name, type, '+tries=1', '+time=5', ...opts];
+  if (netns) return netns.run('dig', args).then((r) => parseDig(r.stdout));
   return new Promise((resolve) => {
-    execFile('dig', [`@${server}`, '-p', String(port), name, type, '+tries=1', '+time=5', ...opts], { timeout: 30_000 }, (_err, stdout) => resolve(parseDig(String(stdout))));
+    execFile('dig', args, { timeout: 30_000 }, (_err, stdout) => resolve(parseDig(String(stdout))));
   });
 }
 
