@@ -369,7 +369,8 @@ export class DnsServer implements Component {
         cleanup = () => s.close();
         s.on('error', (err) => finish(undefined, err.message));
         s.on('message', (msg) => void accept(msg));
-        s.connect(port, host, () => s.send(query, (err) => err && finish(undefined, err.message)));
+        // finish() may have closed the socket (timeout, close()) before the connect completes.
+        s.connect(port, host, () => !done && s.send(query, (err) => err && finish(undefined, err.message)));
       } else {
         const s = net.connect({ host, port });
         cleanup = () => s.destroy();

@@ -265,6 +265,10 @@ test('metrics are registered into the agent registry with Istio\'s names', async
   assert.match(text, /istio_agent_dns_upstream_request_duration_seconds_count 1/);
 });
 
+async function waitForCount(u: { received(): number }, n: number): Promise<void> {
+  for (let i = 0; i < 100 && u.received() < n; i++) await new Promise((r) => setTimeout(r, 50));
+}
+
 // ---- fuzz ----
 
 function rnd(n: number): Buffer {
@@ -369,7 +373,17 @@ test('fuzz: thousands of random, truncated, looping and huge-count packets never
   assert.ok((await s.stats()).malformed > 1000);
 });
 
-test('close() releases both ports and is safe to call twice', async () => {
+test('close() with questions in flight to a silent upstream ends them at once; it releases both ports and is safe twice', async () => {
+  const dead = await fakeUpstream();
+  const busy = await server({ upstreams: [dead.address], timeoutMs: 60_000 });
+  const pending = Array.from({ length: 20 }, (_, i) => busy.handle(validQuery(`x${i}.example.com`), i % 2 ? 'udp' : 'tcp'));
+  await waitForCount(dead, 10);
+  const t0 = Date.now();
+  await busy.close();
+  const replies = await Promise.all(pending);
+  assert.ok(Date.now() - t0 < 5000);
+  assert.ok(replies.every((r) => r && (r.readUInt16BE(2) & 0xf) === 2), 'SERVFAIL');
+  await dead.close();
   const s = await server();
   const port = s.port;
   await s.close();
