@@ -1,6 +1,6 @@
 // The agent's DNS proxy (Istio's pkg/dns/client), on DNS_PROXY_ADDR over UDP and TCP. A and AAAA questions for
 // names in the NDS name table are answered here (authoritative, TTL 30, addresses shuffled); everything else is
-// forwarded as is to the resolv.conf servers, over the protocol the client used. Before the first name table
+// forwarded as is to the resolv.conf servers (./dns-upstream.ts), over the protocol the client used. Before the first name table
 // every question gets SERVFAIL, unless the proxy serves port 53 as root (then it forwards), as Istio does.
 //
 // Wire format: `dns-packet`; the header checks before it are Istio's (miekg/dns's accept rules): responses are
@@ -13,11 +13,13 @@ import * as dnsPacket from 'dns-packet';
 import { Counter, Histogram, type Registry } from 'prom-client';
 import { type Component, type Condition, closedSignal, type StatusRoute } from './component';
 import { buildDnsTable, type DnsTable, lookup } from './dns-table';
+import { joinHostPort, splitHostPort, Upstreams } from './dns-upstream';
 import {
-  addressRdata, clientLimit, encodeLocalAnswer, encodeWithin, errorReply, F, frame, HEADER, isAnswerTo, type Proto, type Question,
-  questionEnd, RCODE, shuffle, wellFormed,
+  addressRdata, clientLimit, encodeLocalAnswer, encodeWithin, errorReply, F, frame, HEADER, type Proto, type Question, questionEnd,
+  RCODE, shuffle, wellFormed,
 } from './dns-wire';
 import type { AgentConfig } from './config';
+import { parseResolvConf } from './dns-upstream';
 import { DNS_FORWARD_PARALLEL, DNS_FORWARD_TIMEOUT, type Env } from './env';
 import { AgentError, errorMessage } from './errors';
 import { scope } from './log';
@@ -45,32 +47,6 @@ export interface DnsServerOptions {
   timeoutMs?: number;
   /** Forward instead of SERVFAIL before the first name table (Istio: when serving port 53 as root). */
   forwardBeforeTable?: boolean;
-}
-
-/** resolv.conf -> upstream `host:port` list and search domains (the last `search` or `domain` line wins). */
-export function parseResolvConf(text: string): { servers: string[]; search: string[] } {
-  const servers: string[] = [];
-  let search: string[] = [];
-  for (const raw of text.split('\n')) {
-    const line = raw.replace(/[#;].*$/, '').trim();
-    const [key, ...rest] = line.split(/\s+/);
-    if (key === 'nameserver' && rest[0]) {
-      const ip = rest[0].replace(/%.*$/, '');
-      if (net.isIP(ip)) servers.push(joinHostPort(ip, 53));
-    } else if ((key === 'search' || key === 'domain') && rest.length) search = rest;
-  }
-  return { servers, search };
-}
-
-export function joinHostPort(host: string, port: number): string {
-  return host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`;
-}
-
-export function splitHostPort(addr: string, what = 'DNS address'): { host: string; port: number } {
-  const m = /^(?:\[([^\]]+)\]|([^:\s]*)):(\d{1,5})$/.exec(addr);
-  const port = m ? Number(m[3]) : NaN;
-  if (!m || port > 65535) throw new AgentError('CONFIG_INVALID', `invalid ${what} "${addr}": want host:port`);
-  return { host: m[1] ?? m[2] ?? '', port };
 }
 
 /**
@@ -124,12 +100,11 @@ export class DnsServer implements Component {
   private readonly udp: dgram.Socket[] = [];
   private readonly tcp: net.Server[] = [];
   private readonly conns = new Set<net.Socket>();
-  private readonly inflight = new Set<{ close(): void }>();
   private table: DnsTable | undefined;
   private nameTable: NameTable | undefined;
   private closing = false;
   private failure: Error | undefined;
-  private readonly timeoutMs: number;
+  private readonly upstream: Upstreams;
   private boundPort = 0;
   private readonly rdataCache = new Map<string, Buffer>();
   private readonly m = {
@@ -146,9 +121,8 @@ export class DnsServer implements Component {
   };
 
   constructor(private readonly o: DnsServerOptions) {
-    this.timeoutMs = o.timeoutMs ?? 5000;
     splitHostPort(o.address, 'DNS_PROXY_ADDR');
-    for (const u of o.upstreams) splitHostPort(u, 'upstream DNS server');
+    this.upstream = new Upstreams({ servers: o.upstreams, parallel: o.forwardParallel ?? false, timeoutMs: o.timeoutMs ?? 5000 });
   }
 
   /** The port it listens on (the real one when 0 was asked). */
@@ -308,18 +282,7 @@ export class DnsServer implements Component {
   private async forward(query: Buffer, proto: Proto, limit: number, q: Question): Promise<Buffer> {
     this.m.upstream.inc();
     const end = this.m.duration.startTimer();
-    const qEnd = questionEnd(query);
-    let reply: Buffer | undefined;
-    if (qEnd > 0 && this.o.upstreams.length) {
-      if (this.o.forwardParallel) {
-        reply = await firstSuccess(this.o.upstreams.map((u) => this.exchange(u, query, qEnd, proto)));
-      } else {
-        for (const u of this.o.upstreams) {
-          reply = await this.exchange(u, query, qEnd, proto);
-          if (reply || this.closing) break;
-        }
-      }
-    }
+    const reply = await this.upstream.forward(query, proto);
     end();
     if (!reply) {
       this.m.failures.inc();
@@ -335,59 +298,6 @@ export class DnsServer implements Component {
       this.m.failures.inc();
       return errorReply(query, RCODE.SERVFAIL, q);
     }
-  }
-
-  /** One upstream, one try: the reply, or undefined on timeout, error, or an answer that does not decode. */
-  private exchange(upstream: string, query: Buffer, qEnd: number, proto: Proto): Promise<Buffer | undefined> {
-    const { host, port } = splitHostPort(upstream);
-    return new Promise((resolve) => {
-      let done = false;
-      let cleanup = () => {};
-      const finish = (reply: Buffer | undefined, why?: string) => {
-        if (done) return;
-        done = true;
-        clearTimeout(timer);
-        this.inflight.delete(handle);
-        cleanup();
-        if (why) log.info(`upstream failure: ${upstream}: ${why}`);
-        resolve(reply);
-      };
-      const handle = { close: () => finish(undefined) };
-      this.inflight.add(handle);
-      const timer = setTimeout(() => finish(undefined, `no answer within ${this.timeoutMs} ms`), this.timeoutMs);
-      timer.unref();
-      const accept = (reply: Buffer): boolean => {
-        if (!isAnswerTo(query, qEnd, reply)) return false;
-        // The framing check is enough to pass it on; it is decoded only if it must be cut down.
-        if (!wellFormed(reply)) finish(undefined, 'undecodable answer');
-        else finish(reply);
-        return true;
-      };
-      if (proto === 'udp') {
-        // A socket per question: a fresh random source port, and only the upstream's packets reach it.
-        const s = dgram.createSocket(net.isIPv6(host) ? 'udp6' : 'udp4');
-        cleanup = () => s.close();
-        s.on('error', (err) => finish(undefined, err.message));
-        s.on('message', (msg) => void accept(msg));
-        // finish() may have closed the socket (timeout, close()) before the connect completes.
-        s.connect(port, host, () => !done && s.send(query, (err) => err && finish(undefined, err.message)));
-      } else {
-        const s = net.connect({ host, port });
-        cleanup = () => s.destroy();
-        s.on('error', (err) => finish(undefined, err.message));
-        s.on('close', () => finish(undefined, 'connection closed before an answer'));
-        s.on('connect', () => s.write(frame(query)));
-        let buf = Buffer.alloc(0);
-        s.on('data', (chunk) => {
-          buf = Buffer.concat([buf, chunk]);
-          while (buf.length >= 2 && buf.length >= 2 + buf.readUInt16BE(0)) {
-            const msg = buf.subarray(2, 2 + buf.readUInt16BE(0));
-            buf = buf.subarray(2 + msg.length);
-            if (accept(Buffer.from(msg))) return;
-          }
-        });
-      }
-    });
   }
 
   /**
@@ -442,22 +352,8 @@ export class DnsServer implements Component {
     for (const s of this.udp.splice(0)) s.close();
     this.tcp.length = 0;
     for (const c of this.conns) c.destroy();
-    for (const f of [...this.inflight]) f.close();
+    this.upstream.close();
     await Promise.all(tcpClosed);
     this.signal.resolve(this.failure);
   }
-}
-
-/** The first promise that resolves to a value; undefined when all resolve to undefined. */
-function firstSuccess<T>(ps: Promise<T | undefined>[]): Promise<T | undefined> {
-  return new Promise((resolve) => {
-    let left = ps.length;
-    if (!left) resolve(undefined);
-    for (const p of ps) {
-      void p.then((v) => {
-        if (v !== undefined) resolve(v);
-        else if (--left === 0) resolve(undefined);
-      });
-    }
-  });
 }

@@ -7,7 +7,8 @@ import * as dnsPacket from 'dns-packet';
 import { Registry } from 'prom-client';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { DnsServer, type DnsServerOptions, dnsListenPlan, dnsOptionsFor, parseResolvConf } from '../lib/dns-server';
+import { DnsServer, type DnsServerOptions, dnsListenPlan, dnsOptionsFor } from '../lib/dns-server';
+import { parseResolvConf } from '../lib/dns-upstream';
 import type { NameTable } from '../lib/xds-istio';
 import { dig, type Dnsmasq, fakeUpstream, startDnsmasq } from './helpers/dns';
 
