@@ -29,8 +29,6 @@ import type { NameTable } from './xds-istio';
 const log = scope('dns');
 
 const TTL = 30;
-/** The UDP size this proxy advertises in its own OPT records (the DNS flag day 2020 value). */
-const EDNS_UDP_SIZE = 1232;
 const TCP_IDLE_MS = 10_000;
 
 export interface DnsServerOptions {
@@ -264,8 +262,8 @@ export class DnsServer implements Component {
     const addrs = found.answers.filter((a) => a.type !== 'CNAME').map((a) => this.rdata(q.type as 'A' | 'AAAA', a.data));
     return encodeLocalAnswer({
       query, qEnd, ttl: TTL, cname, type: q.type as 'A' | 'AAAA', rdata: shuffle(addrs), limit,
-      flags: F.AA | F.RA | (query.readUInt16BE(2) & (F.RD | F.CD)),
-      optUdpSize: additionals.some((a) => a.type === 'OPT') ? EDNS_UDP_SIZE : undefined,
+      // As Istio's: RD and CD copied, no RA, and no OPT record even to an EDNS query.
+      flags: F.AA | (query.readUInt16BE(2) & (F.RD | F.CD)),
     });
   }
 

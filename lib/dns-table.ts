@@ -3,7 +3,8 @@
 //   - every host: its FQDN (`reviews.bookinfo.svc.cluster.local.`, `*.example.com.`);
 //   - Kubernetes hosts inside the proxy's domain: `name.ns.`, `name.ns.svc.`, and `name.` in the proxy's namespace;
 //   - every name above + the first search domain (`api.example.com.ns.svc.cluster.local.`) as a CNAME to the name,
-//     because resolvers try the search domains first: one round trip instead of a walk down the search list.
+//     because resolvers try the search domains first: one round trip instead of a walk down the search list
+//     (not for names already ending in that domain).
 // A name the table knows but without addresses of the asked family answers NOERROR with no records.
 
 import * as net from 'node:net';
@@ -82,6 +83,8 @@ export function domainSuffix(proxyDomain: string, proxyNamespace: string): strin
 
 /** The names a host answers to, FQDN first. */
 export function expandHost(host: string, info: NameTable['table'][string], opts: TableOptions): string[] {
+  // Istio gives a Kubernetes host written with a trailing dot no name at all.
+  if (info.registry === 'Kubernetes' && host.endsWith('.')) return [];
   const fqdn = normalizeName(host)!;
   const out = [fqdn];
   const domain = domainSuffix(opts.proxyDomain, opts.proxyNamespace);
@@ -114,12 +117,14 @@ export function buildDnsTable(nt: NameTable, opts: TableOptions): DnsTable {
     v4.set(name, ips.filter((ip) => net.isIPv4(ip)));
     v6.set(name, ips.filter((ip) => net.isIPv6(ip)));
   };
-  for (const e of expanded) assign(e.names[0]!, e.info.ips);
+  for (const e of expanded) if (e.names.length) assign(e.names[0]!, e.info.ips);
   for (const e of expanded) for (const n of e.names.slice(1)) assign(n, e.info.ips);
   const search = opts.searchDomains[0] ? normalizeName(opts.searchDomains[0].replace(/^\.+/, '')) : undefined;
   if (search) {
     for (const e of expanded) {
       for (const n of e.names) {
+        // A name already under the search domain gets no alias (Istio: a plain suffix test).
+        if (n.endsWith(search)) continue;
         const alias = n + search;
         if (alias.length > 254 || v4.has(alias) || cname.has(alias)) continue;
         cname.set(alias, n);

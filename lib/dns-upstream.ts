@@ -1,5 +1,5 @@
 // Forwarding for the DNS proxy: a question the name table does not answer goes, as is, to the resolv.conf servers
-// over the protocol the client used: one after the other in resolv.conf order, or all at once (first answer wins,
+// over the protocol the client used: one after the other in a random order, or all at once (first answer wins,
 // the others are cancelled) with DNS_FORWARD_PARALLEL. Each server gets `timeoutMs`; an answer whose framing does not
 // hold is a failure of that server; undefined when none answers (the proxy then says SERVFAIL).
 //
@@ -10,7 +10,7 @@ import * as dgram from 'node:dgram';
 import * as net from 'node:net';
 import { AgentError } from './errors';
 import { scope } from './log';
-import { frame, isAnswerTo, type Proto, questionEnd, wellFormed } from './dns-wire';
+import { frame, isAnswerTo, type Proto, questionEnd, shuffle, wellFormed } from './dns-wire';
 
 const log = scope('dns');
 
@@ -66,7 +66,8 @@ export class Upstreams {
     const qEnd = questionEnd(query);
     if (qEnd < 0 || this.closed) return undefined;
     if (!this.o.parallel) {
-      for (const s of this.servers) {
+      // In a random order each time, as Istio's agent does: the load spreads over the servers.
+      for (const s of shuffle([...this.servers])) {
         const reply = await this.exchange(s, query, qEnd, proto).reply;
         if (reply || this.closed) return reply;
       }

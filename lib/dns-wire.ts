@@ -94,7 +94,7 @@ export function isAnswerTo(query: Buffer, qEnd: number, reply: Buffer): boolean 
 /** An error reply: the query's id, opcode, RD and CD, and its question when there is one that decoded. */
 export function errorReply(query: Buffer, rcode: number, question?: Question): Buffer {
   const qflags = query.readUInt16BE(2);
-  const flags = (qflags & (0x7800 | F.RD | F.CD)) | F.RA | rcode;
+  const flags = (qflags & (0x7800 | F.RD | F.CD)) | rcode;
   if (!question) {
     const b = Buffer.alloc(HEADER);
     b.writeUInt16BE(query.readUInt16BE(0), 0);
@@ -167,8 +167,6 @@ export interface LocalAnswer {
   type: 'A' | 'AAAA';
   /** RDLENGTH + RDATA of each address record, in answer order. */
   rdata: readonly Buffer[];
-  /** Append an OPT record (the query had one) advertising this UDP size. */
-  optUdpSize?: number;
   limit: number;
 }
 
@@ -181,7 +179,7 @@ export function encodeLocalAnswer(a: LocalAnswer): Buffer {
   const question = a.query.subarray(HEADER, a.qEnd);
   const target = a.cname === undefined ? undefined : codecs.name.encode(a.cname.replace(/\.$/, ''));
   const cnameLen = target ? 12 + target.length : 0;
-  const fixed = HEADER + question.length + cnameLen + (a.optUdpSize ? 11 : 0);
+  const fixed = HEADER + question.length + cnameLen;
   const rrLen = a.type === 'A' ? 16 : 28;
   const fit = Math.max(0, Math.min(a.rdata.length, Math.floor((a.limit - fixed) / rrLen)));
   const buf = Buffer.alloc(fixed + fit * rrLen);
@@ -189,7 +187,6 @@ export function encodeLocalAnswer(a: LocalAnswer): Buffer {
   buf.writeUInt16BE(F.QR | a.flags | (fit < a.rdata.length ? F.TC : 0), 2);
   buf.writeUInt16BE(1, 4);
   buf.writeUInt16BE((target ? 1 : 0) + fit, 6);
-  buf.writeUInt16BE(a.optUdpSize ? 1 : 0, 10);
   let o = HEADER + question.copy(buf, HEADER);
   let owner = 0xc000 | HEADER;
   const rr = (type: number) => {
@@ -208,11 +205,6 @@ export function encodeLocalAnswer(a: LocalAnswer): Buffer {
   for (let i = 0; i < fit; i++) {
     rr(a.type === 'A' ? 1 : 28);
     o += a.rdata[i]!.copy(buf, o);
-  }
-  if (a.optUdpSize) {
-    buf.writeUInt16BE(41, o + 1); // root name (0), type OPT
-    buf.writeUInt16BE(a.optUdpSize, o + 3);
-    o += 11;
   }
   return buf;
 }

@@ -10,6 +10,7 @@ import * as assert from 'uvu/assert';
 import { agentBin } from './helpers/agent';
 import { dig, type Dnsmasq, ensureDnsTools, startDnsmasq } from './helpers/dns';
 import { envoyBin, tempDir, waitFor } from './helpers/harness';
+import { normalize, type Normal, PARITY_CONFIG, PARITY_DNSMASQ_ARGS, PARITY_RESOLV_CONF } from './helpers/dns-parity';
 import { createNetns, type Netns } from './helpers/netns';
 
 const SE = (name: string, host: string, extra = '') => `apiVersion: networking.istio.io/v1
@@ -34,7 +35,13 @@ interface Vm {
 }
 
 /** A namespace with dnsmasq as its resolver at `resolverIp`:53 and the agent started by `wrap` (or directly). */
-async function startVm(opts: { resolverIp: string; resolvConf: string; env?: Record<string, string>; wrap?: (bin: string, args: string[]) => [string, string[]] }): Promise<Vm> {
+async function startVm(opts: {
+  resolverIp: string;
+  resolvConf: string;
+  env?: Record<string, string>;
+  wrap?: (bin: string, args: string[]) => [string, string[]];
+  configs?: Record<string, string>;
+}): Promise<Vm> {
   ensureDnsTools();
   const bin = agentBin();
   const tmp = tempDir('pa-dns-agent-');
@@ -55,11 +62,14 @@ async function startVm(opts: { resolverIp: string; resolvConf: string; env?: Rec
     tmp.cleanup();
   };
   try {
-    dnsmasq = await startDnsmasq(['--address=/outside.test/10.9.9.9'], { netns: ns, port: 53, listen: opts.resolverIp });
+    dnsmasq = await startDnsmasq(PARITY_DNSMASQ_ARGS, { netns: ns, port: 53, listen: opts.resolverIp });
     const config = path.join(tmp.path, 'config');
     fs.mkdirSync(config);
-    fs.writeFileSync(path.join(config, 'backend.yaml'), SE('backend', 'backend.example.local'));
-    fs.writeFileSync(path.join(config, 'reviews.yaml'), SE('reviews', 'reviews.test.svc.cluster.local', '  addresses: [10.20.0.7]\n'));
+    const configs = opts.configs ?? {
+      'backend.yaml': SE('backend', 'backend.example.local'),
+      'reviews.yaml': SE('reviews', 'reviews.test.svc.cluster.local', '  addresses: [10.20.0.7]\n'),
+    };
+    for (const [f, text] of Object.entries(configs)) fs.writeFileSync(path.join(config, f), text);
     const args = ['proxy', 'sidecar', '--standalone', config];
     const [cmd, cmdArgs] = opts.wrap ? opts.wrap(bin, args) : [bin, args];
     agent = ns.spawn(cmd, cmdArgs, {
@@ -137,6 +147,24 @@ test('DNS on port 53 as root (no iptables): the VM\'s own resolver library goes 
     assert.is(await getent('reviews'), '10.20.0.7', 'short names resolve as in the cluster');
     assert.is(await getent('outside.test'), '10.9.9.9', 'forwarded to the resolver in /var/lib/istio/resolv.conf');
     assert.is(await getent('nowhere.test'), '');
+  } finally {
+    await vm.stop();
+  }
+});
+
+test('every answer matches the Go agent\'s for the same name table and resolver (test/golden/dns-go-agent.json)', async () => {
+  const golden = JSON.parse(fs.readFileSync(path.join(__dirname, 'golden/dns-go-agent.json'), 'utf8')) as {
+    queries: { name: string; type: string; opts: string[]; expect: Normal }[];
+  };
+  const vm = await startVm({ resolverIp: '127.0.0.1', resolvConf: PARITY_RESOLV_CONF, configs: PARITY_CONFIG });
+  try {
+    const diffs: string[] = [];
+    for (const q of golden.queries) {
+      const got = normalize(await dig(15053, q.name, q.type, q.opts, '127.0.0.1', vm.ns));
+      if (JSON.stringify(got) !== JSON.stringify(q.expect)) diffs.push(`${q.name} ${q.type} ${q.opts.join(' ')}:\n  Go:   ${JSON.stringify(q.expect)}\n  ours: ${JSON.stringify(got)}`);
+    }
+    assert.is(diffs.join('\n'), '', 'answers that differ from the Go agent\'s');
+    assert.ok(golden.queries.length >= 25);
   } finally {
     await vm.stop();
   }

@@ -176,7 +176,7 @@ test('a local answer larger than the client\'s UDP size sets TC, and dig retries
   assert.not.ok(big.retriedTcp);
   assert.not.ok(big.flags.includes('tc'));
   assert.is(big.answers.length, 100);
-  assert.ok(big.ednsUdp && big.ednsUdp > 0, 'the reply carries an OPT record to an EDNS query');
+  assert.is(big.ednsUdp, undefined, 'no OPT record in a local answer, as Istio\'s');
   const mid = await dig(s.port, 'many.example.com', 'A', ['+bufsize=1232', '+ignore']);
   assert.ok(mid.flags.includes('tc'));
   assert.ok(mid.answers.length > cut.answers.length && mid.answers.length < 100, `${mid.answers.length}`);
@@ -195,7 +195,7 @@ test('a forwarded answer truncated by the upstream keeps TC, and the TCP retry i
   assert.is(edns.answers.length, 3);
 });
 
-test('an upstream that never answers gets SERVFAIL after the timeout; the next upstream is tried in order', async () => {
+test('an upstream that never answers gets SERVFAIL after the timeout; with two, the other one answers (sequential or parallel)', async () => {
   const dead = await fakeUpstream();
   try {
     const s = await server({ upstreams: [dead.address], timeoutMs: 300 });

@@ -56,6 +56,7 @@ test('the name plus the first search domain is a CNAME to the name, answered wit
   assert.equal(lookup(t, 'A', 'reviews.ns1.svc.cluster.local.')!.answers.map((a) => a.type), ['A', 'A']);
   assert.equal(lookup(t, 'A', 'reviews.ns1.ns1.svc.cluster.local.')!.answers[0], { type: 'CNAME', name: 'reviews.ns1.ns1.svc.cluster.local.', data: 'reviews.ns1.' });
   assert.is(lookup(t, 'A', 'api.example.com.svc.cluster.local.'), undefined, 'only the first search domain');
+  assert.is(lookup(t, 'A', 'reviews.ns1.svc.cluster.local.ns1.svc.cluster.local.'), undefined, 'no alias for a name already in the search domain');
 });
 
 test('wildcard hosts answer any name below them with the asked name; the CNAME trick points at the concrete name', () => {
