@@ -2,7 +2,8 @@
 // The Go agent runs as a sidecar with DNS capture in a network namespace, fed by this project's
 // `pilot-agent discovery` (so both agents get the same name table), with dnsmasq as the namespace's resolver.
 // Run as root, after `bash scripts/build.sh`:
-//   npx tsx scripts/dns-golden.ts /root/go/bin/pilot-agent /path/to/istio/tools/packaging/common/envoy_bootstrap.json
+//   npx tsx scripts/dns-golden.ts /root/go/bin/pilot-agent /path/to/istio/tools/packaging/common/envoy_bootstrap.json \
+//     'where the Go agent and the template came from'
 
 import { type ChildProcess, execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -14,7 +15,7 @@ import { envoyBin, REPO, tempDir, waitFor } from '../test/helpers/harness';
 import { createNetns } from '../test/helpers/netns';
 
 async function main(): Promise<void> {
-  const [goAgent, template] = process.argv.slice(2);
+  const [goAgent, template, source = ''] = process.argv.slice(2);
   if (!goAgent || !template) throw new Error('usage: dns-golden.ts <go pilot-agent> <envoy_bootstrap.json template>');
   const tmp = tempDir('pa-dns-golden-');
   const ns = createNetns('padnsg', { 'resolv.conf': PARITY_RESOLV_CONF }, '10.99.0.2/24');
@@ -52,6 +53,7 @@ async function main(): Promise<void> {
     const golden = {
       generatedBy: `npx tsx scripts/dns-golden.ts ${goAgent} ${template}`,
       goAgent: version,
+      source,
       date: new Date().toISOString().slice(0, 10),
       queries,
     };
