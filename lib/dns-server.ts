@@ -4,7 +4,7 @@
 // every question gets SERVFAIL, unless the proxy serves port 53 as root (then it forwards), as Istio does.
 //
 // Wire format: `dns-packet`; the header checks before it are Istio's (miekg/dns's accept rules): responses are
-// dropped, opcodes other than QUERY get NOTIMP, anything but one question (or undecodable) gets FORMERR, and a
+// dropped, opcodes other than QUERY and NOTIFY get NOTIMP, anything but one question (or undecodable) gets FORMERR, and a
 // packet shorter than a header is dropped, so no input can crash the proxy or make it send more than it got.
 
 import * as dgram from 'node:dgram';
@@ -228,8 +228,9 @@ export class DnsServer implements Component {
       this.m.malformed.inc();
       return undefined;
     }
+    // QUERY, and NOTIFY, which Istio's server (miekg/dns) lets through and answers like a query.
     const opcode = (query.readUInt16BE(2) >> 11) & 0xf;
-    if (opcode !== 0) {
+    if (opcode !== 0 && opcode !== 4) {
       this.m.malformed.inc();
       return errorReply(query, RCODE.NOTIMP);
     }

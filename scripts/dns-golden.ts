@@ -10,7 +10,9 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { agentBin } from '../test/helpers/agent';
 import { dig, startDnsmasq } from '../test/helpers/dns';
-import { normalize, PARITY_CONFIG, PARITY_DNSMASQ_ARGS, PARITY_QUERIES, PARITY_RESOLV_CONF } from '../test/helpers/dns-parity';
+import {
+  normalize, normalizeRaw, PARITY_CONFIG, PARITY_DNSMASQ_ARGS, PARITY_PACKETS, PARITY_QUERIES, PARITY_RESOLV_CONF, RAW_SCRIPT,
+} from '../test/helpers/dns-parity';
 import { envoyBin, REPO, tempDir, waitFor } from '../test/helpers/harness';
 import { createNetns } from '../test/helpers/netns';
 
@@ -49,6 +51,8 @@ async function main(): Promise<void> {
       .catch((e: Error) => { throw new Error(`${e.message}\n${goLog}`); });
     const queries = [];
     for (const q of PARITY_QUERIES) queries.push({ ...q, expect: normalize(await dig(15053, q.name, q.type, q.opts, '127.0.0.1', ns)) });
+    const raw = JSON.parse((await ns.run(process.execPath, ['-e', RAW_SCRIPT, '15053', ...PARITY_PACKETS.map((p) => p.hex)])).stdout) as string[];
+    const packets = PARITY_PACKETS.map((p, i) => ({ ...p, expect: normalizeRaw(p.hex, raw[i]!) }));
     const version = execFileSync(goAgent, ['version'], { encoding: 'utf8' }).trim().split('\n').pop();
     const golden = {
       generatedBy: `npx tsx scripts/dns-golden.ts ${goAgent} ${template}`,
@@ -56,9 +60,10 @@ async function main(): Promise<void> {
       source,
       date: new Date().toISOString().slice(0, 10),
       queries,
+      packets,
     };
     fs.writeFileSync(path.join(REPO, 'test/golden/dns-go-agent.json'), JSON.stringify(golden, null, 2) + '\n');
-    process.stdout.write(`wrote test/golden/dns-go-agent.json (${queries.length} questions)\n`);
+    process.stdout.write(`wrote test/golden/dns-go-agent.json (${queries.length} questions, ${packets.length} packets)\n`);
   } finally {
     for (const p of procs.reverse()) {
       if (p.exitCode !== null || p.signalCode !== null) continue;

@@ -10,7 +10,9 @@ import * as assert from 'uvu/assert';
 import { agentBin } from './helpers/agent';
 import { dig, type Dnsmasq, ensureDnsTools, startDnsmasq } from './helpers/dns';
 import { envoyBin, tempDir, waitFor } from './helpers/harness';
-import { normalize, type Normal, PARITY_CONFIG, PARITY_DNSMASQ_ARGS, PARITY_RESOLV_CONF } from './helpers/dns-parity';
+import {
+  normalize, normalizeRaw, type Normal, PARITY_CONFIG, PARITY_DNSMASQ_ARGS, PARITY_RESOLV_CONF, RAW_SCRIPT, type RawNormal,
+} from './helpers/dns-parity';
 import { createNetns, type Netns } from './helpers/netns';
 
 const SE = (name: string, host: string, extra = '') => `apiVersion: networking.istio.io/v1
@@ -152,9 +154,10 @@ test('DNS on port 53 as root (no iptables): the VM\'s own resolver library goes 
   }
 });
 
-test('every answer matches the Go agent\'s for the same name table and resolver (test/golden/dns-go-agent.json)', async () => {
+test('every answer, and the reply to each malformed packet, matches the Go agent\'s for the same name table and resolver (test/golden/dns-go-agent.json)', async () => {
   const golden = JSON.parse(fs.readFileSync(path.join(__dirname, 'golden/dns-go-agent.json'), 'utf8')) as {
     queries: { name: string; type: string; opts: string[]; expect: Normal }[];
+    packets: { label: string; hex: string; expect: RawNormal }[];
   };
   const vm = await startVm({ resolverIp: '127.0.0.1', resolvConf: PARITY_RESOLV_CONF, configs: PARITY_CONFIG });
   try {
@@ -163,8 +166,13 @@ test('every answer matches the Go agent\'s for the same name table and resolver 
       const got = normalize(await dig(15053, q.name, q.type, q.opts, '127.0.0.1', vm.ns));
       if (JSON.stringify(got) !== JSON.stringify(q.expect)) diffs.push(`${q.name} ${q.type} ${q.opts.join(' ')}:\n  Go:   ${JSON.stringify(q.expect)}\n  ours: ${JSON.stringify(got)}`);
     }
+    const raw = JSON.parse((await vm.ns.run(process.execPath, ['-e', RAW_SCRIPT, '15053', ...golden.packets.map((p) => p.hex)])).stdout) as string[];
+    golden.packets.forEach((p, i) => {
+      const got = normalizeRaw(p.hex, raw[i]!);
+      if (JSON.stringify(got) !== JSON.stringify(p.expect)) diffs.push(`packet "${p.label}":\n  Go:   ${JSON.stringify(p.expect)}\n  ours: ${JSON.stringify(got)}`);
+    });
     assert.is(diffs.join('\n'), '', 'answers that differ from the Go agent\'s');
-    assert.ok(golden.queries.length >= 25);
+    assert.ok(golden.queries.length >= 25 && golden.packets.length >= 10);
   } finally {
     await vm.stop();
   }

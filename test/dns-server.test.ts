@@ -341,9 +341,9 @@ test('fuzz: thousands of random, truncated, looping and huge-count packets never
   const asResponse = Buffer.from(validQuery('x.example.com'));
   asResponse[2] = asResponse[2]! | 0x80;
   assert.is(await s.handle(asResponse, 'udp'), undefined, 'responses are dropped, never answered');
-  const notify = Buffer.from(validQuery('x.example.com'));
-  notify[2] = (notify[2]! & 0x87) | (5 << 3);
-  assert.is((await s.handle(notify, 'udp'))!.readUInt16BE(2) & 0xf, 4, 'other opcodes: NOTIMP');
+  const update = Buffer.from(validQuery('x.example.com'));
+  update[2] = (update[2]! & 0x87) | (5 << 3);
+  assert.is((await s.handle(update, 'udp'))!.readUInt16BE(2) & 0xf, 4, 'UPDATE and other opcodes: NOTIMP');
 
   // Over the sockets: a flood over UDP and TCP (garbage frames, a frame cut short, a connection closed early).
   const u = dgram.createSocket('udp4');

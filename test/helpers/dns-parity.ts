@@ -61,3 +61,64 @@ export function normalize(r: DigResult): Normal {
     retriedTcp: r.retriedTcp,
   };
 }
+
+// ---- malformed packets: how each agent answers (or not) at the wire level ----
+
+const q = (name: string, type = 1) => {
+  const labels = name.split('.').map((l) => Buffer.concat([Buffer.from([l.length]), Buffer.from(l)]));
+  return Buffer.concat([...labels, Buffer.from([0, type >> 8, type & 255, 0, 1])]);
+};
+const header = (id: number, flags: number, qd: number, an = 0, ns = 0, ar = 0) => {
+  const b = Buffer.alloc(12);
+  [id, flags, qd, an, ns, ar].forEach((v, i) => b.writeUInt16BE(v, i * 2));
+  return b;
+};
+
+/** Hand-made packets (hex): each agent's reply is reduced to `rcode` and whether it answered at all. */
+export const PARITY_PACKETS: { label: string; hex: string }[] = [
+  { label: 'a valid query', hex: Buffer.concat([header(0x1111, 0x0100, 1), q('backend.example.local')]).toString('hex') },
+  { label: 'no question', hex: header(0x1112, 0x0100, 0).toString('hex') },
+  { label: 'two questions', hex: Buffer.concat([header(0x1113, 0x0100, 2), q('backend.example.local'), q('reviews')]).toString('hex') },
+  { label: 'a response (QR set)', hex: Buffer.concat([header(0x1114, 0x8100, 1), q('backend.example.local')]).toString('hex') },
+  { label: 'opcode NOTIFY', hex: Buffer.concat([header(0x1115, 0x2100, 1), q('backend.example.local')]).toString('hex') },
+  { label: 'opcode UPDATE', hex: Buffer.concat([header(0x1116, 0x2900, 1), q('backend.example.local')]).toString('hex') },
+  { label: 'question cut short', hex: Buffer.concat([header(0x1117, 0x0100, 1), q('backend.example.local').subarray(0, 9)]).toString('hex') },
+  { label: 'shorter than a header', hex: header(0x1118, 0x0100, 1).subarray(0, 11).toString('hex') },
+  { label: 'a name pointing at itself', hex: Buffer.concat([header(0x1119, 0x0100, 1), Buffer.from([0xc0, 0x0c, 0, 1, 0, 1])]).toString('hex') },
+  { label: 'three additional records claimed', hex: Buffer.concat([header(0x111a, 0x0100, 1, 0, 0, 3), q('backend.example.local')]).toString('hex') },
+  { label: 'huge counts', hex: Buffer.concat([header(0x111b, 0x0100, 1, 0xffff, 0xffff, 0xffff), q('backend.example.local')]).toString('hex') },
+  { label: 'an unknown class (CHAOS TXT version.bind)', hex: Buffer.concat([header(0x111c, 0x0100, 1), Buffer.from('0776657273696f6e0462696e640000100003', 'hex')]).toString('hex') },
+];
+
+export interface RawNormal {
+  answered: boolean;
+  rcode?: number;
+  idEcho?: boolean;
+  qdcount?: number;
+  ancount?: number;
+}
+
+/** Sends each packet over UDP from inside `run`'s namespace to 127.0.0.1:port; a second without a reply is "none". */
+export const RAW_SCRIPT = `
+const dgram = require('dgram');
+const [port, ...hexes] = process.argv.slice(1);
+(async () => {
+  const out = [];
+  for (const h of hexes) {
+    out.push(await new Promise((resolve) => {
+      const s = dgram.createSocket('udp4');
+      const t = setTimeout(() => { s.close(); resolve(''); }, 1000);
+      s.on('message', (m) => { clearTimeout(t); s.close(); resolve(m.toString('hex')); });
+      s.send(Buffer.from(h, 'hex'), Number(port), '127.0.0.1');
+    }));
+  }
+  process.stdout.write(JSON.stringify(out));
+})();
+`;
+
+export function normalizeRaw(sentHex: string, replyHex: string): RawNormal {
+  if (!replyHex) return { answered: false };
+  const r = Buffer.from(replyHex, 'hex');
+  if (r.length < 12) return { answered: true };
+  return { answered: true, rcode: r.readUInt16BE(2) & 0xf, idEcho: r.readUInt16BE(0) === Buffer.from(sentHex, 'hex').readUInt16BE(0), qdcount: r.readUInt16BE(4), ancount: r.readUInt16BE(6) };
+}
