@@ -8,7 +8,7 @@ import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { agentBin } from './helpers/agent';
-import { dig, type Dnsmasq, ensureDnsTools, startDnsmasq } from './helpers/dns';
+import { dig, type Dnsmasq, ensureDnsTools, parseDig as parseDigOut, startDnsmasq } from './helpers/dns';
 import { envoyBin, tempDir, waitFor } from './helpers/harness';
 import {
   normalize, normalizeRaw, type Normal, PARITY_CONFIG, PARITY_DNSMASQ_ARGS, PARITY_RESOLV_CONF, RAW_SCRIPT, type RawNormal,
@@ -43,6 +43,8 @@ async function startVm(opts: {
   env?: Record<string, string>;
   wrap?: (bin: string, args: string[]) => [string, string[]];
   configs?: Record<string, string>;
+  /** Runs in the namespace before the agent starts (e.g. istio-iptables). */
+  setup?: (ns: Netns, agentBin: string) => Promise<void>;
 }): Promise<Vm> {
   ensureDnsTools();
   const bin = agentBin();
@@ -72,6 +74,12 @@ async function startVm(opts: {
       'reviews.yaml': SE('reviews', 'reviews.test.svc.cluster.local', '  addresses: [10.20.0.7]\n'),
     };
     for (const [f, text] of Object.entries(configs)) fs.writeFileSync(path.join(config, f), text);
+    // As root with DNS on port 53, the agent runs Envoy as uid/gid 1337 (Istio's rule): like a VM install, the
+    // proxy's directory belongs to that user.
+    fs.chmodSync(tmp.path, 0o755);
+    fs.mkdirSync(path.join(tmp.path, 'proxy'));
+    fs.chownSync(path.join(tmp.path, 'proxy'), 1337, 1337);
+    await opts.setup?.(ns, bin);
     const args = ['proxy', 'sidecar', '--standalone', config];
     const [cmd, cmdArgs] = opts.wrap ? opts.wrap(bin, args) : [bin, args];
     agent = ns.spawn(cmd, cmdArgs, {
@@ -149,6 +157,35 @@ test('DNS on port 53 as root (no iptables): the VM\'s own resolver library goes 
     assert.is(await getent('reviews'), '10.20.0.7', 'short names resolve as in the cluster');
     assert.is(await getent('outside.test'), '10.9.9.9', 'forwarded to the resolver in /var/lib/istio/resolv.conf');
     assert.is(await getent('nowhere.test'), '');
+  } finally {
+    await vm.stop();
+  }
+});
+
+test('DNS capture by istio-iptables: an app under another uid resolves mesh names with its own resolver library; the agent\'s forwarded questions are not captured again', async () => {
+  // The VM's resolver is dnsmasq on 127.0.0.53; the capture rules send the app's questions to it to the agent on
+  // 15053. The agent runs as root here, so root is the proxy uid/gid the rules exclude (-u 0 -g 0), and the app
+  // runs as nobody.
+  const vm = await startVm({
+    resolverIp: '127.0.0.53',
+    resolvConf: 'nameserver 127.0.0.53\nsearch test.svc.cluster.local\n',
+    setup: async (ns, bin) => {
+      const r = await ns.run(bin, ['istio-iptables', '-p', '15001', '-z', '15006', '-u', '0', '-g', '0', '-m', 'REDIRECT', '-i', '*', '-b', '*', '--redirect-dns']);
+      assert.is(r.code, 0, `istio-iptables: ${r.stdout}${r.stderr}`);
+    },
+  });
+  try {
+    const asApp = async (...args: string[]) => (await vm.ns.run('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', ...args])).stdout;
+    const vip = (JSON.parse((await vm.status('/debug/ndsz')).body) as { table: Record<string, { ips: string[] }> }).table['backend.example.local']!.ips[0]!;
+    assert.is((await asApp('getent', 'ahostsv4', 'backend.example.local')).split(/\s+/)[0], vip, 'answered by the agent through the capture rule');
+    assert.is((await asApp('getent', 'ahostsv4', 'reviews')).split(/\s+/)[0], '10.20.0.7');
+    assert.is((await asApp('getent', 'ahostsv4', 'outside.test')).split(/\s+/)[0], '10.9.9.9', 'forwarded by the agent to dnsmasq, not looped');
+    const direct = parseDigOut(await asApp('dig', '@127.0.0.53', 'backend.example.local', '+tries=1', '+time=5'));
+    assert.ok(direct.flags.includes('aa') && direct.answers[0]?.ttl === 30, 'a question to 127.0.0.53:53 is answered by the agent, not dnsmasq');
+    const tcp = parseDigOut(await asApp('dig', '@127.0.0.53', 'reviews.test.svc.cluster.local', '+tcp', '+tries=1', '+time=5'));
+    assert.equal(tcp.answers.map((a) => a.data), ['10.20.0.7'], 'DNS over TCP is captured too');
+    const metrics = (await vm.status('/stats/prometheus')).body;
+    assert.match(metrics, /^istio_agent_dns_upstream_requests_total [1-9]/m);
   } finally {
     await vm.stop();
   }
