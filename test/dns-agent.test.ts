@@ -164,13 +164,15 @@ test('DNS on port 53 as root (no iptables): the VM\'s own resolver library goes 
 
 test('DNS capture by istio-iptables: an app under another uid resolves mesh names with its own resolver library; the agent\'s forwarded questions are not captured again', async () => {
   // The VM's resolver is dnsmasq on 127.0.0.53; the capture rules send the app's questions to it to the agent on
-  // 15053. The agent runs as root here, so root is the proxy uid/gid the rules exclude (-u 0 -g 0), and the app
-  // runs as nobody.
+  // 15053. README's VM setup: the injector's rules for 1337, the agent as root with group 1337 (so its forwarded
+  // questions and its replies are the proxy's, excluded from capture), Envoy as 1337; the app runs as nobody.
   const vm = await startVm({
     resolverIp: '127.0.0.53',
     resolvConf: 'nameserver 127.0.0.53\nsearch test.svc.cluster.local\n',
+    env: { ENVOY_UID: '1337', ENVOY_GID: '1337' },
+    wrap: (bin, args) => ['setpriv', ['--regid=1337', '--clear-groups', bin, ...args]],
     setup: async (ns, bin) => {
-      const r = await ns.run(bin, ['istio-iptables', '-p', '15001', '-z', '15006', '-u', '0', '-g', '0', '-m', 'REDIRECT', '-i', '*', '-b', '*', '--redirect-dns']);
+      const r = await ns.run(bin, ['istio-iptables', '-p', '15001', '-z', '15006', '-u', '1337', '-g', '1337', '-m', 'REDIRECT', '-i', '*', '-b', '*', '--redirect-dns']);
       assert.is(r.code, 0, `istio-iptables: ${r.stdout}${r.stderr}`);
     },
   });
