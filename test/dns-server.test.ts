@@ -319,7 +319,14 @@ function badPacket(i: number): Buffer {
 }
 
 test('fuzz: thousands of random, truncated, looping and huge-count packets never crash it; valid queries still answer', async () => {
-  const s = await server({ timeoutMs: 200 });
+  // Packets that still decode are forwarded: to an upstream that echoes each question back as an empty answer, so
+  // the fuzz load does not land on dnsmasq (whose TCP side takes 20 connections at a time).
+  const echo = await fakeUpstream((q) => {
+    const b = Buffer.from(q);
+    b[2] = b[2]! | 0x80;
+    return b;
+  });
+  const s = await server({ upstreams: [echo.address], timeoutMs: 2000 });
   // In-process: every packet's fate (dropped or a reply no larger than the limit) is checked.
   let replied = 0;
   for (let i = 0; i < 20_000; i++) {
@@ -368,10 +375,13 @@ test('fuzz: thousands of random, truncated, looping and huge-count packets never
       sock.resume();
     });
   }
-  const r = await dig(s.port, 'reviews.ns1.svc.cluster.local');
-  assert.is(r.answers.length, 4);
-  assert.equal((await dig(s.port, 'up.test', 'A', ['+tcp'])).answers.map((a) => a.data), ['10.9.9.9']);
+  assert.is((await dig(s.port, 'reviews.ns1.svc.cluster.local')).answers.length, 4);
+  assert.is((await dig(s.port, 'reviews.ns1.svc.cluster.local', 'A', ['+tcp'])).answers.length, 4);
+  const fwd = await dig(s.port, 'up.test');
+  assert.is(fwd.status, 'NOERROR');
+  assert.not.ok(fwd.flags.includes('aa'), 'forwarded to the echoing upstream');
   assert.ok((await s.stats()).malformed > 1000);
+  await echo.close();
 });
 
 test('close() with questions in flight to a silent upstream ends them at once; it releases both ports and is safe twice', async () => {
