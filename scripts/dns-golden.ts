@@ -22,7 +22,11 @@ async function main(): Promise<void> {
   const tmp = tempDir('pa-dns-golden-');
   const ns = createNetns('padnsg', { 'resolv.conf': PARITY_RESOLV_CONF }, '10.99.0.2/24');
   const procs: ChildProcess[] = [];
-  const dnsmasq = await startDnsmasq(PARITY_DNSMASQ_ARGS, { netns: ns, port: 53 });
+  const dnsmasq = await startDnsmasq(PARITY_DNSMASQ_ARGS, { netns: ns, port: 53 }).catch((e: Error) => {
+    ns.remove();
+    tmp.cleanup();
+    throw e;
+  });
   let goLog = '';
   try {
     const config = path.join(tmp.path, 'config');

@@ -49,7 +49,13 @@ async function startVm(opts: {
   ensureDnsTools();
   const bin = agentBin();
   const tmp = tempDir('pa-dns-agent-');
-  const ns = createNetns('padns', { 'resolv.conf': opts.resolvConf }, '10.99.0.2/24');
+  let ns: Netns;
+  try {
+    ns = createNetns('padns', { 'resolv.conf': opts.resolvConf }, '10.99.0.2/24');
+  } catch (e) {
+    tmp.cleanup();
+    throw e;
+  }
   let dnsmasq: Dnsmasq | undefined;
   let agent: ChildProcess | undefined;
   let out = '';
