@@ -12,7 +12,7 @@ import * as envs from './lib/env';
 import { AgentError, errorMessage } from './lib/errors';
 import { configureLogging, scope } from './lib/log';
 import { renderBootstrap } from './lib/bootstrap';
-import { resolveAll, type Resolved } from './lib/resolve';
+import { readFileOrUndefined, resolveAll, type Resolved } from './lib/resolve';
 import { VERSION } from './lib/version';
 import { localRequest, waitReady } from './lib/agent-client';
 
@@ -95,8 +95,8 @@ function checkConfigPathWritable(cfg: AgentConfig): void {
 }
 
 /**
- * `proxy`: the components, in start order: status server, (embedded discovery server), xDS proxy, Envoy, config
- * watcher. The agent ends when the first of them ends: Envoy's supervisor ends as listed in lib/supervisor.ts
+ * `proxy`: the components, in start order: status server, (embedded discovery server), xDS proxy, (DNS proxy),
+ * Envoy, config watcher. The agent ends when the first of them ends: Envoy's supervisor ends as listed in lib/supervisor.ts
  * (exit 0 or 1); any other component ending shuts Envoy down and exits 1. The rest close in reverse order.
  */
 async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
@@ -147,6 +147,15 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
   }
   const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
+  let dns: InstanceType<typeof import('./lib/dns-server').DnsServer> | undefined;
+  if (cfg.dnsEnabled) {
+    const { DnsServer, dnsOptionsFor } = await import('./lib/dns-server');
+    try {
+      dns = new DnsServer(dnsOptionsFor(cfg, { ...cfg.proxy.proxyMetadata, ...env }, { readFile: readFileOrUndefined, uid: process.getuid?.() ?? -1 }));
+    } catch (err) {
+      return startupFailure(err);
+    }
+  }
   const reloader = new ConfigReloader({ flags, env, resolved, onChange: (r, generation) => envoy.setDesired(r, generation) });
   const registry = newRegistry();
   const status = new StatusServer({
@@ -167,21 +176,22 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
         envoyReady: async () => (await envoy.readiness()).ready,
       })]
     : [];
-  const components: Component[] = [status, ...appProbes, ...profiling, ...(discovery ? [discovery] : []), xds, envoy, ...healthChecker, reloader];
+  const components: Component[] = [status, ...appProbes, ...profiling, ...(discovery ? [discovery] : []), xds, ...(dns ? [dns] : []), envoy, ...healthChecker, reloader];
   for (const c of components) {
     if (c.routes) status.addRoutes(c.routes());
     c.registerMetrics?.(registry);
   }
 
   // Types for the agent, never for Envoy: the xDS proxy subscribes to them after Envoy's first LDS request.
-  let nameTable: { table: Record<string, unknown> } | undefined;
-  if (cfg.dnsEnabled) {
+  if (dns) {
+    const d = dns;
+    // A table the DNS proxy rejects is NACKed; it keeps answering from the last good one.
     xds.registerHandler(istio.NAME_TABLE_TYPE, (resources) => {
-      nameTable = resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} };
-      log.debug(`name table with ${Object.keys(nameTable.table).length} hosts`);
+      if (!d.updateTable(resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} })) throw new Error('name table rejected by the DNS proxy');
     });
+  } else {
+    status.route('GET', '/debug/ndsz', () => ({ status: 404, body: 'DNS proxy is not enabled\n' }));
   }
-  status.route('GET', '/debug/ndsz', () => (cfg.dnsEnabled ? { status: 200, body: JSON.stringify(nameTable ?? {}, null, 2) + '\n', contentType: 'application/json' } : { status: 404, body: 'DNS proxy is not enabled\n' }));
   if (envs.PROXY_CONFIG_XDS_AGENT.get(env)) {
     // Pushed ProxyConfig (PCDS) will carry the mesh's trust bundle for the SDS server; until then it is
     // acknowledged and recorded, so the control plane sees a healthy subscriber.

@@ -75,6 +75,7 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
         newServices.set(h, Object.freeze({
           hostname: h,
           namespace: cur.meta.namespace,
+          addresses: cur.spec.addresses ?? [],
           ports: cur.spec.ports,
           resolution: cur.spec.resolution,
           location: cur.spec.location,
