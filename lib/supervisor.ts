@@ -18,8 +18,10 @@
 // Every way the supervisor ends (`done` resolves; agent.ts exits with the code):
 //  1. shutdown(graceful) after SIGTERM/SIGINT: drain, wait, SIGKILL every epoch -> 0
 //  2. shutdown(immediate): /quitquitquit, a second SIGTERM -> SIGKILL every epoch -> 0
-//  3. the only running Envoy exited 0 by itself (its own /quitquitquit) -> 0, as Istio's agent does
-//  4. the restart budget is spent with no Envoy running -> 1
+//  3. the restart budget is spent with no Envoy running -> 1
+// Nothing else ends it. In particular a serving Envoy that exits by itself, even with code 0 (someone POSTed
+// its admin /quitquitquit), is a failure: restarted after the backoff, spending the budget. Istio's agent
+// exits 0 there; a supervisor whose job is to keep Envoy up must not, or `Restart=on-failure` leaves no proxy.
 
 import { scope } from './log';
 import type { AdminAddress } from './envoy-admin';
@@ -405,11 +407,12 @@ export class Supervisor {
       this.reconcile();
       return;
     } else if (status.code === 0 && wasLive) {
-      log.info(`epoch ${e.n} exited normally`);
-      if (this.epochs.size === 0 && !this.launching) {
-        this.finish(0, `Envoy epoch ${e.n} exited on its own with code 0`);
-        return;
-      }
+      // Istio's agent treats this as "done". The agent's job is to keep Envoy up, and it stops Envoy itself
+      // (SIGTERM, its own /quitquitquit), so a serving Envoy that quits (someone POSTed its admin /quitquitquit,
+      // or a drain without skip_exit) is an outage to recover from, budget and backoff included.
+      this.recordFailure(e.n, e.config.hash, `epoch ${e.n} exited with code 0 without the agent asking (Envoy's own admin /quitquitquit?); ` +
+        'restarting it (the agent stops Envoy only on SIGTERM/SIGINT or its own /quitquitquit)');
+      for (const other of this.epochs.values()) this.abort(other);
     } else {
       const reason = this.opts.runtime.failureReason(e.proc);
       const anyLive = [...this.epochs.values()].some((x) => x.liveAt !== undefined && x.state !== 'exited');
@@ -425,9 +428,8 @@ export class Supervisor {
         for (const other of this.epochs.values()) this.abort(other);
       }
     }
-    // Aborted and failed epochs are restarted after a backoff; superseded parents are not.
-    if (e.aborted || !(status.code === 0 && wasLive)) this.scheduleRetry();
-    else this.reconcile();
+    // Aborted and failed epochs are restarted after a backoff; superseded parents returned above.
+    this.scheduleRetry();
   }
 
   private scheduleRetry(): void {

@@ -242,6 +242,22 @@ test('a live epoch that dies aborts the others and restarts at epoch 0 after the
   await s.shutdown(false, 'test');
 });
 
+test('a serving Envoy that exits 0 without the agent asking is restarted, not taken as the end', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  let ended = false;
+  void s.done.then(() => (ended = true));
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.procs[0]!.exit({ code: 0, signal: null });
+  await until('restarted', () => rt.procs.length === 2 && s.ready());
+  assert.is(rt.procs[1]!.epoch, 0);
+  assert.not.ok(ended);
+  assert.is(s.metrics().restart_budget_remaining, 9);
+  assert.match(String((s.debugState().lastFailure as { reason: string }).reason), /exited with code 0 without the agent asking/);
+  await s.shutdown(false, 'test');
+});
+
 test('a new epoch that never goes live is aborted after the start timeout; the parent keeps serving', async () => {
   const rt = new FakeRuntime();
   const s = make(rt, { startTimeoutMs: 20 });
@@ -424,17 +440,6 @@ test('the drain cap bounds exit-on-zero', async () => {
   const end = await s.shutdown(true, 'SIGTERM');
   assert.is(end.code, 0);
   assert.ok(rt.connections.length > 9000, 'stopped polling at the cap');
-});
-
-test('Envoy exiting 0 by itself ends the supervisor with 0', async () => {
-  const rt = new FakeRuntime();
-  const s = make(rt);
-  s.setDesired(cfg('a'));
-  await until('live', () => s.ready());
-  rt.procs[0]!.exit({ code: 0, signal: null });
-  const end = await s.done;
-  assert.is(end.code, 0);
-  assert.is(rt.procs.length, 1);
 });
 
 test.run();
