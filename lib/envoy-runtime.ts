@@ -195,12 +195,16 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
 }
 
 /**
- * A previous agent that was killed leaves its base id file and Envoy's shared memory behind; remove both
- * before the first epoch so /dev/shm does not collect segments across restarts of the agent.
+ * A previous agent that was killed leaves its base id file, bootstraps and Envoy's shared memory behind; remove
+ * them before the first epoch so /dev/shm does not collect segments across restarts of the agent. Only call
+ * this while holding configPath (lib/config-path-lock.ts): then nothing in it belongs to a live agent.
  */
 export function removeStaleHotRestartState(cfg: AgentConfig): void {
   const rt = new RealEnvoyRuntime(cfg);
   const stale = rt.readBaseId();
   if (stale !== undefined) rt.removeShm(stale);
   rt.clearBaseId();
+  for (const f of fs.readdirSync(cfg.proxy.configPath)) {
+    if (/^envoy-rev\d+\.json$/.test(f)) fs.rmSync(path.join(cfg.proxy.configPath, f), { force: true });
+  }
 }
