@@ -168,3 +168,6 @@ export const ISTIO_KUBE_APP_PROBERS = str('ISTIO_KUBE_APP_PROBERS', '', 'App pro
 export const POD_IP = str('POD_IP', '', 'Pod IP; where app probes go when INSTANCE_IP is unset');
 export const REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = bool('REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION', false, 'Send app probes to localhost instead of the pod IP');
 export const ISTIO_PROMETHEUS_ANNOTATIONS = str('ISTIO_PROMETHEUS_ANNOTATIONS', '', 'Where the app serves metrics for the merged /stats/prometheus: JSON {scrape, path, port} (or {targets: [{port, path}]})');
+
+// ---- Envoy supervision (restart budget) ----
+export const ENVOY_HEALTHY_RESET_DURATION = duration('ENVOY_HEALTHY_RESET_DURATION', '1m', 'An Envoy epoch live this long restores the restart budget and backoff (as kubelet resets its crash-loop backoff)');

@@ -45,6 +45,7 @@ export class EnvoyComponent implements Component {
       maximumDrainMs: cfg.maximumDrainDuration,
       initialBackoffMs: envs.ENVOY_RESTART_INITIAL_BACKOFF.get(o.env),
       startTimeoutMs: envs.ENVOY_START_TIMEOUT.get(o.env),
+      healthyResetMs: envs.ENVOY_HEALTHY_RESET_DURATION.get(o.env),
     });
     this.done = this.supervisor.done;
     this.closed = this.done.then((end) => (end.code === 0 ? undefined : new Error(end.reason)));

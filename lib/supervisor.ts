@@ -31,6 +31,7 @@ const log = scope('supervisor');
 
 export const RESTART_BUDGET = 10;
 export const INITIAL_BACKOFF_MS = 200;
+export const HEALTHY_RESET_MS = 60_000;
 
 /** Everything that feeds one epoch. Two configs with the same hash are the same Envoy. */
 export interface DesiredConfig {
@@ -92,6 +93,8 @@ export interface SupervisorOptions {
   startTimeoutMs?: number;
   /** First retry delay; the n-th retry waits this x 2^n (default 200 ms, as Istio's agent did). */
   initialBackoffMs?: number;
+  /** An epoch live this long restores the restart budget and backoff (default 1 min; 0: never). */
+  healthyResetMs?: number;
   now?: () => number;
 }
 
@@ -136,9 +139,12 @@ export class Supervisor {
   private current: DesiredConfig | undefined;
   private readonly epochs = new Map<number, Epoch>();
   private budget = RESTART_BUDGET;
+  /** Retries of launches that failed before Envoy ran (bootstrap write, spawn): not Envoy's budget. */
+  private launchBudget = RESTART_BUDGET;
   private retryTimer: NodeJS.Timeout | undefined;
   private retryAt: number | undefined;
   private rejectedHash: string | undefined;
+  private lastGood: DesiredConfig | undefined;
   private launching = false;
   private closing = false;
   private killing = false;
@@ -172,6 +178,7 @@ export class Supervisor {
     log.info(`new desired config ${short(cfg.hash)}`);
     this.desired = cfg;
     this.budget = RESTART_BUDGET;
+    this.launchBudget = RESTART_BUDGET;
     this.cancelRetry();
     this.reconcile();
   }
@@ -234,10 +241,20 @@ export class Supervisor {
 
   // ---- reconcile and launch ----
 
+  /**
+   * What should run: the desired config; once that was given up on (rejected, or its budget spent) and nothing
+   * runs any more (the epoch serving the old config died), the last config that went live.
+   */
+  private target(): DesiredConfig | undefined {
+    const want = this.desired;
+    if (!want || this.rejectedHash !== want.hash) return want;
+    return this.epochs.size === 0 ? this.lastGood : undefined;
+  }
+
   private reconcile(): void {
     if (this.closing || this.launching || this.retryTimer) return;
-    const want = this.desired;
-    if (!want || this.current?.hash === want.hash || this.rejectedHash === want.hash) return;
+    const want = this.target();
+    if (!want || this.current?.hash === want.hash) return;
     const starting = [...this.epochs.values()].find((e) => e.state === 'starting');
     if (starting) {
       log.debug(`epoch ${starting.n} is still starting; the next epoch waits until it is live`);
@@ -250,10 +267,11 @@ export class Supervisor {
         this.reconcile();
       },
       (err: Error) => {
-        // Writing the bootstrap or spawning failed (disk full, binary gone): retry with backoff, never in a loop.
+        // Writing the bootstrap or spawning failed (disk full, binary gone): retry with backoff, never in a loop,
+        // and on a budget of its own, so a full disk does not leave a healthy Envoy none for its own crashes.
         this.launching = false;
         this.recordFailure(undefined, want.hash, `could not start a new epoch: ${err.message}`);
-        this.scheduleRetry();
+        this.scheduleRetry('launch');
       },
     );
   }
@@ -271,7 +289,7 @@ export class Supervisor {
     const versionCheck = n > 0 ? this.opts.runtime.binaryHotRestartVersion(cfg.binaryPath).catch((e: Error) => `unknown (${e.message})`) : undefined;
     if (this.opts.validate && !cfg.validated) {
       const problem = await this.opts.runtime.validate(cfg, file);
-      if (this.closing || this.desired !== cfg) {
+      if (this.closing || this.target() !== cfg) {
         this.opts.runtime.removeBootstrap(file);
         return;
       }
@@ -322,6 +340,7 @@ export class Supervisor {
       this.opts.runtime.clearBaseId();
     }
     const proc = this.opts.runtime.spawn(n, cfg, file, baseId);
+    this.launchBudget = RESTART_BUDGET;
     const epoch: Epoch = { n, config: cfg, proc, file, state: 'starting', startedAt: this.now(), aborted: false, baseId };
     this.epochs.set(n, epoch);
     this.current = cfg;
@@ -372,11 +391,43 @@ export class Supervisor {
     e.state = 'live';
     e.liveAt = this.now();
     e.hotRestartVersion = hotRestartVersion;
+    e.config.validated = true;
+    this.lastGood = e.config;
     this.metricsData.epochs_live_total++;
     for (const other of this.epochs.values()) if (other.n < e.n && other.state === 'live') other.state = 'draining';
     log.info(`epoch ${e.n} is live after ${e.liveAt - e.startedAt} ms`);
     for (const fn of this.liveListeners) fn(e.n);
+    this.armHealthyReset(e);
     this.reconcile();
+  }
+
+  private healthyResetMs(): number {
+    return this.opts.healthyResetMs ?? HEALTHY_RESET_MS;
+  }
+
+  /**
+   * Kubelet-style: an epoch that has stayed live for the reset duration proves Envoy recovered, so earlier
+   * crashes no longer count. Without this, ten crashes spread over weeks end the agent, with outages doubling
+   * up to minutes on the way. Restored only when nothing else is being retried (a broken new config keeps the
+   * budget it has while an old epoch serves).
+   */
+  private armHealthyReset(e: Epoch): void {
+    const ms = this.healthyResetMs();
+    if (!ms) return;
+    const t = setTimeout(() => {
+      if (e.state !== 'live' || this.closing || this.retryTimer || this.launching) return;
+      const want = this.target();
+      if (want && this.current?.hash !== want.hash) return;
+      if ([...this.epochs.values()].some((x) => x.n > e.n)) return;
+      this.restoreBudget(`epoch ${e.n} has been live for ${ms} ms`);
+    }, ms);
+    t.unref();
+  }
+
+  private restoreBudget(why: string): void {
+    if (this.budget === RESTART_BUDGET) return;
+    this.budget = RESTART_BUDGET;
+    log.info(`${why}: restart budget and backoff restored`);
   }
 
   // ---- exits ----
@@ -399,14 +450,22 @@ export class Supervisor {
     }
     if (e.aborted) {
       log.info(`epoch ${e.n} aborted (${how})`);
-    } else if (wasSuperseded) {
+      this.scheduleRetry();
+      return;
+    }
+    if (wasSuperseded) {
       // A parent that was already handing over: its death changes nothing for the live child, so unlike the
       // seed's design the others are not aborted (that would turn a parent's crash into an outage).
       if (status.code !== 0) log.warn(`draining epoch ${e.n} exited (${how}); epoch ${newest?.n} keeps serving`);
       else log.info(`epoch ${e.n} exited normally`);
       this.reconcile();
       return;
-    } else if (status.code === 0 && wasLive) {
+    }
+    // An epoch that served for the reset duration before it died starts the count afresh (the timer may not
+    // have restored it when a retry was pending at that moment).
+    const ms = this.healthyResetMs();
+    if (wasLive && ms && this.now() - e.liveAt! >= ms) this.restoreBudget(`epoch ${e.n} had been live for ${this.now() - e.liveAt!} ms`);
+    if (status.code === 0 && wasLive) {
       // Istio's agent treats this as "done". The agent's job is to keep Envoy up, and it stops Envoy itself
       // (SIGTERM, its own /quitquitquit), so a serving Envoy that quits (someone POSTed its admin /quitquitquit,
       // or a drain without skip_exit) is an outage to recover from, budget and backoff included.
@@ -428,14 +487,15 @@ export class Supervisor {
         for (const other of this.epochs.values()) this.abort(other);
       }
     }
-    // Aborted and failed epochs are restarted after a backoff; superseded parents returned above.
     this.scheduleRetry();
   }
 
-  private scheduleRetry(): void {
+  private scheduleRetry(kind: 'envoy' | 'launch' = 'envoy'): void {
     if (this.retryTimer || this.closing) return;
-    if (this.desired && this.current?.hash === this.desired.hash) return;
-    if (this.budget <= 0) {
+    const want = this.target();
+    if (want && this.current?.hash === want.hash) return;
+    const left = kind === 'launch' ? this.launchBudget : this.budget;
+    if (left <= 0) {
       this.metricsData.restart_budget_exhausted_total++;
       if (this.epochs.size === 0) {
         log.error('restart budget spent and no Envoy is running; giving up');
@@ -443,14 +503,15 @@ export class Supervisor {
         return;
       }
       const serving = this.newestLive();
-      if (this.desired) this.rejectedHash = this.desired.hash;
-      this.recordFailure(undefined, this.desired?.hash ?? '', `restart budget spent for config ${short(this.desired?.hash ?? '')}; ` +
+      if (want) this.rejectedHash = want.hash;
+      this.recordFailure(undefined, want?.hash ?? '', `restart budget spent for config ${short(want?.hash ?? '')}; ` +
         `epoch ${serving?.n} keeps serving the last good config until the next change`);
       return;
     }
-    const delay = (this.opts.initialBackoffMs ?? INITIAL_BACKOFF_MS) * 2 ** (RESTART_BUDGET - this.budget);
-    this.budget--;
-    log.info(`restarting in ${delay} ms (restart budget left ${this.budget})`);
+    const delay = (this.opts.initialBackoffMs ?? INITIAL_BACKOFF_MS) * 2 ** (RESTART_BUDGET - left);
+    if (kind === 'launch') this.launchBudget--;
+    else this.budget--;
+    log.info(kind === 'launch' ? `retrying the launch in ${delay} ms (${this.launchBudget} retries left)` : `restarting in ${delay} ms (restart budget left ${this.budget})`);
     this.retryAt = this.now() + delay;
     this.retryTimer = setTimeout(() => {
       this.retryTimer = undefined;

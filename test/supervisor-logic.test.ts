@@ -307,8 +307,94 @@ test('a bootstrap that cannot be written is retried with backoff, not in a tight
   s.setDesired(cfg('a'));
   await until('live after the disk recovered', () => s.ready());
   assert.is(rt.procs.length, 1);
-  assert.is(s.metrics().restart_budget_remaining, 7, 'three retries spent');
+  assert.is(s.metrics().restart_budget_remaining, 10, 'a full disk is not Envoy\'s failure: its budget is untouched');
   assert.match(String((s.debugState().lastFailure as { reason: string }).reason), /ENOSPC/);
+  await s.shutdown(false, 'test');
+});
+
+test('a disk that stays full during a hot restart leaves a healthy Envoy its whole budget for its own crashes', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 0 });
+  let ended = false;
+  void s.done.then(() => (ended = true));
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.failWrites = 1000;
+  s.setDesired(cfg('b'));
+  await until('launch retries given up', () => s.metrics().restart_budget_exhausted_total === 1, 10_000);
+  assert.is(rt.failWrites, 1000 - 11);
+  assert.ok(s.ready(), 'epoch 0 keeps serving');
+  assert.is(s.metrics().restart_budget_remaining, 10);
+  // The disk recovers; then the serving Envoy crashes: it is restarted (with the config that was wanted).
+  rt.failWrites = 0;
+  rt.procs[0]!.exit({ code: null, signal: 'SIGSEGV' });
+  await until('restarted', () => rt.procs.length === 2 && s.ready());
+  assert.not.ok(ended);
+  assert.is(s.metrics().restart_budget_remaining, 9);
+  await s.shutdown(false, 'test');
+});
+
+test('when the wanted config was given up on and the serving epoch dies, the last good config is restarted', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 0 });
+  s.setDesired(cfg('good'));
+  await until('live', () => s.ready());
+  s.setDesired(cfg('bad', { invalid: true }));
+  await until('rejected', () => s.metrics().configs_rejected_total === 1);
+  rt.procs[0]!.exit({ code: null, signal: 'SIGKILL' });
+  await until('good config back', () => rt.procs.length === 2 && s.ready());
+  assert.is(s.newestLive()?.config.hash, 'good');
+  await sleep(20);
+  assert.is(rt.procs.length, 2, 'the rejected config is not tried again');
+  await s.shutdown(false, 'test');
+});
+
+test('an epoch that stays live for the healthy reset duration restores budget and backoff: crashes spread out never end the agent', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 30 });
+  let ended = false;
+  void s.done.then(() => (ended = true));
+  s.setDesired(cfg('a'));
+  for (let crash = 1; crash <= 15; crash++) {
+    await until(`live before crash ${crash}`, () => s.ready());
+    await until('budget restored', () => s.metrics().restart_budget_remaining === 10);
+    rt.alive()[0]!.exit({ code: null, signal: 'SIGKILL' });
+    await until(`restart after crash ${crash}`, () => rt.procs.length === crash + 1);
+    assert.is(s.metrics().restart_budget_remaining, 9, 'each crash after a recovery waits the first backoff only');
+  }
+  assert.not.ok(ended);
+  assert.match(String((s.debugState().lastFailure as { reason: string }).reason), /exited abnormally/);
+  await s.shutdown(false, 'test');
+});
+
+test('without a healthy period in between, crashes still spend the budget and end the agent', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 60_000 });
+  s.setDesired(cfg('a'));
+  for (let crash = 1; crash <= 11; crash++) {
+    await until(`live before crash ${crash}`, () => s.ready(), 10_000);
+    rt.alive()[0]!.exit({ code: null, signal: 'SIGKILL' });
+    await until(`reacted to crash ${crash}`, () => !s.ready());
+  }
+  assert.is((await s.done).code, 1);
+});
+
+test('a crash of an epoch that had been live for the reset duration restores the budget even if the timer could not', async () => {
+  let clock = 1_000_000;
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 600_000, now: () => clock });
+  s.setDesired(cfg('a'));
+  for (let crash = 1; crash <= 3; crash++) {
+    await until('live', () => s.ready());
+    rt.alive()[0]!.exit({ code: null, signal: 'SIGKILL' });
+    await until('restarted', () => rt.procs.length === crash + 1);
+  }
+  await until('live', () => s.ready());
+  assert.is(s.metrics().restart_budget_remaining, 7);
+  clock += 600_000;
+  rt.alive()[0]!.exit({ code: null, signal: 'SIGKILL' });
+  await until('restarted', () => rt.procs.length === 5);
+  assert.is(s.metrics().restart_budget_remaining, 9);
   await s.shutdown(false, 'test');
 });
 
