@@ -53,7 +53,9 @@ export class EnvoyComponent implements Component {
       // Only the first epoch ever to go live measures start-up; a later epoch 0 is a recovery.
       if (n !== 0 || this.announcedLive) return;
       this.announcedLive = true;
-      log.info(`Envoy is live ${Date.now() - o.startedAt} ms after the agent started`);
+      const tries = this.supervisor.metrics().epochs_started_total;
+      const after = `Envoy is live ${Date.now() - o.startedAt} ms after the agent started`;
+      log.info(tries > 1 ? `${after}, at its ${ordinal(tries)} start (the earlier ones failed)` : after);
     });
     removeStaleHotRestartState(cfg);
     this.first = this.desiredFrom(o.resolved, 0);
@@ -180,4 +182,9 @@ export class EnvoyComponent implements Component {
       return r.status === 200 ? { ok: true, text: r.body, format: 'text' } : { ok: false, reason: `Envoy's /stats/prometheus answered ${r.status}` };
     },
   };
+}
+
+function ordinal(n: number): string {
+  const suffix = n % 100 >= 11 && n % 100 <= 13 ? 'th' : (['th', 'st', 'nd', 'rd'][n % 10] ?? 'th');
+  return `${n}${suffix}`;
 }

@@ -72,6 +72,10 @@ export function makeDesiredConfig(i: DesiredInputs): EnvoyDesiredConfig {
   };
 }
 
+function tailOf(output: string): string {
+  return output.split('\n').filter((l) => l.trim()).slice(-3).join(' | ').slice(0, 2000);
+}
+
 /** Size, mtime and inode: cheap, and changes when a binary is replaced or rewritten in place. */
 export function binaryIdentity(file: string): string {
   try {
@@ -132,7 +136,13 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     if (r.code === 0) return undefined;
     // Not a verdict on the config: the binary could not be run at all (the launch is retried with backoff).
     if (r.code === 127) throw new Error(`cannot run ${desired.binaryPath}: ${r.output}`);
-    return r.output.split('\n').filter((l) => l.trim()).slice(-3).join(' | ') || `exit code ${r.code}`;
+    // Only an Envoy can reject a bootstrap: a binary that fails even `--version` is not one that works.
+    const v = await runEnvoyCommand(desired.binaryPath, ['--version'], 10_000);
+    if (v.code !== 0 || !/\bversion: \S+\/\d+\.\d+/.test(v.output)) {
+      throw new Error(`cannot run ${desired.binaryPath} as Envoy: \`--mode validate\` exited with code ${r.code} (${tailOf(r.output) || 'no output'}) ` +
+        `and \`--version\` did not print Envoy's version (exit code ${v.code}${v.output ? `: ${tailOf(v.output)}` : ''})`);
+    }
+    return tailOf(r.output) || `exit code ${r.code}`;
   }
 
   async binaryHotRestartVersion(binary: string): Promise<string> {

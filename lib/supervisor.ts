@@ -19,6 +19,8 @@
 //  1. shutdown(graceful) after SIGTERM/SIGINT: drain, wait, SIGKILL every epoch -> 0
 //  2. shutdown(immediate): /quitquitquit, a second SIGTERM -> SIGKILL every epoch -> 0
 //  3. the restart budget is spent with no Envoy running -> 1
+//  4. before any epoch ever went live, epoch 0 failed twice the same way (exit status and reason): Envoy cannot
+//     start (a binary that exits at once, a port taken), a start-up error -> 1, not ten restarts over minutes
 // Nothing else ends it. In particular a serving Envoy that exits by itself, even with code 0 (someone POSTed
 // its admin /quitquitquit), is a failure: restarted after the backoff, spending the budget. Istio's agent
 // exits 0 there; a supervisor whose job is to keep Envoy up must not, or `Restart=on-failure` leaves no proxy.
@@ -145,6 +147,8 @@ export class Supervisor {
   private retryAt: number | undefined;
   private rejectedHash: string | undefined;
   private lastGood: DesiredConfig | undefined;
+  /** How the first epoch failed, while nothing has gone live yet. */
+  private startFailure: string | undefined;
   private launching = false;
   private closing = false;
   private killing = false;
@@ -482,6 +486,18 @@ export class Supervisor {
         }
         const what = e.timedOut ? `did not go live within ${this.opts.startTimeoutMs} ms` : `exited (${how}) before it went live`;
         this.recordFailure(e.n, e.config.hash, `new epoch ${e.n} ${what}; epoch ${newest?.n} keeps serving${reason && !e.timedOut ? `: ${reason}` : ''}`);
+      } else if (!wasLive && this.lastGood === undefined) {
+        // Nothing has ever gone live: Envoy cannot start at all (a binary that exits at once, a port taken).
+        // Once to tell a passing hiccup from that; the same failure again is a start-up error, not ten restarts.
+        const what = `Envoy epoch ${e.n} exited (${how}) before it ever went live${reason ? `: ${reason}` : ' (no output)'}`;
+        const signature = `${how}\0${reason.replace(/\d+/g, 'N')}`;
+        if (this.startFailure === signature) {
+          this.recordFailure(e.n, e.config.hash, `${what}; it failed the same way twice, giving up`);
+          this.finish(1, `Envoy cannot start: ${what}`);
+          return;
+        }
+        this.startFailure = signature;
+        this.recordFailure(e.n, e.config.hash, `${what}; trying once more (the same failure again ends the agent)`);
       } else {
         this.recordFailure(e.n, e.config.hash, `epoch ${e.n} exited abnormally (${how})${reason ? `: ${reason}` : ''}; aborting the other epochs`);
         for (const other of this.epochs.values()) this.abort(other);

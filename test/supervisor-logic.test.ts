@@ -66,9 +66,7 @@ class FakeRuntime implements EnvoyRuntime {
     else if (this.autoLive) setTimeout(() => this.liveEpochs.add(epoch), 5);
     return p;
   }
-  failureReason(): string {
-    return 'cannot bind';
-  }
+  failureReason: (proc?: EnvoyProcess) => string = () => 'cannot bind';
   async probe(): Promise<LiveProbe | undefined> {
     const alive = this.procs.filter((p) => p.alive && this.liveEpochs.has(p.epoch));
     if (!alive.length) return undefined;
@@ -407,14 +405,43 @@ test('a bootstrap that can never be written ends the agent with code 1 when noth
   assert.is(rt.failWrites, 1000 - 11, 'first try and ten retries, no more');
 });
 
-test('budget spent with no Envoy running ends the supervisor with code 1', async () => {
+test('an Envoy that fails the same way twice before it ever went live is a start-up error: exit 1, no ten restarts', async () => {
   const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1 });
+  s.setDesired(cfg('x', { crashOnStart: true }));
+  const end = await s.done;
+  assert.is(end.code, 1);
+  assert.match(end.reason, /^Envoy cannot start: Envoy epoch 0 exited \(code 1\) before it ever went live: cannot bind/);
+  assert.is(rt.procs.length, 2);
+});
+
+test('first epochs that fail differently each time are retried until the budget is spent, then exit 1', async () => {
+  const rt = new FakeRuntime();
+  const words = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta', 'iota', 'kappa', 'lambda', 'mu'];
+  rt.failureReason = () => `crashed in ${words[rt.procs.length - 1]}`;
   const s = make(rt, { initialBackoffMs: 1 });
   s.setDesired(cfg('x', { crashOnStart: true }));
   const end = await s.done;
   assert.is(end.code, 1);
   assert.is(rt.procs.length, 11);
   assert.ok(rt.procs.every((p) => p.epoch === 0));
+});
+
+test('once an epoch has gone live, the same failure of a restarted epoch 0 is retried on the budget', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 0 });
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.autoLive = false;
+  const crash = (p: { exit(st: { code: number | null; signal: NodeJS.Signals | null }): void }) => p.exit({ code: 1, signal: null });
+  crash(rt.procs[0]!);
+  for (let i = 2; i <= 4; i++) {
+    await until(`attempt ${i}`, () => rt.procs.length === i);
+    crash(rt.procs[i - 1]!);
+  }
+  await until('attempt 5', () => rt.procs.length === 5);
+  assert.is(s.metrics().restart_budget_remaining, 6);
+  await s.shutdown(false, 'test');
 });
 
 test('a different hot restart version drains and cold-restarts at epoch 0', async () => {
