@@ -56,6 +56,12 @@ export async function claimConfigPath(dir: string): Promise<ConfigPathLock> {
   throw new AgentError('IO', `cannot claim configPath ${dir}: the lock socket ${sock} kept changing hands`);
 }
 
+/** Does a live agent hold `dir`? (For judging what a gone agent left behind elsewhere on the host.) */
+export async function configPathHeld(dir: string): Promise<boolean> {
+  const probe = await connectResult(path.join(dir, LOCK_SOCKET));
+  return probe.state === 'live' || probe.state === 'unknown';
+}
+
 function holding(server: net.Server, pidFile: string): ConfigPathLock {
   // Connections are only ever probes: answer with our pid and close. Never keeps the process alive.
   server.on('connection', (c) => c.end(`${process.pid}\n`));

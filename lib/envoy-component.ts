@@ -4,7 +4,7 @@
 import type { Registry } from 'prom-client';
 import type { Component, Condition, StatusRoute } from './component';
 import * as admin from './envoy-admin';
-import { binaryIdentity, makeDesiredConfig, RealEnvoyRuntime, removeStaleHotRestartState, type EnvoyDesiredConfig } from './envoy-runtime';
+import { binaryIdentity, makeDesiredConfig, RealEnvoyRuntime, removeStaleHotRestartState, sweepOrphanedShm, type EnvoyDesiredConfig } from './envoy-runtime';
 import type { Env } from './env';
 import * as envs from './env';
 import { AgentError } from './errors';
@@ -94,6 +94,7 @@ export class EnvoyComponent implements Component {
   }
 
   async start(): Promise<void> {
+    await sweepOrphanedShm();
     this.supervisor.setDesired(this.first);
   }
 

@@ -11,9 +11,13 @@ import { envoyArgs, bootstrapFileName } from './envoy-args';
 import { envoyCredentials, runEnvoyCommand, spawnEnvoy, type EnvoyCredentials, type EnvoyProcess, type RealEnvoyProcess } from './envoy-process';
 import { renderBootstrap } from './bootstrap';
 import { writeFileAtomic } from './fs-atomic';
-import { clearInitializing, isInitializing, removeShm } from './hot-restart-shm';
+import { clearInitializing, isInitializing, recordOwner, removeShm, sweepOrphans } from './hot-restart-shm';
+import { configPathHeld } from './config-path-lock';
+import { scope } from './log';
 import type { DesiredConfig, EnvoyRuntime, LiveProbe } from './supervisor';
 import { scope } from './log';
+
+const log = scope('envoy');
 
 const log = scope('envoy');
 
@@ -170,13 +174,22 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     return { epoch: info.restartEpoch, state: info.state, hotRestartVersion: info.hotRestartVersion };
   }
 
+  private recorded: number | undefined;
+
+  /** Also records, beside the segment, that it is this agent's (see sweepOrphanedShm). */
   readBaseId(): number | undefined {
+    let id: number | undefined;
     try {
       const text = fs.readFileSync(baseIdFile(this.cfg), 'utf8').trim();
-      return /^\d+$/.test(text) ? Number(text) : undefined;
+      id = /^\d+$/.test(text) ? Number(text) : undefined;
     } catch {
       return undefined;
     }
+    if (id !== undefined && id !== this.recorded) {
+      recordOwner(id, this.cfg.proxy.configPath);
+      this.recorded = id;
+    }
+    return id;
   }
 
   clearBaseId(): void {
@@ -193,6 +206,7 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
 
   removeShm(baseId: number): void {
     removeShm(baseId);
+    if (this.recorded === baseId) this.recorded = undefined;
   }
 
   drain(admin: AdminAddress, inboundOnly: boolean): Promise<void> {
@@ -216,5 +230,24 @@ export function removeStaleHotRestartState(cfg: AgentConfig): void {
   rt.clearBaseId();
   for (const f of fs.readdirSync(cfg.proxy.configPath)) {
     if (/^envoy-rev\d+\.json$/.test(f)) fs.rmSync(path.join(cfg.proxy.configPath, f), { force: true });
+  }
+}
+
+/**
+ * Segments left by agents that were killed (SIGKILL, OOM) with a configPath never used again: removed when the
+ * agent that recorded one is provably gone (its pid is dead and nobody holds its configPath).
+ */
+export async function sweepOrphanedShm(): Promise<void> {
+  const removed = await sweepOrphans(async (o) => !processAlive(o.pid) && !(await configPathHeld(o.configPath)));
+  for (const id of removed) log.info(`removed the shared memory of base id ${id}, left by a pilot-agent that is gone`);
+}
+
+function processAlive(pid: number): boolean {
+  if (pid === process.pid) return true;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }

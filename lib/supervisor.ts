@@ -338,11 +338,7 @@ export class Supervisor {
 
   private spawnEpoch(n: number, cfg: DesiredConfig, file: string): void {
     const baseId = n === 0 ? undefined : this.baseId;
-    if (n === 0) {
-      if (this.baseId !== undefined) this.opts.runtime.removeShm(this.baseId);
-      this.baseId = undefined;
-      this.opts.runtime.clearBaseId();
-    }
+    if (n === 0) this.dropBaseId();
     const proc = this.opts.runtime.spawn(n, cfg, file, baseId);
     this.launchBudget = RESTART_BUDGET;
     const epoch: Epoch = { n, config: cfg, proc, file, state: 'starting', startedAt: this.now(), aborted: false, baseId };
@@ -490,7 +486,8 @@ export class Supervisor {
         // Nothing has ever gone live: Envoy cannot start at all (a binary that exits at once, a port taken).
         // Once to tell a passing hiccup from that; the same failure again is a start-up error, not ten restarts.
         const what = `Envoy epoch ${e.n} exited (${how}) before it ever went live${reason ? `: ${reason}` : ' (no output)'}`;
-        const signature = `${how}\0${reason.replace(/\d+/g, 'N')}`;
+        // Ignoring numbers (pids, base ids) and the marker protobuf randomly puts in its debug strings.
+        const signature = `${how}\0${reason.replace(/goo\.gle\/debug\w*/g, '').replace(/\d+/g, 'N')}`;
         if (this.startFailure === signature) {
           this.recordFailure(e.n, e.config.hash, `${what}; it failed the same way twice, giving up`);
           this.finish(1, `Envoy cannot start: ${what}`);
@@ -662,13 +659,23 @@ export class Supervisor {
     this.retryAt = undefined;
   }
 
+  /**
+   * The shared memory of the base id epoch 0 chose goes with it (Envoy never unlinks it). An epoch 0 that died
+   * before the supervisor read its base id file still wrote it: read it now, or the segment leaks.
+   */
+  private dropBaseId(): void {
+    const id = this.baseId ?? this.opts.runtime.readBaseId();
+    if (id !== undefined) this.opts.runtime.removeShm(id);
+    this.baseId = undefined;
+    this.opts.runtime.clearBaseId();
+  }
+
   private finish(code: number, reason: string): void {
     if (this.ended) return;
     this.ended = true;
     this.closing = true;
     if (this.retryTimer) clearTimeout(this.retryTimer);
-    if (this.baseId !== undefined) this.opts.runtime.removeShm(this.baseId);
-    this.opts.runtime.clearBaseId();
+    this.dropBaseId();
     this.endResolve({ code, reason });
   }
 }

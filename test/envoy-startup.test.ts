@@ -60,16 +60,27 @@ test('a binary that exits 0 at once is a start-up error: exit 1 after a second t
   }
 });
 
-test('a listener port that is taken is a start-up error naming Envoy\'s bind error', async () => {
+test('a listener port that is taken is a start-up error naming Envoy\'s bind error; no shared memory is left', async () => {
   const blocker = net.createServer();
   const port = await freePort();
   await new Promise<void>((res) => blocker.listen(port, '127.0.0.1', () => res()));
-  const r = await run({ listen: port });
+  // The real Envoy, noting the base id it chose each time (these epochs fail before the agent may read it).
+  let ids = '';
+  const r = await run({
+    listen: port,
+    binary: (d) => {
+      ids = path.join(d, 'ids');
+      return script(d, `p=; prev=; for a in "$@"; do [ "$prev" = --base-id-path ] && p="$a"; prev="$a"; done\n${envoyBin()} "$@"; rc=$?\n[ -n "$p" ] && cat "$p" >> ${ids} 2>/dev/null; echo >> ${ids}\nexit $rc`);
+    },
+  });
   try {
     const exit = await waitFor('agent exit', () => r.agent.exited, 30_000);
     assert.is(exit.code, 1, r.agent.log());
-    assert.is(count(r.agent.log(), /epoch 0 started/), 2);
+    assert.is(count(r.agent.log(), /epoch 0 started/), 2, r.agent.log().split('\n').filter((l) => /supervisor/.test(l)).join('\n'));
     assert.match(r.agent.log(), /agent exiting with code 1: Envoy cannot start: .*before it ever went live: .*(cannot bind|[Aa]ddress already in use)/);
+    const chosen = fs.readFileSync(ids, 'utf8').split(/\s+/).filter(Boolean).map(Number);
+    assert.is(chosen.length, 2, `both epochs chose a base id: ${chosen.join(' ')}`);
+    for (const id of chosen) assert.not.ok(fs.existsSync(`/dev/shm/envoy_shared_memory_${id * 10}`), `segment of base id ${id} removed`);
   } finally {
     await r.cleanup();
     blocker.close();

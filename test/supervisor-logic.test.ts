@@ -73,8 +73,12 @@ class FakeRuntime implements EnvoyRuntime {
     const top = alive.reduce((a, b) => (a.epoch > b.epoch ? a : b));
     return { epoch: top.epoch, state: 'LIVE', hotRestartVersion: this.runningVersion };
   }
+  /** Envoy wrote its base id file, but the supervisor only looks after the epoch died (it failed that fast). */
+  baseIdOnlyAfterExit = false;
   readBaseId(): number | undefined {
-    return this.procs.some((p) => p.epoch === 0) ? 42 : undefined;
+    const zero = this.procs.filter((p) => p.epoch === 0);
+    if (this.baseIdOnlyAfterExit) return zero.some((p) => !p.alive) ? 42 : undefined;
+    return zero.length ? 42 : undefined;
   }
   clearBaseId(): void {}
   isInitializing(): boolean | undefined {
@@ -412,6 +416,26 @@ test('an Envoy that fails the same way twice before it ever went live is a start
   const end = await s.done;
   assert.is(end.code, 1);
   assert.match(end.reason, /^Envoy cannot start: Envoy epoch 0 exited \(code 1\) before it ever went live: cannot bind/);
+  assert.is(rt.procs.length, 2);
+});
+
+test('an epoch 0 that died before its base id was read still has its shared memory removed', async () => {
+  const rt = new FakeRuntime();
+  rt.baseIdOnlyAfterExit = true;
+  const s = make(rt, { initialBackoffMs: 1 });
+  s.setDesired(cfg('x', { crashOnStart: true }));
+  await s.done;
+  assert.is(rt.procs.length, 2);
+  assert.equal(rt.removedShm, [42, 42], 'before the second epoch 0, and at the end');
+});
+
+test('the same failure is recognised through pids and the marker protobuf randomises in its debug strings', async () => {
+  const rt = new FakeRuntime();
+  const marks = ['debugproto', 'debugonly', 'debugstr'];
+  rt.failureReason = () => `error \`cannot bind '127.0.0.1:80'\` (pid ${1000 + rt.procs.length}) initializing config 'goo.gle/${marks[rt.procs.length % 3]}`;
+  const s = make(rt, { initialBackoffMs: 1 });
+  s.setDesired(cfg('x', { crashOnStart: true }));
+  assert.is((await s.done).code, 1);
   assert.is(rt.procs.length, 2);
 });
 
