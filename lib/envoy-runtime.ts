@@ -13,11 +13,8 @@ import { renderBootstrap } from './bootstrap';
 import { writeFileAtomic } from './fs-atomic';
 import { clearInitializing, isInitializing, recordOwner, removeShm, sweepOrphans } from './hot-restart-shm';
 import { configPathHeld } from './config-path-lock';
-import { scope } from './log';
 import type { DesiredConfig, EnvoyRuntime, LiveProbe } from './supervisor';
 import { scope } from './log';
-
-const log = scope('envoy');
 
 const log = scope('envoy');
 
