@@ -139,7 +139,10 @@ agents('a second agent on the same configPath exits 1 naming the first one\'s pi
     // A killed agent's lock does not stand in the way of the next one.
     first.proc.kill('SIGKILL');
     await first.exited;
-    await waitFor('its Envoys gone', () => [...envoyPids].every((p) => !pidAlive(p)), 10_000);
+    await waitFor('its Envoys gone', () => [...envoyPids].every((p) => !pidAlive(p)), 30_000).catch((e: Error) => {
+      const left = [...envoyPids].filter(pidAlive).map((p) => `${p}: ${fs.readFileSync(`/proc/${p}/status`, 'utf8').split('\n').slice(0, 3).join(' ')}`);
+      throw new Error(`${e.message}: ${left.join('; ')}\n${first.log().slice(-2000)}`);
+    });
     const third = run();
     const again = await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${third.log()}`); });
     envoyPids.add(again.pid);
