@@ -9,6 +9,7 @@ import type { Component, Condition } from './lib/component';
 import type { AgentConfig, Flags } from './lib/config';
 import type { DiscoveryServer } from './lib/discovery/index';
 import * as envs from './lib/env';
+import { claimConfigPath } from './lib/config-path-lock';
 import { AgentError, errorMessage } from './lib/errors';
 import { configureLogging, scope } from './lib/log';
 import { renderBootstrap } from './lib/bootstrap';
@@ -112,6 +113,13 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     return startupFailure(err);
   }
   const { cfg } = resolved;
+  // Before anything touches configPath: a second agent there would wreck the first one's Envoy.
+  try {
+    const lock = await claimConfigPath(cfg.proxy.configPath);
+    process.on('exit', () => lock.release());
+  } catch (err) {
+    return startupFailure(err);
+  }
   // Lazily loaded: only `proxy` needs them. Envoy validates the first bootstrap while gRPC and the servers load.
   const { EnvoyComponent } = await import('./lib/envoy-component');
   const envoy = new EnvoyComponent({ resolved, env, startedAt });

@@ -265,7 +265,14 @@ function localClusters(cfg: AgentConfig, net: LocalNet): Json[] {
   ];
 }
 
-function httpListener(net: LocalNet, port: number, statPrefix: string, pathPrefix: string, cluster: string): Json {
+/**
+ * A public listener that forwards exactly one GET (or HEAD) path to a loopback cluster (Envoy's admin, or the
+ * agent's status port, which trusts loopback peers). Anything else must never reach that cluster: the path is
+ * normalised (`..`, `%2e`) and slashes merged before matching, escaped slashes are rejected, the match is exact
+ * (a prefix would let `/stats/prometheus/../../quitquitquit` through), other methods get 405, other paths 404.
+ */
+function httpListener(net: LocalNet, port: number, statPrefix: string, exactPath: string, cluster: string): Json {
+  const getOrHead = { name: ':method', string_match: { safe_regex: { regex: '^(GET|HEAD)$' } } };
   return {
     name: `${net.wildcard}_${port}`,
     address: { socket_address: { protocol: 'TCP', address: net.wildcard, port_value: port } },
@@ -281,8 +288,21 @@ function httpListener(net: LocalNet, port: number, statPrefix: string, pathPrefi
               '@type': HCM_TYPE,
               codec_type: 'AUTO',
               stat_prefix: statPrefix,
+              normalize_path: true,
+              merge_slashes: true,
+              path_with_escaped_slashes_action: 'REJECT_REQUEST',
               route_config: {
-                virtual_hosts: [{ name: 'backend', domains: ['*'], routes: [{ match: { prefix: pathPrefix }, route: { cluster } }] }],
+                virtual_hosts: [
+                  {
+                    name: 'backend',
+                    domains: ['*'],
+                    routes: [
+                      { match: { path: exactPath, headers: [getOrHead] }, route: { cluster } },
+                      { match: { path: exactPath }, direct_response: { status: 405 } },
+                      { match: { prefix: '/' }, direct_response: { status: 404 } },
+                    ],
+                  },
+                ],
               },
               http_filters: [{ name: 'envoy.filters.http.router', typed_config: { '@type': ROUTER_TYPE } }],
             },

@@ -177,3 +177,6 @@ export const COMPLIANCE_POLICY = str('COMPLIANCE_POLICY', '', 'fips-140-2 limits
 export const HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = bool('HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED', true, 'false: Envoy keeps URL fragments in paths (Istio\'s runtime flag of that name)');
 export const ENVOY_SECURE_METRICS_PORT = int('ENVOY_SECURE_METRICS_PORT', 0, 'Envoy serves its own /stats/prometheus over mTLS (workload certificate) on this port (0: none)');
 export const ENVOY_SECURE_MERGED_METRICS_PORT = int('ENVOY_SECURE_MERGED_METRICS_PORT', 0, 'Envoy serves the merged scrape (agent, Envoy, app) over mTLS on this port (0: none)');
+
+// ---- Envoy supervision (restart budget) ----
+export const ENVOY_HEALTHY_RESET_DURATION = duration('ENVOY_HEALTHY_RESET_DURATION', '1m', 'An Envoy epoch live this long restores the restart budget and backoff (as kubelet resets its crash-loop backoff)');

@@ -4,7 +4,7 @@
 import type { Registry } from 'prom-client';
 import type { Component, Condition, StatusRoute } from './component';
 import * as admin from './envoy-admin';
-import { binaryIdentity, makeDesiredConfig, RealEnvoyRuntime, removeStaleHotRestartState, type EnvoyDesiredConfig } from './envoy-runtime';
+import { binaryIdentity, makeDesiredConfig, RealEnvoyRuntime, removeStaleHotRestartState, sweepOrphanedShm, type EnvoyDesiredConfig } from './envoy-runtime';
 import type { Env } from './env';
 import * as envs from './env';
 import { AgentError } from './errors';
@@ -45,6 +45,7 @@ export class EnvoyComponent implements Component {
       maximumDrainMs: cfg.maximumDrainDuration,
       initialBackoffMs: envs.ENVOY_RESTART_INITIAL_BACKOFF.get(o.env),
       startTimeoutMs: envs.ENVOY_START_TIMEOUT.get(o.env),
+      healthyResetMs: envs.ENVOY_HEALTHY_RESET_DURATION.get(o.env),
     });
     this.done = this.supervisor.done;
     this.closed = this.done.then((end) => (end.code === 0 ? undefined : new Error(end.reason)));
@@ -52,7 +53,9 @@ export class EnvoyComponent implements Component {
       // Only the first epoch ever to go live measures start-up; a later epoch 0 is a recovery.
       if (n !== 0 || this.announcedLive) return;
       this.announcedLive = true;
-      log.info(`Envoy is live ${Date.now() - o.startedAt} ms after the agent started`);
+      const tries = this.supervisor.metrics().epochs_started_total;
+      const after = `Envoy is live ${Date.now() - o.startedAt} ms after the agent started`;
+      log.info(tries > 1 ? `${after}, at its ${ordinal(tries)} start (the earlier ones failed)` : after);
     });
     removeStaleHotRestartState(cfg);
     this.first = this.desiredFrom(o.resolved, 0);
@@ -91,6 +94,7 @@ export class EnvoyComponent implements Component {
   }
 
   async start(): Promise<void> {
+    await sweepOrphanedShm();
     this.supervisor.setDesired(this.first);
   }
 
@@ -179,4 +183,9 @@ export class EnvoyComponent implements Component {
       return r.status === 200 ? { ok: true, text: r.body, format: 'text' } : { ok: false, reason: `Envoy's /stats/prometheus answered ${r.status}` };
     },
   };
+}
+
+function ordinal(n: number): string {
+  const suffix = n % 100 >= 11 && n % 100 <= 13 ? 'th' : (['th', 'st', 'nd', 'rd'][n % 10] ?? 'th');
+  return `${n}${suffix}`;
 }

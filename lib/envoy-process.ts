@@ -88,15 +88,27 @@ export class OutputTail {
   text(): string {
     return this.lines.join('\n');
   }
-  /** The most telling line: Envoy's critical/error lines first (text, JSON or Envoy's default format). */
+  /**
+   * The most telling line: a `panic:` line first, then Envoy's last critical/error line that is not part of a
+   * backtrace (frame addresses say nothing to an operator), then the signal it caught; in any of Envoy's log
+   * formats (Istio's text, JSON, and Envoy's default, which it uses before logging is set up).
+   */
   reason(): string {
-    const bad = [...this.lines].reverse().find((l) => /\t(critical|error)\t|"level":"(critical|error)"|\]\[(critical|error)\]/.test(l));
-    const line = bad ?? this.lines[this.lines.length - 1] ?? '';
+    const lines = [...this.lines].reverse();
+    const bad = (l: string) => /\t(critical|error)\t|"level":"(critical|error)"|\]\[(critical|error)\]/.test(l);
+    const backtrace = (l: string) => /\]\[backtrace\]|\tenvoy backtrace |"scope":"envoy backtrace"/.test(l);
+    const line =
+      lines.find((l) => /\bpanic: /.test(l)) ??
+      lines.find((l) => bad(l) && !backtrace(l)) ??
+      lines.find((l) => backtrace(l) && /\bCaught /.test(l)) ??
+      lines[0] ??
+      '';
     const json = /"msg":"((?:[^"\\]|\\.)*)"/.exec(line);
     if (json) return JSON.parse(`"${json[1]}"`) as string;
     const text = line.split('\t');
     if (text.length >= 4) return text[3]!.trim();
-    return line.replace(/^\[[^\]]*\]\[\d+\]/, '').trim();
+    // [time][pid][level][logger] [file:line] message
+    return line.replace(/^\[[^\]]*\]\[\d+\](\[[^\]]*\]){2}\s*(\[[^\]]*\]\s*)?/, '').trim();
   }
 }
 

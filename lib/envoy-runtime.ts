@@ -11,7 +11,8 @@ import { envoyArgs, bootstrapFileName } from './envoy-args';
 import { envoyCredentials, runEnvoyCommand, spawnEnvoy, type EnvoyCredentials, type EnvoyProcess, type RealEnvoyProcess } from './envoy-process';
 import { renderBootstrap } from './bootstrap';
 import { writeFileAtomic } from './fs-atomic';
-import { clearInitializing, isInitializing, removeShm } from './hot-restart-shm';
+import { clearInitializing, isInitializing, recordOwner, removeShm, sweepOrphans } from './hot-restart-shm';
+import { configPathHeld } from './config-path-lock';
 import type { DesiredConfig, EnvoyRuntime, LiveProbe } from './supervisor';
 import { scope } from './log';
 
@@ -70,6 +71,10 @@ export function makeDesiredConfig(i: DesiredInputs): EnvoyDesiredConfig {
     inboundOnlyDrain: cfg.proxyType === 'sidecar',
     argsFor,
   };
+}
+
+function tailOf(output: string): string {
+  return output.split('\n').filter((l) => l.trim()).slice(-3).join(' | ').slice(0, 2000);
 }
 
 /** Size, mtime and inode: cheap, and changes when a binary is replaced or rewritten in place. */
@@ -132,7 +137,13 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     if (r.code === 0) return undefined;
     // Not a verdict on the config: the binary could not be run at all (the launch is retried with backoff).
     if (r.code === 127) throw new Error(`cannot run ${desired.binaryPath}: ${r.output}`);
-    return r.output.split('\n').filter((l) => l.trim()).slice(-3).join(' | ') || `exit code ${r.code}`;
+    // Only an Envoy can reject a bootstrap: a binary that fails even `--version` is not one that works.
+    const v = await runEnvoyCommand(desired.binaryPath, ['--version'], 10_000);
+    if (v.code !== 0 || !/\bversion: \S+\/\d+\.\d+/.test(v.output)) {
+      throw new Error(`cannot run ${desired.binaryPath} as Envoy: \`--mode validate\` exited with code ${r.code} (${tailOf(r.output) || 'no output'}) ` +
+        `and \`--version\` did not print Envoy's version (exit code ${v.code}${v.output ? `: ${tailOf(v.output)}` : ''})`);
+    }
+    return tailOf(r.output) || `exit code ${r.code}`;
   }
 
   async binaryHotRestartVersion(binary: string): Promise<string> {
@@ -160,13 +171,22 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     return { epoch: info.restartEpoch, state: info.state, hotRestartVersion: info.hotRestartVersion };
   }
 
+  private recorded: number | undefined;
+
+  /** Also records, beside the segment, that it is this agent's (see sweepOrphanedShm). */
   readBaseId(): number | undefined {
+    let id: number | undefined;
     try {
       const text = fs.readFileSync(baseIdFile(this.cfg), 'utf8').trim();
-      return /^\d+$/.test(text) ? Number(text) : undefined;
+      id = /^\d+$/.test(text) ? Number(text) : undefined;
     } catch {
       return undefined;
     }
+    if (id !== undefined && id !== this.recorded) {
+      recordOwner(id, this.cfg.proxy.configPath);
+      this.recorded = id;
+    }
+    return id;
   }
 
   clearBaseId(): void {
@@ -183,6 +203,7 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
 
   removeShm(baseId: number): void {
     removeShm(baseId);
+    if (this.recorded === baseId) this.recorded = undefined;
   }
 
   drain(admin: AdminAddress, inboundOnly: boolean): Promise<void> {
@@ -195,12 +216,35 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
 }
 
 /**
- * A previous agent that was killed leaves its base id file and Envoy's shared memory behind; remove both
- * before the first epoch so /dev/shm does not collect segments across restarts of the agent.
+ * A previous agent that was killed leaves its base id file, bootstraps and Envoy's shared memory behind; remove
+ * them before the first epoch so /dev/shm does not collect segments across restarts of the agent. Only call
+ * this while holding configPath (lib/config-path-lock.ts): then nothing in it belongs to a live agent.
  */
 export function removeStaleHotRestartState(cfg: AgentConfig): void {
   const rt = new RealEnvoyRuntime(cfg);
   const stale = rt.readBaseId();
   if (stale !== undefined) rt.removeShm(stale);
   rt.clearBaseId();
+  for (const f of fs.readdirSync(cfg.proxy.configPath)) {
+    if (/^envoy-rev\d+\.json$/.test(f)) fs.rmSync(path.join(cfg.proxy.configPath, f), { force: true });
+  }
+}
+
+/**
+ * Segments left by agents that were killed (SIGKILL, OOM) with a configPath never used again: removed when the
+ * agent that recorded one is provably gone (its pid is dead and nobody holds its configPath).
+ */
+export async function sweepOrphanedShm(): Promise<void> {
+  const removed = await sweepOrphans(async (o) => !processAlive(o.pid) && !(await configPathHeld(o.configPath)));
+  for (const id of removed) log.info(`removed the shared memory of base id ${id}, left by a pilot-agent that is gone`);
+}
+
+function processAlive(pid: number): boolean {
+  if (pid === process.pid) return true;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
 }

@@ -62,4 +62,71 @@ export function clearInitializing(baseId: number, dir = SHM_DIR): boolean {
 
 export function removeShm(baseId: number, dir = SHM_DIR): void {
   fs.rmSync(shmPath(baseId, dir), { force: true });
+  removeOwner(baseId, dir);
+}
+
+// ---- owner records: which agent's Envoy a segment belongs to ----
+// Envoy never unlinks its segment, and an agent killed with SIGKILL cannot. So next to each segment whose base id
+// it learnt, the agent records its configPath; any later agent on the host removes a segment whose recorded
+// agent is provably gone (its pid dead and its configPath lock not held). Nothing else in /dev/shm is touched.
+
+const OWNER_PREFIX = 'pilot-agent-envoy-shm-owner_';
+
+function ownerPath(baseId: number, dir: string): string {
+  return path.join(dir, `${OWNER_PREFIX}${baseId * 10}`);
+}
+
+export interface ShmOwner {
+  baseId: number;
+  configPath: string;
+  pid: number;
+}
+
+export function recordOwner(baseId: number, configPath: string, dir = SHM_DIR): void {
+  try {
+    const file = ownerPath(baseId, dir);
+    fs.writeFileSync(`${file}.tmp${process.pid}`, JSON.stringify({ configPath: path.resolve(configPath), pid: process.pid }), { mode: 0o600 });
+    fs.renameSync(`${file}.tmp${process.pid}`, file);
+  } catch {
+    /* best effort: without a record the segment is only cleaned when configPath is reused */
+  }
+}
+
+export function removeOwner(baseId: number, dir = SHM_DIR): void {
+  fs.rmSync(ownerPath(baseId, dir), { force: true });
+}
+
+export function listOwners(dir = SHM_DIR): ShmOwner[] {
+  let names: string[];
+  try {
+    names = fs.readdirSync(dir).filter((f) => f.startsWith(OWNER_PREFIX) && /^\d+$/.test(f.slice(OWNER_PREFIX.length)));
+  } catch {
+    return [];
+  }
+  const out: ShmOwner[] = [];
+  for (const f of names) {
+    try {
+      const rec = JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) as { configPath?: unknown; pid?: unknown };
+      const scaled = Number(f.slice(OWNER_PREFIX.length));
+      if (typeof rec.configPath === 'string' && typeof rec.pid === 'number' && scaled % 10 === 0) out.push({ baseId: scaled / 10, configPath: rec.configPath, pid: rec.pid });
+    } catch {
+      /* being written, or not ours to judge */
+    }
+  }
+  return out;
+}
+
+/**
+ * Removes segments (and their records) whose agent is gone: `gone` decides, from the record, whether that agent
+ * is provably dead. Returns the base ids removed.
+ */
+export async function sweepOrphans(gone: (o: ShmOwner) => Promise<boolean>, dir = SHM_DIR): Promise<number[]> {
+  const removed: number[] = [];
+  for (const o of listOwners(dir)) {
+    if (!(await gone(o))) continue;
+    removeShm(o.baseId, dir);
+    removeOwner(o.baseId, dir);
+    removed.push(o.baseId);
+  }
+  return removed;
 }

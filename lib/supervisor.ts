@@ -18,8 +18,12 @@
 // Every way the supervisor ends (`done` resolves; agent.ts exits with the code):
 //  1. shutdown(graceful) after SIGTERM/SIGINT: drain, wait, SIGKILL every epoch -> 0
 //  2. shutdown(immediate): /quitquitquit, a second SIGTERM -> SIGKILL every epoch -> 0
-//  3. the only running Envoy exited 0 by itself (its own /quitquitquit) -> 0, as Istio's agent does
-//  4. the restart budget is spent with no Envoy running -> 1
+//  3. the restart budget is spent with no Envoy running -> 1
+//  4. before any epoch ever went live, epoch 0 failed twice the same way (exit status and reason): Envoy cannot
+//     start (a binary that exits at once, a port taken), a start-up error -> 1, not ten restarts over minutes
+// Nothing else ends it. In particular a serving Envoy that exits by itself, even with code 0 (someone POSTed
+// its admin /quitquitquit), is a failure: restarted after the backoff, spending the budget. Istio's agent
+// exits 0 there; a supervisor whose job is to keep Envoy up must not, or `Restart=on-failure` leaves no proxy.
 
 import { scope } from './log';
 import type { AdminAddress } from './envoy-admin';
@@ -29,6 +33,7 @@ const log = scope('supervisor');
 
 export const RESTART_BUDGET = 10;
 export const INITIAL_BACKOFF_MS = 200;
+export const HEALTHY_RESET_MS = 60_000;
 
 /** Everything that feeds one epoch. Two configs with the same hash are the same Envoy. */
 export interface DesiredConfig {
@@ -90,6 +95,8 @@ export interface SupervisorOptions {
   startTimeoutMs?: number;
   /** First retry delay; the n-th retry waits this x 2^n (default 200 ms, as Istio's agent did). */
   initialBackoffMs?: number;
+  /** An epoch live this long restores the restart budget and backoff (default 1 min; 0: never). */
+  healthyResetMs?: number;
   now?: () => number;
 }
 
@@ -134,9 +141,14 @@ export class Supervisor {
   private current: DesiredConfig | undefined;
   private readonly epochs = new Map<number, Epoch>();
   private budget = RESTART_BUDGET;
+  /** Retries of launches that failed before Envoy ran (bootstrap write, spawn): not Envoy's budget. */
+  private launchBudget = RESTART_BUDGET;
   private retryTimer: NodeJS.Timeout | undefined;
   private retryAt: number | undefined;
   private rejectedHash: string | undefined;
+  private lastGood: DesiredConfig | undefined;
+  /** How the first epoch failed, while nothing has gone live yet. */
+  private startFailure: string | undefined;
   private launching = false;
   private closing = false;
   private killing = false;
@@ -170,6 +182,7 @@ export class Supervisor {
     log.info(`new desired config ${short(cfg.hash)}`);
     this.desired = cfg;
     this.budget = RESTART_BUDGET;
+    this.launchBudget = RESTART_BUDGET;
     this.cancelRetry();
     this.reconcile();
   }
@@ -232,10 +245,20 @@ export class Supervisor {
 
   // ---- reconcile and launch ----
 
+  /**
+   * What should run: the desired config; once that was given up on (rejected, or its budget spent) and nothing
+   * runs any more (the epoch serving the old config died), the last config that went live.
+   */
+  private target(): DesiredConfig | undefined {
+    const want = this.desired;
+    if (!want || this.rejectedHash !== want.hash) return want;
+    return this.epochs.size === 0 ? this.lastGood : undefined;
+  }
+
   private reconcile(): void {
     if (this.closing || this.launching || this.retryTimer) return;
-    const want = this.desired;
-    if (!want || this.current?.hash === want.hash || this.rejectedHash === want.hash) return;
+    const want = this.target();
+    if (!want || this.current?.hash === want.hash) return;
     const starting = [...this.epochs.values()].find((e) => e.state === 'starting');
     if (starting) {
       log.debug(`epoch ${starting.n} is still starting; the next epoch waits until it is live`);
@@ -248,10 +271,11 @@ export class Supervisor {
         this.reconcile();
       },
       (err: Error) => {
-        // Writing the bootstrap or spawning failed (disk full, binary gone): retry with backoff, never in a loop.
+        // Writing the bootstrap or spawning failed (disk full, binary gone): retry with backoff, never in a loop,
+        // and on a budget of its own, so a full disk does not leave a healthy Envoy none for its own crashes.
         this.launching = false;
         this.recordFailure(undefined, want.hash, `could not start a new epoch: ${err.message}`);
-        this.scheduleRetry();
+        this.scheduleRetry('launch');
       },
     );
   }
@@ -269,7 +293,7 @@ export class Supervisor {
     const versionCheck = n > 0 ? this.opts.runtime.binaryHotRestartVersion(cfg.binaryPath).catch((e: Error) => `unknown (${e.message})`) : undefined;
     if (this.opts.validate && !cfg.validated) {
       const problem = await this.opts.runtime.validate(cfg, file);
-      if (this.closing || this.desired !== cfg) {
+      if (this.closing || this.target() !== cfg) {
         this.opts.runtime.removeBootstrap(file);
         return;
       }
@@ -314,12 +338,9 @@ export class Supervisor {
 
   private spawnEpoch(n: number, cfg: DesiredConfig, file: string): void {
     const baseId = n === 0 ? undefined : this.baseId;
-    if (n === 0) {
-      if (this.baseId !== undefined) this.opts.runtime.removeShm(this.baseId);
-      this.baseId = undefined;
-      this.opts.runtime.clearBaseId();
-    }
+    if (n === 0) this.dropBaseId();
     const proc = this.opts.runtime.spawn(n, cfg, file, baseId);
+    this.launchBudget = RESTART_BUDGET;
     const epoch: Epoch = { n, config: cfg, proc, file, state: 'starting', startedAt: this.now(), aborted: false, baseId };
     this.epochs.set(n, epoch);
     this.current = cfg;
@@ -370,11 +391,43 @@ export class Supervisor {
     e.state = 'live';
     e.liveAt = this.now();
     e.hotRestartVersion = hotRestartVersion;
+    e.config.validated = true;
+    this.lastGood = e.config;
     this.metricsData.epochs_live_total++;
     for (const other of this.epochs.values()) if (other.n < e.n && other.state === 'live') other.state = 'draining';
     log.info(`epoch ${e.n} is live after ${e.liveAt - e.startedAt} ms`);
     for (const fn of this.liveListeners) fn(e.n);
+    this.armHealthyReset(e);
     this.reconcile();
+  }
+
+  private healthyResetMs(): number {
+    return this.opts.healthyResetMs ?? HEALTHY_RESET_MS;
+  }
+
+  /**
+   * Kubelet-style: an epoch that has stayed live for the reset duration proves Envoy recovered, so earlier
+   * crashes no longer count. Without this, ten crashes spread over weeks end the agent, with outages doubling
+   * up to minutes on the way. Restored only when nothing else is being retried (a broken new config keeps the
+   * budget it has while an old epoch serves).
+   */
+  private armHealthyReset(e: Epoch): void {
+    const ms = this.healthyResetMs();
+    if (!ms) return;
+    const t = setTimeout(() => {
+      if (e.state !== 'live' || this.closing || this.retryTimer || this.launching) return;
+      const want = this.target();
+      if (want && this.current?.hash !== want.hash) return;
+      if ([...this.epochs.values()].some((x) => x.n > e.n)) return;
+      this.restoreBudget(`epoch ${e.n} has been live for ${ms} ms`);
+    }, ms);
+    t.unref();
+  }
+
+  private restoreBudget(why: string): void {
+    if (this.budget === RESTART_BUDGET) return;
+    this.budget = RESTART_BUDGET;
+    log.info(`${why}: restart budget and backoff restored`);
   }
 
   // ---- exits ----
@@ -397,19 +450,28 @@ export class Supervisor {
     }
     if (e.aborted) {
       log.info(`epoch ${e.n} aborted (${how})`);
-    } else if (wasSuperseded) {
+      this.scheduleRetry();
+      return;
+    }
+    if (wasSuperseded) {
       // A parent that was already handing over: its death changes nothing for the live child, so unlike the
       // seed's design the others are not aborted (that would turn a parent's crash into an outage).
       if (status.code !== 0) log.warn(`draining epoch ${e.n} exited (${how}); epoch ${newest?.n} keeps serving`);
       else log.info(`epoch ${e.n} exited normally`);
       this.reconcile();
       return;
-    } else if (status.code === 0 && wasLive) {
-      log.info(`epoch ${e.n} exited normally`);
-      if (this.epochs.size === 0 && !this.launching) {
-        this.finish(0, `Envoy epoch ${e.n} exited on its own with code 0`);
-        return;
-      }
+    }
+    // An epoch that served for the reset duration before it died starts the count afresh (the timer may not
+    // have restored it when a retry was pending at that moment).
+    const ms = this.healthyResetMs();
+    if (wasLive && ms && this.now() - e.liveAt! >= ms) this.restoreBudget(`epoch ${e.n} had been live for ${this.now() - e.liveAt!} ms`);
+    if (status.code === 0 && wasLive) {
+      // Istio's agent treats this as "done". The agent's job is to keep Envoy up, and it stops Envoy itself
+      // (SIGTERM, its own /quitquitquit), so a serving Envoy that quits (someone POSTed its admin /quitquitquit,
+      // or a drain without skip_exit) is an outage to recover from, budget and backoff included.
+      this.recordFailure(e.n, e.config.hash, `epoch ${e.n} exited with code 0 without the agent asking (Envoy's own admin /quitquitquit?); ` +
+        'restarting it (the agent stops Envoy only on SIGTERM/SIGINT or its own /quitquitquit)');
+      for (const other of this.epochs.values()) this.abort(other);
     } else {
       const reason = this.opts.runtime.failureReason(e.proc);
       const anyLive = [...this.epochs.values()].some((x) => x.liveAt !== undefined && x.state !== 'exited');
@@ -420,20 +482,33 @@ export class Supervisor {
         }
         const what = e.timedOut ? `did not go live within ${this.opts.startTimeoutMs} ms` : `exited (${how}) before it went live`;
         this.recordFailure(e.n, e.config.hash, `new epoch ${e.n} ${what}; epoch ${newest?.n} keeps serving${reason && !e.timedOut ? `: ${reason}` : ''}`);
+      } else if (!wasLive && this.lastGood === undefined) {
+        // Nothing has ever gone live: Envoy cannot start at all (a binary that exits at once, a port taken).
+        // Once to tell a passing hiccup from that; the same failure again is a start-up error, not ten restarts.
+        const what = `Envoy epoch ${e.n} exited (${how}) before it ever went live${reason ? `: ${reason}` : ' (no output)'}`;
+        // Ignoring numbers (pids, base ids) and the marker protobuf randomly puts in its debug strings.
+        const signature = `${how}\0${reason.replace(/goo\.gle\/debug\w*/g, '').replace(/\d+/g, 'N')}`;
+        if (this.startFailure === signature) {
+          this.recordFailure(e.n, e.config.hash, `${what}; it failed the same way twice, giving up`);
+          this.finish(1, `Envoy cannot start: ${what}`);
+          return;
+        }
+        this.startFailure = signature;
+        this.recordFailure(e.n, e.config.hash, `${what}; trying once more (the same failure again ends the agent)`);
       } else {
         this.recordFailure(e.n, e.config.hash, `epoch ${e.n} exited abnormally (${how})${reason ? `: ${reason}` : ''}; aborting the other epochs`);
         for (const other of this.epochs.values()) this.abort(other);
       }
     }
-    // Aborted and failed epochs are restarted after a backoff; superseded parents are not.
-    if (e.aborted || !(status.code === 0 && wasLive)) this.scheduleRetry();
-    else this.reconcile();
+    this.scheduleRetry();
   }
 
-  private scheduleRetry(): void {
+  private scheduleRetry(kind: 'envoy' | 'launch' = 'envoy'): void {
     if (this.retryTimer || this.closing) return;
-    if (this.desired && this.current?.hash === this.desired.hash) return;
-    if (this.budget <= 0) {
+    const want = this.target();
+    if (want && this.current?.hash === want.hash) return;
+    const left = kind === 'launch' ? this.launchBudget : this.budget;
+    if (left <= 0) {
       this.metricsData.restart_budget_exhausted_total++;
       if (this.epochs.size === 0) {
         log.error('restart budget spent and no Envoy is running; giving up');
@@ -441,14 +516,15 @@ export class Supervisor {
         return;
       }
       const serving = this.newestLive();
-      if (this.desired) this.rejectedHash = this.desired.hash;
-      this.recordFailure(undefined, this.desired?.hash ?? '', `restart budget spent for config ${short(this.desired?.hash ?? '')}; ` +
+      if (want) this.rejectedHash = want.hash;
+      this.recordFailure(undefined, want?.hash ?? '', `restart budget spent for config ${short(want?.hash ?? '')}; ` +
         `epoch ${serving?.n} keeps serving the last good config until the next change`);
       return;
     }
-    const delay = (this.opts.initialBackoffMs ?? INITIAL_BACKOFF_MS) * 2 ** (RESTART_BUDGET - this.budget);
-    this.budget--;
-    log.info(`restarting in ${delay} ms (restart budget left ${this.budget})`);
+    const delay = (this.opts.initialBackoffMs ?? INITIAL_BACKOFF_MS) * 2 ** (RESTART_BUDGET - left);
+    if (kind === 'launch') this.launchBudget--;
+    else this.budget--;
+    log.info(kind === 'launch' ? `retrying the launch in ${delay} ms (${this.launchBudget} retries left)` : `restarting in ${delay} ms (restart budget left ${this.budget})`);
     this.retryAt = this.now() + delay;
     this.retryTimer = setTimeout(() => {
       this.retryTimer = undefined;
@@ -583,13 +659,23 @@ export class Supervisor {
     this.retryAt = undefined;
   }
 
+  /**
+   * The shared memory of the base id epoch 0 chose goes with it (Envoy never unlinks it). An epoch 0 that died
+   * before the supervisor read its base id file still wrote it: read it now, or the segment leaks.
+   */
+  private dropBaseId(): void {
+    const id = this.baseId ?? this.opts.runtime.readBaseId();
+    if (id !== undefined) this.opts.runtime.removeShm(id);
+    this.baseId = undefined;
+    this.opts.runtime.clearBaseId();
+  }
+
   private finish(code: number, reason: string): void {
     if (this.ended) return;
     this.ended = true;
     this.closing = true;
     if (this.retryTimer) clearTimeout(this.retryTimer);
-    if (this.baseId !== undefined) this.opts.runtime.removeShm(this.baseId);
-    this.opts.runtime.clearBaseId();
+    this.dropBaseId();
     this.endResolve({ code, reason });
   }
 }

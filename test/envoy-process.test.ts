@@ -17,6 +17,21 @@ test('the failure reason is Envoy\'s last critical or error line, in any of its 
   plain.push('[2026-11-30 04:20:49.067][5438][critical][main] [source/server/server.cc:449] error `cannot bind`');
   assert.match(plain.reason(), /error `cannot bind`/);
 
+  // A panic (here: a hot restart whose shared memory was taken away) is followed by a backtrace; the panic is the reason.
+  const panic = new OutputTail();
+  for (const l of [
+    '[2026-12-01 01:22:59.271][28923][critical][assert] [source/server/hot_restart_impl.cc:44] panic: cannot open shared memory region /envoy_shared_memory_9876540 check user permissions. Error: No such file or directory',
+    '[2026-12-01 01:22:59.271][28923][critical][backtrace] [./source/server/backtrace.h:173] Caught Aborted, suspect faulting address 0x70fb',
+    '[2026-12-01 01:22:59.271][28923][critical][backtrace] [./source/server/backtrace.h:157] Backtrace (use tools/stack_decode.py to get line numbers):',
+    '[2026-12-01 01:22:59.283][28923][critical][backtrace] [./source/server/backtrace.h:167] #0: [0x7f6c2849f050]',
+  ]) panic.push(l);
+  assert.is(panic.reason(), 'panic: cannot open shared memory region /envoy_shared_memory_9876540 check user permissions. Error: No such file or directory');
+
+  const crash = new OutputTail();
+  crash.push('2026-11-30T05:11:13.560158Z\tcritical\tenvoy backtrace backtrace.h:173\tCaught Segmentation fault, suspect faulting address 0x0\tthread=1');
+  crash.push('2026-11-30T05:11:13.560158Z\tcritical\tenvoy backtrace backtrace.h:167\t#0: [0x7f6c2849f050]\tthread=1');
+  assert.is(crash.reason(), 'Caught Segmentation fault, suspect faulting address 0x0');
+
   const tail = new OutputTail(2);
   for (const l of ['a', 'b', 'c']) tail.push(l);
   assert.is(tail.text(), 'b\nc', 'only the tail is kept');

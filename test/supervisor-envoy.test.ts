@@ -210,6 +210,33 @@ hot('killing the live Envoy leads to a new epoch after the backoff', async () =>
   }
 });
 
+hot('twelve kill -9s of the live Envoy, each after it stayed live for the reset duration: the agent always recovers at the first backoff', async () => {
+  const s = await setUp({ env: { ENVOY_HEALTHY_RESET_DURATION: '1s' } });
+  try {
+    const outages: number[] = [];
+    let live = await waitLiveEpoch(s.ports.status, 0);
+    for (let crash = 1; crash <= 12; crash++) {
+      await waitFor('budget restored', async () => (await debugEpochs(s.ports.status)).restartBudgetLeft === 10, 15_000);
+      const t0 = Date.now();
+      process.kill(live.pid, 'SIGKILL');
+      const dead = live.pid;
+      live = await waitFor(`a new live epoch after crash ${crash}`, async () => {
+        const d = await debugEpochs(s.ports.status);
+        return d.epochs.find((e) => e.state === 'live' && e.pid !== dead);
+      }, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${s.agent.log().slice(-3000)}`); });
+      outages.push(Date.now() - t0);
+      assert.is(s.agent.proc.exitCode, null, `the agent is still running after crash ${crash}`);
+    }
+    console.log(`outages after each kill -9 (ms): ${outages.join(' ')}`);
+    const restarts = s.agent.log().match(/restarting in \d+ ms/g) ?? [];
+    assert.is(restarts.length, 12);
+    assert.ok(restarts.every((r) => r === 'restarting in 200 ms'), `every restart at the first backoff: ${restarts.join(', ')}`);
+    assert.is(await listenerBody(s.ports.listen), 'v0');
+  } finally {
+    await s.cleanup();
+  }
+});
+
 hot('killing the agent takes Envoy with it', async () => {
   const s = await setUp();
   try {

@@ -66,17 +66,19 @@ class FakeRuntime implements EnvoyRuntime {
     else if (this.autoLive) setTimeout(() => this.liveEpochs.add(epoch), 5);
     return p;
   }
-  failureReason(): string {
-    return 'cannot bind';
-  }
+  failureReason: (proc?: EnvoyProcess) => string = () => 'cannot bind';
   async probe(): Promise<LiveProbe | undefined> {
     const alive = this.procs.filter((p) => p.alive && this.liveEpochs.has(p.epoch));
     if (!alive.length) return undefined;
     const top = alive.reduce((a, b) => (a.epoch > b.epoch ? a : b));
     return { epoch: top.epoch, state: 'LIVE', hotRestartVersion: this.runningVersion };
   }
+  /** Envoy wrote its base id file, but the supervisor only looks after the epoch died (it failed that fast). */
+  baseIdOnlyAfterExit = false;
   readBaseId(): number | undefined {
-    return this.procs.some((p) => p.epoch === 0) ? 42 : undefined;
+    const zero = this.procs.filter((p) => p.epoch === 0);
+    if (this.baseIdOnlyAfterExit) return zero.some((p) => !p.alive) ? 42 : undefined;
+    return zero.length ? 42 : undefined;
   }
   clearBaseId(): void {}
   isInitializing(): boolean | undefined {
@@ -242,6 +244,22 @@ test('a live epoch that dies aborts the others and restarts at epoch 0 after the
   await s.shutdown(false, 'test');
 });
 
+test('a serving Envoy that exits 0 without the agent asking is restarted, not taken as the end', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  let ended = false;
+  void s.done.then(() => (ended = true));
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.procs[0]!.exit({ code: 0, signal: null });
+  await until('restarted', () => rt.procs.length === 2 && s.ready());
+  assert.is(rt.procs[1]!.epoch, 0);
+  assert.not.ok(ended);
+  assert.is(s.metrics().restart_budget_remaining, 9);
+  assert.match(String((s.debugState().lastFailure as { reason: string }).reason), /exited with code 0 without the agent asking/);
+  await s.shutdown(false, 'test');
+});
+
 test('a new epoch that never goes live is aborted after the start timeout; the parent keeps serving', async () => {
   const rt = new FakeRuntime();
   const s = make(rt, { startTimeoutMs: 20 });
@@ -291,8 +309,94 @@ test('a bootstrap that cannot be written is retried with backoff, not in a tight
   s.setDesired(cfg('a'));
   await until('live after the disk recovered', () => s.ready());
   assert.is(rt.procs.length, 1);
-  assert.is(s.metrics().restart_budget_remaining, 7, 'three retries spent');
+  assert.is(s.metrics().restart_budget_remaining, 10, 'a full disk is not Envoy\'s failure: its budget is untouched');
   assert.match(String((s.debugState().lastFailure as { reason: string }).reason), /ENOSPC/);
+  await s.shutdown(false, 'test');
+});
+
+test('a disk that stays full during a hot restart leaves a healthy Envoy its whole budget for its own crashes', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 0 });
+  let ended = false;
+  void s.done.then(() => (ended = true));
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.failWrites = 1000;
+  s.setDesired(cfg('b'));
+  await until('launch retries given up', () => s.metrics().restart_budget_exhausted_total === 1, 10_000);
+  assert.is(rt.failWrites, 1000 - 11);
+  assert.ok(s.ready(), 'epoch 0 keeps serving');
+  assert.is(s.metrics().restart_budget_remaining, 10);
+  // The disk recovers; then the serving Envoy crashes: it is restarted (with the config that was wanted).
+  rt.failWrites = 0;
+  rt.procs[0]!.exit({ code: null, signal: 'SIGSEGV' });
+  await until('restarted', () => rt.procs.length === 2 && s.ready());
+  assert.not.ok(ended);
+  assert.is(s.metrics().restart_budget_remaining, 9);
+  await s.shutdown(false, 'test');
+});
+
+test('when the wanted config was given up on and the serving epoch dies, the last good config is restarted', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 0 });
+  s.setDesired(cfg('good'));
+  await until('live', () => s.ready());
+  s.setDesired(cfg('bad', { invalid: true }));
+  await until('rejected', () => s.metrics().configs_rejected_total === 1);
+  rt.procs[0]!.exit({ code: null, signal: 'SIGKILL' });
+  await until('good config back', () => rt.procs.length === 2 && s.ready());
+  assert.is(s.newestLive()?.config.hash, 'good');
+  await sleep(20);
+  assert.is(rt.procs.length, 2, 'the rejected config is not tried again');
+  await s.shutdown(false, 'test');
+});
+
+test('an epoch that stays live for the healthy reset duration restores budget and backoff: crashes spread out never end the agent', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 30 });
+  let ended = false;
+  void s.done.then(() => (ended = true));
+  s.setDesired(cfg('a'));
+  for (let crash = 1; crash <= 15; crash++) {
+    await until(`live before crash ${crash}`, () => s.ready());
+    await until('budget restored', () => s.metrics().restart_budget_remaining === 10);
+    rt.alive()[0]!.exit({ code: null, signal: 'SIGKILL' });
+    await until(`restart after crash ${crash}`, () => rt.procs.length === crash + 1);
+    assert.is(s.metrics().restart_budget_remaining, 9, 'each crash after a recovery waits the first backoff only');
+  }
+  assert.not.ok(ended);
+  assert.match(String((s.debugState().lastFailure as { reason: string }).reason), /exited abnormally/);
+  await s.shutdown(false, 'test');
+});
+
+test('without a healthy period in between, crashes still spend the budget and end the agent', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 60_000 });
+  s.setDesired(cfg('a'));
+  for (let crash = 1; crash <= 11; crash++) {
+    await until(`live before crash ${crash}`, () => s.ready(), 10_000);
+    rt.alive()[0]!.exit({ code: null, signal: 'SIGKILL' });
+    await until(`reacted to crash ${crash}`, () => !s.ready());
+  }
+  assert.is((await s.done).code, 1);
+});
+
+test('a crash of an epoch that had been live for the reset duration restores the budget even if the timer could not', async () => {
+  let clock = 1_000_000;
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 600_000, now: () => clock });
+  s.setDesired(cfg('a'));
+  for (let crash = 1; crash <= 3; crash++) {
+    await until('live', () => s.ready());
+    rt.alive()[0]!.exit({ code: null, signal: 'SIGKILL' });
+    await until('restarted', () => rt.procs.length === crash + 1);
+  }
+  await until('live', () => s.ready());
+  assert.is(s.metrics().restart_budget_remaining, 7);
+  clock += 600_000;
+  rt.alive()[0]!.exit({ code: null, signal: 'SIGKILL' });
+  await until('restarted', () => rt.procs.length === 5);
+  assert.is(s.metrics().restart_budget_remaining, 9);
   await s.shutdown(false, 'test');
 });
 
@@ -305,14 +409,63 @@ test('a bootstrap that can never be written ends the agent with code 1 when noth
   assert.is(rt.failWrites, 1000 - 11, 'first try and ten retries, no more');
 });
 
-test('budget spent with no Envoy running ends the supervisor with code 1', async () => {
+test('an Envoy that fails the same way twice before it ever went live is a start-up error: exit 1, no ten restarts', async () => {
   const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1 });
+  s.setDesired(cfg('x', { crashOnStart: true }));
+  const end = await s.done;
+  assert.is(end.code, 1);
+  assert.match(end.reason, /^Envoy cannot start: Envoy epoch 0 exited \(code 1\) before it ever went live: cannot bind/);
+  assert.is(rt.procs.length, 2);
+});
+
+test('an epoch 0 that died before its base id was read still has its shared memory removed', async () => {
+  const rt = new FakeRuntime();
+  rt.baseIdOnlyAfterExit = true;
+  const s = make(rt, { initialBackoffMs: 1 });
+  s.setDesired(cfg('x', { crashOnStart: true }));
+  await s.done;
+  assert.is(rt.procs.length, 2);
+  assert.equal(rt.removedShm, [42, 42], 'before the second epoch 0, and at the end');
+});
+
+test('the same failure is recognised through pids and the marker protobuf randomises in its debug strings', async () => {
+  const rt = new FakeRuntime();
+  const marks = ['debugproto', 'debugonly', 'debugstr'];
+  rt.failureReason = () => `error \`cannot bind '127.0.0.1:80'\` (pid ${1000 + rt.procs.length}) initializing config 'goo.gle/${marks[rt.procs.length % 3]}`;
+  const s = make(rt, { initialBackoffMs: 1 });
+  s.setDesired(cfg('x', { crashOnStart: true }));
+  assert.is((await s.done).code, 1);
+  assert.is(rt.procs.length, 2);
+});
+
+test('first epochs that fail differently each time are retried until the budget is spent, then exit 1', async () => {
+  const rt = new FakeRuntime();
+  const words = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta', 'iota', 'kappa', 'lambda', 'mu'];
+  rt.failureReason = () => `crashed in ${words[rt.procs.length - 1]}`;
   const s = make(rt, { initialBackoffMs: 1 });
   s.setDesired(cfg('x', { crashOnStart: true }));
   const end = await s.done;
   assert.is(end.code, 1);
   assert.is(rt.procs.length, 11);
   assert.ok(rt.procs.every((p) => p.epoch === 0));
+});
+
+test('once an epoch has gone live, the same failure of a restarted epoch 0 is retried on the budget', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt, { initialBackoffMs: 1, healthyResetMs: 0 });
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.autoLive = false;
+  const crash = (p: { exit(st: { code: number | null; signal: NodeJS.Signals | null }): void }) => p.exit({ code: 1, signal: null });
+  crash(rt.procs[0]!);
+  for (let i = 2; i <= 4; i++) {
+    await until(`attempt ${i}`, () => rt.procs.length === i);
+    crash(rt.procs[i - 1]!);
+  }
+  await until('attempt 5', () => rt.procs.length === 5);
+  assert.is(s.metrics().restart_budget_remaining, 6);
+  await s.shutdown(false, 'test');
 });
 
 test('a different hot restart version drains and cold-restarts at epoch 0', async () => {
@@ -424,17 +577,6 @@ test('the drain cap bounds exit-on-zero', async () => {
   const end = await s.shutdown(true, 'SIGTERM');
   assert.is(end.code, 0);
   assert.ok(rt.connections.length > 9000, 'stopped polling at the cap');
-});
-
-test('Envoy exiting 0 by itself ends the supervisor with 0', async () => {
-  const rt = new FakeRuntime();
-  const s = make(rt);
-  s.setDesired(cfg('a'));
-  await until('live', () => s.ready());
-  rt.procs[0]!.exit({ code: 0, signal: null });
-  const end = await s.done;
-  assert.is(end.code, 0);
-  assert.is(rt.procs.length, 1);
 });
 
 test.run();

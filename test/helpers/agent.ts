@@ -36,8 +36,33 @@ export function startAgent(args: string[], env: Record<string, string>, cwd: str
     async stop() {
       if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
       await exited;
+      removeLeftShm(proc.pid!, env, cwd);
     },
   };
+}
+
+/**
+ * An agent killed with SIGKILL cannot remove its Envoy's shared memory (its Envoys die with it): do what it
+ * would have done, from the base id file in its configPath, so the suite leaves nothing in /dev/shm.
+ */
+function removeLeftShm(pid: number, env: Record<string, string>, cwd: string): void {
+  let configPath: string;
+  try {
+    configPath = path.resolve(cwd, (JSON.parse(env.PROXY_CONFIG ?? '{}') as { configPath?: string }).configPath ?? './etc/istio/proxy');
+  } catch {
+    return;
+  }
+  let id: string;
+  try {
+    // Only when this agent held configPath (one that lost the claim to another agent owns nothing there).
+    if (fs.readFileSync(path.join(configPath, 'agent.lock.pid'), 'utf8').trim() !== String(pid)) return;
+    id = fs.readFileSync(path.join(configPath, 'envoy-base-id'), 'utf8').trim();
+  } catch {
+    return;
+  }
+  if (!/^\d+$/.test(id)) return;
+  fs.rmSync(`/dev/shm/envoy_shared_memory_${Number(id) * 10}`, { force: true });
+  fs.rmSync(`/dev/shm/pilot-agent-envoy-shm-owner_${Number(id) * 10}`, { force: true });
 }
 
 export interface EpochInfo {

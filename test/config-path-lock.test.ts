@@ -1,0 +1,160 @@
+// One agent per configPath: the lock itself (in-process), then two real agents on one directory.
+
+import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
+import * as fs from 'node:fs';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import { claimConfigPath, LOCK_PID, LOCK_SOCKET } from '../lib/config-path-lock';
+import { configureLogging, resetLogging } from '../lib/log';
+import { debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { envoyBin, envoyShm, freePort, httpRequest, pidAlive, tempDir, waitFor } from './helpers/harness';
+import { staticBootstrap } from './helpers/static-bootstrap';
+
+/** A socket file nobody listens on, as a killed agent leaves it. */
+async function staleSocket(file: string): Promise<void> {
+  const tmp = `${file}.live`;
+  const s = net.createServer();
+  await new Promise<void>((r) => s.listen(tmp, () => r()));
+  fs.renameSync(tmp, file); // closing unlinks `tmp`, which no longer exists: `file` stays behind
+  await new Promise<void>((r) => s.close(() => r()));
+}
+
+const lock = suite('config path lock');
+lock.before(() => configureLogging({ outputLevel: 'none' }));
+lock.after(() => resetLogging());
+
+lock('a held configPath refuses a second claim naming the holder\'s pid; release frees it and leaves nothing', async () => {
+  const dir = tempDir('pa-lock-');
+  try {
+    const held = await claimConfigPath(dir.path);
+    assert.equal(fs.readdirSync(dir.path).sort(), [LOCK_PID, LOCK_SOCKET]);
+    assert.is(fs.readFileSync(path.join(dir.path, LOCK_PID), 'utf8').trim(), String(process.pid));
+    try {
+      await claimConfigPath(dir.path);
+      assert.unreachable('second claim succeeded');
+    } catch (e) {
+      assert.match((e as Error).message, new RegExp(`configPath ${dir.path} is in use: another pilot-agent \\(pid ${process.pid}\\) holds its lock`));
+    }
+    held.release();
+    held.release();
+    assert.equal(fs.readdirSync(dir.path), []);
+    (await claimConfigPath(dir.path)).release();
+  } finally {
+    dir.cleanup();
+  }
+});
+
+lock('a lock left by a dead agent is replaced, and a stale pid file does not name the wrong agent', async () => {
+  const dir = tempDir('pa-lock-');
+  try {
+    await staleSocket(path.join(dir.path, LOCK_SOCKET));
+    fs.writeFileSync(path.join(dir.path, LOCK_PID), '999999\n');
+    const held = await claimConfigPath(dir.path);
+    assert.is(fs.readFileSync(path.join(dir.path, LOCK_PID), 'utf8').trim(), String(process.pid));
+    held.release();
+  } finally {
+    dir.cleanup();
+  }
+});
+
+lock('ten agents starting at once over a dead agent\'s lock: exactly one wins', async () => {
+  const dir = tempDir('pa-lock-');
+  try {
+    for (let round = 0; round < 5; round++) {
+      await staleSocket(path.join(dir.path, LOCK_SOCKET));
+      const results = await Promise.allSettled(Array.from({ length: 10 }, () => claimConfigPath(dir.path)));
+      const won = results.filter((r): r is PromiseFulfilledResult<{ release(): void }> => r.status === 'fulfilled');
+      assert.is(won.length, 1, `round ${round}: ${results.map((r) => (r.status === 'rejected' ? (r.reason as Error).message : 'won')).join('; ')}`);
+      for (const r of results) if (r.status === 'rejected') assert.match((r.reason as Error).message, /is in use: another pilot-agent \(pid \d+\)/);
+      won[0]!.value.release();
+      assert.equal(fs.readdirSync(dir.path), []);
+    }
+  } finally {
+    dir.cleanup();
+  }
+});
+
+lock('a file that is not a socket is never deleted', async () => {
+  const dir = tempDir('pa-lock-');
+  try {
+    fs.writeFileSync(path.join(dir.path, LOCK_SOCKET), 'precious');
+    await claimConfigPath(dir.path).then(() => assert.unreachable(), (e: Error) => assert.match(e.message, /exists and is not a socket/));
+    assert.is(fs.readFileSync(path.join(dir.path, LOCK_SOCKET), 'utf8'), 'precious');
+  } finally {
+    dir.cleanup();
+  }
+});
+
+lock.run();
+
+// ---------------------------------------------------------------------------------------------------------
+
+const agents = suite('two agents, one configPath');
+
+agents('a second agent on the same configPath exits 1 naming the first one\'s pid and touches nothing of it; the first still hot-restarts', async () => {
+  const dir = tempDir('pa-two-');
+  const ports = { admin: await freePort(), status: await freePort(), listen: await freePort() };
+  const custom = path.join(dir.path, 'custom.json');
+  fs.writeFileSync(custom, JSON.stringify(staticBootstrap(ports, 'first')));
+  const proxyDir = path.join(dir.path, 'proxy');
+  // The same config twice, as a second copy of a unit or a mistyped script would start it.
+  const env = {
+    PROXY_CONFIG: JSON.stringify({ configPath: proxyDir, binaryPath: envoyBin(), customConfigFile: custom, statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
+    POD_NAME: 'two', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
+    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+  };
+  const started: RunningAgent[] = [];
+  const envoyPids = new Set<number>();
+  const run = () => {
+    const a = startAgent(['proxy', 'sidecar'], env, dir.path);
+    started.push(a);
+    return a;
+  };
+  try {
+    const first = run();
+    const live = await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${first.log()}`); });
+    envoyPids.add(live.pid);
+    const baseId = (await debugEpochs(ports.status)).baseId!;
+    const before = fs.readdirSync(proxyDir).sort();
+    assert.ok(before.includes('envoy-base-id') && before.includes('envoy-rev0.json'), before.join(' '));
+    const shm = `envoy_shared_memory_${baseId * 10}`;
+    assert.ok(envoyShm().includes(shm));
+
+    const second = run();
+    const exit = await waitFor('second agent exit', () => second.exited, 20_000);
+    assert.is(exit.code, 1, second.log());
+    assert.match(second.log(), new RegExp(`configPath ${proxyDir} is in use: another pilot-agent \\(pid ${first.pid}\\)`));
+    assert.is(second.log().trim().split('\n').length, 1, `one line: ${second.log()}`);
+
+    assert.equal(fs.readdirSync(proxyDir).sort(), before, 'nothing of the first agent was removed');
+    assert.ok(envoyShm().includes(shm), 'its shared memory is still there');
+    // The proof that matters: the first agent's Envoy can still be hot-restarted.
+    first.proc.kill('SIGHUP');
+    const next = await waitLiveEpoch(ports.status, 1, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${first.log()}`); });
+    envoyPids.add(next.pid);
+    assert.is((await httpRequest(`http://127.0.0.1:${ports.listen}/`)).body, 'first');
+    assert.not.match(first.log(), /cannot open shared memory|still initializing/);
+
+    // A killed agent's lock does not stand in the way of the next one.
+    first.proc.kill('SIGKILL');
+    await first.exited;
+    await waitFor('its Envoys gone', () => [...envoyPids].every((p) => !pidAlive(p)), 30_000).catch((e: Error) => {
+      const left = [...envoyPids].filter(pidAlive).map((p) => `${p}: ${fs.readFileSync(`/proc/${p}/status`, 'utf8').split('\n').slice(0, 3).join(' ')}`);
+      throw new Error(`${e.message}: ${left.join('; ')}\n${first.log().slice(-2000)}`);
+    });
+    const third = run();
+    const again = await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${third.log()}`); });
+    envoyPids.add(again.pid);
+    assert.match(third.log(), /removed the lock of an agent that is gone/);
+    third.proc.kill('SIGTERM');
+    assert.is((await waitFor('third agent exit', () => third.exited, 20_000)).code, 0);
+    assert.equal(fs.readdirSync(proxyDir), [], 'a clean exit leaves configPath empty');
+  } finally {
+    for (const a of started) await a.stop();
+    for (const p of envoyPids) if (pidAlive(p)) process.kill(p, 'SIGKILL');
+    dir.cleanup();
+  }
+});
+
+agents.run();

@@ -1,0 +1,130 @@
+// An Envoy that cannot start is a start-up error, said once and plainly; failures are explained by Envoy's own
+// line. Real agent executable, real Envoy (or a small wrapper around it that misbehaves on purpose).
+
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import * as fs from 'node:fs';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import { debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { envoyBin, freePort, pidAlive, tempDir, waitFor, type TempDir } from './helpers/harness';
+import { staticBootstrap } from './helpers/static-bootstrap';
+
+interface Run {
+  dir: TempDir;
+  agent: RunningAgent;
+  ports: { admin: number; status: number; listen: number };
+  cleanup(): Promise<void>;
+}
+
+async function run(opts: { binary?: (dir: string) => string; listen?: number; env?: Record<string, string> } = {}): Promise<Run> {
+  const dir = tempDir('pa-start-');
+  const ports = { admin: await freePort(), status: await freePort(), listen: opts.listen ?? (await freePort()) };
+  const custom = path.join(dir.path, 'custom.json');
+  fs.writeFileSync(custom, JSON.stringify(staticBootstrap(ports, 'up')));
+  const agent = startAgent(['proxy', 'sidecar'], {
+    PROXY_CONFIG: JSON.stringify({
+      configPath: path.join(dir.path, 'proxy'), binaryPath: opts.binary ? opts.binary(dir.path) : envoyBin(), customConfigFile: custom,
+      statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
+    }),
+    POD_NAME: 'start', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
+    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+    ...opts.env,
+  }, dir.path);
+  const cleanup = async () => {
+    const pids = await debugEpochs(ports.status).then((d) => d.epochs.map((e) => e.pid), () => [] as number[]);
+    await agent.stop();
+    for (const p of pids) if (pidAlive(p)) process.kill(p, 'SIGKILL');
+    dir.cleanup();
+  };
+  return { dir, agent, ports, cleanup };
+}
+
+function script(dir: string, body: string): string {
+  const f = path.join(dir, 'envoy');
+  fs.writeFileSync(f, `#!/bin/sh\n${body}\n`, { mode: 0o755 });
+  return f;
+}
+
+const count = (text: string, re: RegExp) => (text.match(new RegExp(re.source, 'g')) ?? []).length;
+
+test('a binary that exits 0 at once is a start-up error: exit 1 after a second try, not ten restarts', async () => {
+  const r = await run({ binary: (d) => script(d, 'exit 0') });
+  try {
+    const exit = await waitFor('agent exit', () => r.agent.exited, 30_000);
+    assert.is(exit.code, 1, r.agent.log());
+    assert.is(count(r.agent.log(), /epoch 0 started/), 2, r.agent.log());
+    assert.match(r.agent.log(), /agent exiting with code 1: Envoy cannot start: Envoy epoch 0 exited \(code 0\) before it ever went live \(no output\)/);
+  } finally {
+    await r.cleanup();
+  }
+});
+
+test('a listener port that is taken is a start-up error naming Envoy\'s bind error; no shared memory is left', async () => {
+  const blocker = net.createServer();
+  const port = await freePort();
+  await new Promise<void>((res) => blocker.listen(port, '127.0.0.1', () => res()));
+  // The real Envoy, noting the base id it chose each time (these epochs fail before the agent may read it).
+  let ids = '';
+  const r = await run({
+    listen: port,
+    binary: (d) => {
+      ids = path.join(d, 'ids');
+      return script(d, `p=; prev=; for a in "$@"; do [ "$prev" = --base-id-path ] && p="$a"; prev="$a"; done\n${envoyBin()} "$@"; rc=$?\n[ -n "$p" ] && cat "$p" >> ${ids} 2>/dev/null; echo >> ${ids}\nexit $rc`);
+    },
+  });
+  try {
+    const exit = await waitFor('agent exit', () => r.agent.exited, 30_000);
+    assert.is(exit.code, 1, r.agent.log());
+    assert.is(count(r.agent.log(), /epoch 0 started/), 2, r.agent.log().split('\n').filter((l) => /supervisor/.test(l)).join('\n'));
+    assert.match(r.agent.log(), /agent exiting with code 1: Envoy cannot start: .*before it ever went live: .*(cannot bind|[Aa]ddress already in use)/);
+    const chosen = fs.readFileSync(ids, 'utf8').split(/\s+/).filter(Boolean).map(Number);
+    assert.is(chosen.length, 2, `both epochs chose a base id: ${chosen.join(' ')}`);
+    for (const id of chosen) assert.not.ok(fs.existsSync(`/dev/shm/envoy_shared_memory_${id * 10}`), `segment of base id ${id} removed`);
+  } finally {
+    await r.cleanup();
+    blocker.close();
+  }
+});
+
+test('a program that is not Envoy is reported as a binary that cannot run, not as a bootstrap Envoy rejects', async () => {
+  const r = await run({ binary: (d) => script(d, 'echo "usage: something else" >&2; exit 1') });
+  try {
+    const exit = await waitFor('agent exit', () => r.agent.exited, 30_000);
+    assert.is(exit.code, 1);
+    assert.match(r.agent.log(), /invalid binaryPath .*: cannot run .*envoy as Envoy: `--mode validate` exited with code 1 \(usage: something else\)/);
+    assert.not.match(r.agent.log(), /rejects the bootstrap/);
+  } finally {
+    await r.cleanup();
+  }
+});
+
+test('an Envoy that goes live only at its second start does not report that as a start-up time', async () => {
+  // Fails its first real start (not the validation run), then is the real Envoy.
+  const r = await run({ binary: (d) => script(d, `case "$*" in *validate*) exec ${envoyBin()} "$@";; esac\n[ -e ${d}/tried ] || { touch ${d}/tried; exit 3; }\nexec ${envoyBin()} "$@"`) });
+  try {
+    await waitLiveEpoch(r.ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${r.agent.log()}`); });
+    assert.match(r.agent.log(), /trying once more/);
+    assert.match(r.agent.log(), /Envoy is live \d+ ms after the agent started, at its 2nd start \(the earlier ones failed\)/);
+  } finally {
+    await r.cleanup();
+  }
+});
+
+test('a new epoch that panics is reported by its panic line, not a backtrace address', async () => {
+  const r = await run({ env: { ENVOY_RESTART_INITIAL_BACKOFF: '50ms' } });
+  try {
+    await waitLiveEpoch(r.ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${r.agent.log()}`); });
+    const { baseId } = await debugEpochs(r.ports.status);
+    // What a second agent on the same configPath used to do: take the serving Envoy's shared memory away.
+    fs.rmSync(`/dev/shm/envoy_shared_memory_${baseId! * 10}`);
+    r.agent.proc.kill('SIGHUP');
+    const reason = await waitFor('a failure reported', async () => (await debugEpochs(r.ports.status)).lastFailure?.reason, 30_000);
+    assert.match(reason, /new epoch 1 exited \(signal SIGABRT\) before it went live; epoch 0 keeps serving: panic: cannot open shared memory region/);
+    assert.not.match(reason, /0x[0-9a-f]+\]/);
+  } finally {
+    await r.cleanup();
+  }
+});
+
+test.run();
