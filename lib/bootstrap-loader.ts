@@ -7,7 +7,7 @@
 import YAML from 'yaml';
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
-import { buildBootstrap, mergeBootstrapOverride } from './bootstrap';
+import { buildBootstrap, hardenPublicListeners, mergeBootstrapOverride } from './bootstrap';
 import { templateVariables } from './bootstrap-template';
 import { renderGoTemplate, TemplateError } from './go-template';
 import { configError, errorMessage } from './errors';
@@ -44,7 +44,7 @@ export function resolveBootstrap(cfg: AgentConfig, node: NodeIdentity, readFile:
       : cfg.sources.defaultTemplate
         ? { field: 'bootstrap template', source: cfg.sources.defaultTemplate }
         : { field: 'proxyBootstrapTemplatePath', source: cfg.sources.proxyBootstrapTemplatePath ?? '--templateFile' };
-    bootstrap = loadTemplate(cfg.templateFile, setting, cfg, node, readFile);
+    bootstrap = hardenPublicListeners(loadTemplate(cfg.templateFile, setting, cfg, node, readFile), [cfg.envoyPrometheusPort, cfg.envoyStatusPort]);
     inputs.push(cfg.templateFile);
   } else {
     bootstrap = buildBootstrap({ cfg, node });

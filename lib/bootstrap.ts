@@ -313,6 +313,43 @@ function httpListener(net: LocalNet, port: number, statPrefix: string, exactPath
   };
 }
 
+/**
+ * The same guarantees for a bootstrap from a template (Istio's stock template routes a *prefix* of the public
+ * 15090/15021 listeners to the admin-backed clusters, which lets `/stats/prometheus/../../quitquitquit` through):
+ * in every static listener on those ports, a route that sends a prefix to a cluster becomes the exact path for
+ * GET/HEAD, 405 for other methods, and everything else 404, behind path normalisation. Returns a new bootstrap.
+ */
+export function hardenPublicListeners(bootstrap: Record<string, unknown>, ports: readonly number[]): Record<string, unknown> {
+  const copy = JSON.parse(JSON.stringify(bootstrap)) as Json;
+  const getOrHead = { name: ':method', string_match: { safe_regex: { regex: '^(GET|HEAD)$' } } };
+  const listeners = ((copy.static_resources as Json | undefined)?.listeners ?? []) as Json[];
+  for (const l of listeners) {
+    const port = ((l.address as Json | undefined)?.socket_address as Json | undefined)?.port_value;
+    if (!ports.includes(Number(port))) continue;
+    for (const fc of (l.filter_chains ?? []) as Json[]) {
+      for (const f of (fc.filters ?? []) as Json[]) {
+        const hcm = f.typed_config as Json | undefined;
+        if (!hcm || hcm['@type'] !== HCM_TYPE) continue;
+        hcm.normalize_path = true;
+        hcm.merge_slashes = true;
+        hcm.path_with_escaped_slashes_action = 'REJECT_REQUEST';
+        for (const vh of (((hcm.route_config as Json | undefined)?.virtual_hosts ?? []) as Json[])) {
+          const out: Json[] = [];
+          for (const r of (vh.routes ?? []) as Json[]) {
+            const m = r.match as Json | undefined;
+            if (m && typeof m.prefix === 'string' && m.prefix !== '/' && r.route) {
+              out.push({ ...r, match: { path: m.prefix, headers: [getOrHead] } }, { match: { path: m.prefix }, direct_response: { status: 405 } });
+            } else out.push(r);
+          }
+          if (!out.some((r) => (r.match as Json | undefined)?.prefix === '/')) out.push({ match: { prefix: '/' }, direct_response: { status: 404 } });
+          vh.routes = out;
+        }
+      }
+    }
+  }
+  return copy;
+}
+
 function prometheusListener(cfg: AgentConfig, net: LocalNet): Json {
   return httpListener(net, cfg.envoyPrometheusPort, 'stats', '/stats/prometheus', 'prometheus_stats');
 }
