@@ -150,8 +150,8 @@ export class EnvoyComponent implements Component {
     if (!live) return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
     const r = await admin.adminRequest(live.config.admin, 'GET', '/ready', 1000).catch((err: NodeJS.ErrnoException) => ({ status: 0, body: err.message, code: err.code }));
     // A hot-restart child that fails after the parent closed its admin listener (Envoy's protocol asks the parent to
-    // close it) leaves the serving parent without one: it still serves traffic, so that is not unreadiness. A
-    // stopped or hung Envoy still accepts the connection and never answers: that is.
+    // close it) leaves the serving parent without one until the supervisor restores it: it still serves traffic, so
+    // that is not unreadiness. A stopped or hung Envoy still accepts the connection and never answers: that is.
     const adminGone = 'code' in r && r.code === 'ECONNREFUSED' && this.supervisor.debugState().lastFailure !== null;
     if (r.status !== 200 && !adminGone) {
       return { ready: false, reason: r.status === 0 ? `Envoy does not answer on its admin port: ${r.body}` : `Envoy's /ready answered ${r.status} ${r.body.trim()}` };

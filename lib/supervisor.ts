@@ -149,6 +149,9 @@ export class Supervisor {
   private lastGood: DesiredConfig | undefined;
   /** How the first epoch failed, while nothing has gone live yet. */
   private startFailure: string | undefined;
+  /** The last good config, relaunched once to restore an admin port a failed hot-restart child closed. */
+  private adminRestore: DesiredConfig | undefined;
+  private adminRestoreTried = false;
   private launching = false;
   private closing = false;
   private killing = false;
@@ -183,6 +186,8 @@ export class Supervisor {
     this.desired = cfg;
     this.budget = RESTART_BUDGET;
     this.launchBudget = RESTART_BUDGET;
+    this.adminRestore = undefined;
+    this.adminRestoreTried = false;
     this.cancelRetry();
     this.reconcile();
   }
@@ -252,7 +257,7 @@ export class Supervisor {
   private target(): DesiredConfig | undefined {
     const want = this.desired;
     if (!want || this.rejectedHash !== want.hash) return want;
-    return this.epochs.size === 0 ? this.lastGood : undefined;
+    return this.epochs.size === 0 ? this.lastGood : this.adminRestore;
   }
 
   private reconcile(): void {
@@ -516,9 +521,15 @@ export class Supervisor {
         return;
       }
       const serving = this.newestLive();
+      if (want && want === this.adminRestore) {
+        this.adminRestore = undefined;
+        this.recordFailure(undefined, want.hash, `could not restore the admin port; epoch ${serving?.n} keeps serving without it until the next change`);
+        return;
+      }
       if (want) this.rejectedHash = want.hash;
       this.recordFailure(undefined, want?.hash ?? '', `restart budget spent for config ${short(want?.hash ?? '')}; ` +
         `epoch ${serving?.n} keeps serving the last good config until the next change`);
+      if (serving) this.checkAdmin(serving);
       return;
     }
     const delay = (this.opts.initialBackoffMs ?? INITIAL_BACKOFF_MS) * 2 ** (RESTART_BUDGET - left);
@@ -531,6 +542,22 @@ export class Supervisor {
       this.retryAt = undefined;
       this.reconcile();
     }, delay);
+  }
+
+  /**
+   * Envoy's hot restart asks the parent to close its admin listener before the child opens its own; a child that
+   * then fails leaves the serving parent without one (no scrape, no drain on SIGTERM, no readiness check). Once the
+   * new config is given up on, the last good config is started once more as a new epoch, which brings it back.
+   */
+  private checkAdmin(serving: { n: number; config: DesiredConfig }): void {
+    if (this.adminRestoreTried || !this.lastGood) return;
+    this.opts.runtime.probe(serving.config.admin).then(() => undefined, (err: NodeJS.ErrnoException) => {
+      if (err?.code !== 'ECONNREFUSED' || this.closing || this.adminRestoreTried || !this.lastGood) return;
+      this.adminRestoreTried = true;
+      log.warn(`epoch ${serving.n} serves without its admin port (a failed hot restart closed it); starting the last good config as a new epoch to restore it`);
+      this.adminRestore = { ...this.lastGood, hash: `${this.lastGood.hash}+admin` };
+      this.reconcile();
+    });
   }
 
   private cancelRetry(): void {
