@@ -65,10 +65,10 @@ test('a valid multi-document file yields normalised configs with their source', 
 });
 
 test('an unknown field is rejected with file, document, field path and line', () => {
-  const text = `${SE}---\n${VS(80).replace('  - route:', '  - fault: {}\n    route:')}`;
+  const text = `${SE}---\n${VS(80).replace('  - route:', '  - directResponse: {status: 204}\n    route:')}`;
   const [msg, ...rest] = messages('/c/a.yaml', text);
   assert.is(rest.length, 0);
-  assert.match(msg!, /^\/c\/a\.yaml:23:\d+: document 2 \(VirtualService demo\/web\): field spec\.http\[0\]\.fault: unknown or unsupported field "fault"/);
+  assert.match(msg!, /^\/c\/a\.yaml:23:\d+: document 2 \(VirtualService demo\/web\): field spec\.http\[0\]\.directResponse: unknown or unsupported field "directResponse"/);
 });
 
 test('unknown kinds, bad YAML, weights that do not add up and bad values are each named', () => {
@@ -203,7 +203,9 @@ test('the shipped standalone example loads cleanly and routes as its README says
     virtual_hosts: { domains: string[]; routes: { name: string; route: { cluster?: string; weighted_clusters?: { clusters: { name: string; weight: { value: number } }[] } } }[] }[];
   };
   const vh = rc.virtual_hosts[0]!;
-  assert.ok(vh.domains.includes('backend.example.local') && vh.domains.includes('*'));
+  // istiod's domains (the port ignored, the absolute name too), and the listener address the README curls.
+  assert.equal(vh.domains, ['backend.example.local', 'backend.example.local.', '127.0.0.1']);
+  assert.equal(rc.virtual_hosts.map((v) => v.domains), [vh.domains, ['*']], 'unknown Hosts fall to allow_any');
   assert.equal(vh.routes.map((r) => r.name), ['pinned-by-header', 'v1-path', 'weighted']);
   assert.equal(vh.routes[2]!.route.weighted_clusters!.clusters.map((c) => [c.name, c.weight.value]), [
     ['outbound|8080|v1|backend.example.local', 80],

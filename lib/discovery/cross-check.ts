@@ -76,8 +76,9 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
       });
     }
     vs.spec.http.forEach((route, ri) => {
-      route.route.forEach((d, di) => {
-        const path = ['spec', 'http', ri, 'route', di, 'destination'];
+      const dests = route.route.map((d, di) => ({ d, path: ['spec', 'http', ri, 'route', di, 'destination'] as Path }));
+      if (route.mirror) dests.push({ d: { ...route.mirror, weight: 0 }, path: ['spec', 'http', ri, 'mirror'] });
+      dests.forEach(({ d, path }) => {
         const se = lookup(d.host, ns);
         if (!se) return issue(vs, [...path, 'host'], `route to unknown host "${d.host}": no ServiceEntry defines it`);
         const fq = se.spec.hosts.includes(d.host) ? d.host : qualifyHost(d.host, ns);

@@ -2,8 +2,11 @@
 // from the service's mesh VirtualService or a default route to its cluster. Router: one per Gateway port
 // (`http.<port>`), virtual hosts from the VirtualServices bound to the Gateways whose hosts the server accepts.
 
-import type { Config, GatewaySpec, HttpMatch, HttpRoute, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
+import { headerFields, mirrorPolicies, perFilterConfig, retryPolicy } from './gen-http-policy';
+import { hashPolicy } from './gen-lb-policy';
+import type { Config, GatewaySpec, HttpMatch, HttpRoute, MeshConfig, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
 import { isHttp } from './model';
+import { SIDECAR_BIND } from './gen-listeners';
 import type { Proxy } from './proxy';
 import type { PushContext } from './push-context';
 import { clusterName, dur, encodeResource, type Resource, ROUTE } from './resources';
@@ -24,20 +27,54 @@ function sidecarRoutes(push: PushContext): Map<string, Resource> {
     for (const port of svc.ports) {
       if (!isHttp(port.protocol)) continue;
       const vs = push.meshVirtualService(svc.hostname);
-      const routes = vs ? vsRoutes(push, vs, port.number, true) : [defaultRoute(clusterName(port.number, '', svc.hostname))];
+      const routes = vs ? vsRoutes(push, vs, port.number, true) : [defaultRoute(push, svc.hostname, clusterName(port.number, '', svc.hostname))];
       const list = byPort.get(port.number) ?? [];
-      list.push({ name: `${svc.hostname}:${port.number}`, domains: [svc.hostname, `${svc.hostname}:${port.number}`], routes });
+      // The port is ignored when matching (ignore_port_in_host_matching), so no `host:port` domains; the absolute
+      // name `host.` is served too (istiod's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).
+      list.push({ name: `${svc.hostname}:${port.number}`, domains: [svc.hostname, `${svc.hostname}.`], routes });
       byPort.set(port.number, list);
     }
   }
   const out = new Map<string, Resource>();
   for (const [port, vhosts] of byPort) {
-    // The listener is the app's way in on this host: with one service on the port, any Host reaches it.
-    if (vhosts.length === 1) (vhosts[0]!.domains as string[]).push('*');
+    // istiod also matches a service's addresses. Here the app reaches a service at the loopback listener, so the
+    // listener's address is the service's address when the service is alone on the port (`curl 127.0.0.1:port`).
+    if (vhosts.length === 1) (vhosts[0]!.domains as string[]).push(SIDECAR_BIND);
     const name = sidecarRouteName(port);
-    out.set(name, encodeResource(ROUTE, name, { name, virtual_hosts: vhosts, validate_clusters: { value: false } }));
+    const route = { name, virtual_hosts: [...vhosts, catchAllVirtualHost(push.mesh)], validate_clusters: { value: false }, ignore_port_in_host_matching: true };
+    out.set(name, encodeResource(ROUTE, name, route));
   }
   return out;
+}
+
+export const PASSTHROUGH_CLUSTER = 'PassthroughCluster';
+export const BLACKHOLE_CLUSTER = 'BlackHoleCluster';
+// Set on requests the passthrough route forwards. Without traffic capture the original destination of a
+// connection to a loopback listener is that listener itself, so a request seen again with this header looped.
+const PASSTHROUGH_MARK = 'x-pilot-agent-passthrough';
+
+/** istiod's last virtual host of a sidecar route: unknown Hosts pass through (ALLOW_ANY) or get 502 (REGISTRY_ONLY). */
+function catchAllVirtualHost(mesh: MeshConfig): Record<string, unknown> {
+  if (mesh.outboundTrafficPolicy === 'REGISTRY_ONLY') {
+    return { name: 'block_all', domains: ['*'], routes: [{ name: 'block_all', match: { prefix: '/' }, direct_response: { status: 502 } }] };
+  }
+  return {
+    name: 'allow_any',
+    domains: ['*'],
+    routes: [
+      {
+        name: 'passthrough_loop',
+        match: { prefix: '/', headers: [{ name: PASSTHROUGH_MARK, present_match: true }] },
+        direct_response: { status: 508, body: { inline_string: 'passthrough loop: the original destination is this listener (no traffic capture)\n' } },
+      },
+      {
+        name: 'allow_any',
+        match: { prefix: '/' },
+        route: { cluster: PASSTHROUGH_CLUSTER, timeout: dur(0), max_grpc_timeout: dur(0) },
+        request_headers_to_add: [{ header: { key: PASSTHROUGH_MARK, value: '1' }, append_action: 'OVERWRITE_IF_EXISTS_OR_ADD' }],
+      },
+    ],
+  };
 }
 
 function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[]): Map<string, Resource> {
@@ -67,11 +104,14 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
   for (const [port, hosts] of byPort) {
     const vhosts = [...hosts].map(([h, routes]) => ({
       name: `${h}:${port}`,
-      domains: h === '*' ? ['*'] : [h, `${h}:${port}`],
+      // As istiod: the host alone, the port being ignored by ignore_port_in_host_matching (`Host: h:8080` matches).
+      domains: [h],
       routes,
     }));
+    // istiod's answer when no VirtualService binds to the port: a virtual host with no route (404).
+    if (!vhosts.length) vhosts.push({ name: `blackhole:${port}`, domains: ['*'], routes: [] });
     const name = gatewayRouteName(port);
-    out.set(name, encodeResource(ROUTE, name, { name, virtual_hosts: vhosts, validate_clusters: { value: false } }));
+    out.set(name, encodeResource(ROUTE, name, { name, virtual_hosts: vhosts, validate_clusters: { value: false }, ignore_port_in_host_matching: true }));
   }
   return out;
 }
@@ -93,25 +133,11 @@ function hostsOverlap(a: string, b: string): boolean {
   return false;
 }
 
-// Istio's default retry policy: 2 retries on connection-level failures and 503, on another host each time.
-const PREVIOUS_HOSTS = { type_url: 'type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate', value: new Uint8Array(0) };
-const DEFAULT_RETRY_ON = 'connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes';
-
-function retryPolicy(r: HttpRoute['retries']): Record<string, unknown> | undefined {
-  if (r && r.attempts === 0) return undefined;
-  const p: Record<string, unknown> = {
-    retry_on: r?.retryOn ?? DEFAULT_RETRY_ON,
-    num_retries: { value: r?.attempts ?? 2 },
-    retry_host_predicate: [{ name: 'envoy.retry_host_predicates.previous_hosts', typed_config: PREVIOUS_HOSTS }],
-    host_selection_retry_max_attempts: 5,
-    retriable_status_codes: [503],
-  };
-  if (r?.perTryTimeoutMs !== undefined) p.per_try_timeout = dur(r.perTryTimeoutMs);
-  return p;
-}
-
-function defaultRoute(cluster: string): Record<string, unknown> {
-  return { name: 'default', match: { prefix: '/' }, route: { cluster, timeout: dur(0), retry_policy: retryPolicy(undefined) } };
+function defaultRoute(push: PushContext, hostname: string, cluster: string): Record<string, unknown> {
+  const hash = hashPolicy(push, hostname, undefined);
+  const action: Record<string, unknown> = { cluster, timeout: dur(0), retry_policy: retryPolicy(undefined, !!hash), max_grpc_timeout: dur(0) };
+  if (hash) action.hash_policy = hash;
+  return { name: 'default', match: { prefix: '/' }, route: action };
 }
 
 function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: number, mesh: boolean): Record<string, unknown>[] {
@@ -121,9 +147,12 @@ function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: numbe
     if (!matches.length) continue;
     const action = routeAction(push, vs, r, port, mesh);
     if (!action) continue;
+    const pfc = perFilterConfig(r);
+    const hdrs = headerFields(r.headers);
     for (const m of matches) {
-      const route: Record<string, unknown> = { match: routeMatch(m), route: action };
+      const route: Record<string, unknown> = { match: routeMatch(m), route: action, ...hdrs };
       if (r.name) route.name = r.name;
+      if (pfc) route.typed_per_filter_config = pfc;
       out.push(route);
     }
   }
@@ -166,8 +195,16 @@ function routeAction(push: PushContext, vs: Config<VirtualServiceSpec>, r: HttpR
     ? { cluster: dests[0]!.cluster }
     : { weighted_clusters: { clusters: dests.map((d) => ({ name: d.cluster, weight: { value: d.weight } })) } };
   action.timeout = dur(r.timeoutMs ?? 0);
-  const retry = retryPolicy(r.retries);
+  const first = push.lookupService(r.route[0]!.host, vs.meta.namespace);
+  const hash = first ? hashPolicy(push, first.hostname, r.route[0]!.subset) : undefined;
+  if (hash) action.hash_policy = hash;
+  const retry = retryPolicy(r.retries, !!hash);
   if (retry) action.retry_policy = retry;
+  if (r.mirror) {
+    const mc = destinationCluster(push, vs, { ...r.mirror, weight: 100 }, port, mesh);
+    if (mc) action.request_mirror_policies = mirrorPolicies(mc, r.mirrorPercentage);
+  }
+  action.max_grpc_timeout = dur(r.timeoutMs ?? 0);
   if (r.rewrite?.uri !== undefined) action.prefix_rewrite = r.rewrite.uri;
   if (r.rewrite?.authority !== undefined) action.host_rewrite_literal = r.rewrite.authority;
   return action;

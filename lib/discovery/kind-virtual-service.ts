@@ -1,6 +1,7 @@
-// VirtualService reader: HTTP routes with uri/header matches, weighted destinations, timeout, retries, rewrite.
+// VirtualService reader: HTTP routes with uri/header matches, weighted destinations, timeout, retries, rewrite,
+// fault injection, CORS, mirroring and header manipulation.
 
-import type { HttpMatch, HttpRoute, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
+import type { CorsPolicy, HeaderOperations, HttpFault, HttpMatch, HttpRoute, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
 import { HOST, type Path, type Reader, readHosts } from './schema';
 
 export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualServiceSpec | undefined {
@@ -25,7 +26,7 @@ export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualSe
 }
 
 function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined {
-  const o = r.object(v, path, ['name', 'match', 'route', 'timeout', 'retries', 'rewrite'], ['route']);
+  const o = r.object(v, path, ['name', 'match', 'route', 'timeout', 'retries', 'rewrite', 'fault', 'corsPolicy', 'mirror', 'mirrorPercentage', 'headers'], ['route']);
   if (!o) return undefined;
   const out: HttpRoute = { match: [], route: [] };
   const name = r.string(o.name, [...path, 'name']);
@@ -52,7 +53,7 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
   const dests = r.array(o.route, [...path, 'route'], { required: true, nonEmpty: true });
   dests.forEach((d, i) => {
     const dp = [...path, 'route', i];
-    const dO = r.object(d, dp, ['destination', 'weight'], ['destination']);
+    const dO = r.object(d, dp, ['destination', 'weight'], ['destination']); // destination-level `headers` is not supported
     if (!dO) return;
     const de = r.object(dO.destination, [...dp, 'destination'], ['host', 'subset', 'port'], ['host']);
     const host = r.string(de?.host, [...dp, 'destination', 'host'], { required: true, pattern: HOST, patternText: 'a hostname' });
@@ -96,7 +97,100 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
       r.fail([...path, 'rewrite', 'uri'], 'a uri rewrite needs every match of this route to be a uri prefix match');
     }
   }
+  const fault = readFault(r, o.fault, [...path, 'fault']);
+  if (fault) out.fault = fault;
+  const cors = readCors(r, o.corsPolicy, [...path, 'corsPolicy']);
+  if (cors) out.corsPolicy = cors;
+  const mo = r.object(o.mirror, [...path, 'mirror'], ['host', 'subset', 'port'], ['host']);
+  if (mo) {
+    const host = r.string(mo.host, [...path, 'mirror', 'host'], { required: true, pattern: HOST, patternText: 'a hostname' });
+    const subset = r.string(mo.subset, [...path, 'mirror', 'subset']);
+    const po = r.object(mo.port, [...path, 'mirror', 'port'], ['number'], ['number']);
+    const port = po ? r.port(po.number, [...path, 'mirror', 'port', 'number'], true) : undefined;
+    if (host !== undefined) {
+      out.mirror = { host };
+      if (subset !== undefined) out.mirror.subset = subset;
+      if (port !== undefined) out.mirror.port = port;
+    }
+  }
+  const mp = readPercentage(r, o.mirrorPercentage, [...path, 'mirrorPercentage']);
+  if (mp !== undefined) {
+    if (!mo) r.fail([...path, 'mirrorPercentage'], 'needs mirror');
+    out.mirrorPercentage = mp;
+  }
+  const ho = r.object(o.headers, [...path, 'headers'], ['request', 'response']);
+  if (ho) {
+    out.headers = {};
+    const req = readHeaderOps(r, ho.request, [...path, 'headers', 'request']);
+    const res = readHeaderOps(r, ho.response, [...path, 'headers', 'response']);
+    if (req) out.headers.request = req;
+    if (res) out.headers.response = res;
+  }
   return out;
+}
+
+/** Istio's Percent message: `{value: 12.5}`. */
+function readPercentage(r: Reader, v: unknown, path: Path): number | undefined {
+  const o = r.object(v, path, ['value'], ['value']);
+  if (!o) return undefined;
+  if (typeof o.value !== 'number' || o.value < 0 || o.value > 100) return r.fail([...path, 'value'], 'must be a number from 0 to 100');
+  return o.value;
+}
+
+function readFault(r: Reader, v: unknown, path: Path): HttpFault | undefined {
+  const o = r.object(v, path, ['delay', 'abort']);
+  if (!o) return undefined;
+  const out: HttpFault = {};
+  const d = r.object(o.delay, [...path, 'delay'], ['fixedDelay', 'percentage', 'percent', 'exponentialDelay']);
+  if (d) {
+    if (d.exponentialDelay !== undefined) r.fail([...path, 'delay', 'exponentialDelay'], 'is not supported (Istio does not implement it either); use fixedDelay');
+    if (d.percent !== undefined) r.fail([...path, 'delay', 'percent'], 'is deprecated and not supported; use percentage: {value: N}');
+    const ms = r.duration(d.fixedDelay, [...path, 'delay', 'fixedDelay']);
+    if (d.fixedDelay === undefined) r.fail([...path, 'delay', 'fixedDelay'], 'is required');
+    const pct = readPercentage(r, d.percentage, [...path, 'delay', 'percentage']);
+    if (ms !== undefined) out.delay = pct === undefined ? { fixedDelayMs: ms } : { fixedDelayMs: ms, percentage: pct };
+  }
+  const a = r.object(o.abort, [...path, 'abort'], ['httpStatus', 'percentage', 'grpcStatus', 'http2Error']);
+  if (a) {
+    for (const k of ['grpcStatus', 'http2Error']) if (a[k] !== undefined) r.fail([...path, 'abort', k], 'is not supported; use httpStatus');
+    const status = r.int(a.httpStatus, [...path, 'abort', 'httpStatus'], { required: true, min: 200, max: 599 });
+    const pct = readPercentage(r, a.percentage, [...path, 'abort', 'percentage']);
+    if (status !== undefined) out.abort = pct === undefined ? { httpStatus: status } : { httpStatus: status, percentage: pct };
+  }
+  if (!out.delay && !out.abort && !r.problems.length) r.fail(path, 'needs delay or abort');
+  return out;
+}
+
+function readCors(r: Reader, v: unknown, path: Path): CorsPolicy | undefined {
+  const o = r.object(v, path, ['allowOrigins', 'allowMethods', 'allowHeaders', 'exposeHeaders', 'maxAge', 'allowCredentials', 'allowOrigin']);
+  if (!o) return undefined;
+  if (o.allowOrigin !== undefined) r.fail([...path, 'allowOrigin'], 'is deprecated and not supported; use allowOrigins with exact, prefix or regex');
+  const strings = (k: string) => r.array(o[k], [...path, k]).map((x, i) => r.string(x, [...path, k, i], { required: true })).filter((x): x is string => x !== undefined);
+  const out: CorsPolicy = {
+    allowOrigins: r.array(o.allowOrigins, [...path, 'allowOrigins']).map((x, i) => readStringMatch(r, x, [...path, 'allowOrigins', i])).filter((x): x is StringMatch => x !== undefined),
+    allowMethods: strings('allowMethods'),
+    allowHeaders: strings('allowHeaders'),
+    exposeHeaders: strings('exposeHeaders'),
+  };
+  const maxAge = r.duration(o.maxAge, [...path, 'maxAge']);
+  if (maxAge !== undefined) out.maxAgeMs = maxAge;
+  const cred = r.bool(o.allowCredentials, [...path, 'allowCredentials']);
+  if (cred !== undefined) out.allowCredentials = cred;
+  return out;
+}
+
+const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/;
+
+function readHeaderOps(r: Reader, v: unknown, path: Path): HeaderOperations | undefined {
+  const o = r.object(v, path, ['set', 'add', 'remove']);
+  if (!o) return undefined;
+  const map = (k: 'set' | 'add') => {
+    const m = r.stringMap(o[k], [...path, k]);
+    for (const h of Object.keys(m)) if (!HEADER_NAME.test(h)) r.fail([...path, k, h], `"${h}" is not a valid header name`);
+    return m;
+  };
+  const remove = r.array(o.remove, [...path, 'remove']).map((x, i) => r.string(x, [...path, 'remove', i], { required: true, pattern: HEADER_NAME, patternText: 'a header name' })).filter((x): x is string => x !== undefined);
+  return { set: map('set'), add: map('add'), remove };
 }
 
 function readStringMatch(r: Reader, v: unknown, path: Path): StringMatch | undefined {

@@ -32,6 +32,14 @@ export interface Config<S = Spec> {
 
 export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec;
 
+/** meshConfig fields the server honours. */
+export interface MeshConfig {
+  /** ALLOW_ANY: a sidecar passes unknown Hosts through (PassthroughCluster); REGISTRY_ONLY: it answers 502. */
+  outboundTrafficPolicy: 'ALLOW_ANY' | 'REGISTRY_ONLY';
+}
+
+export const DEFAULT_MESH: MeshConfig = Object.freeze({ outboundTrafficPolicy: 'ALLOW_ANY' });
+
 export const configKey = (kind: Kind, namespace: string, name: string) => `${kind}/${namespace}/${name}`;
 export const keyOf = (c: Config) => configKey(c.meta.kind, c.meta.namespace, c.meta.name);
 
@@ -87,6 +95,29 @@ export interface RouteDestination {
   weight: number;
 }
 
+/** Percent in [0, 100], fractions allowed (Istio's `Percent`). */
+export type Percent = number;
+
+export interface HeaderOperations {
+  set: Readonly<Record<string, string>>;
+  add: Readonly<Record<string, string>>;
+  remove: readonly string[];
+}
+
+export interface CorsPolicy {
+  allowOrigins: StringMatch[];
+  allowMethods: string[];
+  allowHeaders: string[];
+  exposeHeaders: string[];
+  maxAgeMs?: number;
+  allowCredentials?: boolean;
+}
+
+export interface HttpFault {
+  delay?: { fixedDelayMs: number; percentage?: Percent };
+  abort?: { httpStatus: number; percentage?: Percent };
+}
+
 export interface HttpRoute {
   name?: string;
   match: HttpMatch[];
@@ -94,6 +125,11 @@ export interface HttpRoute {
   timeoutMs?: number;
   retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string };
   rewrite?: { uri?: string; authority?: string };
+  fault?: HttpFault;
+  corsPolicy?: CorsPolicy;
+  mirror?: { host: string; subset?: string; port?: number };
+  mirrorPercentage?: Percent;
+  headers?: { request?: HeaderOperations; response?: HeaderOperations };
 }
 
 export interface VirtualServiceSpec {
@@ -103,8 +139,16 @@ export interface VirtualServiceSpec {
   http: HttpRoute[];
 }
 
+/** DestinationRule loadBalancer.consistentHash: one hash key source, ring hash (Istio's default) or Maglev. */
+export interface ConsistentHash {
+  key: { httpHeaderName: string } | { httpCookie: { name: string; path?: string; ttlMs?: number } } | { useSourceIp: true } | { httpQueryParameterName: string };
+  maglev: boolean;
+  minimumRingSize?: number;
+}
+
 export interface TrafficPolicy {
   loadBalancer?: 'ROUND_ROBIN' | 'LEAST_REQUEST' | 'RANDOM';
+  consistentHash?: ConsistentHash;
   connectionPool?: {
     tcp?: { maxConnections?: number; connectTimeoutMs?: number };
     http?: { http1MaxPendingRequests?: number; http2MaxRequests?: number; maxRequestsPerConnection?: number; maxRetries?: number };

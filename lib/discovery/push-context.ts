@@ -5,7 +5,7 @@
 
 import type { ConfigStore } from './config-store';
 import {
-  type Config, type DestinationRuleSpec, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
+  type Config, DEFAULT_MESH, type DestinationRuleSpec, type MeshConfig, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
   type VirtualServiceSpec,
 } from './model';
 import type { Proxy } from './proxy';
@@ -26,6 +26,7 @@ export class PushContext {
     readonly version: string,
     /** Shared across push contexts; see ResourceCache. */
     readonly cache: ResourceCache,
+    readonly mesh: MeshConfig,
     parts: {
       services: Service[];
       instances: Map<string, readonly ServiceInstance[]>;
@@ -43,7 +44,7 @@ export class PushContext {
       if (host && !drs.has(host)) drs.set(host, dr);
     }
     this.drByHost = drs;
-    const mesh = new Map<string, Config<VirtualServiceSpec>>();
+    const meshVs = new Map<string, Config<VirtualServiceSpec>>();
     const byGw = new Map<string, Config<VirtualServiceSpec>[]>();
     for (const vs of sortByKey(parts.vss)) {
       const gws = vs.spec.gateways.length ? vs.spec.gateways : ['mesh'];
@@ -51,7 +52,7 @@ export class PushContext {
         if (g === 'mesh') {
           for (const h of vs.spec.hosts) {
             const host = this.lookupService(h, vs.meta.namespace)?.hostname;
-            if (host && !mesh.has(host)) mesh.set(host, vs);
+            if (host && !meshVs.has(host)) meshVs.set(host, vs);
           }
         } else {
           const ref = g.includes('/') ? g : `${vs.meta.namespace}/${g}`;
@@ -59,19 +60,19 @@ export class PushContext {
         }
       }
     }
-    this.meshVs = mesh;
+    this.meshVs = meshVs;
     this.vsByGateway = byGw;
     this.gateways = Object.freeze(sortByKey(parts.gateways));
     Object.freeze(this);
   }
 
-  static build(version: string, store: ConfigStore, registry: ServiceDiscovery, cache = new ResourceCache()): PushContext {
+  static build(version: string, store: ConfigStore, registry: ServiceDiscovery, cache = new ResourceCache(), mesh: MeshConfig = DEFAULT_MESH): PushContext {
     const services = registry.services();
     const instances = new Map<string, readonly ServiceInstance[]>();
     for (const s of services) {
       for (const p of s.ports) instances.set(`${s.hostname}|${p.number}`, registry.instances(s.hostname, p.number));
     }
-    return new PushContext(version, cache, {
+    return new PushContext(version, cache, mesh, {
       services,
       instances,
       drs: store.list('DestinationRule') as Config<DestinationRuleSpec>[],
