@@ -49,31 +49,17 @@ function sidecarRoutes(push: PushContext): Map<string, Resource> {
 
 export const PASSTHROUGH_CLUSTER = 'PassthroughCluster';
 export const BLACKHOLE_CLUSTER = 'BlackHoleCluster';
-// Set on requests the passthrough route forwards. Without traffic capture the original destination of a
-// connection to a loopback listener is that listener itself, so a request seen again with this header looped.
-const PASSTHROUGH_MARK = 'x-pilot-agent-passthrough';
-
 /** istiod's last virtual host of a sidecar route: unknown Hosts pass through (ALLOW_ANY) or get 502 (REGISTRY_ONLY). */
 function catchAllVirtualHost(mesh: MeshConfig): Record<string, unknown> {
   if (mesh.outboundTrafficPolicy === 'REGISTRY_ONLY') {
     return { name: 'block_all', domains: ['*'], routes: [{ name: 'block_all', match: { prefix: '/' }, direct_response: { status: 502 } }] };
   }
+  // The loopback listeners restore no original destination (no capture, no original_dst listener filter), so
+  // PassthroughCluster has no host to pick here and Envoy answers 503 "no healthy upstream".
   return {
     name: 'allow_any',
     domains: ['*'],
-    routes: [
-      {
-        name: 'passthrough_loop',
-        match: { prefix: '/', headers: [{ name: PASSTHROUGH_MARK, present_match: true }] },
-        direct_response: { status: 508, body: { inline_string: 'passthrough loop: the original destination is this listener (no traffic capture)\n' } },
-      },
-      {
-        name: 'allow_any',
-        match: { prefix: '/' },
-        route: { cluster: PASSTHROUGH_CLUSTER, timeout: dur(0), max_grpc_timeout: dur(0) },
-        request_headers_to_add: [{ header: { key: PASSTHROUGH_MARK, value: '1' }, append_action: 'OVERWRITE_IF_EXISTS_OR_ADD' }],
-      },
-    ],
+    routes: [{ name: 'allow_any', match: { prefix: '/' }, route: { cluster: PASSTHROUGH_CLUSTER, timeout: dur(0), max_grpc_timeout: dur(0) } }],
   };
 }
 
