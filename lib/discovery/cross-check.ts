@@ -75,9 +75,16 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
         else meshHosts.set(fq, vs);
       });
     }
-    vs.spec.http.forEach((route, ri) => {
-      const dests = route.route.map((d, di) => ({ d, path: ['spec', 'http', ri, 'route', di, 'destination'] as Path }));
-      if (route.mirror) dests.push({ d: { ...route.mirror, weight: 0 }, path: ['spec', 'http', ri, 'mirror'] });
+    const routes = [
+      ...vs.spec.http.map((route, ri) => {
+        const dests = route.route.map((d, di) => ({ d, path: ['spec', 'http', ri, 'route', di, 'destination'] as Path }));
+        if (route.mirror) dests.push({ d: { ...route.mirror, weight: 0 }, path: ['spec', 'http', ri, 'mirror'] });
+        return dests;
+      }),
+      ...vs.spec.tcp.map((route, ri) => route.route.map((d, di) => ({ d, path: ['spec', 'tcp', ri, 'route', di, 'destination'] as Path }))),
+    ];
+    if (vs.spec.tcp.length && !forMesh) issue(vs, ['spec', 'tcp'], 'tcp routes are supported for the mesh (sidecars) only, not on Gateways');
+    routes.forEach((dests) => {
       dests.forEach(({ d, path }) => {
         const se = lookup(d.host, ns);
         if (!se) return issue(vs, [...path, 'host'], `route to unknown host "${d.host}": no ServiceEntry defines it`);

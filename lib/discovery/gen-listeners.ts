@@ -4,11 +4,12 @@
 // If a port is taken on the host, Envoy NACKs that listener; the server reports it and does not retry it.
 
 import { packAny } from '../envoy-protos';
-import { isHttp } from './model';
+import { isHttp, type Service } from './model';
+import { tcpProxyFilter } from './gen-tcp';
 import type { Proxy } from './proxy';
 import type { PushContext } from './push-context';
 import { CORS_FILTER, FAULT_FILTER } from './gen-http-policy';
-import { ADS_SOURCE, clusterName, dur, encodeResource, LISTENER, type Resource } from './resources';
+import { ADS_SOURCE, dur, encodeResource, LISTENER, type Resource } from './resources';
 import { gatewayRouteName, sidecarRouteName } from './gen-routes';
 
 const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
@@ -17,7 +18,6 @@ const GRPC_STATS = 'envoy.extensions.filters.http.grpc_stats.v3.FilterConfig';
 const FAULT = 'envoy.extensions.filters.http.fault.v3.HTTPFault';
 const CORS = 'envoy.extensions.filters.http.cors.v3.Cors';
 const UUID_REQUEST_ID = 'envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig';
-const TCP_PROXY = 'envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy';
 
 /** Where a sidecar's outbound listeners listen. */
 export const SIDECAR_BIND = '127.0.0.1';
@@ -44,11 +44,11 @@ export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<str
 
 function sidecarListeners(push: PushContext): Map<string, Resource> {
   const http = new Set<number>();
-  const tcp = new Map<number, string>(); // port -> cluster of the first service with a TCP port there
+  const tcp = new Map<number, Service>(); // port -> the first service with a TCP port there
   for (const svc of push.services) {
     for (const p of svc.ports) {
       if (isHttp(p.protocol)) http.add(p.number);
-      else if (!tcp.has(p.number)) tcp.set(p.number, clusterName(p.number, '', svc.hostname));
+      else if (!tcp.has(p.number)) tcp.set(p.number, svc);
     }
   }
   const out = new Map<string, Resource>();
@@ -57,7 +57,7 @@ function sidecarListeners(push: PushContext): Map<string, Resource> {
     // A port with both HTTP and TCP services is served as HTTP: Host is the only way to tell them apart.
     const filter = http.has(port)
       ? hcmFilter(name, sidecarRouteName(port), false)
-      : { name: 'envoy.filters.network.tcp_proxy', typed_config: packAny(TCP_PROXY, { stat_prefix: `outbound|${port}`, cluster: tcp.get(port) }) };
+      : tcpProxyFilter(push, tcp.get(port)!, port);
     out.set(name, encodeResource(LISTENER, name, listener(name, SIDECAR_BIND, port, filter, 'OUTBOUND')));
   }
   return out;

@@ -27,7 +27,8 @@ function sidecarRoutes(push: PushContext): Map<string, Resource> {
     for (const port of svc.ports) {
       if (!isHttp(port.protocol)) continue;
       const vs = push.meshVirtualService(svc.hostname);
-      const routes = vs ? vsRoutes(push, vs, port.number, true) : [defaultRoute(push, svc.hostname, clusterName(port.number, '', svc.hostname))];
+      // A VirtualService with only `tcp` routes leaves the service's HTTP ports on the default route.
+      const routes = vs?.spec.http.length ? vsRoutes(push, vs, port.number, true) : [defaultRoute(push, svc.hostname, clusterName(port.number, '', svc.hostname))];
       const list = byPort.get(port.number) ?? [];
       // The port is ignored when matching (ignore_port_in_host_matching), so no `host:port` domains; the absolute
       // name `host.` is served too (istiod's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).

@@ -1,11 +1,11 @@
 // VirtualService reader: HTTP routes with uri/header matches, weighted destinations, timeout, retries, rewrite,
-// fault injection, CORS, mirroring and header manipulation.
+// fault injection, CORS, mirroring and header manipulation; TCP routes by port with weighted destinations.
 
-import type { CorsPolicy, HeaderOperations, HttpFault, HttpMatch, HttpRoute, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
+import type { CorsPolicy, HeaderOperations, HttpFault, HttpMatch, HttpRoute, RouteDestination, StringMatch, TcpRoute, VirtualServiceSpec } from './model';
 import { HOST, type Path, type Reader, readHosts } from './schema';
 
 export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualServiceSpec | undefined {
-  const o = r.object(v, path, ['hosts', 'gateways', 'http', 'exportTo'], ['hosts']);
+  const o = r.object(v, path, ['hosts', 'gateways', 'http', 'tcp', 'exportTo'], ['hosts']);
   if (!o) return undefined;
   if (o.exportTo !== undefined) {
     const ex = r.array(o.exportTo, [...path, 'exportTo']);
@@ -18,11 +18,25 @@ export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualSe
     if (s !== undefined) gateways.push(s);
   });
   const http: HttpRoute[] = [];
-  r.array(o.http, [...path, 'http'], { required: true, nonEmpty: true }).forEach((h, i) => {
+  r.array(o.http, [...path, 'http']).forEach((h, i) => {
     const route = readHttpRoute(r, h, [...path, 'http', i]);
     if (route) http.push(route);
   });
-  return { hosts, gateways, http };
+  const tcp: TcpRoute[] = [];
+  r.array(o.tcp, [...path, 'tcp']).forEach((t, i) => {
+    const tp = [...path, 'tcp', i];
+    const to = r.object(t, tp, ['match', 'route'], ['route']);
+    if (!to) return;
+    const match: { port?: number }[] = [];
+    r.array(to.match, [...tp, 'match']).forEach((m, j) => {
+      const mo = r.object(m, [...tp, 'match', j], ['port']);
+      const port = r.port(mo?.port, [...tp, 'match', j, 'port']);
+      match.push(port === undefined ? {} : { port });
+    });
+    tcp.push({ match, route: readDestinations(r, to.route, [...tp, 'route']) });
+  });
+  if (!http.length && !tcp.length) r.fail(path, 'needs http or tcp routes');
+  return { hosts, gateways, http, tcp };
 }
 
 function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined {
@@ -50,29 +64,7 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
     if (port !== undefined) match.port = port;
     out.match.push(match);
   });
-  const dests = r.array(o.route, [...path, 'route'], { required: true, nonEmpty: true });
-  dests.forEach((d, i) => {
-    const dp = [...path, 'route', i];
-    const dO = r.object(d, dp, ['destination', 'weight'], ['destination']); // destination-level `headers` is not supported
-    if (!dO) return;
-    const de = r.object(dO.destination, [...dp, 'destination'], ['host', 'subset', 'port'], ['host']);
-    const host = r.string(de?.host, [...dp, 'destination', 'host'], { required: true, pattern: HOST, patternText: 'a hostname' });
-    const subset = r.string(de?.subset, [...dp, 'destination', 'subset']);
-    const po = r.object(de?.port, [...dp, 'destination', 'port'], ['number'], ['number']);
-    const port = po ? r.port(po.number, [...dp, 'destination', 'port', 'number'], true) : undefined;
-    const weight = r.int(dO.weight, [...dp, 'weight'], { min: 0, max: 100 });
-    if (dO.weight === undefined && dests.length > 1) r.fail([...dp, 'weight'], 'is required when a route has more than one destination');
-    if (weight === undefined && dO.weight !== undefined) return;
-    if (host === undefined) return;
-    const rd: RouteDestination = { host, weight: weight ?? 100 };
-    if (subset !== undefined) rd.subset = subset;
-    if (port !== undefined) rd.port = port;
-    out.route.push(rd);
-  });
-  if (dests.length > 1 && out.route.length === dests.length) {
-    const sum = out.route.reduce((a, d) => a + d.weight, 0);
-    if (sum !== 100) r.fail([...path, 'route'], `destination weights add up to ${sum}, not 100`);
-  }
+  out.route = readDestinations(r, o.route, [...path, 'route']);
   const timeoutMs = r.duration(o.timeout, [...path, 'timeout']);
   if (timeoutMs !== undefined) out.timeoutMs = timeoutMs;
   const ro = r.object(o.retries, [...path, 'retries'], ['attempts', 'perTryTimeout', 'retryOn'], ['attempts']);
@@ -125,6 +117,35 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
     const res = readHeaderOps(r, ho.response, [...path, 'headers', 'response']);
     if (req) out.headers.request = req;
     if (res) out.headers.response = res;
+  }
+  return out;
+}
+
+/** `route` of an HTTP or TCP route: weighted destinations. */
+function readDestinations(r: Reader, v: unknown, path: Path): RouteDestination[] {
+  const out: RouteDestination[] = [];
+  const dests = r.array(v, path, { required: true, nonEmpty: true });
+  dests.forEach((d, i) => {
+    const dp = [...path, i];
+    const dO = r.object(d, dp, ['destination', 'weight'], ['destination']); // destination-level `headers` is not supported
+    if (!dO) return;
+    const de = r.object(dO.destination, [...dp, 'destination'], ['host', 'subset', 'port'], ['host']);
+    const host = r.string(de?.host, [...dp, 'destination', 'host'], { required: true, pattern: HOST, patternText: 'a hostname' });
+    const subset = r.string(de?.subset, [...dp, 'destination', 'subset']);
+    const po = r.object(de?.port, [...dp, 'destination', 'port'], ['number'], ['number']);
+    const port = po ? r.port(po.number, [...dp, 'destination', 'port', 'number'], true) : undefined;
+    const weight = r.int(dO.weight, [...dp, 'weight'], { min: 0, max: 100 });
+    if (dO.weight === undefined && dests.length > 1) r.fail([...dp, 'weight'], 'is required when a route has more than one destination');
+    if (weight === undefined && dO.weight !== undefined) return;
+    if (host === undefined) return;
+    const rd: RouteDestination = { host, weight: weight ?? 100 };
+    if (subset !== undefined) rd.subset = subset;
+    if (port !== undefined) rd.port = port;
+    out.push(rd);
+  });
+  if (dests.length > 1 && out.length === dests.length) {
+    const sum = out.reduce((a, d) => a + d.weight, 0);
+    if (sum !== 100) r.fail(path, `destination weights add up to ${sum}, not 100`);
   }
   return out;
 }

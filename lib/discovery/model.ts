@@ -132,11 +132,18 @@ export interface HttpRoute {
   headers?: { request?: HeaderOperations; response?: HeaderOperations };
 }
 
+/** A `tcp` route: the first whose match (a port; none means any) fits a connection takes it. */
+export interface TcpRoute {
+  match: { port?: number }[];
+  route: RouteDestination[];
+}
+
 export interface VirtualServiceSpec {
   hosts: string[];
   /** `mesh` or Gateway references (`name` or `namespace/name`); empty means mesh. */
   gateways: string[];
   http: HttpRoute[];
+  tcp: TcpRoute[];
 }
 
 /** DestinationRule loadBalancer.consistentHash: one hash key source, ring hash (Istio's default) or Maglev. */
