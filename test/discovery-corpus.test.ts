@@ -182,6 +182,8 @@ async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, 
     });
     c.on('error', () => resolve(false));
   }));
+  // On a TCP listener the probe is proxied to a backend too: count from zero only once it has landed there.
+  if (r.tcp) await waitFor(`${what}: the probe to reach a backend`, () => Object.values(backends).some((b) => b.requests > 0));
   for (const b of Object.values(backends)) b.requests = 0;
   const e = r.expect;
   const results: HttpResult[] = [];
