@@ -72,7 +72,7 @@ test('an unknown field is rejected with file, document, field path and line', ()
 });
 
 test('unknown kinds, bad YAML, weights that do not add up and bad values are each named', () => {
-  assert.match(messages('/c/k.yaml', SE.replace('kind: ServiceEntry', 'kind: Sidecar'))[0]!, /field kind: unknown or unsupported kind "Sidecar"/);
+  assert.match(messages('/c/k.yaml', SE.replace('kind: ServiceEntry', 'kind: EnvoyFilter'))[0]!, /field kind: unknown or unsupported kind "EnvoyFilter"/);
   assert.match(messages('/c/y.yaml', 'kind: [unclosed\n')[0]!, /^\/c\/y\.yaml:\d+:\d+: document 1: invalid YAML/);
   assert.match(messages('/c/w.yaml', VS(70).replace('weight: 30', 'weight: 20'))[0]!, /field spec\.http\[0\]\.route: destination weights add up to 90, not 100/);
   assert.match(messages('/c/p.yaml', SE.replace('number: 8080', 'number: 80800'))[0]!, /field spec\.ports\[0\]\.number: 80800 is above the maximum 65535/);

@@ -5,8 +5,8 @@
 import { packAny } from '../envoy-protos';
 import { clusterLbFields, mergePolicy } from './gen-lb-policy';
 import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER } from './gen-routes';
-import { labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset } from './model';
-import type { PushContext } from './push-context';
+import { type Config, type DestinationRuleSpec, labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset } from './model';
+import type { ProxyScope, PushContext } from './push-context';
 import { ADS_SOURCE, CLUSTER, clusterName, dur, encodeResource, ENDPOINTS, type Resource } from './resources';
 
 const HTTP_OPTIONS = 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions';
@@ -20,11 +20,11 @@ interface ClusterSpec {
   subset?: Subset;
 }
 
-function clusterSpecs(push: PushContext): ClusterSpec[] {
-  return push.memoize('cluster-specs', () => {
+function clusterSpecs(push: PushContext, scope?: ProxyScope): ClusterSpec[] {
+  return push.memoize(`cluster-specs|${scope?.key ?? '*'}`, () => {
     const out: ClusterSpec[] = [];
-    for (const svc of push.services) {
-      const dr = push.destinationRule(svc.hostname);
+    for (const svc of scope?.services ?? push.services) {
+      const dr = push.destinationRule(svc.hostname, scope?.namespace);
       for (const port of svc.ports) {
         out.push({ name: clusterName(port.number, '', svc.hostname), service: svc, port });
         for (const subset of dr?.spec.subsets ?? []) out.push({ name: clusterName(port.number, subset.name, svc.hostname), service: svc, port, subset });
@@ -34,13 +34,14 @@ function clusterSpecs(push: PushContext): ClusterSpec[] {
   });
 }
 
-export function buildClusters(push: PushContext): Resource[] {
-  return push.memoize('cds', () => [
-    ...clusterSpecs(push).map((c) => {
+/** The clusters a proxy with this scope sees (its visible services, with the DestinationRules exported to it). */
+export function buildClusters(push: PushContext, scope: ProxyScope): Resource[] {
+  return push.memoize(`cds|${scope.key}`, () => [
+    ...clusterSpecs(push, scope).map((c) => {
       // A cluster depends on its service, its DestinationRule and, for DNS services, its instances.
-      const dr = push.destinationRule(c.service.hostname);
+      const dr = push.destinationRule(c.service.hostname, scope.namespace);
       const inst = c.service.resolution === 'STATIC' ? '' : JSON.stringify(selectInstances(push, c));
-      return push.cache.get(c.service, c.name, `${dr?.meta.resourceVersion ?? ''}|${inst}`, () => encodeResource(CLUSTER, c.name, clusterObject(push, c)));
+      return push.cache.get(c.service, c.name, `${dr?.meta.resourceVersion ?? ''}|${inst}`, () => encodeResource(CLUSTER, c.name, clusterObject(push, c, dr)));
     }),
     PASSTHROUGH,
     BLACKHOLE,
@@ -98,8 +99,7 @@ function loadAssignment(name: string, instances: readonly ServiceInstance[]): Re
   };
 }
 
-function clusterObject(push: PushContext, c: ClusterSpec): Record<string, unknown> {
-  const dr = push.destinationRule(c.service.hostname);
+function clusterObject(push: PushContext, c: ClusterSpec, dr: Config<DestinationRuleSpec> | undefined): Record<string, unknown> {
   const policy = mergePolicy(dr?.spec.trafficPolicy, c.subset?.trafficPolicy);
   const tcp = policy.connectionPool?.tcp;
   const http = policy.connectionPool?.http;

@@ -16,16 +16,16 @@ export function mergePolicy(top: TrafficPolicy | undefined, sub: TrafficPolicy |
 }
 
 /** The consistent hash in force for a destination (host + optional subset), if any. */
-function consistentHashFor(push: PushContext, hostname: string, subset: string | undefined): ConsistentHash | undefined {
-  const dr = push.destinationRule(hostname);
+function consistentHashFor(push: PushContext, hostname: string, subset: string | undefined, namespace?: string): ConsistentHash | undefined {
+  const dr = push.destinationRule(hostname, namespace);
   if (!dr) return undefined;
   const sub = subset ? dr.spec.subsets.find((s) => s.name === subset)?.trafficPolicy : undefined;
   return mergePolicy(dr.spec.trafficPolicy, sub).consistentHash;
 }
 
 /** Route hash_policy for a destination with consistent hashing, else undefined. */
-export function hashPolicy(push: PushContext, hostname: string, subset: string | undefined): Record<string, unknown>[] | undefined {
-  const ch = consistentHashFor(push, hostname, subset);
+export function hashPolicy(push: PushContext, hostname: string, subset: string | undefined, namespace?: string): Record<string, unknown>[] | undefined {
+  const ch = consistentHashFor(push, hostname, subset, namespace);
   if (!ch) return undefined;
   const k = ch.key;
   if ('httpHeaderName' in k) return [{ header: { header_name: k.httpHeaderName } }];

@@ -7,7 +7,7 @@ import { packAny } from '../envoy-protos';
 import { isHttp, type Service } from './model';
 import { tcpProxyFilter } from './gen-tcp';
 import type { Proxy } from './proxy';
-import type { PushContext } from './push-context';
+import type { ProxyScope, PushContext } from './push-context';
 import { CORS_FILTER, FAULT_FILTER } from './gen-http-policy';
 import { ADS_SOURCE, dur, encodeResource, LISTENER, type Resource } from './resources';
 import { gatewayRouteName, sidecarRouteName } from './gen-routes';
@@ -23,7 +23,10 @@ const UUID_REQUEST_ID = 'envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig
 export const SIDECAR_BIND = '127.0.0.1';
 
 export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
-  if (proxy.type === 'sidecar') return push.memoize('lds|sidecar', () => sidecarListeners(push));
+  if (proxy.type === 'sidecar') {
+    const scope = push.scopeFor(proxy);
+    return push.memoize(`lds|sidecar|${scope.key}`, () => sidecarListeners(push, scope));
+  }
   const gws = push.gatewaysFor(proxy);
   return push.memoize(`lds|router|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => {
     const out = new Map<string, Resource>();
@@ -42,10 +45,10 @@ export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<str
   });
 }
 
-function sidecarListeners(push: PushContext): Map<string, Resource> {
+function sidecarListeners(push: PushContext, scope: ProxyScope): Map<string, Resource> {
   const http = new Set<number>();
   const tcp = new Map<number, Service>(); // port -> the first service with a TCP port there
-  for (const svc of push.services) {
+  for (const svc of scope.services) {
     for (const p of svc.ports) {
       if (isHttp(p.protocol)) http.add(p.number);
       else if (!tcp.has(p.number)) tcp.set(p.number, svc);
@@ -57,7 +60,7 @@ function sidecarListeners(push: PushContext): Map<string, Resource> {
     // A port with both HTTP and TCP services is served as HTTP: Host is the only way to tell them apart.
     const filter = http.has(port)
       ? hcmFilter(name, sidecarRouteName(port), false)
-      : tcpProxyFilter(push, tcp.get(port)!, port);
+      : tcpProxyFilter(push, tcp.get(port)!, port, scope.namespace);
     out.set(name, encodeResource(LISTENER, name, listener(name, SIDECAR_BIND, port, filter, 'OUTBOUND')));
   }
   return out;

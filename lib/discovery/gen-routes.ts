@@ -8,11 +8,14 @@ import type { Config, GatewaySpec, HttpMatch, HttpRoute, MeshConfig, RouteDestin
 import { isHttp } from './model';
 import { SIDECAR_BIND } from './gen-listeners';
 import type { Proxy } from './proxy';
-import type { PushContext } from './push-context';
+import type { ProxyScope, PushContext } from './push-context';
 import { clusterName, dur, encodeResource, type Resource, ROUTE } from './resources';
 
 export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
-  if (proxy.type === 'sidecar') return push.memoize('rds|sidecar', () => sidecarRoutes(push));
+  if (proxy.type === 'sidecar') {
+    const scope = push.scopeFor(proxy);
+    return push.memoize(`rds|sidecar|${scope.key}`, () => sidecarRoutes(push, scope));
+  }
   const gws = push.gatewaysFor(proxy);
   return push.memoize(`rds|router|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => routerRoutes(push, gws));
 }
@@ -21,14 +24,14 @@ export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string
 export const sidecarRouteName = (port: number) => String(port);
 export const gatewayRouteName = (port: number) => `http.${port}`;
 
-function sidecarRoutes(push: PushContext): Map<string, Resource> {
+function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resource> {
   const byPort = new Map<number, Record<string, unknown>[]>();
-  for (const svc of push.services) {
+  for (const svc of scope.services) {
     for (const port of svc.ports) {
       if (!isHttp(port.protocol)) continue;
-      const vs = push.meshVirtualService(svc.hostname);
+      const vs = push.meshVirtualService(svc.hostname, scope.namespace);
       // A VirtualService with only `tcp` routes leaves the service's HTTP ports on the default route.
-      const routes = vs?.spec.http.length ? vsRoutes(push, vs, port.number, true) : [defaultRoute(push, svc.hostname, clusterName(port.number, '', svc.hostname))];
+      const routes = vs?.spec.http.length ? vsRoutes(push, vs, port.number, true) : [defaultRoute(push, svc.hostname, clusterName(port.number, '', svc.hostname), scope.namespace)];
       const list = byPort.get(port.number) ?? [];
       // The port is ignored when matching (ignore_port_in_host_matching), so no `host:port` domains; the absolute
       // name `host.` is served too (istiod's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).
@@ -120,8 +123,8 @@ function hostsOverlap(a: string, b: string): boolean {
   return false;
 }
 
-function defaultRoute(push: PushContext, hostname: string, cluster: string): Record<string, unknown> {
-  const hash = hashPolicy(push, hostname, undefined);
+function defaultRoute(push: PushContext, hostname: string, cluster: string, namespace: string): Record<string, unknown> {
+  const hash = hashPolicy(push, hostname, undefined, namespace);
   const action: Record<string, unknown> = { cluster, timeout: dur(0), retry_policy: retryPolicy(undefined, !!hash), max_grpc_timeout: dur(0) };
   if (hash) action.hash_policy = hash;
   return { name: 'default', match: { prefix: '/' }, route: action };

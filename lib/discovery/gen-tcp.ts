@@ -9,8 +9,8 @@ import { clusterName } from './resources';
 
 const TCP_PROXY = 'envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy';
 
-export function tcpProxyFilter(push: PushContext, svc: Service, port: number): Record<string, unknown> {
-  const vs = push.meshVirtualService(svc.hostname);
+export function tcpProxyFilter(push: PushContext, svc: Service, port: number, namespace: string): Record<string, unknown> {
+  const vs = push.meshVirtualService(svc.hostname, namespace);
   const route = vs?.spec.tcp.find((t) => !t.match.length || t.match.some((m) => m.port === undefined || m.port === port));
   const dests = (route?.route ?? [])
     .filter((d) => d.weight > 0 || route!.route.length === 1)

@@ -1,15 +1,13 @@
 // DestinationRule reader: subsets by label and traffic policies (load balancer, connection pool, outlier detection).
 
 import type { ConsistentHash, DestinationRuleSpec, Subset, TrafficPolicy } from './model';
+import { readExportTo } from './visibility';
 import { HOST, type Path, type Reader } from './schema';
 
 export function readDestinationRule(r: Reader, v: unknown, path: Path): DestinationRuleSpec | undefined {
   const o = r.object(v, path, ['host', 'trafficPolicy', 'subsets', 'exportTo'], ['host']);
   if (!o) return undefined;
-  if (o.exportTo !== undefined) {
-    const ex = r.array(o.exportTo, [...path, 'exportTo']);
-    if (!(ex.length === 1 && ex[0] === '*')) r.fail([...path, 'exportTo'], 'only ["*"] is supported (every config is visible to every proxy)');
-  }
+  const exportTo = readExportTo(r, o.exportTo, [...path, 'exportTo']);
   const host = r.string(o.host, [...path, 'host'], { required: true, pattern: HOST, patternText: 'a hostname' });
   if (host?.includes('*')) r.fail([...path, 'host'], 'wildcard hosts are not supported in a DestinationRule');
   const trafficPolicy = readTrafficPolicy(r, o.trafficPolicy, [...path, 'trafficPolicy']);
@@ -27,6 +25,7 @@ export function readDestinationRule(r: Reader, v: unknown, path: Path): Destinat
   });
   if (host === undefined) return undefined;
   const out: DestinationRuleSpec = { host, subsets };
+  if (exportTo) out.exportTo = exportTo;
   if (trafficPolicy) out.trafficPolicy = trafficPolicy;
   return out;
 }

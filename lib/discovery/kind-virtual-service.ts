@@ -2,15 +2,13 @@
 // fault injection, CORS, mirroring and header manipulation; TCP routes by port with weighted destinations.
 
 import type { CorsPolicy, HeaderOperations, HttpFault, HttpMatch, HttpRoute, RouteDestination, StringMatch, TcpRoute, VirtualServiceSpec } from './model';
+import { readExportTo } from './visibility';
 import { HOST, type Path, type Reader, readHosts } from './schema';
 
 export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualServiceSpec | undefined {
   const o = r.object(v, path, ['hosts', 'gateways', 'http', 'tcp', 'exportTo'], ['hosts']);
   if (!o) return undefined;
-  if (o.exportTo !== undefined) {
-    const ex = r.array(o.exportTo, [...path, 'exportTo']);
-    if (!(ex.length === 1 && ex[0] === '*')) r.fail([...path, 'exportTo'], 'only ["*"] is supported (every config is visible to every proxy)');
-  }
+  const exportTo = readExportTo(r, o.exportTo, [...path, 'exportTo']);
   const hosts = readHosts(r, o.hosts, [...path, 'hosts'], true);
   const gateways: string[] = [];
   r.array(o.gateways, [...path, 'gateways']).forEach((g, i) => {
@@ -36,7 +34,9 @@ export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualSe
     tcp.push({ match, route: readDestinations(r, to.route, [...tp, 'route']) });
   });
   if (!http.length && !tcp.length) r.fail(path, 'needs http or tcp routes');
-  return { hosts, gateways, http, tcp };
+  const out: VirtualServiceSpec = { hosts, gateways, http, tcp };
+  if (exportTo) out.exportTo = exportTo;
+  return out;
 }
 
 function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined {

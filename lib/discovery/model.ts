@@ -1,7 +1,7 @@
 // The discovery server's platform-neutral model: configs keyed by kind + namespace + name (the Istio kinds this
 // server accepts, already validated and normalised), and the service registry's Service and ServiceInstance.
 
-export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway'] as const;
+export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar'] as const;
 export type Kind = (typeof KINDS)[number];
 
 export type Event = 'add' | 'update' | 'delete';
@@ -30,7 +30,7 @@ export interface Config<S = Spec> {
   spec: S;
 }
 
-export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec;
+export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec | SidecarSpec;
 
 /** meshConfig fields the server honours. */
 export interface MeshConfig {
@@ -77,6 +77,7 @@ export interface ServiceEntrySpec {
   endpoints: WorkloadEntrySpec[];
   /** Selects WorkloadEntries of the same namespace by label. */
   workloadSelector?: Readonly<Record<string, string>>;
+  exportTo?: string[];
 }
 
 export type StringMatch = { exact: string } | { prefix: string } | { regex: string };
@@ -144,6 +145,7 @@ export interface VirtualServiceSpec {
   gateways: string[];
   http: HttpRoute[];
   tcp: TcpRoute[];
+  exportTo?: string[];
 }
 
 /** DestinationRule loadBalancer.consistentHash: one hash key source, ring hash (Istio's default) or Maglev. */
@@ -177,6 +179,7 @@ export interface Subset {
 
 export interface DestinationRuleSpec {
   host: string;
+  exportTo?: string[];
   trafficPolicy?: TrafficPolicy;
   subsets: Subset[];
 }
@@ -187,6 +190,12 @@ export interface GatewayServer {
   hosts: string[];
   /** Address the router binds this port on; 0.0.0.0 when unset. */
   bind?: string;
+}
+
+/** A Sidecar's egress hosts (`namespace/host`); it applies to the sidecars of its namespace it selects. */
+export interface SidecarSpec {
+  workloadSelector?: Readonly<Record<string, string>>;
+  egressHosts: string[];
 }
 
 export interface GatewaySpec {
@@ -202,6 +211,7 @@ export interface Service {
   ports: readonly ServicePort[];
   resolution: 'STATIC' | 'DNS';
   location: 'MESH_EXTERNAL' | 'MESH_INTERNAL';
+  exportTo?: readonly string[];
   /** Key of the ServiceEntry that defines it. */
   source: string;
 }

@@ -6,11 +6,23 @@
 import type { ConfigStore } from './config-store';
 import {
   type Config, DEFAULT_MESH, type DestinationRuleSpec, type MeshConfig, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
-  type VirtualServiceSpec,
+  type SidecarSpec, type VirtualServiceSpec,
 } from './model';
+import { egressAdmits, exportedTo } from './visibility';
 import type { Proxy } from './proxy';
 import type { ServiceDiscovery } from './registry';
 import { ResourceCache } from './resources';
+
+/** What one proxy sees: the services exported to its namespace and admitted by its Sidecar. Proxies with the
+ * same key see the same, so resources are generated once per key. */
+export interface ProxyScope {
+  readonly key: string;
+  readonly namespace: string;
+  readonly services: readonly Service[];
+}
+
+/** Istio's root namespace: a Sidecar without selector there applies to every namespace that has none. */
+export const ROOT_NAMESPACE = 'istio-system';
 
 export class PushContext {
   readonly services: readonly Service[];
@@ -20,6 +32,7 @@ export class PushContext {
   private readonly meshVs: ReadonlyMap<string, Config<VirtualServiceSpec>>;
   private readonly vsByGateway: ReadonlyMap<string, readonly Config<VirtualServiceSpec>[]>;
   readonly gateways: readonly Config<GatewaySpec>[];
+  private readonly sidecars: readonly Config<SidecarSpec>[];
   private readonly memo = new Map<string, unknown>();
 
   private constructor(
@@ -33,6 +46,7 @@ export class PushContext {
       drs: Config<DestinationRuleSpec>[];
       vss: Config<VirtualServiceSpec>[];
       gateways: Config<GatewaySpec>[];
+      sidecars: Config<SidecarSpec>[];
     },
   ) {
     this.services = Object.freeze(parts.services.sort((a, b) => (a.hostname < b.hostname ? -1 : a.hostname > b.hostname ? 1 : 0)));
@@ -63,6 +77,7 @@ export class PushContext {
     this.meshVs = meshVs;
     this.vsByGateway = byGw;
     this.gateways = Object.freeze(sortByKey(parts.gateways));
+    this.sidecars = Object.freeze(sortByKey(parts.sidecars));
     Object.freeze(this);
   }
 
@@ -78,6 +93,7 @@ export class PushContext {
       drs: store.list('DestinationRule') as Config<DestinationRuleSpec>[],
       vss: store.list('VirtualService') as Config<VirtualServiceSpec>[],
       gateways: store.list('Gateway') as Config<GatewaySpec>[],
+      sidecars: store.list('Sidecar') as Config<SidecarSpec>[],
     });
   }
 
@@ -90,12 +106,37 @@ export class PushContext {
     return this.instanceMap.get(`${hostname}|${port}`) ?? [];
   }
 
-  destinationRule(hostname: string): Config<DestinationRuleSpec> | undefined {
-    return this.drByHost.get(hostname);
+  /** The host's DestinationRule, if it is exported to `namespace` (any namespace when not given). */
+  destinationRule(hostname: string, namespace?: string): Config<DestinationRuleSpec> | undefined {
+    const dr = this.drByHost.get(hostname);
+    return dr && (namespace === undefined || exportedTo(dr.spec.exportTo, dr.meta.namespace, namespace)) ? dr : undefined;
   }
 
-  meshVirtualService(hostname: string): Config<VirtualServiceSpec> | undefined {
-    return this.meshVs.get(hostname);
+  /** The host's mesh VirtualService, if it is exported to `namespace` (any namespace when not given). */
+  meshVirtualService(hostname: string, namespace?: string): Config<VirtualServiceSpec> | undefined {
+    const vs = this.meshVs.get(hostname);
+    return vs && (namespace === undefined || exportedTo(vs.spec.exportTo, vs.meta.namespace, namespace)) ? vs : undefined;
+  }
+
+  /** The Sidecar that applies to a sidecar proxy: its namespace's selecting one, else its namespace's default,
+   * else the root namespace's default. Routers have none. */
+  sidecarFor(proxy: Proxy): Config<SidecarSpec> | undefined {
+    if (proxy.type !== 'sidecar') return undefined;
+    const own = this.sidecars.filter((s) => s.meta.namespace === proxy.namespace);
+    return own.find((s) => s.spec.workloadSelector && labelsMatch(s.spec.workloadSelector, proxy.labels))
+      ?? own.find((s) => !s.spec.workloadSelector)
+      ?? this.sidecars.find((s) => s.meta.namespace === ROOT_NAMESPACE && !s.spec.workloadSelector);
+  }
+
+  scopeFor(proxy: Proxy): ProxyScope {
+    const sc = this.sidecarFor(proxy);
+    const key = `${proxy.namespace}|${sc ? `${sc.meta.namespace}/${sc.meta.name}` : '-'}`;
+    return this.memoize(`scope|${key}`, () => Object.freeze({
+      key,
+      namespace: proxy.namespace,
+      services: Object.freeze(this.services.filter((svc) => exportedTo(svc.exportTo, svc.namespace, proxy.namespace)
+        && (!sc || sc.spec.egressHosts.some((h) => egressAdmits(h, sc.meta.namespace, svc.hostname, svc.namespace))))),
+    }));
   }
 
   virtualServicesForGateway(ref: string): readonly Config<VirtualServiceSpec>[] {
