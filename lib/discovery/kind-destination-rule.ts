@@ -9,7 +9,6 @@ export function readDestinationRule(r: Reader, v: unknown, path: Path): Destinat
   if (!o) return undefined;
   const exportTo = readExportTo(r, o.exportTo, [...path, 'exportTo']);
   const host = r.string(o.host, [...path, 'host'], { required: true, pattern: HOST, patternText: 'a hostname' });
-  if (host?.includes('*')) r.fail([...path, 'host'], 'wildcard hosts are not supported in a DestinationRule');
   const trafficPolicy = readTrafficPolicy(r, o.trafficPolicy, [...path, 'trafficPolicy']);
   const subsets: Subset[] = [];
   r.array(o.subsets, [...path, 'subsets']).forEach((s, i) => {

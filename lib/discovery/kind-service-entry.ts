@@ -48,7 +48,7 @@ export function readServiceEntry(r: Reader, v: unknown, path: Path): ServiceEntr
   if (resolution === 'STATIC' && !endpoints.length && !workloadSelector) {
     r.fail([...path, 'endpoints'], 'resolution STATIC needs endpoints or a workloadSelector');
   }
-  if (hosts.some((h) => h.includes('*'))) r.fail([...path, 'hosts'], 'wildcard hosts are not supported in a ServiceEntry');
+  if (resolution === 'DNS' && hosts.some((h) => h.includes('*'))) r.fail([...path, 'hosts'], 'a wildcard host cannot be resolved by DNS: use resolution STATIC with endpoints');
   const out: ServiceEntrySpec = { hosts, ports, resolution, location, endpoints };
   if (exportTo) out.exportTo = exportTo;
   if (workloadSelector) out.workloadSelector = workloadSelector;

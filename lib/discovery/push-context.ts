@@ -8,7 +8,7 @@ import {
   type Config, DEFAULT_MESH, type DestinationRuleSpec, type MeshConfig, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
   type SidecarSpec, type VirtualServiceSpec,
 } from './model';
-import { egressAdmits, exportedTo } from './visibility';
+import { egressAdmits, exportedTo, hostCovers } from './visibility';
 import type { Proxy } from './proxy';
 import type { ServiceDiscovery } from './registry';
 import { ResourceCache } from './resources';
@@ -53,18 +53,28 @@ export class PushContext {
     this.serviceByHost = new Map(this.services.map((s) => [s.hostname, s]));
     this.instanceMap = parts.instances;
     const drs = new Map<string, Config<DestinationRuleSpec>>();
+    const wildDrs: [string, Config<DestinationRuleSpec>][] = [];
     for (const dr of sortByKey(parts.drs)) {
+      if (dr.spec.host.includes('*')) {
+        wildDrs.push([dr.spec.host, dr]);
+        continue;
+      }
       const host = this.lookupService(dr.spec.host, dr.meta.namespace)?.hostname;
       if (host && !drs.has(host)) drs.set(host, dr);
     }
     this.drByHost = drs;
     const meshVs = new Map<string, Config<VirtualServiceSpec>>();
+    const wildVs: [string, Config<VirtualServiceSpec>][] = [];
     const byGw = new Map<string, Config<VirtualServiceSpec>[]>();
     for (const vs of sortByKey(parts.vss)) {
       const gws = vs.spec.gateways.length ? vs.spec.gateways : ['mesh'];
       for (const g of gws) {
         if (g === 'mesh') {
           for (const h of vs.spec.hosts) {
+            if (h.includes('*')) {
+              wildVs.push([h, vs]);
+              continue;
+            }
             const host = this.lookupService(h, vs.meta.namespace)?.hostname;
             if (host && !meshVs.has(host)) meshVs.set(host, vs);
           }
@@ -72,6 +82,18 @@ export class PushContext {
           const ref = g.includes('/') ? g : `${vs.meta.namespace}/${g}`;
           byGw.set(ref, [...(byGw.get(ref) ?? []), vs]);
         }
+      }
+    }
+    // A wildcard VirtualService or DestinationRule host applies to the services it covers that have no exact one;
+    // the most specific wildcard wins, as in Istio.
+    for (const svc of this.services) {
+      if (!meshVs.has(svc.hostname)) {
+        const w = mostSpecific(wildVs, svc.hostname);
+        if (w) meshVs.set(svc.hostname, w);
+      }
+      if (!drs.has(svc.hostname)) {
+        const w = mostSpecific(wildDrs, svc.hostname);
+        if (w) drs.set(svc.hostname, w);
       }
     }
     this.meshVs = meshVs;
@@ -160,4 +182,10 @@ export class PushContext {
 function sortByKey<T extends Config>(list: T[]): T[] {
   const k = (c: Config) => `${c.meta.namespace}/${c.meta.name}`;
   return [...list].sort((a, b) => (k(a) < k(b) ? -1 : k(a) > k(b) ? 1 : 0));
+}
+
+function mostSpecific<T>(list: readonly [string, T][], host: string): T | undefined {
+  let best: [string, T] | undefined;
+  for (const e of list) if (hostCovers(e[0], host) && (!best || e[0].length > best[0].length)) best = e;
+  return best?.[1];
 }

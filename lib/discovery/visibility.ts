@@ -29,7 +29,11 @@ export function egressAdmits(egressHost: string, sidecarNs: string, serviceHost:
   const host = egressHost.slice(slash + 1);
   if (ns === '~') return false;
   if (ns !== '*' && (ns === '.' ? sidecarNs : ns) !== serviceNs) return false;
-  if (host === '*') return true;
-  if (host.startsWith('*.')) return serviceHost.endsWith(host.slice(1));
-  return host === serviceHost;
+  return hostCovers(host, serviceHost);
+}
+
+/** Does a host pattern (`*`, `*.suffix` or a name) cover a hostname (itself possibly `*.suffix`)? */
+export function hostCovers(pattern: string, host: string): boolean {
+  if (pattern === '*' || pattern === host) return true;
+  return pattern.startsWith('*.') && host.endsWith(pattern.slice(1));
 }
