@@ -40,6 +40,8 @@ interface Expect {
   backendAbsentHeaders?: string[];
   /** Over `repeat` requests: how many got each status. */
   statuses?: Record<string, number>;
+  /** Over `repeat` requests: at least this many got each status. */
+  statusesAtLeast?: Record<string, number>;
   /** Over `repeat` requests: every answer came from one backend. */
   sameBackend?: boolean;
   /** Requests each backend received by the end of this step (mirrors are counted, eventually). */
@@ -59,6 +61,8 @@ interface RequestSpec {
   repeat?: number;
   /** A TCP connection (the answer is what the backend wrote) instead of an HTTP request. */
   tcp?: boolean;
+  /** Send the `repeat` requests at once instead of one after the other. */
+  parallel?: boolean;
   expect: Expect;
 }
 
@@ -188,10 +192,13 @@ async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, 
   const e = r.expect;
   const results: HttpResult[] = [];
   let elapsed = 0;
-  for (let i = 0; i < (r.repeat ?? 1); i++) {
-    const t0 = Date.now();
-    results.push(await send());
-    elapsed = Date.now() - t0;
+  if (r.parallel) results.push(...await Promise.all(Array.from({ length: r.repeat ?? 1 }, () => send())));
+  else {
+    for (let i = 0; i < (r.repeat ?? 1); i++) {
+      const t0 = Date.now();
+      results.push(await send());
+      elapsed = Date.now() - t0;
+    }
   }
   const first = results[0]!;
   const seen = () => JSON.parse(String(first.headers['x-seen-headers'] ?? '{}')) as Record<string, string>;
@@ -208,6 +215,12 @@ async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, 
     assert.equal(counts, e.statuses, `${what}: statuses over ${results.length} requests`);
   }
   if (e.backendsSeen) assert.equal([...new Set(results.map((x) => x.body))].sort(), [...e.backendsSeen].sort(), `${what}: backends that answered`);
+  if (e.statusesAtLeast) {
+    for (const [code, n] of Object.entries(e.statusesAtLeast)) {
+      const got = results.filter((x) => String(x.status) === code).length;
+      assert.ok(got >= n, `${what}: ${got} x ${code} of ${results.length}, expected at least ${n}`);
+    }
+  }
   if (e.sameBackend) assert.equal(new Set(results.map((x) => x.body)).size, 1, `${what}: one backend answered every request`);
   if (e.minMs !== undefined) assert.ok(elapsed >= e.minMs, `${what}: took ${elapsed} ms, expected at least ${e.minMs}`);
   if (e.backendRequests) {
