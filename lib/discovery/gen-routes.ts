@@ -35,7 +35,8 @@ function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resour
       const list = byPort.get(port.number) ?? [];
       // The port is ignored when matching (ignore_port_in_host_matching), so no `host:port` domains; the absolute
       // name `host.` is served too (istiod's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).
-      list.push({ name: `${svc.hostname}:${port.number}`, domains: [svc.hostname, `${svc.hostname}.`], routes });
+      const domains = [svc.hostname, `${svc.hostname}.`, ...kubeAltHosts(svc.hostname, scope.namespace)];
+      list.push({ name: `${svc.hostname}:${port.number}`, domains, routes });
       byPort.set(port.number, list);
     }
   }
@@ -49,6 +50,18 @@ function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resour
     out.set(name, encodeResource(ROUTE, name, route));
   }
   return out;
+}
+
+/** The short names a Kubernetes-style host answers to from a proxy in `proxyNs` (istiod's
+ * generateAltVirtualHostsForKubernetesService): `name`, `name.ns.svc` and `name.ns` in its own namespace,
+ * `name.ns` and `name.ns.svc` from another. */
+function kubeAltHosts(hostname: string, proxyNs: string): string[] {
+  if (!hostname.endsWith('.svc.cluster.local')) return [];
+  const ih = hostname.indexOf('.svc.');
+  const dot = hostname.indexOf('.');
+  if (dot + 1 >= ih) return [];
+  const nsName = hostname.slice(0, ih);
+  return hostname.slice(dot + 1, ih) === proxyNs ? [hostname.slice(0, dot), `${nsName}.svc`, nsName] : [nsName, `${nsName}.svc`];
 }
 
 export const PASSTHROUGH_CLUSTER = 'PassthroughCluster';
