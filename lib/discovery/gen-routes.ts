@@ -31,7 +31,7 @@ function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resour
       if (!isHttp(port.protocol)) continue;
       const vs = push.meshVirtualService(svc.hostname, scope.namespace);
       // A VirtualService with only `tcp` routes leaves the service's HTTP ports on the default route.
-      const routes = vs?.spec.http.length ? vsRoutes(push, vs, port.number, true) : [defaultRoute(push, svc.hostname, clusterName(port.number, '', svc.hostname), scope.namespace)];
+      const routes = vs?.spec.http.length ? vsRoutes(push, vs, port.number, true, scope.namespace) : [defaultRoute(push, svc.hostname, clusterName(port.number, '', svc.hostname), scope.namespace)];
       const list = byPort.get(port.number) ?? [];
       // The port is ignored when matching (ignore_port_in_host_matching), so no `host:port` domains; the absolute
       // name `host.` is served too (istiod's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).
@@ -143,12 +143,13 @@ function defaultRoute(push: PushContext, hostname: string, cluster: string, name
   return { name: 'default', match: { prefix: '/' }, route: action };
 }
 
-function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: number, mesh: boolean): Record<string, unknown>[] {
+/** `namespace`: the sidecar's, whose visible DestinationRule decides consistent hashing (a router sees every one). */
+function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: number, mesh: boolean, namespace?: string): Record<string, unknown>[] {
   const out: Record<string, unknown>[] = [];
   for (const r of vs.spec.http) {
     const matches = r.match.length ? r.match.filter((m) => m.port === undefined || m.port === port) : [undefined];
     if (!matches.length) continue;
-    const action = routeAction(push, vs, r, port, mesh);
+    const action = routeAction(push, vs, r, port, mesh, namespace);
     if (!action) continue;
     const pfc = perFilterConfig(r);
     const hdrs = headerFields(r.headers);
@@ -188,7 +189,7 @@ function destinationCluster(push: PushContext, vs: Config<VirtualServiceSpec>, d
   return clusterName(p, d.subset ?? '', svc.hostname);
 }
 
-function routeAction(push: PushContext, vs: Config<VirtualServiceSpec>, r: HttpRoute, port: number, mesh: boolean): Record<string, unknown> | undefined {
+function routeAction(push: PushContext, vs: Config<VirtualServiceSpec>, r: HttpRoute, port: number, mesh: boolean, namespace?: string): Record<string, unknown> | undefined {
   const dests = r.route
     .filter((d) => d.weight > 0 || r.route.length === 1)
     .map((d) => ({ cluster: destinationCluster(push, vs, d, port, mesh), weight: d.weight }))
@@ -199,7 +200,7 @@ function routeAction(push: PushContext, vs: Config<VirtualServiceSpec>, r: HttpR
     : { weighted_clusters: { clusters: dests.map((d) => ({ name: d.cluster, weight: { value: d.weight } })) } };
   action.timeout = dur(r.timeoutMs ?? 0);
   const first = push.lookupService(r.route[0]!.host, vs.meta.namespace);
-  const hash = first ? hashPolicy(push, first.hostname, r.route[0]!.subset) : undefined;
+  const hash = first ? hashPolicy(push, first.hostname, r.route[0]!.subset, namespace) : undefined;
   if (hash) action.hash_policy = hash;
   const retry = retryPolicy(r.retries, !!hash);
   if (retry) action.retry_policy = retry;
