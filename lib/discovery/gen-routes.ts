@@ -6,6 +6,7 @@ import { headerFields, mirrorPolicies, perFilterConfig, retryPolicy } from './ge
 import { hashPolicy } from './gen-lb-policy';
 import type { Config, GatewaySpec, HttpMatch, HttpRoute, MeshConfig, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
 import { isHttp } from './model';
+import { exportedTo } from './visibility';
 import { SIDECAR_BIND } from './gen-listeners';
 import type { Proxy } from './proxy';
 import type { ProxyScope, PushContext } from './push-context';
@@ -17,7 +18,7 @@ export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string
     return push.memoize(`rds|sidecar|${scope.key}`, () => sidecarRoutes(push, scope));
   }
   const gws = push.gatewaysFor(proxy);
-  return push.memoize(`rds|router|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => routerRoutes(push, gws));
+  return push.memoize(`rds|router|${proxy.namespace}|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => routerRoutes(push, gws, proxy.namespace));
 }
 
 /** Route configuration name of a sidecar port and of a gateway port. */
@@ -46,7 +47,7 @@ function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resour
     // listener's address is the service's address when the service is alone on the port (`curl 127.0.0.1:port`).
     if (vhosts.length === 1) (vhosts[0]!.domains as string[]).push(SIDECAR_BIND);
     const name = sidecarRouteName(port);
-    const route = { name, virtual_hosts: [...vhosts, catchAllVirtualHost(push.mesh)], validate_clusters: { value: false }, ignore_port_in_host_matching: true };
+    const route = { name, virtual_hosts: [...vhosts, catchAllVirtualHost(scope.outboundTrafficPolicy)], validate_clusters: { value: false }, ignore_port_in_host_matching: true };
     out.set(name, encodeResource(ROUTE, name, route));
   }
   return out;
@@ -67,8 +68,8 @@ function kubeAltHosts(hostname: string, proxyNs: string): string[] {
 export const PASSTHROUGH_CLUSTER = 'PassthroughCluster';
 export const BLACKHOLE_CLUSTER = 'BlackHoleCluster';
 /** istiod's last virtual host of a sidecar route: unknown Hosts pass through (ALLOW_ANY) or get 502 (REGISTRY_ONLY). */
-function catchAllVirtualHost(mesh: MeshConfig): Record<string, unknown> {
-  if (mesh.outboundTrafficPolicy === 'REGISTRY_ONLY') {
+function catchAllVirtualHost(policy: MeshConfig['outboundTrafficPolicy']): Record<string, unknown> {
+  if (policy === 'REGISTRY_ONLY') {
     return { name: 'block_all', domains: ['*'], routes: [{ name: 'block_all', match: { prefix: '/' }, direct_response: { status: 502 } }] };
   }
   // The loopback listeners restore no original destination (no capture, no original_dst listener filter), so
@@ -80,7 +81,7 @@ function catchAllVirtualHost(mesh: MeshConfig): Record<string, unknown> {
   };
 }
 
-function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[]): Map<string, Resource> {
+function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[], proxyNs: string): Map<string, Resource> {
   // port -> host -> routes, in Gateway then VirtualService order
   const byPort = new Map<number, Map<string, Record<string, unknown>[]>>();
   const added = new Set<string>();
@@ -90,7 +91,8 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
       const port = server.port.number;
       const hosts = byPort.get(port) ?? new Map<string, Record<string, unknown>[]>();
       byPort.set(port, hosts);
-      for (const vs of push.virtualServicesForGateway(ref)) {
+      // As istiod, a gateway uses only the VirtualServices exported to its own namespace.
+      for (const vs of push.virtualServicesForGateway(ref).filter((v) => exportedTo(v.spec.exportTo, v.meta.namespace, proxyNs))) {
         for (const h of vs.spec.hosts) {
           if (!server.hosts.some((sh) => serverHostAccepts(sh, gw.meta.namespace, h, vs.meta.namespace))) continue;
           const once = `${port}|${h}|${vs.meta.namespace}/${vs.meta.name}`;

@@ -1,12 +1,12 @@
 // Sidecar reader: which services a namespace's (or selected workloads') sidecars see, by egress hosts.
-// Only `workloadSelector` and `egress[].hosts` are supported; ports, bind, capture modes, ingress and
-// outboundTrafficPolicy are rejected.
+// Supported: `workloadSelector`, one `egress` entry's `hosts`, `outboundTrafficPolicy.mode`; egress ports, bind,
+// capture modes, egressProxy and ingress are rejected.
 
 import type { SidecarSpec } from './model';
 import { HOST, type Path, type Reader } from './schema';
 
 export function readSidecar(r: Reader, v: unknown, path: Path): SidecarSpec | undefined {
-  const o = r.object(v, path, ['workloadSelector', 'egress'], ['egress']);
+  const o = r.object(v, path, ['workloadSelector', 'egress', 'outboundTrafficPolicy'], ['egress']);
   if (!o) return undefined;
   const out: SidecarSpec = { egressHosts: [] };
   const ws = r.object(o.workloadSelector, [...path, 'workloadSelector'], ['labels'], ['labels']);
@@ -27,5 +27,8 @@ export function readSidecar(r: Reader, v: unknown, path: Path): SidecarSpec | un
       } else out.egressHosts.push(s);
     });
   });
+  const otp = r.object(o.outboundTrafficPolicy, [...path, 'outboundTrafficPolicy'], ['mode'], ['mode']);
+  const mode = r.oneOf(otp?.mode, [...path, 'outboundTrafficPolicy', 'mode'], ['ALLOW_ANY', 'REGISTRY_ONLY'] as const);
+  if (mode) out.outboundTrafficPolicy = mode;
   return out;
 }

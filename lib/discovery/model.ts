@@ -196,6 +196,7 @@ export interface GatewayServer {
 export interface SidecarSpec {
   workloadSelector?: Readonly<Record<string, string>>;
   egressHosts: string[];
+  outboundTrafficPolicy?: 'ALLOW_ANY' | 'REGISTRY_ONLY';
 }
 
 export interface GatewaySpec {

@@ -19,6 +19,8 @@ export interface ProxyScope {
   readonly key: string;
   readonly namespace: string;
   readonly services: readonly Service[];
+  /** The Sidecar's outboundTrafficPolicy, else meshConfig's. */
+  readonly outboundTrafficPolicy: MeshConfig['outboundTrafficPolicy'];
 }
 
 /** Istio's root namespace: a Sidecar without selector there applies to every namespace that has none. */
@@ -156,6 +158,7 @@ export class PushContext {
     return this.memoize(`scope|${key}`, () => Object.freeze({
       key,
       namespace: proxy.namespace,
+      outboundTrafficPolicy: sc?.spec.outboundTrafficPolicy ?? this.mesh.outboundTrafficPolicy,
       services: Object.freeze(this.services.filter((svc) => exportedTo(svc.exportTo, svc.namespace, proxy.namespace)
         && (!sc || sc.spec.egressHosts.some((h) => egressAdmits(h, sc.meta.namespace, svc.hostname, svc.namespace))))),
     }));
