@@ -65,10 +65,10 @@ test('a valid multi-document file yields normalised configs with their source', 
 });
 
 test('an unknown field is rejected with file, document, field path and line', () => {
-  const text = `${SE}---\n${VS(80).replace('  - route:', '  - directResponse: {status: 204}\n    route:')}`;
+  const text = `${SE}---\n${VS(80).replace('  - route:', '  - delegate: {name: other}\n    route:')}`;
   const [msg, ...rest] = messages('/c/a.yaml', text);
   assert.is(rest.length, 0);
-  assert.match(msg!, /^\/c\/a\.yaml:23:\d+: document 2 \(VirtualService demo\/web\): field spec\.http\[0\]\.directResponse: unknown or unsupported field "directResponse"/);
+  assert.match(msg!, /^\/c\/a\.yaml:23:\d+: document 2 \(VirtualService demo\/web\): field spec\.http\[0\]\.delegate: unknown or unsupported field "delegate"/);
 });
 
 test('unknown kinds, bad YAML, weights that do not add up and bad values are each named', () => {

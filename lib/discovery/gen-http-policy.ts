@@ -40,6 +40,10 @@ export function retryPolicy(r: HttpRoute['retries'], hashPolicy = false): Record
     if (codes.length) p.retriable_status_codes = codes;
   }
   if (r?.perTryTimeoutMs !== undefined) p.per_try_timeout = dur(r.perTryTimeoutMs);
+  // An explicit retryIgnorePreviousHosts decides the previous_hosts predicate, whatever the hashing.
+  if (r?.ignorePreviousHosts === false) delete p.retry_host_predicate;
+  if (r?.ignorePreviousHosts === true) p.retry_host_predicate = [{ name: 'envoy.retry_host_predicates.previous_hosts', typed_config: packAny(PREVIOUS_HOSTS, {}) }];
+  if (r?.backoffMs !== undefined) p.retry_back_off = { base_interval: dur(r.backoffMs) };
   return p;
 }
 

@@ -151,12 +151,14 @@ function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: numbe
   for (const r of vs.spec.http) {
     const matches = r.match.length ? r.match.filter((m) => m.port === undefined || m.port === port) : [undefined];
     if (!matches.length) continue;
-    const action = routeAction(push, vs, r, port, mesh, namespace);
+    const action = r.redirect ? { redirect: redirectAction(r.redirect) }
+      : r.directResponse ? { direct_response: directResponse(r.directResponse) }
+      : routeAction(push, vs, r, port, mesh, namespace);
     if (!action) continue;
     const pfc = perFilterConfig(r);
     const hdrs = headerFields(r.headers);
     for (const m of matches) {
-      const route: Record<string, unknown> = { match: routeMatch(m), route: action, ...hdrs };
+      const route: Record<string, unknown> = { match: routeMatch(m), ...('redirect' in action || 'direct_response' in action ? action : { route: action }), ...hdrs };
       if (r.name) route.name = r.name;
       if (pfc) route.typed_per_filter_config = pfc;
       out.push(route);
@@ -173,9 +175,32 @@ function routeMatch(m: HttpMatch | undefined): Record<string, unknown> {
   else if ('prefix' in uri) out.prefix = uri.prefix;
   else out.safe_regex = { regex: uri.regex };
   if (m?.ignoreUriCase) out.case_sensitive = { value: false };
-  const headers = Object.entries(m?.headers ?? {}).map(([name, sm]) => ({ name, string_match: stringMatcher(sm) }));
+  // method, authority and scheme are pseudo-headers to Envoy; withoutHeaders are inverted header matches.
+  const headers = [
+    ...Object.entries(m?.headers ?? {}).map(([name, sm]) => ({ name, string_match: stringMatcher(sm) })),
+    ...(['method', 'authority', 'scheme'] as const).filter((k) => m?.[k]).map((k) => ({ name: `:${k}`, string_match: stringMatcher(m![k]!) })),
+    // As istiod: a request without the header matches withoutHeaders too.
+    ...Object.entries(m?.withoutHeaders ?? {}).map(([name, sm]) => ({ name, string_match: stringMatcher(sm), invert_match: true, treat_missing_header_as_empty: true })),
+  ].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   if (headers.length) out.headers = headers;
+  const qp = Object.entries(m?.queryParams ?? {}).map(([name, sm]) => ({ name, string_match: stringMatcher(sm) }));
+  if (qp.length) out.query_parameters = qp;
   return out;
+}
+
+const REDIRECT_CODE: Record<number, string> = { 301: 'MOVED_PERMANENTLY', 302: 'FOUND', 303: 'SEE_OTHER', 307: 'TEMPORARY_REDIRECT', 308: 'PERMANENT_REDIRECT' };
+
+function redirectAction(rd: NonNullable<HttpRoute['redirect']>): Record<string, unknown> {
+  const out: Record<string, unknown> = { response_code: REDIRECT_CODE[rd.redirectCode ?? 301] };
+  if (rd.uri !== undefined) out.path_redirect = rd.uri;
+  if (rd.authority !== undefined) out.host_redirect = rd.authority;
+  if (rd.port !== undefined) out.port_redirect = rd.port;
+  if (rd.scheme !== undefined) out.scheme_redirect = rd.scheme;
+  return out;
+}
+
+function directResponse(d: NonNullable<HttpRoute['directResponse']>): Record<string, unknown> {
+  return d.body === undefined ? { status: d.status } : { status: d.status, body: { inline_string: d.body } };
 }
 
 function stringMatcher(sm: StringMatch): Record<string, unknown> {

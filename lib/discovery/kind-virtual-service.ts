@@ -40,42 +40,85 @@ export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualSe
 }
 
 function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined {
-  const o = r.object(v, path, ['name', 'match', 'route', 'timeout', 'retries', 'rewrite', 'fault', 'corsPolicy', 'mirror', 'mirrorPercentage', 'headers'], ['route']);
+  const o = r.object(v, path, ['name', 'match', 'route', 'redirect', 'directResponse', 'timeout', 'retries', 'rewrite', 'fault', 'corsPolicy', 'mirror', 'mirrorPercentage', 'headers']);
   if (!o) return undefined;
+  const actions = ['route', 'redirect', 'directResponse'].filter((k) => o[k] !== undefined);
+  if (actions.length !== 1) r.fail(path, `needs exactly one of route, redirect, directResponse${actions.length ? ` (has ${actions.join(', ')})` : ''}`);
   const out: HttpRoute = { match: [], route: [] };
   const name = r.string(o.name, [...path, 'name']);
   if (name !== undefined) out.name = name;
   r.array(o.match, [...path, 'match']).forEach((m, i) => {
     const mp = [...path, 'match', i];
-    const mo = r.object(m, mp, ['name', 'uri', 'headers', 'port', 'ignoreUriCase']);
+    const mo = r.object(m, mp, ['name', 'uri', 'headers', 'port', 'ignoreUriCase', 'method', 'authority', 'scheme', 'queryParams', 'withoutHeaders']);
     if (!mo) return;
     r.string(mo.name, [...mp, 'name']);
     const match: HttpMatch = { headers: {}, ignoreUriCase: r.bool(mo.ignoreUriCase, [...mp, 'ignoreUriCase']) ?? false };
     if (mo.uri !== undefined) match.uri = readStringMatch(r, mo.uri, [...mp, 'uri']);
-    const ho = r.mapping(mo.headers, [...mp, 'headers']);
-    const headers: Record<string, StringMatch> = {};
-    for (const [hn, hv] of Object.entries(ho ?? {})) {
-      if (!/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/.test(hn)) r.fail([...mp, 'headers', hn], `"${hn}" is not a valid header name`);
-      const sm = readStringMatch(r, hv, [...mp, 'headers', hn]);
-      if (sm) headers[hn.toLowerCase()] = sm;
+    const matchMap = (key: 'headers' | 'withoutHeaders' | 'queryParams') => {
+      const out: Record<string, StringMatch> = {};
+      for (const [hn, hv] of Object.entries(r.mapping(mo[key], [...mp, key]) ?? {})) {
+        if (!/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/.test(hn)) r.fail([...mp, key, hn], `"${hn}" is not a valid ${key === 'queryParams' ? 'parameter' : 'header'} name`);
+        const sm = readStringMatch(r, hv, [...mp, key, hn]);
+        if (sm) out[key === 'queryParams' ? hn : hn.toLowerCase()] = sm;
+      }
+      return out;
+    };
+    match.headers = matchMap('headers');
+    const without = matchMap('withoutHeaders');
+    if (Object.keys(without).length) match.withoutHeaders = without;
+    const qp = matchMap('queryParams');
+    if (Object.keys(qp).length) match.queryParams = qp;
+    for (const k of ['method', 'authority', 'scheme'] as const) {
+      if (mo[k] === undefined) continue;
+      const sm = readStringMatch(r, mo[k], [...mp, k]);
+      if (sm) match[k] = sm;
     }
-    match.headers = headers;
     const port = r.port(mo.port, [...mp, 'port']);
     if (port !== undefined) match.port = port;
     out.match.push(match);
   });
-  out.route = readDestinations(r, o.route, [...path, 'route']);
+  if (o.route !== undefined || actions.length !== 1) out.route = readDestinations(r, o.route, [...path, 'route']);
+  const rd = r.object(o.redirect, [...path, 'redirect'], ['uri', 'authority', 'port', 'scheme', 'redirectCode']);
+  if (rd) {
+    const rp = [...path, 'redirect'];
+    out.redirect = {};
+    const uri = r.string(rd.uri, [...rp, 'uri']);
+    const authority = r.string(rd.authority, [...rp, 'authority']);
+    const port = r.port(rd.port, [...rp, 'port']);
+    const scheme = r.oneOf(rd.scheme, [...rp, 'scheme'], ['http', 'https'] as const);
+    const code = r.int(rd.redirectCode, [...rp, 'redirectCode']);
+    if (code !== undefined && !REDIRECT_CODES.includes(code)) r.fail([...rp, 'redirectCode'], `${code} is not one of ${REDIRECT_CODES.join(', ')}`);
+    if (uri !== undefined) out.redirect.uri = uri;
+    if (authority !== undefined) out.redirect.authority = authority;
+    if (port !== undefined) out.redirect.port = port;
+    if (scheme !== undefined) out.redirect.scheme = scheme;
+    if (code !== undefined) out.redirect.redirectCode = code;
+  }
+  const dr = r.object(o.directResponse, [...path, 'directResponse'], ['status', 'body'], ['status']);
+  if (dr) {
+    const status = r.int(dr.status, [...path, 'directResponse', 'status'], { required: true, min: 200, max: 599 });
+    const body = r.object(dr.body, [...path, 'directResponse', 'body'], ['string'], ['string']);
+    const text = r.string(body?.string, [...path, 'directResponse', 'body', 'string']);
+    if (status !== undefined) out.directResponse = text === undefined ? { status } : { status, body: text };
+  }
+  for (const k of ['mirror', 'retries', 'timeout', 'rewrite'] as const) {
+    if (!o.route && o[k] !== undefined) r.fail([...path, k], 'applies only to a route, not to a redirect or directResponse');
+  }
   const timeoutMs = r.duration(o.timeout, [...path, 'timeout']);
   if (timeoutMs !== undefined) out.timeoutMs = timeoutMs;
-  const ro = r.object(o.retries, [...path, 'retries'], ['attempts', 'perTryTimeout', 'retryOn'], ['attempts']);
+  const ro = r.object(o.retries, [...path, 'retries'], ['attempts', 'perTryTimeout', 'retryOn', 'retryIgnorePreviousHosts', 'backoff'], ['attempts']);
   if (ro) {
     const attempts = r.int(ro.attempts, [...path, 'retries', 'attempts'], { required: true, min: 0, max: 100 });
     const perTry = r.duration(ro.perTryTimeout, [...path, 'retries', 'perTryTimeout']);
-    const retryOn = r.string(ro.retryOn, [...path, 'retries', 'retryOn'], { pattern: /^[a-z0-9,-]+$/, patternText: 'a comma-separated list of Envoy retry conditions' });
+    const retryOn = r.string(ro.retryOn, [...path, 'retries', 'retryOn'], { pattern: /^[a-z0-9, -]+$/, patternText: 'a comma-separated list of Envoy retry conditions and status codes' });
     if (attempts !== undefined) {
       out.retries = { attempts };
       if (perTry !== undefined) out.retries.perTryTimeoutMs = perTry;
       if (retryOn !== undefined) out.retries.retryOn = retryOn;
+      const ignore = r.bool(ro.retryIgnorePreviousHosts, [...path, 'retries', 'retryIgnorePreviousHosts']);
+      if (ignore !== undefined) out.retries.ignorePreviousHosts = ignore;
+      const backoff = r.duration(ro.backoff, [...path, 'retries', 'backoff']);
+      if (backoff !== undefined) out.retries.backoffMs = backoff;
     }
   }
   const rw = r.object(o.rewrite, [...path, 'rewrite'], ['uri', 'authority']);
@@ -199,6 +242,8 @@ function readCors(r: Reader, v: unknown, path: Path): CorsPolicy | undefined {
   if (cred !== undefined) out.allowCredentials = cred;
   return out;
 }
+
+const REDIRECT_CODES = [301, 302, 303, 307, 308];
 
 const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/;
 

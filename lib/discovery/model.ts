@@ -85,6 +85,11 @@ export type StringMatch = { exact: string } | { prefix: string } | { regex: stri
 export interface HttpMatch {
   uri?: StringMatch;
   headers: Readonly<Record<string, StringMatch>>;
+  withoutHeaders?: Readonly<Record<string, StringMatch>>;
+  queryParams?: Readonly<Record<string, StringMatch>>;
+  method?: StringMatch;
+  authority?: StringMatch;
+  scheme?: StringMatch;
   port?: number;
   ignoreUriCase: boolean;
 }
@@ -124,13 +129,16 @@ export interface HttpRoute {
   match: HttpMatch[];
   route: RouteDestination[];
   timeoutMs?: number;
-  retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string };
+  retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string; ignorePreviousHosts?: boolean; backoffMs?: number };
   rewrite?: { uri?: string; authority?: string };
   fault?: HttpFault;
   corsPolicy?: CorsPolicy;
   mirror?: { host: string; subset?: string; port?: number };
   mirrorPercentage?: Percent;
   headers?: { request?: HeaderOperations; response?: HeaderOperations };
+  /** Instead of `route`: an HTTP redirect, or a response from the proxy itself. */
+  redirect?: { uri?: string; authority?: string; port?: number; scheme?: 'http' | 'https'; redirectCode?: number };
+  directResponse?: { status: number; body?: string };
 }
 
 /** A `tcp` route: the first whose match (a port; none means any) fits a connection takes it. */
