@@ -3,7 +3,7 @@
 // Every proxy sees every service (no Sidecar scoping), so the output depends only on the push context.
 
 import { packAny } from '../envoy-protos';
-import { clusterLbFields, mergePolicy } from './gen-lb-policy';
+import { clusterLbFields, effectivePolicy } from './gen-lb-policy';
 import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER } from './gen-routes';
 import { type Config, type DestinationRuleSpec, labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset } from './model';
 import type { ProxyScope, PushContext } from './push-context';
@@ -100,7 +100,7 @@ function loadAssignment(name: string, instances: readonly ServiceInstance[]): Re
 }
 
 function clusterObject(push: PushContext, c: ClusterSpec, dr: Config<DestinationRuleSpec> | undefined): Record<string, unknown> {
-  const policy = mergePolicy(dr?.spec.trafficPolicy, c.subset?.trafficPolicy);
+  const policy = effectivePolicy(dr?.spec.trafficPolicy, c.subset?.trafficPolicy, c.port.number);
   const tcp = policy.connectionPool?.tcp;
   const http = policy.connectionPool?.http;
   const out: Record<string, unknown> = {

@@ -6,26 +6,36 @@ import { type ConsistentHash, type TrafficPolicy } from './model';
 import type { PushContext } from './push-context';
 import { dur } from './resources';
 
-/** A subset's policy merged over the DestinationRule's top-level one, field by field, as Istio does. */
-export function mergePolicy(top: TrafficPolicy | undefined, sub: TrafficPolicy | undefined): TrafficPolicy {
-  const out: TrafficPolicy = { ...top, ...sub };
-  // loadBalancer.simple and loadBalancer.consistentHash are one field in Istio: a subset's choice replaces both.
-  if (sub?.loadBalancer) delete out.consistentHash;
-  if (sub?.consistentHash) delete out.loadBalancer;
+/** The policy of one cluster, as istiod merges it: the top-level policy, its settings for the port, then the
+ * subset's policy and the subset's settings for the port, each overriding field by field. */
+export function effectivePolicy(top: TrafficPolicy | undefined, sub: TrafficPolicy | undefined, port?: number): TrafficPolicy {
+  const atPort = (p: TrafficPolicy | undefined) => (port === undefined ? undefined : p?.portLevelSettings?.find((l) => l.port === port)?.policy);
+  let out = mergePolicy(top, atPort(top));
+  if (sub) out = mergePolicy(mergePolicy(out, sub), atPort(sub));
+  delete out.portLevelSettings;
+  return out;
+}
+
+/** `over`'s fields replace `base`'s, field by field. */
+export function mergePolicy(base: TrafficPolicy | undefined, over: TrafficPolicy | undefined): TrafficPolicy {
+  const out: TrafficPolicy = { ...base, ...over };
+  // loadBalancer.simple and loadBalancer.consistentHash are one field in Istio: the overriding choice replaces both.
+  if (over?.loadBalancer) delete out.consistentHash;
+  if (over?.consistentHash) delete out.loadBalancer;
   return out;
 }
 
 /** The consistent hash in force for a destination (host + optional subset), if any. */
-function consistentHashFor(push: PushContext, hostname: string, subset: string | undefined, namespace?: string): ConsistentHash | undefined {
+function consistentHashFor(push: PushContext, hostname: string, subset: string | undefined, namespace?: string, port?: number): ConsistentHash | undefined {
   const dr = push.destinationRule(hostname, namespace);
   if (!dr) return undefined;
   const sub = subset ? dr.spec.subsets.find((s) => s.name === subset)?.trafficPolicy : undefined;
-  return mergePolicy(dr.spec.trafficPolicy, sub).consistentHash;
+  return effectivePolicy(dr.spec.trafficPolicy, sub, port).consistentHash;
 }
 
 /** Route hash_policy for a destination with consistent hashing, else undefined. */
-export function hashPolicy(push: PushContext, hostname: string, subset: string | undefined, namespace?: string): Record<string, unknown>[] | undefined {
-  const ch = consistentHashFor(push, hostname, subset, namespace);
+export function hashPolicy(push: PushContext, hostname: string, subset: string | undefined, namespace?: string, port?: number): Record<string, unknown>[] | undefined {
+  const ch = consistentHashFor(push, hostname, subset, namespace, port);
   if (!ch) return undefined;
   const k = ch.key;
   if ('httpHeaderName' in k) return [{ header: { header_name: k.httpHeaderName } }];

@@ -32,7 +32,7 @@ function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resour
       if (!isHttp(port.protocol)) continue;
       const vs = push.meshVirtualService(svc.hostname, scope.namespace);
       // A VirtualService with only `tcp` routes leaves the service's HTTP ports on the default route.
-      const routes = vs?.spec.http.length ? vsRoutes(push, vs, port.number, true, scope.namespace) : [defaultRoute(push, svc.hostname, clusterName(port.number, '', svc.hostname), scope.namespace)];
+      const routes = vs?.spec.http.length ? vsRoutes(push, vs, port.number, true, scope.namespace) : [defaultRoute(push, svc.hostname, port.number, scope.namespace)];
       const list = byPort.get(port.number) ?? [];
       // The port is ignored when matching (ignore_port_in_host_matching), so no `host:port` domains; the absolute
       // name `host.` is served too (istiod's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).
@@ -138,9 +138,9 @@ function hostsOverlap(a: string, b: string): boolean {
   return false;
 }
 
-function defaultRoute(push: PushContext, hostname: string, cluster: string, namespace: string): Record<string, unknown> {
-  const hash = hashPolicy(push, hostname, undefined, namespace);
-  const action: Record<string, unknown> = { cluster, timeout: dur(0), retry_policy: retryPolicy(undefined, !!hash), max_grpc_timeout: dur(0) };
+function defaultRoute(push: PushContext, hostname: string, port: number, namespace: string): Record<string, unknown> {
+  const hash = hashPolicy(push, hostname, undefined, namespace, port);
+  const action: Record<string, unknown> = { cluster: clusterName(port, '', hostname), timeout: dur(0), retry_policy: retryPolicy(undefined, !!hash), max_grpc_timeout: dur(0) };
   if (hash) action.hash_policy = hash;
   return { name: 'default', match: { prefix: '/' }, route: action };
 }

@@ -29,10 +29,25 @@ export function readDestinationRule(r: Reader, v: unknown, path: Path): Destinat
   return out;
 }
 
-function readTrafficPolicy(r: Reader, v: unknown, path: Path): TrafficPolicy | undefined {
-  const o = r.object(v, path, ['loadBalancer', 'connectionPool', 'outlierDetection']);
+function readTrafficPolicy(r: Reader, v: unknown, path: Path, portLevel = false): TrafficPolicy | undefined {
+  const o = r.object(v, path, portLevel ? ['port', 'loadBalancer', 'connectionPool', 'outlierDetection'] : ['loadBalancer', 'connectionPool', 'outlierDetection', 'portLevelSettings']);
   if (!o) return undefined;
   const out: TrafficPolicy = {};
+  if (!portLevel && o.portLevelSettings !== undefined) {
+    const seen = new Set<number>();
+    const levels: NonNullable<TrafficPolicy['portLevelSettings']> = [];
+    r.array(o.portLevelSettings, [...path, 'portLevelSettings']).forEach((pl, i) => {
+      const pp = [...path, 'portLevelSettings', i];
+      const po = r.object((pl as Record<string, unknown> | undefined)?.port, [...pp, 'port'], ['number'], ['number']);
+      const port = r.port(po?.number, [...pp, 'port', 'number'], true);
+      const policy = readTrafficPolicy(r, pl, pp, true);
+      if (port === undefined || !policy) return;
+      if (seen.has(port)) r.fail([...pp, 'port', 'number'], `port ${port} has settings already`);
+      seen.add(port);
+      levels.push({ port, policy });
+    });
+    out.portLevelSettings = levels;
+  }
   const lp = [...path, 'loadBalancer'];
   const lb = r.object(o.loadBalancer, lp, ['simple', 'consistentHash']);
   if (lb) {

@@ -164,6 +164,8 @@ export interface ConsistentHash {
 }
 
 export interface TrafficPolicy {
+  /** Per-port overrides of the other fields (not nested further). */
+  portLevelSettings?: { port: number; policy: TrafficPolicy }[];
   loadBalancer?: 'ROUND_ROBIN' | 'LEAST_REQUEST' | 'RANDOM';
   consistentHash?: ConsistentHash;
   connectionPool?: {
