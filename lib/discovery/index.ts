@@ -192,12 +192,16 @@ export class DiscoveryServer implements Component {
  * `pilot-agent discovery --config-dir DIR [--grpc-addr HOST:PORT | unix path]`: runs until SIGTERM or SIGINT.
  * Returns 0 after a signal, 1 if the config is invalid or the server cannot start or fails.
  */
-export async function runDiscoveryCommand(argv: { configDir: string; grpcAddr?: string }, env: Env = process.env): Promise<number> {
+export async function runDiscoveryCommand(
+  argv: { configDir: string; grpcAddr?: string; outboundTrafficPolicy?: MeshConfig['outboundTrafficPolicy'] },
+  env: Env = process.env,
+): Promise<number> {
   let server: DiscoveryServer;
   try {
     server = new DiscoveryServer({
       configDir: argv.configDir,
       listen: argv.grpcAddr ?? '127.0.0.1:15010',
+      mesh: argv.outboundTrafficPolicy ? { outboundTrafficPolicy: argv.outboundTrafficPolicy } : {},
       debounceMs: PILOT_DEBOUNCE_AFTER.get(env),
       maxDelayMs: PILOT_DEBOUNCE_MAX.get(env),
     });
