@@ -12,7 +12,7 @@ import * as envs from './lib/env';
 import { AgentError, errorMessage } from './lib/errors';
 import { configureLogging, scope } from './lib/log';
 import { renderBootstrap } from './lib/bootstrap';
-import { resolveAll, type Resolved } from './lib/resolve';
+import { readFileOrUndefined, resolveAll, type Resolved } from './lib/resolve';
 import { VERSION } from './lib/version';
 import { localRequest, waitReady } from './lib/agent-client';
 
@@ -95,8 +95,8 @@ function checkConfigPathWritable(cfg: AgentConfig): void {
 }
 
 /**
- * `proxy`: the components, in start order: status server, (embedded discovery server), xDS proxy, Envoy, config
- * watcher. The agent ends when the first of them ends: Envoy's supervisor ends as listed in lib/supervisor.ts
+ * `proxy`: the components, in start order: status server, (embedded discovery server), xDS proxy, (DNS proxy),
+ * Envoy, config watcher. The agent ends when the first of them ends: Envoy's supervisor ends as listed in lib/supervisor.ts
  * (exit 0 or 1); any other component ending shuts Envoy down and exits 1. The rest close in reverse order.
  */
 async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
@@ -116,11 +116,20 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   const { EnvoyComponent } = await import('./lib/envoy-component');
   const envoy = new EnvoyComponent({ resolved, env, startedAt });
   const validated = envoy.validateFirst();
-  const [component, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio] = await Promise.all([
+  const [component, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, appProbe, health, { Profiling }, appMetricsMod] = await Promise.all([
     import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
-    import('./lib/config-reloader'), import('./lib/xds-istio'),
+    import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/app-probe'), import('./lib/health-checker'),
+    import('./lib/profiling'), import('./lib/app-metrics'),
   ]);
+  let appProbers: ReturnType<typeof appProbe.parseAppProbers>;
+  let appMetrics: import('./lib/app-metrics').ScrapeTarget[] = [];
+  let readinessProbe: ReturnType<typeof health.parseReadinessProbe> | undefined;
   try {
+    appProbers = appProbe.parseAppProbers(env);
+    // Istio merges the app's metrics for sidecars only.
+    if (cfg.proxyType === 'sidecar') appMetrics = appMetricsMod.parseAppMetricsConfig(env, cfg.proxy.statusPort);
+    const rp = cfg.proxy.readinessProbe;
+    if (rp) readinessProbe = health.parseReadinessProbe(rp, cfg.sources.readinessProbe ?? 'ProxyConfig');
     await validated;
   } catch (err) {
     return startupFailure(err);
@@ -138,6 +147,15 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
   }
   const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
+  let dns: InstanceType<typeof import('./lib/dns-server').DnsServer> | undefined;
+  if (cfg.dnsEnabled) {
+    const { DnsServer, dnsOptionsFor } = await import('./lib/dns-server');
+    try {
+      dns = new DnsServer(dnsOptionsFor(cfg, { ...cfg.proxy.proxyMetadata, ...env }, { readFile: readFileOrUndefined, uid: process.getuid?.() ?? -1 }));
+    } catch (err) {
+      return startupFailure(err);
+    }
+  }
   const reloader = new ConfigReloader({ flags, env, resolved, onChange: (r, generation) => envoy.setDesired(r, generation) });
   const registry = newRegistry();
   const status = new StatusServer({
@@ -145,23 +163,35 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     startedAt,
     remoteDebug: envs.STATUS_SERVER_REMOTE_DEBUG.get(env),
     readiness: (): Promise<Condition> => component.composeReadiness(components),
-    metrics: { registry, sources: [envoy.statsSource] },
+    metrics: { registry, sources: [envoy.statsSource, ...appMetricsMod.appMetricsSources(appMetrics)] },
   });
-  const components: Component[] = [status, ...(discovery ? [discovery] : []), xds, envoy, reloader];
+  const appProbes = appProbers.size ? [new appProbe.AppProbes({ probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort })] : [];
+  const profiling = argv.profiling === false ? [] : [new Profiling()];
+  // VMs: the workload's readiness goes to the control plane as a health event; the xDS proxy re-sends it on reconnect.
+  const healthChecker = readinessProbe
+    ? [new health.HealthChecker({
+        probe: readinessProbe,
+        defaultHost: envs.REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION.get(env) ? 'localhost' : resolved.node.ips[0] ?? 'localhost',
+        onChange: (e) => xds.send(health.healthInformationRequest(e)),
+        envoyReady: async () => (await envoy.readiness()).ready,
+      })]
+    : [];
+  const components: Component[] = [status, ...appProbes, ...profiling, ...(discovery ? [discovery] : []), xds, ...(dns ? [dns] : []), envoy, ...healthChecker, reloader];
   for (const c of components) {
     if (c.routes) status.addRoutes(c.routes());
     c.registerMetrics?.(registry);
   }
 
   // Types for the agent, never for Envoy: the xDS proxy subscribes to them after Envoy's first LDS request.
-  let nameTable: { table: Record<string, unknown> } | undefined;
-  if (cfg.dnsEnabled) {
+  if (dns) {
+    const d = dns;
+    // A table the DNS proxy rejects is NACKed; it keeps answering from the last good one.
     xds.registerHandler(istio.NAME_TABLE_TYPE, (resources) => {
-      nameTable = resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} };
-      log.debug(`name table with ${Object.keys(nameTable.table).length} hosts`);
+      if (!d.updateTable(resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} })) throw new Error('name table rejected by the DNS proxy');
     });
+  } else {
+    status.route('GET', '/debug/ndsz', () => ({ status: 404, body: 'DNS proxy is not enabled\n' }));
   }
-  status.route('GET', '/debug/ndsz', () => (cfg.dnsEnabled ? { status: 200, body: JSON.stringify(nameTable ?? {}, null, 2) + '\n', contentType: 'application/json' } : { status: 404, body: 'DNS proxy is not enabled\n' }));
   if (envs.PROXY_CONFIG_XDS_AGENT.get(env)) {
     // Pushed ProxyConfig (PCDS) will carry the mesh's trust bundle for the SDS server; until then it is
     // acknowledged and recorded, so the control plane sees a healthy subscriber.
@@ -208,7 +238,8 @@ export async function main(args: string[]): Promise<number> {
       .option('concurrency', { type: 'number', requiresArg: true, describe: 'Envoy worker threads (0: all cores)' })
       .option('templateFile', { type: 'string', requiresArg: true, describe: 'Bootstrap template file' })
       .option('outlierLogPath', { type: 'string', requiresArg: true, describe: 'Outlier detection log path' })
-      .option('standalone', { type: 'string', requiresArg: true, describe: 'Directory of mesh config YAML: run an embedded discovery server instead of using istiod' });
+      .option('standalone', { type: 'string', requiresArg: true, describe: 'Directory of mesh config YAML: run an embedded discovery server instead of using istiod' })
+      .option('profiling', { type: 'boolean', default: true, describe: 'Serve /debug/pprof/ (heap snapshot, CPU and allocation profiles) on the status port, loopback only' });
 
   const parser = yargs(args)
     .scriptName('pilot-agent')
@@ -269,7 +300,9 @@ export async function main(args: string[]): Promise<number> {
         result = import('./lib/discovery/index').then((m) => m.runDiscoveryCommand({ configDir: argv['config-dir'], grpcAddr: argv['grpc-addr'] }));
       },
     )
-    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery or version')
+    .command('istio-iptables', 'Set up traffic capture with iptables (Istio\'s flags; run before the proxy starts)')
+    .command('istio-clean-iptables', 'Remove the traffic capture rules istio-iptables set up')
+    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery, istio-iptables, istio-clean-iptables or version')
     .strictCommands()
     .fail((msg, err) => {
       throw msg ? new UsageError(msg) : err;

@@ -7,7 +7,9 @@
 import YAML from 'yaml';
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
-import { buildBootstrap, localNet, mergeBootstrapOverride, runtimeFlags, xdsApiType } from './bootstrap';
+import { buildBootstrap, mergeBootstrapOverride } from './bootstrap';
+import { templateVariables } from './bootstrap-template';
+import { renderGoTemplate, TemplateError } from './go-template';
 import { configError, errorMessage } from './errors';
 
 /** Returns the file's text, or undefined when it does not exist. */
@@ -32,12 +34,17 @@ export function resolveBootstrap(cfg: AgentConfig, node: NodeIdentity, readFile:
   let bootstrap: Record<string, unknown>;
   const custom = cfg.proxy.customConfigFile;
   if (custom) {
-    // Istio runs the custom file through its template engine too, so the same placeholders work here; a file
-    // without placeholders is used exactly as written.
-    bootstrap = loadTemplate(custom, { field: 'customConfigFile', source: cfg.sources.customConfigFile ?? 'ProxyConfig' }, cfg, node, readFile);
+    // Used as written, as Istio hands it to Envoy without rendering it.
+    const setting = { field: 'customConfigFile', source: cfg.sources.customConfigFile ?? 'ProxyConfig' };
+    bootstrap = parseDocument(readRequired(custom, setting, readFile), custom, setting);
     inputs.push(custom);
   } else if (cfg.templateFile) {
-    bootstrap = loadTemplate(cfg.templateFile, { field: 'proxyBootstrapTemplatePath', source: cfg.sources.proxyBootstrapTemplatePath ?? '--templateFile' }, cfg, node, readFile);
+    const setting = cfg.sources.ISTIO_BOOTSTRAP
+      ? { field: 'ISTIO_BOOTSTRAP', source: cfg.sources.ISTIO_BOOTSTRAP }
+      : cfg.sources.defaultTemplate
+        ? { field: 'bootstrap template', source: cfg.sources.defaultTemplate }
+        : { field: 'proxyBootstrapTemplatePath', source: cfg.sources.proxyBootstrapTemplatePath ?? '--templateFile' };
+    bootstrap = loadTemplate(cfg.templateFile, setting, cfg, node, readFile);
     inputs.push(cfg.templateFile);
   } else {
     bootstrap = buildBootstrap({ cfg, node });
@@ -81,92 +88,17 @@ function parseDocument(text: string, file: string, setting: FileSetting, emptyOk
 // ---- templates ----
 
 /**
- * Placeholders a bootstrap template (or customConfigFile) may use, written `{{ .name }}` as in Istio's Go
- * templates (`{{-`/`-}}` trim whitespace as in Go). Go template logic (if, range, functions) cannot run here;
- * any other `{{ ... }}` is an error naming it and the file. Strings are inserted JSON-escaped without quotes,
- * so put them inside double quotes; numbers bare; `meta_json_str` and `runtime_flags` as JSON objects.
- *
- *   .nodeID                  node id, e.g. sidecar~10.1.2.3~web-1.default~default.svc.cluster.local
- *   .cluster                 node cluster (serviceCluster)
- *   .region .zone .sub_zone  node locality parts ("" when unknown)
- *   .meta_json_str           node metadata, a JSON object
- *   .runtime_flags           the static runtime layer the agent would generate, a JSON object
- *   .localhost .wildcard     127.0.0.1 and 0.0.0.0, or ::1 and :: on an IPv6-only pod
- *   .dns_lookup_family       V4_ONLY or V6_ONLY
- *   .xds_type                DELTA_GRPC or GRPC (ISTIO_DELTA_XDS)
- *   .xds_socket              the agent's xDS Unix socket (<configPath>/XDS)
- *   .sds_socket              the agent's SDS Unix socket
- *   .discovery_address       ProxyConfig.discoveryAddress
- *   .envoy_status_port       Envoy's readiness listener port (ENVOY_STATUS_PORT)
- *   .envoy_prometheus_port   Envoy's Prometheus listener port (ENVOY_PROMETHEUS_PORT)
- *   .outlier_log_path        --outlierLogPath ("" when unset)
- *   .config.ProxyAdminPort .config.StatusPort .config.ConfigPath .config.BinaryPath
- *   .config.DiscoveryAddress .config.ServiceCluster    the ProxyConfig fields of those names
+ * A bootstrap template is a Go text/template, as Istio's (lib/go-template.ts renders the subset such templates
+ * use), over the variables the Go agent passes (lib/bootstrap-template.ts). The result is parsed as JSON or YAML.
  */
-type TemplateValue = string | number | Record<string, unknown>;
-
-function templateValues(cfg: AgentConfig, node: NodeIdentity): Record<string, TemplateValue> {
-  const net = localNet(node);
-  const p = cfg.proxy;
-  return {
-    nodeID: node.id,
-    cluster: node.cluster,
-    region: node.locality.region ?? '',
-    zone: node.locality.zone ?? '',
-    sub_zone: node.locality.sub_zone ?? '',
-    meta_json_str: node.metadata,
-    runtime_flags: runtimeFlags(cfg),
-    localhost: net.localhost,
-    wildcard: net.wildcard,
-    dns_lookup_family: net.dnsLookupFamily,
-    xds_type: xdsApiType(cfg),
-    xds_socket: cfg.xdsSocket,
-    sds_socket: cfg.sdsSocket,
-    discovery_address: p.discoveryAddress,
-    envoy_status_port: cfg.envoyStatusPort,
-    envoy_prometheus_port: cfg.envoyPrometheusPort,
-    outlier_log_path: cfg.outlierLogPath,
-    'config.ProxyAdminPort': p.proxyAdminPort,
-    'config.StatusPort': p.statusPort,
-    'config.ConfigPath': p.configPath,
-    'config.BinaryPath': p.binaryPath,
-    'config.DiscoveryAddress': p.discoveryAddress,
-    'config.ServiceCluster': p.serviceCluster,
-  };
-}
-
-const PLACEHOLDER = /([ \t\r\n]*)\{\{(-?)\s*(.*?)\s*(-?)\}\}([ \t\r\n]*)/g;
-
-function renderValue(v: TemplateValue): string {
-  if (typeof v === 'number') return String(v);
-  if (typeof v === 'string') return JSON.stringify(v).slice(1, -1);
-  return JSON.stringify(v);
-}
-
-const lineOf = (text: string, index: number) => text.slice(0, index).split('\n').length;
-
-/** Substitutes the supported placeholders; throws naming every unsupported one with its line. */
-export function renderTemplate(text: string, file: string, setting: FileSetting, values: Record<string, TemplateValue>): string {
-  const unknown: string[] = [];
-  const out = text.replace(PLACEHOLDER, (whole: string, before: string, trimLeft: string, expr: string, trimRight: string, after: string, offset: number) => {
-    const name = /^\.([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)?)$/.exec(expr)?.[1];
-    if (name === undefined || !(name in values)) {
-      const line = lineOf(text, offset + before.length);
-      unknown.push(`"${whole.trim()}" (line ${line})`);
-      return whole;
-    }
-    return `${trimLeft ? '' : before}${renderValue(values[name]!)}${trimRight ? '' : after}`;
-  });
-  if (unknown.length > 0) {
-    const supported = Object.keys(values).map((k) => `.${k}`).join(', ');
-    throw configError(setting.field, setting.source, `${file} uses unsupported template placeholder ${unknown.join(', ')}; supported: ${supported}`);
-  }
-  const stray = text.replace(PLACEHOLDER, '').indexOf('{{');
-  if (stray >= 0) throw configError(setting.field, setting.source, `${file} has an unterminated "{{" placeholder`);
-  return out;
-}
-
 function loadTemplate(file: string, setting: FileSetting, cfg: AgentConfig, node: NodeIdentity, readFile: FileReader): Record<string, unknown> {
   const text = readRequired(file, setting, readFile);
-  return parseDocument(renderTemplate(text, file, setting, templateValues(cfg, node)), file, setting);
+  let rendered: string;
+  try {
+    rendered = renderGoTemplate(text, templateVariables(cfg, node));
+  } catch (e) {
+    if (e instanceof TemplateError) throw configError(setting.field, setting.source, `template ${file}: ${e.message}`);
+    throw e;
+  }
+  return parseDocument(rendered, file, setting);
 }

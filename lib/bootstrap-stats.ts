@@ -45,12 +45,17 @@ const ANN_SUFFIXES = 'sidecar.istio.io/statsInclusionSuffixes';
 const ANN_REGEXPS = 'sidecar.istio.io/statsInclusionRegexps';
 const ANN_BUCKETS = 'sidecar.istio.io/statsHistogramBuckets';
 const ANN_FLUSH = 'sidecar.istio.io/statsFlushInterval';
+const ANN_EVICTION = 'sidecar.istio.io/statsEvictionInterval';
 
 const splitList = (s: string | undefined): string[] => (s ?? '').split(',').map((x) => x.trim()).filter(Boolean);
 
-export function statsConfig(cfg: AgentConfig, node: NodeIdentity): Json {
-  const ann = cfg.podAnnotations;
-  const extra = [...new Set([...cfg.proxy.extraStatTags.filter(Boolean), ...splitList(ann[ANN_EXTRA_TAGS])])];
+/** ProxyConfig.extraStatTags and the pod's extraStatTags annotation, without duplicates. */
+export function extraStatTags(cfg: AgentConfig): string[] {
+  return [...new Set([...cfg.proxy.extraStatTags.filter(Boolean), ...splitList(cfg.podAnnotations[ANN_EXTRA_TAGS])])];
+}
+
+export function statsConfig(cfg: AgentConfig, node: NodeIdentity, metadataDiscovery = false): Json {
+  const extra = extraStatTags(cfg);
   const tag = ([tag_name, regex]: [string, string]) => ({ tag_name, regex });
   const out: Json = {
     use_all_default_tags: false,
@@ -60,24 +65,36 @@ export function statsConfig(cfg: AgentConfig, node: NodeIdentity): Json {
       ...TAGS_AFTER_EXTRA.map(tag),
     ],
   };
-  const buckets = histogramBuckets(ann[ANN_BUCKETS]);
+  const buckets = histogramBucketSettings(cfg);
   if (buckets) out.histogram_bucket_settings = buckets;
-  out.stats_matcher = { inclusion_list: { patterns: inclusionPatterns(cfg, node) } };
+  out.stats_matcher = { inclusion_list: { patterns: inclusionPatterns(cfg, node, metadataDiscovery) } };
   return out;
 }
 
-function inclusionPatterns(cfg: AgentConfig, node: NodeIdentity): Json[] {
+/** The stats inclusion lists (annotation or ProxyConfig, then the required entries), pod IPs substituted. */
+export function statsInclusion(cfg: AgentConfig, node: NodeIdentity): { prefixes: string[]; suffixes: string[]; regexps: string[] } {
   const m = cfg.proxy.proxyStatsMatcher ?? {};
   const ann = cfg.podAnnotations;
   // An annotation replaces the ProxyConfig list rather than adding to it, as in Istio.
   const pick = (annotation: string, fromConfig: string[] | undefined, required: string[]) =>
     withPodIps([...(ann[annotation] ? splitList(ann[annotation]) : fromConfig ?? []), ...required], node.ips);
   const suffixes = cfg.exitOnZeroActiveConnections ? [...RBAC_SUFFIXES, DRAIN_SUFFIX] : RBAC_SUFFIXES;
+  return {
+    prefixes: pick(ANN_PREFIXES, m.inclusionPrefixes, REQUIRED_PREFIXES),
+    suffixes: pick(ANN_SUFFIXES, m.inclusionSuffixes, suffixes),
+    regexps: pick(ANN_REGEXPS, m.inclusionRegexps, REQUIRED_REGEXPS),
+  };
+}
+
+function inclusionPatterns(cfg: AgentConfig, node: NodeIdentity, metadataDiscovery: boolean): Json[] {
+  const { prefixes, suffixes, regexps } = statsInclusion(cfg, node);
   return [
     { prefix: 'reporter=' },
-    ...pick(ANN_PREFIXES, m.inclusionPrefixes, REQUIRED_PREFIXES).map((prefix) => ({ prefix })),
-    ...pick(ANN_SUFFIXES, m.inclusionSuffixes, suffixes).map((suffix) => ({ suffix })),
-    ...pick(ANN_REGEXPS, m.inclusionRegexps, REQUIRED_REGEXPS).map((regex) => ({ safe_regex: { regex } })),
+    // The peer metadata discovery extension's own stats.
+    ...(metadataDiscovery ? [{ prefix: 'workload_discovery' }] : []),
+    ...prefixes.map((prefix) => ({ prefix })),
+    ...suffixes.map((suffix) => ({ suffix })),
+    ...regexps.map((regex) => ({ safe_regex: { regex } })),
     { prefix: 'component' },
     { prefix: 'istio' },
   ];
@@ -88,7 +105,9 @@ function withPodIps(patterns: string[], ips: string[]): string[] {
   return patterns.flatMap((p) => (p.includes('{pod_ip}') ? ips.map((ip) => p.split('{pod_ip}').join(ip)) : [p]));
 }
 
-function histogramBuckets(raw: string | undefined): Json[] | undefined {
+/** The pod's statsHistogramBuckets annotation as Envoy's histogram_bucket_settings, sorted by prefix. */
+export function histogramBucketSettings(cfg: AgentConfig): Json[] | undefined {
+  const raw = cfg.podAnnotations[ANN_BUCKETS];
   if (raw === undefined) return undefined;
   const fail = (problem: string) => configError(ANN_BUCKETS, `pod annotation ${ANN_BUCKETS}`, problem);
   let parsed: unknown;
@@ -109,11 +128,59 @@ function histogramBuckets(raw: string | undefined): Json[] | undefined {
 }
 
 export function statsFlushInterval(cfg: AgentConfig): string | undefined {
+  const ms = statsFlushIntervalMs(cfg);
+  return ms === undefined ? undefined : formatProtoDuration(ms);
+}
+
+/** The pod's statsFlushInterval annotation in milliseconds. */
+export function statsFlushIntervalMs(cfg: AgentConfig): number | undefined {
   const raw = cfg.podAnnotations[ANN_FLUSH];
   if (raw === undefined) return undefined;
   try {
-    return formatProtoDuration(parseDuration(raw));
+    return parseDuration(raw);
   } catch (e) {
     throw configError(ANN_FLUSH, `pod annotation ${ANN_FLUSH}`, (e as Error).message);
   }
+}
+
+// ---- compression of Envoy's Prometheus listener (ProxyConfig.statsCompression, default on, as in Istio) ----
+
+const STATS_CONTENT_TYPES = ['text/plain', 'application/vnd.google.protobuf', 'application/openmetrics-text', 'application/openmetrics-protobuf'];
+
+function compressor(kind: 'brotli' | 'zstd' | 'gzip'): Json {
+  return {
+    name: `envoy.filters.http.compressor.${kind}`,
+    typed_config: {
+      '@type': 'type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor',
+      compressor_library: {
+        name: `stats_${kind}`,
+        typed_config: { '@type': `type.googleapis.com/envoy.extensions.compression.${kind}.compressor.v3.${kind[0]!.toUpperCase()}${kind.slice(1)}` },
+      },
+      response_direction_config: { common_config: { content_type: STATS_CONTENT_TYPES } },
+    },
+  };
+}
+
+/** Compressor filters for the /stats/prometheus listener, in Istio's order (a client's Accept-Encoding picks one). */
+export function statsCompressors(cfg: AgentConfig): Json[] {
+  return cfg.proxy.extra.statsCompression === false ? [] : [compressor('brotli'), compressor('zstd'), compressor('gzip')];
+}
+
+/**
+ * The pod's statsEvictionInterval annotation, in whole seconds; it must be a multiple of the flush interval
+ * (Envoy's default 5s), as Istio checks.
+ */
+export function statsEvictionInterval(cfg: AgentConfig): string | undefined {
+  const raw = cfg.podAnnotations[ANN_EVICTION];
+  if (raw === undefined) return undefined;
+  const fail = (problem: string) => configError(ANN_EVICTION, `pod annotation ${ANN_EVICTION}`, problem);
+  let ms: number;
+  try {
+    ms = parseDuration(raw);
+  } catch (e) {
+    throw fail((e as Error).message);
+  }
+  const flush = statsFlushIntervalMs(cfg) ?? 5000;
+  if (flush === 0 || ms % flush !== 0) throw fail(`must be a multiple of the stats flush interval (${flush / 1000}s)`);
+  return `${Math.floor(ms / 1000)}s`;
 }

@@ -8,7 +8,8 @@
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
 import { configError } from './errors';
-import { statsConfig, statsFlushInterval } from './bootstrap-stats';
+import { secureMetricsListeners, serviceClusters, statsSinks, tlsTransportSocket } from './bootstrap-services';
+import { statsCompressors, statsConfig, statsEvictionInterval, statsFlushInterval } from './bootstrap-stats';
 
 export interface BootstrapInputs {
   cfg: AgentConfig;
@@ -30,17 +31,34 @@ const MAX_CONNECTIONS_KEY = 'overload.global_downstream_max_connections';
 export interface LocalNet {
   localhost: string;
   wildcard: string;
-  dnsLookupFamily: 'V4_ONLY' | 'V6_ONLY';
+  dnsLookupFamily: 'V4_ONLY' | 'V6_ONLY' | 'ALL';
+  /** Dual stack: the other family's loopback and wildcard, also bound by the local listeners. */
+  additional?: { localhost: string; wildcard: string };
 }
+
+const V4 = { localhost: '127.0.0.1', wildcard: '0.0.0.0' };
+const V6 = { localhost: '::1', wildcard: '::' };
 
 export function localNet(node: NodeIdentity): LocalNet {
-  return node.ipv6
-    ? { localhost: '::1', wildcard: '::', dnsLookupFamily: 'V6_ONLY' }
-    : { localhost: '127.0.0.1', wildcard: '0.0.0.0', dnsLookupFamily: 'V4_ONLY' };
+  if (node.dualStack === 'ipv6-first') return { ...V6, dnsLookupFamily: 'ALL', additional: V4 };
+  if (node.dualStack === 'ipv4-first') return { ...V4, dnsLookupFamily: 'ALL', additional: V6 };
+  return node.ipv6 ? { ...V6, dnsLookupFamily: 'V6_ONLY' } : { ...V4, dnsLookupFamily: 'V4_ONLY' };
 }
 
-export function xdsApiType(cfg: AgentConfig): 'DELTA_GRPC' | 'GRPC' {
-  return cfg.deltaXds ? 'DELTA_GRPC' : 'GRPC';
+const isWaypoint = (node: NodeIdentity) => node.id.startsWith('waypoint~');
+
+/** Delta unless ISTIO_DELTA_XDS=false; a waypoint always uses Delta, as in Istio. */
+export function xdsApiType(cfg: AgentConfig, node: NodeIdentity): 'DELTA_GRPC' | 'GRPC' {
+  return cfg.deltaXds || isWaypoint(node) ? 'DELTA_GRPC' : 'GRPC';
+}
+
+/**
+ * Envoy's peer metadata discovery extension (Istio's `metadata_discovery`): on for waypoints, else as
+ * PEER_METADATA_DISCOVERY says (unset: on with ENABLE_HBONE); never over state-of-the-world xDS.
+ */
+export function metadataDiscovery(cfg: AgentConfig, node: NodeIdentity): boolean {
+  const on = isWaypoint(node) || (cfg.metadataDiscovery ?? node.metadata.ENABLE_HBONE === 'true');
+  return on && xdsApiType(cfg, node) === 'DELTA_GRPC';
 }
 
 export function buildBootstrap(i: BootstrapInputs): Json {
@@ -64,24 +82,45 @@ export function buildBootstrap(i: BootstrapInputs): Json {
       ],
     },
     bootstrap_extensions: [
+      ...(metadataDiscovery(cfg, node)
+        ? [
+            {
+              name: 'metadata_discovery',
+              typed_config: {
+                '@type': `${TYPE}udpa.type.v1.TypedStruct`,
+                type_url: `${TYPE}istio.workload.BootstrapExtension`,
+                value: { config_source: { ads: {} } },
+              },
+            },
+          ]
+        : []),
       {
         name: 'envoy.bootstrap.internal_listener',
         typed_config: { '@type': `${TYPE}envoy.extensions.bootstrap.internal_listener.v3.InternalListener`, buffer_size_kb: 64 },
       },
     ],
-    stats_config: statsConfig(cfg, node),
+    stats_config: statsConfig(cfg, node, metadataDiscovery(cfg, node)),
     admin: admin(cfg, net),
-    dynamic_resources: dynamicResources(cfg),
+    dynamic_resources: dynamicResources(cfg, node),
     static_resources: {
-      clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : [])],
-      listeners: [prometheusListener(cfg, net), readinessListener(cfg, net)],
+      clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : []), ...serviceClusters(cfg, net.dnsLookupFamily, node.metadata)],
+      listeners: [
+        alsoOtherFamily(net, localOnly(cfg, net, withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg)))),
+        ...secureMetricsListeners(cfg, net.wildcard),
+        alsoOtherFamily(net, readinessListener(cfg, net)),
+      ],
     },
   };
   if (tracer) b.tracing = tracer.tracing;
-  if (maxConnections !== undefined) b.overload_manager = overloadManager(maxConnections);
+  const sinks = statsSinks(cfg);
+  if (sinks) b.stats_sinks = sinks;
+  b.overload_manager = overloadManager(maxConnections);
   const flush = statsFlushInterval(cfg);
   if (flush) b.stats_flush_interval = flush;
-  b.cluster_manager = clusterManager(cfg);
+  const eviction = statsEvictionInterval(cfg);
+  if (eviction) b.stats_eviction_interval = eviction;
+  const cm = clusterManager(cfg, node);
+  if (cm) b.cluster_manager = cm;
   // Istio's default: stats objects are created on first use, which saves memory on large meshes.
   b.deferred_stat_options = { enable_deferred_creation_stats: true };
   return b;
@@ -93,36 +132,43 @@ function nodeSection(node: NodeIdentity): Json {
 }
 
 /**
- * The static runtime layer: Istio's defaults, then ProxyConfig.runtimeValues. An empty value removes a default;
- * "true"/"false" become booleans because Envoy no longer accepts strings for boolean flags.
- * The connection limit is not here: it goes to the overload manager (see maxDownstreamConnections).
+ * The static runtime layer: Istio's defaults, then every ProxyConfig.runtimeValues key. An empty value removes a
+ * default; "true"/"false" become booleans because Envoy no longer accepts strings for boolean flags.
  */
 export function runtimeFlags(cfg: AgentConfig): Json {
   const flags: Json = {
     'envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst': true,
     'envoy.reloadable_features.http_reject_path_with_fragment': false,
+    'envoy.reloadable_features.fixed_heap_use_allocated': true,
+    // Istio turns this off to work around https://github.com/envoyproxy/envoy/issues/45212.
+    'envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update': false,
     're2.max_program_size.error_level': '32768',
   };
+  if (cfg.compliancePolicy === 'fips-140-2') flags['envoy.reloadable_features.google_grpc_disable_tls_13'] = true;
+  // Istio's condition is backwards, and kept so for compatibility: the variable set to false adds "false".
+  if (!cfg.stripFragmentFromPath) flags['envoy.reloadable_features.http_strip_fragment_from_path_unsafe_if_disabled'] = 'false';
   for (const [k, v] of Object.entries(cfg.proxy.runtimeValues)) {
-    if (k === MAX_CONNECTIONS_KEY) continue;
     if (v === '') delete flags[k];
     else flags[k] = v === 'true' ? true : v === 'false' ? false : v;
   }
   return flags;
 }
 
-/** undefined when runtimeValues sets the limit to "" (no limit at all). */
-function maxDownstreamConnections(cfg: AgentConfig): number | undefined {
+/**
+ * The overload manager's limit: proxyMetadata ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS, else the
+ * runtimeValues key (which also stays in the runtime layer, as in Istio), else no practical limit.
+ */
+export function maxDownstreamConnections(cfg: AgentConfig): number {
+  const fromMeta = cfg.proxy.proxyMetadata.ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS;
+  if (fromMeta !== undefined && /^\d+$/.test(fromMeta)) return Number(fromMeta);
   const raw = cfg.proxy.runtimeValues[MAX_CONNECTIONS_KEY];
-  if (raw === undefined) return DEFAULT_MAX_DOWNSTREAM_CONNECTIONS;
-  if (raw === '') return undefined;
+  if (raw === undefined || raw === '') return DEFAULT_MAX_DOWNSTREAM_CONNECTIONS;
   if (!/^\d+$/.test(raw) || Number(raw) < 1) {
     throw configError(`runtimeValues["${MAX_CONNECTIONS_KEY}"]`, cfg.sources.runtimeValues ?? 'ProxyConfig', `want a positive integer, got "${raw}"`);
   }
   return Number(raw);
 }
 
-// Setting the limit through the runtime key as well makes Envoy warn that both are configured.
 function overloadManager(max: number): Json {
   return {
     resource_monitors: [
@@ -152,14 +198,14 @@ function admin(cfg: AgentConfig, net: LocalNet): Json {
   };
 }
 
-function dynamicResources(cfg: AgentConfig): Json {
+function dynamicResources(cfg: AgentConfig, node: NodeIdentity): Json {
   // initial_fetch_timeout 0s: Envoy waits for the first LDS/CDS instead of starting with nothing.
   const overAds = () => ({ ads: {}, initial_fetch_timeout: '0s', resource_api_version: 'V3' });
   return {
     lds_config: overAds(),
     cds_config: overAds(),
     ads_config: {
-      api_type: xdsApiType(cfg),
+      api_type: xdsApiType(cfg, node),
       set_node_on_first_message_only: true,
       transport_api_version: 'V3',
       grpc_services: [{ envoy_grpc: { cluster_name: 'xds-grpc' } }],
@@ -211,7 +257,8 @@ function localClusters(cfg: AgentConfig, net: LocalNet): Json[] {
     {
       // One ADS stream per connection, so a new stream always comes with a new connection to the agent.
       // Set in the protocol options: the Cluster-level max_requests_per_connection is deprecated.
-      ...pipeCluster('xds-grpc', cfg.xdsSocket, { max_requests_per_connection: 1 }),
+      // The path is written as Istio's template writes it (`<configPath>/XDS`, not normalised).
+      ...pipeCluster('xds-grpc', `${cfg.proxy.configPath}/XDS`, { max_requests_per_connection: 1 }),
       circuit_breakers: { thresholds: [limits('DEFAULT'), limits('HIGH')] },
       upstream_connection_options: { tcp_keepalive: { keepalive_time: 300 } },
     },
@@ -254,21 +301,58 @@ function readinessListener(cfg: AgentConfig, net: LocalNet): Json {
   return httpListener(net, cfg.envoyStatusPort, 'agent', '/healthz/ready', 'agent');
 }
 
-function clusterManager(cfg: AgentConfig): Json {
+/** Istio's template writes cluster_manager only for an outlier log or LRS, and then defers cluster creation too. */
+function clusterManager(cfg: AgentConfig, node: NodeIdentity): Json | undefined {
+  const lrs = node.metadata.LOAD_STATS_CONFIG_JSON;
+  if (!cfg.outlierLogPath && typeof lrs !== 'string') return undefined;
   const out: Json = {};
   if (cfg.outlierLogPath) out.outlier_detection = { event_log_path: cfg.outlierLogPath };
-  // Istio's default: clusters are initialised on first use, which cuts memory with large CDS pushes.
+  if (typeof lrs === 'string') {
+    try {
+      out.load_stats_config = JSON.parse(lrs);
+    } catch (e) {
+      throw configError('ISTIO_META_LOAD_STATS_CONFIG_JSON', 'node metadata LOAD_STATS_CONFIG_JSON', `not valid JSON: ${(e as Error).message}`);
+    }
+  }
   out.enable_deferred_cluster_creation = true;
   return out;
+}
+
+/** proxyMetadata METRICS_LOCALHOST_ACCESS_ONLY=true: the Prometheus listener binds loopback only, as in Istio. */
+function localOnly(cfg: AgentConfig, net: LocalNet, listener: Json): Json {
+  if (cfg.proxy.proxyMetadata.METRICS_LOCALHOST_ACCESS_ONLY !== 'true') return listener;
+  const sa = (listener.address as { socket_address: Json }).socket_address;
+  listener.name = `${net.localhost}_${sa.port_value}`;
+  sa.address = net.localhost;
+  return listener;
+}
+
+/** Dual stack: the listener also binds the other family's address (its loopback for a loopback listener). */
+function alsoOtherFamily(net: LocalNet, listener: Json): Json {
+  if (!net.additional) return listener;
+  const sa = (listener.address as { socket_address: Json }).socket_address;
+  const address = sa.address === net.localhost ? net.additional.localhost : net.additional.wildcard;
+  listener.additional_addresses = [{ address: { socket_address: { protocol: 'TCP', address, port_value: sa.port_value } } }];
+  return listener;
+}
+
+/** Adds HTTP filters in front of a listener's router filter. */
+function withHttpFilters(listener: Json, filters: Json[]): Json {
+  if (filters.length === 0) return listener;
+  const hcm = ((listener.filter_chains as Json[])[0]!.filters as Json[])[0]!.typed_config as Json;
+  hcm.http_filters = [...filters, ...(hcm.http_filters as Json[])];
+  return listener;
 }
 
 // ---- tracing (ProxyConfig.tracing: zipkin or datadog; other tracers are gone from current Envoy) ----
 // Bootstrap-level tracing is deprecated in Envoy but still honoured; Istio still writes it for ProxyConfig.tracing.
 
 // Fields of Istio's Tracing message that istiod consumes, not the bootstrap.
-const TRACING_IGNORED = new Set(['sampling', 'customTags', 'maxPathTagLength', 'useRequestIdForTraceSampling']);
+// tlsSettings is read with the tracer.
+const TRACING_IGNORED = new Set(['sampling', 'customTags', 'maxPathTagLength', 'useRequestIdForTraceSampling', 'tlsSettings']);
 
-function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster: Json; tracing: Json } | undefined {
+/** The tracer ProxyConfig.tracing names and its collector address, if any. */
+export function tracer(cfg: AgentConfig): { kind: 'zipkin' | 'datadog'; host: string; port: number } | undefined {
   const t = cfg.proxy.tracing;
   if (!t) return undefined;
   const source = cfg.sources.tracing ?? 'ProxyConfig';
@@ -279,12 +363,27 @@ function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster
   }
   const kind = tracers[0] as 'zipkin' | 'datadog';
   const address = tracerAddress(t[kind], `tracing.${kind}`, source);
+  // Tracer addresses once lived in the pod spec, where Kubernetes expanded $(HOST_IP); Istio does it here now.
+  if (address.host === '$(HOST_IP)' && cfg.hostIp) address.host = cfg.hostIp;
+  return { kind, ...address };
+}
+
+function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster: Json; tracing: Json } | undefined {
+  const found = tracer(cfg);
+  if (!found) return undefined;
+  const { kind } = found;
+  const address = found;
   const clusterName = kind === 'zipkin' ? 'zipkin' : 'datadog_agent';
+  // Istio's fields; Envoy deprecates respect_dns_ttl / dns_refresh_rate on Cluster but still honours them.
+  const transportSocket = tlsTransportSocket(cfg.proxy.tracing!.tlsSettings, 'tracer', node.metadata, false, 'tracing.tlsSettings', cfg.sources.tracing ?? 'ProxyConfig');
   const cluster: Json = {
     name: clusterName,
-    // No respect_dns_ttl / dns_refresh_rate (Istio sets them): current Envoy deprecates both on Cluster.
+    alt_stat_name: `${clusterName};`,
+    ...(transportSocket ? { transport_socket: transportSocket } : {}),
     type: 'STRICT_DNS',
+    respect_dns_ttl: true,
     dns_lookup_family: net.dnsLookupFamily,
+    ...(kind === 'zipkin' ? { dns_refresh_rate: '30s' } : {}),
     connect_timeout: '1s',
     lb_policy: 'ROUND_ROBIN',
     load_assignment: assignment(clusterName, { socket_address: { address: address.host, port_value: address.port } }),

@@ -73,12 +73,30 @@ export interface AgentConfig {
   /** Pod labels and annotations read from ./etc/istio/pod. */
   podLabels: Record<string, string>;
   podAnnotations: Record<string, string>;
+  /** Envoy gets --skip-deprecated-logs (ENVOY_SKIP_DEPRECATED_LOGS, default true as in Istio). */
+  skipDeprecatedLogs: boolean;
+  /** PEER_METADATA_DISCOVERY when set. */
+  metadataDiscovery: boolean | undefined;
+  workloadIdentitySocketFile: string;
+  /** COMPLIANCE_POLICY (fips-140-2 adds a runtime flag). */
+  compliancePolicy: string;
+  /** HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED. */
+  stripFragmentFromPath: boolean;
+  /** ENVOY_SECURE_METRICS_PORT / ENVOY_SECURE_MERGED_METRICS_PORT (0: none): mTLS scrape listeners. */
+  secureMetricsPort: number;
+  secureMergedMetricsPort: number;
+  /** ISTIO_DUAL_STACK: a pod with IPv4 and IPv6 addresses gets both loopbacks and wildcards, as in Istio. */
+  dualStack: boolean;
+  /** HOST_IP: replaces `$(HOST_IP)` in tracer addresses, as Istio does. */
+  hostIp: string;
   /** Where each ProxyConfig field's value came from, for error messages and `bootstrap` output. */
   sources: Record<string, string>;
 }
 
 export const DEFAULT_MESH_CONFIG = './etc/istio/config/mesh';
 export const POD_LABELS_FILE = './etc/istio/pod/labels';
+/** Where Istio's images (and VM packages) put the bootstrap template; the Go agent renders it when present. */
+export const DEFAULT_TEMPLATE_FILE = './var/lib/istio/envoy/envoy_bootstrap_tmpl.json';
 export const POD_ANNOTATIONS_FILE = './etc/istio/pod/annotations';
 export const SDS_SOCKET = './var/run/secrets/workload-spiffe-uds/socket';
 
@@ -132,8 +150,11 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   for (const k of Object.keys(proxy)) sources[k] = 'default';
 
   const apply = (layer: ProxyConfigLayer, source: string) => {
-    proxy = { ...proxy, ...layer };
-    for (const k of Object.keys(layer)) sources[k] = source;
+    const { extra, ...fields } = layer;
+    // serviceCluster and tracingServiceName are one field in Istio (a oneof): setting one clears the other.
+    const oneof: ProxyConfigLayer = fields.tracingServiceName ? { serviceCluster: '' } : fields.serviceCluster !== undefined ? { tracingServiceName: '' } : {};
+    proxy = { ...proxy, ...oneof, ...fields, extra: { ...proxy.extra, ...extra } };
+    for (const k of [...Object.keys(fields), ...Object.keys(extra ?? {})]) sources[k] = source;
   };
 
   // Mesh config file: absent at the default path is fine; absent when named explicitly is an error.
@@ -171,7 +192,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   const effEnv: Env = { ...proxy.proxyMetadata, ...env };
 
   // Flags.
-  if (flags.serviceCluster !== undefined) apply({ serviceCluster: flags.serviceCluster }, '--serviceCluster');
+  if (flags.serviceCluster !== undefined && !proxy.tracingServiceName) apply({ serviceCluster: flags.serviceCluster }, '--serviceCluster');
   if (flags.concurrency !== undefined) {
     if (!Number.isInteger(flags.concurrency) || flags.concurrency < 0) throw configError('concurrency', '--concurrency', `want a non-negative integer, got ${flags.concurrency}`);
     apply({ concurrency: flags.concurrency }, '--concurrency');
@@ -181,8 +202,24 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     if (cpu > 0) apply({ concurrency: cpu }, 'environment variable ISTIO_CPU_LIMIT');
   }
   if (flags.templateFile) apply({ proxyBootstrapTemplatePath: flags.templateFile }, '--templateFile');
-  else if (envs.ISTIO_BOOTSTRAP.isSet(effEnv)) apply({ proxyBootstrapTemplatePath: envs.ISTIO_BOOTSTRAP.get(effEnv) }, 'environment variable ISTIO_BOOTSTRAP');
+  // ISTIO_BOOTSTRAP picks the template over everything else, as in Istio, without becoming part of the ProxyConfig.
+  // With no template named, a file at Istio's default template path is used, as the Go agent does (a template
+  // customised in the image or mounted there); without one, the bootstrap is generated (the same as Istio's
+  // stock template gives, which test/parity.test.ts checks).
+  let templateFile = proxy.proxyBootstrapTemplatePath;
+  if (envs.ISTIO_BOOTSTRAP.isSet(effEnv)) {
+    sources.ISTIO_BOOTSTRAP = 'environment variable ISTIO_BOOTSTRAP';
+    templateFile = envs.ISTIO_BOOTSTRAP.get(effEnv);
+  } else if (!templateFile && inputs.readFile(DEFAULT_TEMPLATE_FILE) !== undefined) {
+    sources.defaultTemplate = `Istio's default template path ${DEFAULT_TEMPLATE_FILE}`;
+    templateFile = DEFAULT_TEMPLATE_FILE;
+  }
 
+  // Istio no longer has a parent shutdown time (no hot restart), so a long drainDuration alone must not be an
+  // error: the default then follows it.
+  if (sources.parentShutdownDuration === 'default' && proxy.parentShutdownDuration <= proxy.drainDuration) {
+    proxy = { ...proxy, parentShutdownDuration: proxy.drainDuration + 15_000 };
+  }
   if (proxy.parentShutdownDuration <= proxy.drainDuration) {
     throw configError('parentShutdownDuration', sources.parentShutdownDuration!, `must be longer than drainDuration (${proxy.drainDuration / 1000}s from ${sources.drainDuration}), or the parent is killed before it drains`);
   }
@@ -220,7 +257,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     componentLogLevel: [...components, ...extraComponents].join(','),
     logAsJson: flags.logAsJson ?? false,
     concurrency: proxy.concurrency,
-    templateFile: proxy.proxyBootstrapTemplatePath,
+    templateFile,
     meshConfigFile,
     bootstrapOverrideFile: envs.ISTIO_BOOTSTRAP_OVERRIDE.get(effEnv),
     outlierLogPath: flags.outlierLogPath ?? '',
@@ -243,6 +280,15 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     standaloneDir: flags.standalone ?? '',
     podLabels,
     podAnnotations,
+    skipDeprecatedLogs: envs.ENVOY_SKIP_DEPRECATED_LOGS.get(effEnv),
+    metadataDiscovery: envs.PEER_METADATA_DISCOVERY.isSet(effEnv) ? envs.PEER_METADATA_DISCOVERY.get(effEnv) : undefined,
+    workloadIdentitySocketFile: envs.WORKLOAD_IDENTITY_SOCKET_FILE.get(effEnv),
+    compliancePolicy: envs.COMPLIANCE_POLICY.get(effEnv),
+    stripFragmentFromPath: envs.HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED.get(effEnv),
+    hostIp: envs.HOST_IP.get(effEnv),
+    secureMetricsPort: envs.ENVOY_SECURE_METRICS_PORT.get(effEnv),
+    secureMergedMetricsPort: envs.ENVOY_SECURE_MERGED_METRICS_PORT.get(effEnv),
+    dualStack: ['1', 't', 'T', 'TRUE', 'true', 'True'].includes(envs.IPTABLES_ENV.ISTIO_DUAL_STACK.get(effEnv)),
     sources,
   };
   return deepFreeze(cfg);

@@ -162,3 +162,18 @@ export const IPTABLES_ENV = {
 } as const;
 export const ENVOY_UID = str('ENVOY_UID', '', 'Run Envoy as this uid or user name (agent running as root); pair it with istio-iptables -u');
 export const ENVOY_GID = str('ENVOY_GID', '', 'Run Envoy with this gid or group name (default: ENVOY_UID\'s primary group, or the uid); pair it with istio-iptables -g');
+
+// ---- app probes, health checker, app metrics, profiling (issue 12) ----
+export const ISTIO_KUBE_APP_PROBERS = str('ISTIO_KUBE_APP_PROBERS', '', 'App probes rewritten by the injector: JSON keyed by /app-health/<container>/<kind> (httpGet, tcpSocket or grpc)');
+export const POD_IP = str('POD_IP', '', 'Pod IP; where app probes go when INSTANCE_IP is unset');
+export const REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = bool('REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION', false, 'Send app probes to localhost instead of the pod IP');
+export const ISTIO_PROMETHEUS_ANNOTATIONS = str('ISTIO_PROMETHEUS_ANNOTATIONS', '', 'Where the app serves metrics for the merged /stats/prometheus: JSON {scrape, path, port} (or {targets: [{port, path}]})');
+
+// ---- Go agent parity (issue 13) ----
+export const ENVOY_SKIP_DEPRECATED_LOGS = bool('ENVOY_SKIP_DEPRECATED_LOGS', true, 'Pass --skip-deprecated-logs to Envoy (false: show deprecation warnings)');
+export const PEER_METADATA_DISCOVERY = bool('PEER_METADATA_DISCOVERY', false, 'Reported as node metadata METADATA_DISCOVERY (unset: follows ISTIO_META_ENABLE_HBONE)');
+export const WORKLOAD_IDENTITY_SOCKET_FILE = str('WORKLOAD_IDENTITY_SOCKET_FILE', 'socket', 'File name of the workload SDS socket in ./var/run/secrets/workload-spiffe-uds (node metadata)');
+export const COMPLIANCE_POLICY = str('COMPLIANCE_POLICY', '', 'fips-140-2 limits Envoy\'s Google gRPC client to TLS 1.2 (runtime flag), as Istio does');
+export const HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = bool('HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED', true, 'false: Envoy keeps URL fragments in paths (Istio\'s runtime flag of that name)');
+export const ENVOY_SECURE_METRICS_PORT = int('ENVOY_SECURE_METRICS_PORT', 0, 'Envoy serves its own /stats/prometheus over mTLS (workload certificate) on this port (0: none)');
+export const ENVOY_SECURE_MERGED_METRICS_PORT = int('ENVOY_SECURE_MERGED_METRICS_PORT', 0, 'Envoy serves the merged scrape (agent, Envoy, app) over mTLS on this port (0: none)');

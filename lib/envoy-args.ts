@@ -55,6 +55,7 @@ export function envoyArgs(i: EnvoyArgsInputs): string[] {
   ];
   if (cfg.componentLogLevel) args.push('--component-log-level', cfg.componentLogLevel);
   if (cfg.concurrency !== undefined && cfg.concurrency > 0) args.push('--concurrency', String(cfg.concurrency));
+  if (cfg.skipDeprecatedLogs) args.push('--skip-deprecated-logs');
   if (i.coreDump) args.push('--enable-core-dump');
   if (p.fileFlushMinSize > 0) args.push('--file-flush-min-size-kb', String(p.fileFlushMinSize));
   return args;

@@ -35,7 +35,7 @@ export class EnvoyComponent implements Component {
 
   constructor(private readonly o: { resolved: Resolved; env: Env; startedAt: number }) {
     const { cfg } = o.resolved;
-    this.runtime = new RealEnvoyRuntime(cfg);
+    this.runtime = new RealEnvoyRuntime(cfg, o.env as NodeJS.ProcessEnv);
     this.supervisor = new Supervisor({
       runtime: this.runtime,
       validate: envs.ENVOY_VALIDATE_BEFORE_RESTART.get(o.env),
@@ -171,11 +171,12 @@ export class EnvoyComponent implements Component {
   /** Envoy's own Prometheus text, for the merged /stats/prometheus. */
   readonly statsSource: MetricsSource = {
     name: 'envoy',
+    type: 'envoy',
     scrape: async () => {
       const live = this.supervisor.newestLive();
-      if (!live) return '';
+      if (!live) return { ok: false, reason: 'no live Envoy' };
       const r = await admin.adminRequest(live.config.admin, 'GET', '/stats/prometheus', 2000);
-      return r.status === 200 ? r.body : '';
+      return r.status === 200 ? { ok: true, text: r.body, format: 'text' } : { ok: false, reason: `Envoy's /stats/prometheus answered ${r.status}` };
     },
   };
 }

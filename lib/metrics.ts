@@ -5,14 +5,18 @@
 // prom-client's defaults under the `istio_agent_` prefix, which gives the Go agent's `istio_agent_process_*` names.
 
 import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client';
+import { scope } from './log';
+import { VERSION } from './version';
+import { mergeExpositions, negotiateFormat, type MetricsFormat } from './metrics-merge';
+
+const log = scope('metrics');
 
 export type { Registry } from 'prom-client';
-
-export const PROMETHEUS_CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
 
 export function newRegistry(opts: { defaultMetrics?: boolean } = {}): Registry {
   const registry = new Registry();
   if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: registry, prefix: 'istio_agent_' });
+  new Gauge({ name: 'istio_agent_istio_build', help: 'Istio component build info', labelNames: ['component', 'tag'], registers: [registry] }).set({ component: 'pilot-agent', tag: VERSION }, 1);
   return registry;
 }
 
@@ -56,16 +60,48 @@ export function registerCounters(registry: Registry, prefix: string, help: strin
   }
 }
 
-/** Another exposition to append to the agent's (Envoy's 15090 text, the app's): text, or '' when unavailable. */
+/**
+ * Another exposition merged with the agent's: Envoy's 15090 text, the app's. `type` is the `type` label of
+ * istio_agent_scrape_failures_total, as the Go agent counts them (envoy, application).
+ */
 export interface MetricsSource {
   name: string;
-  scrape(): Promise<string>;
+  type: 'envoy' | 'application';
+  /** The text, or why it could not be had; must give up within its own short deadline. */
+  scrape(accept: string | undefined): Promise<{ ok: true; text: string; format?: MetricsFormat } | { ok: false; reason: string }>;
 }
 
-/** The agent's metrics followed by each source's, in Prometheus text format. A failing source adds nothing. */
-export async function mergedMetrics(registry: Registry, sources: readonly MetricsSource[]): Promise<string> {
-  const [own, ...others] = await Promise.all([registry.metrics(), ...sources.map((s) => s.scrape().catch(() => ''))]);
-  let out = own.endsWith('\n') ? own : own + '\n';
-  for (const t of others) if (t) out += t.endsWith('\n') ? t : t + '\n';
-  return out;
+/** The merged exposition and its content type, in the format the scraper's Accept header prefers. */
+export type MergedScrape = (accept: string | undefined) => Promise<{ body: string; contentType: string }>;
+
+/**
+ * The one place where the agent's metrics meet the other sources': each source is scraped in parallel, parsed and
+ * merged into one valid exposition (lib/metrics-merge.ts); a source that fails or does not parse is left out, logged
+ * and counted, and never delays or breaks the rest.
+ */
+export function mergedScrape(registry: Registry, sources: readonly MetricsSource[]): MergedScrape {
+  const failures = new Counter({ name: 'istio_agent_scrape_failures_total', help: 'Metrics sources that could not be scraped or merged', labelNames: ['type'], registers: [registry] });
+  const scrapes = new Counter({ name: 'istio_agent_scrapes_total', help: 'Scrapes of the merged metrics endpoint', registers: [registry] });
+  return async (accept) => {
+    scrapes.inc();
+    const format = negotiateFormat(accept);
+    const results = await Promise.all(sources.map((s) => s.scrape(accept).catch((err: Error) => ({ ok: false as const, reason: err.message }))));
+    const texts: Array<{ name: string; text: string; format?: MetricsFormat }> = [];
+    results.forEach((r, i) => {
+      const src = sources[i]!;
+      if (r.ok) texts.push({ name: src.name, text: r.text, format: r.format });
+      else {
+        failures.inc({ type: src.type });
+        log.debug(`metrics from ${src.name} left out: ${r.reason}`);
+      }
+    });
+    const own = await registry.metrics();
+    const merged = mergeExpositions([{ name: 'agent', text: own, format: 'text' }, ...texts], format);
+    for (const p of merged.problems) {
+      const src = sources.find((s) => s.name === p.source);
+      if (src) failures.inc({ type: src.type });
+      log.debug(`metrics from ${p.source}: ${p.problem}`);
+    }
+    return { body: merged.body, contentType: merged.contentType };
+  };
 }

@@ -38,6 +38,13 @@ export interface ProxyConfig {
   /** Kept as given; the health checker reads it. */
   readinessProbe: Record<string, unknown> | undefined;
   tracing: Record<string, unknown> | undefined;
+  /** APP_LABEL_AND_NAMESPACE, CANONICAL_NAME_ONLY or CANONICAL_NAME_AND_NAMESPACE; "" when serviceCluster names the cluster. */
+  tracingServiceName: string;
+  /**
+   * ProxyConfig fields Istio defines that this agent does not act on itself (gatewayTopology, proxyHeaders,
+   * privateKeyProvider, ...), kept as given: istiod reads them from the node's PROXY_CONFIG metadata.
+   */
+  extra: Record<string, unknown>;
 }
 
 export function defaultProxyConfig(): ProxyConfig {
@@ -67,6 +74,8 @@ export function defaultProxyConfig(): ProxyConfig {
     holdApplicationUntilProxyStarts: false,
     readinessProbe: undefined,
     tracing: undefined,
+    tracingServiceName: '',
+    extra: {},
   };
 }
 
@@ -108,6 +117,10 @@ const asObject: FieldParser = (v, fail) =>
   v !== null && typeof v === 'object' && !Array.isArray(v) ? v : fail('want an object');
 const asAuthPolicy: FieldParser = (v, fail) =>
   v === 'NONE' || v === 'MUTUAL_TLS' ? v : fail(`want NONE or MUTUAL_TLS, got ${JSON.stringify(v)}`);
+const asTracingServiceName: FieldParser = (v, fail) =>
+  typeof v === 'string' && ['APP_LABEL_AND_NAMESPACE', 'CANONICAL_NAME_ONLY', 'CANONICAL_NAME_AND_NAMESPACE'].includes(v)
+    ? v
+    : fail(`want APP_LABEL_AND_NAMESPACE, CANONICAL_NAME_ONLY or CANONICAL_NAME_AND_NAMESPACE, got ${JSON.stringify(v)}`);
 const asStatsMatcher: FieldParser = (v, fail) => {
   const o = asObject(v, fail) as Record<string, unknown>;
   for (const k of Object.keys(o)) {
@@ -117,7 +130,7 @@ const asStatsMatcher: FieldParser = (v, fail) => {
   return o;
 };
 
-const FIELDS: Record<keyof ProxyConfig, FieldParser> = {
+const FIELDS: Record<Exclude<keyof ProxyConfig, 'extra'>, FieldParser> = {
   configPath: asString,
   binaryPath: asString,
   serviceCluster: asString,
@@ -143,13 +156,14 @@ const FIELDS: Record<keyof ProxyConfig, FieldParser> = {
   holdApplicationUntilProxyStarts: asBool,
   readinessProbe: asObject,
   tracing: asObject,
+  tracingServiceName: asTracingServiceName,
 };
 
-// ProxyConfig fields Istio defines that this agent accepts but does not act on.
+// ProxyConfig fields Istio defines that this agent accepts but does not act on; kept for the node metadata.
 const ACCEPTED_UNUSED = new Set([
   'discoveryRefreshDelay', 'zipkinAddress', 'connectTimeout', 'statsdUdpAddress', 'envoyMetricsServiceAddress',
   'interceptionMode', 'envoyAccessLogService', 'envoyMetricsService', 'sds', 'gatewayTopology', 'caCertificatesPem',
-  'image', 'privateKeyProvider', 'proxyHeaders', 'stsPort', 'statsdUdpAddress',
+  'image', 'privateKeyProvider', 'proxyHeaders', 'stsPort', 'statsCompression',
 ]);
 
 export type ProxyConfigLayer = Partial<ProxyConfig>;
@@ -162,8 +176,9 @@ export function parseProxyConfigLayer(raw: unknown, source: string): ProxyConfig
   for (const [key, value] of Object.entries(raw as Record<string, unknown>)) {
     const parse = (FIELDS as Record<string, FieldParser | undefined>)[key];
     if (!parse) {
-      if (ACCEPTED_UNUSED.has(key)) continue;
-      throw configError(key, source, 'unknown ProxyConfig field');
+      if (!ACCEPTED_UNUSED.has(key)) throw configError(key, source, 'unknown ProxyConfig field');
+      if (value !== null) ((out.extra ??= {}) as Record<string, unknown>)[key] = value;
+      continue;
     }
     if (value === null) continue;
     out[key] = parse(value, (problem) => {
@@ -171,4 +186,44 @@ export function parseProxyConfigLayer(raw: unknown, source: string): ProxyConfig
     });
   }
   return out as ProxyConfigLayer;
+}
+
+// ---- Istio's JSON form (node metadata PROXY_CONFIG) ----
+
+/** The fields Istio's DefaultProxyConfig sets: always in the effective config, whoever set them. */
+const ISTIO_DEFAULTS = new Set<keyof ProxyConfig>([
+  'configPath', 'binaryPath', 'serviceCluster', 'drainDuration', 'terminationDrainDuration', 'discoveryAddress',
+  'proxyAdminPort', 'statusPort', 'controlPlaneAuthPolicy', 'statNameLength',
+]);
+const DURATIONS = new Set<keyof ProxyConfig>(['drainDuration', 'parentShutdownDuration', 'terminationDrainDuration', 'fileFlushInterval']);
+// google.protobuf wrappers: emitted even when they hold the zero value.
+const WRAPPERS = new Set<keyof ProxyConfig>(['concurrency', 'holdApplicationUntilProxyStarts']);
+
+/** protojson's Duration: whole seconds, else 3, 6 or 9 fractional digits ("0.500s"). */
+export function protojsonDuration(ms: number): string {
+  const secs = ms / 1000;
+  if (Number.isInteger(secs)) return `${secs}s`;
+  const digits = Number.isInteger(ms) ? 3 : Number.isInteger(ms * 1000) ? 6 : 9;
+  return `${secs.toFixed(digits)}s`;
+}
+
+const isZero = (v: unknown) =>
+  v === undefined || v === '' || v === 0 || v === false || (Array.isArray(v) && v.length === 0) ||
+  (v !== null && typeof v === 'object' && !Array.isArray(v) && Object.keys(v).length === 0);
+
+/**
+ * The effective ProxyConfig as Istio marshals it (protojson): Istio's defaults plus every field a layer set,
+ * zero values left out, durations as "45s". `sources` says which fields still hold this agent's own default
+ * (parentShutdownDuration, fileFlushInterval), which Istio's DefaultProxyConfig does not have.
+ */
+export function proxyConfigJson(p: Readonly<ProxyConfig>, sources: Record<string, string>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const k of Object.keys(FIELDS) as Array<keyof ProxyConfig>) {
+    const v = p[k];
+    if (!ISTIO_DEFAULTS.has(k) && (sources[k] ?? 'default') === 'default') continue;
+    if (v === undefined || (isZero(v) && !WRAPPERS.has(k))) continue;
+    out[k] = DURATIONS.has(k) ? protojsonDuration(v as number) : v;
+  }
+  for (const [k, v] of Object.entries(p.extra)) out[k] = v;
+  return out;
 }

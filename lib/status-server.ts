@@ -10,7 +10,11 @@ import type { Registry } from 'prom-client';
 import type { Component, Condition, StatusRoute } from './component';
 import { closedSignal } from './component';
 import { scope } from './log';
-import { gaugeFrom, mergedMetrics, PROMETHEUS_CONTENT_TYPE, type MetricsSource } from './metrics';
+import { gaugeFrom, mergedScrape, type MetricsSource } from './metrics';
+import { gzip } from 'node:zlib';
+import { promisify } from 'node:util';
+
+const gzipAsync = promisify(gzip);
 
 const log = scope('status');
 
@@ -18,6 +22,7 @@ export interface Reply {
   status: number;
   body: string | Buffer;
   contentType?: string;
+  headers?: Record<string, string>;
 }
 
 export type Handler = (req: http.IncomingMessage) => Promise<Reply> | Reply;
@@ -68,7 +73,15 @@ export class StatusServer implements Component {
     }
     if (metrics) {
       gaugeFrom(metrics.registry, 'istio_agent_startup_duration_seconds', 'Seconds from the agent\'s start to its first readiness', () => this.startupSeconds);
-      const scrape = async (): Promise<Reply> => ({ status: 200, body: await mergedMetrics(metrics.registry, metrics.sources), contentType: PROMETHEUS_CONTENT_TYPE });
+      const merged = mergedScrape(metrics.registry, metrics.sources);
+      const scrape = async (req: http.IncomingMessage): Promise<Reply> => {
+        const m = await merged(req.headers.accept);
+        // Envoy's stats compress about tenfold; Prometheus asks for gzip.
+        if (/\bgzip\b/.test(String(req.headers['accept-encoding'] ?? ''))) {
+          return { status: 200, body: await gzipAsync(m.body), contentType: m.contentType, headers: { 'content-encoding': 'gzip', vary: 'accept-encoding' } };
+        }
+        return { status: 200, body: m.body, contentType: m.contentType };
+      };
       this.route('GET', '/stats/prometheus', scrape).route('GET', '/metrics', scrape);
     }
   }
@@ -124,7 +137,7 @@ export class StatusServer implements Component {
       }
     }
     req.resume();
-    res.writeHead(reply.status, { 'content-type': reply.contentType ?? 'text/plain; charset=utf-8' });
+    res.writeHead(reply.status, { ...reply.headers, 'content-type': reply.contentType ?? 'text/plain; charset=utf-8' });
     res.end(req.method === 'HEAD' ? undefined : reply.body);
   }
 

@@ -29,7 +29,7 @@ import * as grpc from '@grpc/grpc-js';
 import type { Registry } from 'prom-client';
 import type { Component, StatusRoute } from './component';
 import { AgentError, wrap } from './errors';
-import { registerCounters } from './metrics';
+import { counterFrom, registerCounters } from './metrics';
 import { json } from './status-server';
 import { scope } from './log';
 import { prepareSocket } from './unix-socket';
@@ -183,6 +183,12 @@ export class XdsProxy implements Component {
 
   registerMetrics(registry: Registry): void {
     registerCounters(registry, 'istio_agent_', 'xDS proxy', () => this.metrics());
+    // The Go agent's names for what it measures the same way (dashboards and alerts use them).
+    const c = this.counters;
+    counterFrom(registry, 'istio_agent_xds_proxy_requests', 'The total number of Xds Proxy Requests', () => c.requests_to_upstream);
+    counterFrom(registry, 'istio_agent_xds_proxy_responses', 'The total number of Xds Proxy Responses', () => c.responses_to_envoy);
+    counterFrom(registry, 'istio_agent_istiod_connection_failures', 'The total number of connection failures to Istiod', () => c.upstream_dial_failures_total);
+    counterFrom(registry, 'istio_agent_istiod_connection_terminations', 'The total number of connection errors to Istiod', () => c.upstream_terminations_total);
   }
 
   routes(): StatusRoute[] {

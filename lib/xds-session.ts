@@ -57,6 +57,10 @@ export interface Counters {
   agent_acks_total: number;
   agent_nacks_total: number;
   bad_messages_total: number;
+  /** Upstream attempts that never connected (Go: istio_agent_istiod_connection_failures). */
+  upstream_dial_failures_total: number;
+  /** Connected upstream streams that ended (Go: istio_agent_istiod_connection_terminations). */
+  upstream_terminations_total: number;
 }
 
 export function newCounters(): Counters {
@@ -65,6 +69,7 @@ export function newCounters(): Counters {
     request_bytes_to_upstream: 0, responses_from_upstream: 0, response_bytes_from_upstream: 0, responses_to_envoy: 0,
     response_bytes_to_envoy: 0, upstream_connects_total: 0, upstream_reconnects_total: 0, upstream_failures_total: 0,
     envoy_nacks_total: 0, agent_acks_total: 0, agent_nacks_total: 0, bad_messages_total: 0,
+    upstream_dial_failures_total: 0, upstream_terminations_total: 0,
   };
 }
 
@@ -408,6 +413,7 @@ export class Session {
       });
     } catch (e) {
       c.upstream_failures_total++;
+      c.upstream_dial_failures_total++;
       this.lastUpstreamError = errorMessage(e);
       this.scheduleReconnect(`cannot connect to ${this.ctx.upstream.address}: ${this.lastUpstreamError}`);
       return;
@@ -445,12 +451,15 @@ export class Session {
   private onUpstreamStatus(up: Upstream, s: { code: number; details: string }): void {
     if (up.ended) return;
     up.ended = true;
+    const wasConnected = up.connected;
     up.connected = false;
     up.queue.length = 0;
     up.up.close();
     if (this.upstream === up) this.upstream = undefined;
     if (this.done) return;
     this.ctx.counters.upstream_failures_total++;
+    if (wasConnected) this.ctx.counters.upstream_terminations_total++;
+    else this.ctx.counters.upstream_dial_failures_total++;
     if (s.code === 8 /* RESOURCE_EXHAUSTED: a message over the size limit */) this.ctx.counters.bad_messages_total++;
     // Start the backoff over only after a stream that worked for a while, so a server that answers once and
     // then fails (a crash loop, a push over the size limit) is not hammered every initialMs.

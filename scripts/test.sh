@@ -14,11 +14,23 @@ if ! command -v iptables-restore >/dev/null 2>&1; then
   echo "test: installing iptables" >&2
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables; } >&2 || echo "test: could not install iptables" >&2
 fi
+# The DNS proxy tests use Debian's dnsmasq as the upstream resolver and dig as the client (test/helpers/dns.ts
+# installs them too when a test runs alone). dnsmasq-base: the binary without the service that takes port 53.
+if ! command -v dig >/dev/null 2>&1 || ! command -v dnsmasq >/dev/null 2>&1; then
+  echo "test: installing dnsmasq-base and dnsutils" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dnsmasq-base dnsutils; } >&2 \
+    || echo "test: could not install dnsmasq-base and dnsutils" >&2
+fi
 if ! ENVOY_BIN="$(bash scripts/install-envoy.sh)"; then
   echo "test: no real Envoy could be found or installed; tests that need Envoy cannot run"
   echo "0 passed, 1 failed"; exit 1
 fi
 export ENVOY_BIN
+# The reference Prometheus/OpenMetrics parsers the merged-metrics tests check against (Python prometheus_client).
+if ! bash scripts/install-prom-parser.sh >/dev/null; then
+  echo "test: Python's prometheus_client could not be installed; the metrics tests cannot run"
+  echo "0 passed, 1 failed"; exit 1
+fi
 echo "test: using Envoy $ENVOY_BIN ($("$ENVOY_BIN" --version 2>/dev/null | sed -n 's/.*version: //p'))"
 
 failed=0

@@ -8,6 +8,7 @@ import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import { startAgent } from './helpers/agent';
+import { dig } from './helpers/dns';
 import { CLUSTER, ControlPlane, ENDPOINT, LISTENER, ROUTE, edsCluster, endpoints, listener, route } from './helpers/control-plane';
 import { envoyBin, freePort, httpRequest, sleep, tempDir, waitFor } from './helpers/harness';
 import { startLoad } from './helpers/load';
@@ -24,6 +25,7 @@ test('generated bootstrap + xDS proxy + control plane: ready only with config, n
   await cp.start();
   const listenPort = await freePort();
   const status = await freePort();
+  const dnsPort = await freePort();
   const agent = startAgent(['proxy', 'sidecar'], {
     PROXY_CONFIG: JSON.stringify({
       configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(),
@@ -31,6 +33,7 @@ test('generated bootstrap + xDS proxy + control plane: ready only with config, n
     }),
     POD_NAME: 'client-1', POD_NAMESPACE: 'ns', INSTANCE_IP: '127.0.0.1', ISTIO_META_DNS_CAPTURE: 'true', PROXY_CONFIG_XDS_AGENT: 'true',
     ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+    DNS_PROXY_ADDR: `127.0.0.1:${dnsPort}`,
   }, dir.path);
   const ready = async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status;
   try {
@@ -50,6 +53,9 @@ test('generated bootstrap + xDS proxy + control plane: ready only with config, n
     assert.is((await httpRequest(url)).body, 'from-backend');
     const nds = JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/ndsz`)).body);
     assert.equal(nds.table['backend.ns.svc.cluster.local'].ips, ['127.0.0.1'], 'the agent holds the name table');
+    for (const name of ['backend.ns.svc.cluster.local', 'backend', 'backend.ns']) {
+      assert.equal((await dig(dnsPort, name)).answers.map((a) => a.data), ['127.0.0.1'], `the DNS proxy answers ${name}`);
+    }
     // Proxy config (PCDS) is subscribed by the agent and acknowledged by it.
     cp.set(PROXY_CONFIG_TYPE, 'p1', [{ name: 'pc', any: { type_url: PROXY_CONFIG_TYPE, value: new Uint8Array() } }]);
     await cp.waitForRequest('the agent ACKs proxy config', (q) => q.typeUrl === PROXY_CONFIG_TYPE && q.nonce !== '' && !q.error);
@@ -69,6 +75,14 @@ test('generated bootstrap + xDS proxy + control plane: ready only with config, n
     const metrics = (await httpRequest(`http://127.0.0.1:${status}/stats/prometheus`)).body;
     assert.match(metrics, /^istio_agent_startup_duration_seconds \d+(\.\d+)?$/m, 'Istio\'s start-up metric');
     assert.match(metrics, /^istio_agent_xds_proxy_upstream_connected 1$/m, 'xDS proxy counters merged');
+    // The Go agent's names, where this agent measures the same thing.
+    for (const name of ['istio_agent_xds_proxy_requests', 'istio_agent_xds_proxy_responses', 'istio_agent_istiod_connection_failures',
+      'istio_agent_istiod_connection_terminations', 'istio_agent_scrapes_total', 'istio_agent_scrape_failures_total', 'istio_agent_istio_build',
+      'istio_agent_process_cpu_seconds_total', 'istio_agent_process_resident_memory_bytes', 'istio_agent_process_open_fds',
+      'istio_agent_process_max_fds', 'istio_agent_process_start_time_seconds', 'istio_agent_process_virtual_memory_bytes']) {
+      assert.match(metrics, new RegExp(`^# TYPE ${name} `, 'm'), `${name} exported`);
+    }
+    assert.match(metrics, /^istio_agent_xds_proxy_requests [1-9]\d*$/m);
   } finally {
     agent.proc.kill('SIGTERM');
     await waitFor('agent exit', () => agent.exited, 15_000);

@@ -106,7 +106,7 @@ test('node: id, cluster and metadata come from the node identity', () => {
   const { cfg, node } = fixture({ env: { ISTIO_META_FOO: 'bar' } });
   const b: Json = buildBootstrap({ cfg, node });
   assert.is(b.node.id, 'sidecar~10.44.0.7~web-7d9f8-abcde.shop~shop.svc.cluster.local');
-  assert.is(b.node.cluster, 'istio-proxy');
+  assert.is(b.node.cluster, 'istio-proxy.shop', 'no app label in this fixture: istio-proxy.<namespace>, as Istio');
   assert.is(b.node.metadata.FOO, 'bar');
   assert.equal(b.node.metadata, node.metadata);
   b.node.metadata.FOO = 'changed';
@@ -220,14 +220,16 @@ test('runtime: Istio defaults, runtimeValues override, "" removes, booleans type
   assert.is(layer(b)['x.num'], '12');
 });
 
-test('overload manager carries the global connection limit, not the runtime layer', () => {
+test('overload manager carries the global connection limit; the runtimeValues key stays in the runtime layer too', () => {
   const limit = (b: Json) => b.overload_manager?.resource_monitors[0].typed_config.max_active_downstream_connections;
   assert.is(limit(bootstrapOf()), DEFAULT_MAX_DOWNSTREAM_CONNECTIONS);
   const rv = (v: string) => ({ env: { PROXY_CONFIG: JSON.stringify({ runtimeValues: { 'overload.global_downstream_max_connections': v } }) } });
   const b = bootstrapOf(rv('5000'));
   assert.is(limit(b), 5000);
-  assert.not.ok('overload.global_downstream_max_connections' in b.layered_runtime.layers[0].static_layer);
-  assert.is(bootstrapOf(rv('')).overload_manager, undefined);
+  assert.is(b.layered_runtime.layers[0].static_layer['overload.global_downstream_max_connections'], '5000');
+  assert.is(limit(bootstrapOf(rv(''))), DEFAULT_MAX_DOWNSTREAM_CONNECTIONS);
+  const meta = { env: { PROXY_CONFIG: JSON.stringify({ proxyMetadata: { ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS: '77' }, runtimeValues: { 'overload.global_downstream_max_connections': '5000' } }) } };
+  assert.is(limit(bootstrapOf(meta)), 77, 'proxyMetadata ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS wins');
   throwsConfig(() => bootstrapOf(rv('lots')), /overload\.global_downstream_max_connections/, /PROXY_CONFIG/);
 });
 
@@ -244,9 +246,58 @@ test('tracing: zipkin and datadog clusters; other tracers rejected naming the fi
   throwsConfig(() => bootstrapOf(tr({ zipkin: { address: 'no-port' } })), /tracing\.zipkin\.address/);
 });
 
-test('outlier log path goes to cluster_manager', () => {
-  assert.equal(bootstrapOf({ flags: { outlierLogPath: '/dev/stdout' } }).cluster_manager.outlier_detection, { event_log_path: '/dev/stdout' });
-  assert.is(bootstrapOf().cluster_manager.outlier_detection, undefined);
+test('cluster_manager only with an outlier log path (then with deferred cluster creation, as Istio\'s template)', () => {
+  assert.equal(bootstrapOf({ flags: { outlierLogPath: '/dev/stdout' } }).cluster_manager, { outlier_detection: { event_log_path: '/dev/stdout' }, enable_deferred_cluster_creation: true });
+  assert.is(bootstrapOf().cluster_manager, undefined);
+});
+
+test('runtime layer has Istio\'s defaults, including its Envoy bug workaround', () => {
+  const layer = bootstrapOf().layered_runtime.layers[0].static_layer;
+  assert.is(layer['envoy.reloadable_features.fixed_heap_use_allocated'], true);
+  assert.is(layer['envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update'], false);
+});
+
+test('runtime layer: COMPLIANCE_POLICY=fips-140-2 and HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED=false add Istio\'s flags', () => {
+  const layer = (env: Record<string, string>) => bootstrapOf({ env }).layered_runtime.layers[0].static_layer;
+  assert.is(layer({ COMPLIANCE_POLICY: 'fips-140-2' })['envoy.reloadable_features.google_grpc_disable_tls_13'], true);
+  assert.is(layer({})['envoy.reloadable_features.google_grpc_disable_tls_13'], undefined);
+  assert.is(layer({ HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED: 'false' })['envoy.reloadable_features.http_strip_fragment_from_path_unsafe_if_disabled'], 'false');
+});
+
+test('tracer address $(HOST_IP) is the node\'s HOST_IP, as Istio expands it', () => {
+  const b = bootstrapOf({ env: { HOST_IP: '192.168.7.7', PROXY_CONFIG: JSON.stringify({ tracing: { zipkin: { address: '$(HOST_IP):9411' } } }) } });
+  assert.equal(cluster(b, 'zipkin')!.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address, { address: '192.168.7.7', port_value: 9411 });
+});
+
+test('stats eviction interval from the pod annotation, a multiple of the flush interval', () => {
+  const ann = (a: string) => ({ files: { './etc/istio/pod/annotations': a } });
+  assert.is(bootstrapOf(ann('sidecar.istio.io/statsEvictionInterval="60s"\n')).stats_eviction_interval, '60s');
+  assert.is(bootstrapOf().stats_eviction_interval, undefined);
+  throwsConfig(() => bootstrapOf(ann('sidecar.istio.io/statsEvictionInterval="7s"\n')), /statsEvictionInterval/, /multiple/);
+});
+
+test('remote services: metrics service cluster and sink, access log service cluster, statsd sink, TLS by SDS', () => {
+  const pc = (p: unknown) => ({ env: { PROXY_CONFIG: JSON.stringify(p) } });
+  const b = bootstrapOf(pc({ envoyMetricsService: { address: 'm:15000', tcpKeepalive: { probes: 3, time: '10s' } }, envoyAccessLogService: { address: 'a:9000' }, statsdUdpAddress: '10.0.0.9:8125' }));
+  assert.equal(cluster(b, 'envoy_metrics_service')!.upstream_connection_options, { tcp_keepalive: { keepalive_probes: 3, keepalive_time: 10 } });
+  assert.is(cluster(b, 'envoy_accesslog_service')!.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value, 9000);
+  assert.equal((b.stats_sinks as Json[]).map((x) => x.name), ['envoy.stat_sinks.metrics_service', 'envoy.stat_sinks.statsd']);
+  assert.is(bootstrapOf().stats_sinks, undefined);
+  const tls = cluster(bootstrapOf(pc({ envoyMetricsService: { address: 'm:1', tlsSettings: { mode: 'ISTIO_MUTUAL' } } })), 'envoy_metrics_service')!.transport_socket;
+  assert.is(tls.typed_config.sni, 'envoy_metrics_service');
+  assert.equal(tls.typed_config.common_tls_context.alpn_protocols, ['istio', 'h2']);
+  assert.is(tls.typed_config.common_tls_context.tls_certificate_sds_secret_configs[0].name, 'default');
+  const z = cluster(bootstrapOf(pc({ tracing: { zipkin: { address: 'z:9411' }, tlsSettings: { mode: 'SIMPLE', caCertificates: '/ca.pem' } } })), 'zipkin')!.transport_socket;
+  assert.is(z.typed_config.common_tls_context.combined_validation_context.validation_context_sds_secret_config.name, 'file-root:/ca.pem');
+  assert.is(z.typed_config.common_tls_context.alpn_protocols, undefined, 'zipkin speaks HTTP/1.1');
+  throwsConfig(() => bootstrapOf(pc({ envoyMetricsService: { address: 'm:1', tlsSettings: { mode: 'SOMETIMES' } } })), /envoyMetricsService\.tlsSettings\.mode/);
+  throwsConfig(() => bootstrapOf(pc({ statsdUdpAddress: 'statsd.monitoring:8125' })), /statsdUdpAddress/, /IP address/);
+});
+
+test('Prometheus listener compresses with brotli, zstd and gzip unless statsCompression is false', () => {
+  const filters = (b: Json) => (b.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters as Json[]).map((f) => f.name);
+  assert.equal(filters(bootstrapOf()), ['envoy.filters.http.compressor.brotli', 'envoy.filters.http.compressor.zstd', 'envoy.filters.http.compressor.gzip', 'envoy.filters.http.router']);
+  assert.equal(filters(bootstrapOf({ env: { PROXY_CONFIG: '{"statsCompression": false}' } })), ['envoy.filters.http.router']);
 });
 
 test('buildBootstrap is deterministic', () => {
@@ -316,7 +367,7 @@ test('loader: the override also applies to a customConfigFile', () => {
   assert.equal(r.inputs, ['/c.json', '/o.json']);
 });
 
-test('loader: template placeholders are substituted (strings escaped, numbers bare, objects as JSON)', () => {
+test('loader: a template is a Go text/template over Istio\'s variables (JSON text inserted as is)', () => {
   const tmpl = [
     '{',
     '  "node": {"id": "{{ .nodeID }}", "cluster": "{{.cluster}}", "metadata": {{ .meta_json_str }}},',
@@ -329,19 +380,29 @@ test('loader: template placeholders are substituted (strings escaped, numbers ba
   const r = resolveBootstrap(cfg, node, (f) => (f === '/t/bootstrap.json' ? tmpl : undefined));
   const b = r.bootstrap as Json;
   assert.is(b.node.id, node.id);
-  assert.is(b.node.cluster, 'istio-proxy');
+  assert.is(b.node.cluster, node.cluster);
   assert.equal(b.node.metadata, node.metadata);
   assert.is(b.node.metadata.QUOTED, 'say "hi"');
   assert.equal(b.admin.address.socket_address, { address: '127.0.0.1', port_value: 15000 });
   assert.equal(b.layered_runtime.layers[0].static_layer, runtimeFlags(cfg));
-  assert.equal(b.x, ['DELTA_GRPC', 'etc/istio/proxy/XDS', 15021, '']);
+  assert.equal(b.x, ['DELTA_GRPC', 'etc/istio/proxy/XDS', 15021, '<no value>'], 'a variable Istio leaves out prints <no value>, as in Go');
   assert.equal(r.inputs, ['/t/bootstrap.json']);
+});
+
+test('loader: a template at Istio\'s default path is rendered when no other is named, as the Go agent does', () => {
+  const tmpl = '{"node": {"id": "{{ .nodeID }}", "cluster": "from-image"}}';
+  const r = loader({ files: { './var/lib/istio/envoy/envoy_bootstrap_tmpl.json': tmpl } });
+  assert.is((r.bootstrap as Json).node.cluster, 'from-image');
+  assert.equal(r.inputs, ['./var/lib/istio/envoy/envoy_bootstrap_tmpl.json']);
+  const named = loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{"node": {"cluster": "named"}}', './var/lib/istio/envoy/envoy_bootstrap_tmpl.json': tmpl } });
+  assert.is((named.bootstrap as Json).node.cluster, 'named');
+  throwsConfig(() => loader({ files: { './var/lib/istio/envoy/envoy_bootstrap_tmpl.json': '{{ if }}' } }), /bootstrap template \(from Istio's default template path/);
 });
 
 test('loader: YAML templates work too', () => {
   const r = loader({ flags: { templateFile: '/t.yaml' }, files: { '/t.yaml': 'node:\n  id: "{{ .nodeID }}"\n  cluster: {{ .cluster }}\nadmin:\n  address: {socket_address: {address: "{{ .localhost }}", port_value: {{ .config.ProxyAdminPort }}}}\n' } });
   const b = r.bootstrap as Json;
-  assert.is(b.node.cluster, 'istio-proxy');
+  assert.is(b.node.cluster, 'istio-proxy.shop');
   assert.is(b.admin.address.socket_address.port_value, 15000);
 });
 
@@ -355,13 +416,14 @@ test('loader errors name the file and the setting', () => {
   throwsConfig(() => loader({ env: { ISTIO_BOOTSTRAP_OVERRIDE: '/o.yaml' }, files: { '/o.yaml': '- 1\n- 2\n' } }), /\/o\.yaml must hold a bootstrap mapping/);
   throwsConfig(() => loader({ env: { PROXY_CONFIG: '{"customConfigFile": "/c.json"}' }, files: { '/c.json': '{"a": 1, "a": 2}' } }), /customConfigFile/, /\/c\.json is not valid/);
   throwsConfig(() => loader({ env: { PROXY_CONFIG: '{"customConfigFile": "/c.json"}' }, files: { '/c.json': '' } }), /\/c\.json must hold a bootstrap mapping/);
-  // template placeholders
+  // template errors name the file and line
   throwsConfig(
-    () => loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{\n "a": "{{ .nodeID }}",\n "b": {{ if .zipkin }}1{{ end }}\n}' } }),
-    /\/t\.json/, /unsupported template placeholder "\{\{ if \.zipkin \}\}" \(line 3\)/, /"\{\{ end \}\}"/, /supported: \.nodeID/,
+    () => loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{\n "a": "{{ .nodeID }}",\n "b": {{ if .zipkin }}1\n}' } }),
+    /proxyBootstrapTemplatePath/, /template \/t\.json: line 3: if has no \{\{end\}\}/,
   );
-  throwsConfig(() => loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{"a": "{{ .noSuchName }}"}' } }), /\{\{ \.noSuchName \}\}/);
-  throwsConfig(() => loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{"a": "{{ .nodeID"}' } }), /\/t\.json has an unterminated/);
+  throwsConfig(() => loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{"a": "{{ .config.NoSuchField }}"}' } }), /line 1: can't evaluate field NoSuchField/);
+  throwsConfig(() => loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{"a": "{{ nosuchfn 1 }}"}' } }), /function "nosuchfn" not defined/);
+  throwsConfig(() => loader({ flags: { templateFile: '/t.json' }, files: { '/t.json': '{"a": "{{ .nodeID"}' } }), /\/t\.json: line 1: unclosed action/);
 });
 
 test('loader: an empty override file changes nothing', () => {

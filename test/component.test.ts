@@ -5,6 +5,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as http from 'node:http';
 import * as os from 'node:os';
+import * as zlib from 'node:zlib';
 import { closedSignal, closeAll, composeReadiness, firstToEnd, startAll, type Component, type Condition } from '../lib/component';
 import { gaugeFrom, newRegistry } from '../lib/metrics';
 import { StatusServer } from '../lib/status-server';
@@ -82,7 +83,7 @@ t('status server: readiness body, merged metrics from the registry, /debug/ page
     port,
     startedAt: Date.now() - 1500,
     readiness: async () => (ready ? { ready: true, reason: '' } : { ready: false, reason: 'Envoy is not live' }),
-    metrics: { registry, sources: [{ name: 'envoy', scrape: async () => 'envoy_thing 1\n' }, { name: 'dead', scrape: () => Promise.reject(new Error('down')) }] },
+    metrics: { registry, sources: [{ name: 'envoy', type: 'envoy', scrape: async () => ({ ok: true, text: 'envoy_thing 1\n' }) }, { name: 'dead', type: 'application', scrape: () => Promise.reject(new Error('down')) }] },
   });
   s.addRoutes([{ method: 'GET', path: '/debug/thing', handler: () => ({ status: 200, body: 'secret\n' }) }]);
   await s.start();
@@ -95,7 +96,17 @@ t('status server: readiness body, merged metrics from the registry, /debug/ page
     assert.match(m, /^istio_agent_test_value 42$/m);
     assert.match(m, /^istio_agent_startup_duration_seconds 1\.\d+$/m, 'start to first readiness');
     assert.match(m, /^istio_agent_process_resident_memory_bytes \d+/m, 'process metrics under Go agent names');
-    assert.match(m, /^envoy_thing 1$/m, 'Envoy text appended');
+    assert.match(m, /^envoy_thing 1$/m, 'Envoy text merged');
+    assert.match(m, /^istio_agent_scrape_failures_total\{type="application"\} 1$/m, 'the dead source counted');
+    const om = await httpRequest(`http://127.0.0.1:${port}/metrics`, { headers: { accept: 'application/openmetrics-text; version=1.0.0' } });
+    assert.match(String(om.headers['content-type']), /openmetrics/);
+    const gz = await new Promise<Buffer>((resolve, reject) => http.get({ host: '127.0.0.1', port, path: '/stats/prometheus', headers: { 'accept-encoding': 'gzip' } }, (res) => {
+      assert.is(res.headers['content-encoding'], 'gzip');
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c)).on('end', () => resolve(Buffer.concat(chunks)));
+    }).on('error', reject));
+    assert.match(zlib.gunzipSync(gz).toString(), /^envoy_thing 1$/m, 'gzip when asked');
+    assert.ok(om.body.endsWith('# EOF\n') && om.body.indexOf('# EOF') === om.body.length - 6, 'one # EOF, at the end');
     assert.is((await httpRequest(`http://127.0.0.1:${port}/debug/thing`)).status, 200);
     const ext = nonLoopbackAddress();
     if (ext) {

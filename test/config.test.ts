@@ -86,11 +86,12 @@ test('bad input names the field and its source', () => {
   throwsMatching(() => cfg({ files: { './etc/istio/config/mesh': 'defaultConfig: [1' } }), /mesh config/);
   throwsMatching(() => cfg({ files: { './etc/istio/config/mesh': 'defaultConfig:\n  proxyAdminPort: 0\n' } }), /proxyAdminPort \(from mesh config/);
   throwsMatching(() => cfg({ flags: { meshConfig: '/nope/mesh' } }), /meshConfig .*does not exist/);
-  throwsMatching(() => cfg({ flags: { proxyType: 'waypoint' } }), /unknown proxy type "waypoint"/);
+  throwsMatching(() => cfg({ flags: { proxyType: 'gateway' } }), /unknown proxy type "gateway"/);
   throwsMatching(() => cfg({ flags: { proxyLogLevel: 'loud' } }), /proxyLogLevel/);
   throwsMatching(() => cfg({ env: { ISTIO_DELTA_XDS: 'maybe' } }), /ISTIO_DELTA_XDS/);
   throwsMatching(() => cfg({ env: { ENVOY_STATUS_PORT: '99999' } }), /ENVOY_STATUS_PORT/);
-  throwsMatching(() => cfg({ env: { PROXY_CONFIG: 'drainDuration: 90s' } }), /parentShutdownDuration .*longer than drainDuration/);
+  throwsMatching(() => cfg({ env: { PROXY_CONFIG: 'drainDuration: 90s\nparentShutdownDuration: 60s' } }), /parentShutdownDuration .*longer than drainDuration/);
+  assert.is(cfg({ env: { PROXY_CONFIG: 'drainDuration: 90s' } }).proxy.parentShutdownDuration, 105_000, 'a long drain alone is fine (Istio has no parent shutdown time)');
   throwsMatching(() => cfg({ flags: { concurrency: -1 } }), /concurrency/);
 });
 

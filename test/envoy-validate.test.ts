@@ -94,6 +94,26 @@ const CASES: Record<string, Case> = {
   },
   'datadog tracing on IPv6': { env: { INSTANCE_IP: 'fd00::7', PROXY_CONFIG: '{"tracing": {"datadog": {"address": "[fd00::1]:8126"}}}' }, hosts: V6_HOSTS },
   'hot restart epoch 3 with a fixed base id': { epoch: 3, baseId: { id: 17 } },
+  'metrics service, access log service, statsd, TLS to them and to zipkin, and the mTLS scrape ports': {
+    env: {
+      PROXY_CONFIG: JSON.stringify({
+        envoyMetricsService: { address: 'metrics.monitoring:15000', tcpKeepalive: { probes: 3, time: '10s', interval: '5s' }, tlsSettings: { mode: 'ISTIO_MUTUAL' } },
+        envoyAccessLogService: { address: 'als.monitoring:9000', tlsSettings: { mode: 'MUTUAL', clientCertificate: '/c.pem', privateKey: '/k.pem', caCertificates: '/ca.pem', subjectAltNames: ['als'] } },
+        tracing: { zipkin: { address: 'zipkin:9411' }, tlsSettings: { mode: 'SIMPLE', caCertificates: '/ca.pem', sni: 'zipkin.example' } },
+        statsdUdpAddress: '10.0.0.9:8125',
+      }),
+      ENVOY_SECURE_METRICS_PORT: '15091',
+      ENVOY_SECURE_MERGED_METRICS_PORT: '15092',
+    },
+  },
+  'dual stack (ISTIO_DUAL_STACK), IPv6 first': {
+    env: { INSTANCE_IP: 'fd00::7', ISTIO_DUAL_STACK: 'true', PROXY_CONFIG: '{"tracing": {"zipkin": {"address": "zipkin:9411"}}}' },
+    hosts: [...V4_HOSTS, ...V6_HOSTS],
+  },
+  'Istio\'s stock template (ISTIO_BOOTSTRAP)': {
+    env: { ISTIO_BOOTSTRAP: '/istio/envoy_bootstrap_tmpl.json', ISTIO_META_WORKLOAD_NAME: 'web', PROXY_CONFIG: '{"tracing": {"zipkin": {"address": "zipkin:9411"}}}' },
+    files: { '/istio/envoy_bootstrap_tmpl.json': fs.readFileSync(path.join(__dirname, 'fixtures', 'istio', 'envoy_bootstrap.json'), 'utf8') },
+  },
 };
 
 interface Outcome {

@@ -28,9 +28,10 @@ test('INSTANCE_IP comes first, then the host\'s non-loopback, non-link-local add
 
 test('without INSTANCE_IP the first host address is used; loopback only as a last resort', () => {
   assert.is(identity().id, 'sidecar~10.0.0.5~web-1.shop~shop.svc.cluster.local');
-  assert.equal(chooseIps([], [v4('127.0.0.1', true)]), ['127.0.0.1']);
-  assert.equal(chooseIps([], [v6('::1', true)]), ['::1']);
-  assert.equal(chooseIps([], []), ['127.0.0.1']);
+  assert.equal(chooseIps([], [v4('127.0.0.1', true)]), ['127.0.0.1', '::1'], 'no non-loopback address: both loopbacks, as Istio');
+  assert.equal(chooseIps([], [v6('::1', true)]), ['127.0.0.1', '::1']);
+  assert.equal(chooseIps([], []), ['127.0.0.1', '::1']);
+  assert.equal(chooseIps(['10.1.2.3'], []), ['10.1.2.3', '127.0.0.1', '::1']);
 });
 
 test('IPv6-only pods are detected; dual-stack pods are not', () => {
@@ -104,9 +105,23 @@ test('standard metadata: namespace, name, version, ports, cluster id, service ac
   assert.is(n.metadata.ISTIO_VERSION, '1.2.3');
   assert.is(n.metadata.ENVOY_STATUS_PORT, 16021);
   assert.is(n.metadata.ENVOY_PROMETHEUS_PORT, 15090);
-  assert.is(n.metadata.CLUSTER_ID, 'Kubernetes');
+  assert.is(n.metadata.CLUSTER_ID, undefined, 'only ISTIO_META_CLUSTER_ID itself puts it there');
+  assert.is(identity({ env: { ISTIO_META_CLUSTER_ID: 'east' } }).metadata.CLUSTER_ID, 'east');
+  assert.equal(n.metadata.PILOT_SAN, ['istiod.istio-system.svc']);
+  assert.is(n.metadata.METADATA_DISCOVERY, 'false');
+  assert.is(n.metadata.ENVOY_SKIP_DEPRECATED_LOGS, 'true');
+  assert.is(n.metadata.WORKLOAD_IDENTITY_SOCKET_FILE, 'socket');
   assert.is(n.metadata.SERVICE_ACCOUNT, 'web-sa');
   assert.is(identity({ env: { ISTIO_VERSION: '1.99.0' } }).metadata.ISTIO_VERSION, '1.99.0');
+});
+
+test('cluster: <app label>.<ns>, else <WORKLOAD_NAME>.<ns>, else istio-proxy.<ns>, unless serviceCluster is set', () => {
+  assert.is(identity().cluster, 'istio-proxy.shop');
+  assert.is(identity({ env: { ISTIO_META_WORKLOAD_NAME: 'web-v1' } }).cluster, 'web-v1.shop');
+  assert.is(identity({ env: { ISTIO_META_WORKLOAD_NAME: 'web-v1' }, files: { './etc/istio/pod/labels': 'app="web"\n' } }).cluster, 'web.shop');
+  assert.is(identity({ env: { PROXY_CONFIG: '{"serviceCluster": "mine"}' } }).cluster, 'mine');
+  const canonical = { './etc/istio/pod/labels': 'app="web"\nservice.istio.io/canonical-name="shopfront"\n' };
+  assert.is(identity({ env: { PROXY_CONFIG: '{"tracingServiceName": "CANONICAL_NAME_AND_NAMESPACE"}' }, files: canonical }).cluster, 'shopfront.shop');
 });
 
 test('cluster is the service cluster; locality from ISTIO_META_LOCALITY', () => {
@@ -116,10 +131,24 @@ test('cluster is the service cluster; locality from ISTIO_META_LOCALITY', () => 
   assert.equal(identity().locality, {});
 });
 
-test('DNS proxy address is in metadata only when DNS is on', () => {
-  assert.is(identity({ env: { ISTIO_META_DNS_CAPTURE: 'true' } }).metadata.DNS_PROXY_ADDR, 'localhost:15053');
-  assert.is(identity().metadata.DNS_PROXY_ADDR, undefined);
-  assert.is(identity({ env: { ISTIO_META_DNS_CAPTURE: 'true' }, flags: { proxyType: 'router' } }).metadata.DNS_PROXY_ADDR, undefined, 'DNS capture is for sidecars');
+test('DNS proxy address is in metadata only when DNS_PROXY_ADDR is set, as Istio', () => {
+  assert.is(identity({ env: { ISTIO_META_DNS_CAPTURE: 'true' } }).metadata.DNS_PROXY_ADDR, undefined);
+  assert.is(identity({ env: { DNS_PROXY_ADDR: '127.0.0.1:15053' } }).metadata.DNS_PROXY_ADDR, '127.0.0.1:15053');
+});
+
+test('PROXY_CONFIG metadata is the effective ProxyConfig in Istio\'s JSON form, including fields only istiod reads', () => {
+  const pc = {
+    concurrency: 2, tracing: { sampling: 10, zipkin: { address: 'zipkin:9411' } }, drainDuration: '1m', terminationDrainDuration: '2500ms',
+    gatewayTopology: { numTrustedProxies: 2, forwardClientCertDetails: 'SANITIZE_SET' }, proxyHeaders: { server: { disabled: true } },
+    privateKeyProvider: { cryptomb: { pollDelay: '0.01s' } },
+  };
+  const meta = identity({ env: { PROXY_CONFIG: JSON.stringify(pc) } }).metadata.PROXY_CONFIG as Record<string, unknown>;
+  assert.equal(meta, {
+    configPath: './etc/istio/proxy', binaryPath: '/usr/local/bin/envoy', serviceCluster: 'istio-proxy', drainDuration: '60s',
+    terminationDrainDuration: '2.500s', discoveryAddress: 'istiod.istio-system.svc:15012', proxyAdminPort: 15000, statusPort: 15020,
+    controlPlaneAuthPolicy: 'MUTUAL_TLS', concurrency: 2, statNameLength: 189, tracing: pc.tracing,
+    gatewayTopology: pc.gatewayTopology, proxyHeaders: pc.proxyHeaders, privateKeyProvider: pc.privateKeyProvider,
+  });
 });
 
 test('metadata is plain JSON (Struct-compatible): it survives a JSON round trip', () => {

@@ -63,7 +63,7 @@ test('standalone mode routes real traffic, follows file edits and survives hot r
   fs.mkdirSync(cfgDir);
   const file = path.join(cfgDir, 'web.yaml');
   fs.writeFileSync(file, serviceYaml(servicePort, b1.port, b2.port, [100, 0]));
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
+  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir, '--log_output_level=metrics:debug'], {
     PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
     POD_NAME: 'web-client', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
     ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
@@ -96,7 +96,7 @@ test('standalone mode routes real traffic, follows file edits and survives hot r
     assert.ok(Array.isArray(xds.streams) && xds.streams.length >= 1, 'the xDS proxy reports its streams');
     const metrics = (await httpRequest(`http://127.0.0.1:${status}/stats/prometheus`)).body;
     assert.match(metrics, /istio_agent_envoy_epochs_started_total 4/);
-    assert.match(metrics, /envoy_cluster_manager/, 'Envoy\'s own metrics are merged in');
+    assert.match(metrics, /envoy_cluster_manager/, `Envoy's own metrics are merged in: ${agent.log().split('\n').filter((l) => l.includes('metrics')).slice(-5).join('\n')}`);
     const sockMode = (f: string) => (fs.statSync(path.join(dir.path, 'proxy', f)).mode & 0o777).toString(8);
     assert.is(sockMode('XDS'), '660', 'Envoy\'s xDS socket: owner and group only');
     assert.is(sockMode('discovery.sock'), '660', 'the embedded discovery socket: owner and group only');

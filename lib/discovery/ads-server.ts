@@ -11,7 +11,8 @@ import { AgentError, errorMessage } from '../errors';
 import { scope } from '../log';
 import { prepareSocket } from '../unix-socket';
 import { AdsConnection, type ConnectionHost, type DeltaRequest, type Nack, type SotwRequest } from './ads-connection';
-import { proxyFromNode } from './proxy';
+import { HEALTH_INFO_TYPE } from '../xds-istio';
+import { type Proxy, proxyFromNode } from './proxy';
 import type { PushContext } from './push-context';
 import { PushLimiter } from './push-queue';
 
@@ -23,6 +24,8 @@ export interface AdsServerOptions {
   current: () => PushContext;
   /** Connections pushing at once. */
   pushConcurrency?: number;
+  /** A proxy's health event (istio.v1.HealthInformation): never a subscription, handed over here. */
+  onHealth?: (proxy: Proxy, error: { code?: number; message?: string } | undefined) => void;
 }
 
 type Call = grpc.ServerDuplexStream<Record<string, unknown>, Record<string, unknown>>;
@@ -172,6 +175,7 @@ export class AdsServer {
         this.calls.set(conn, call);
         log.info('proxy connected', { proxy: conn.proxy.id, kind: conn.proxy.type, protocol: delta ? 'delta' : 'sotw', connections: this.calls.size });
       }
+      if (req.type_url === HEALTH_INFO_TYPE) return this.opts.onHealth?.(conn.proxy, req.error_detail as { message?: string } | undefined);
       if (delta) conn.onDeltaRequest(req as DeltaRequest);
       else conn.onSotwRequest(req as SotwRequest);
     });

@@ -36,13 +36,18 @@ function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resour
       const list = byPort.get(port.number) ?? [];
       // The port is ignored when matching (ignore_port_in_host_matching), so no `host:port` domains; the absolute
       // name `host.` is served too (istiod's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).
-      const domains = [svc.hostname, `${svc.hostname}.`, ...kubeAltHosts(svc.hostname, scope.namespace)];
+      // The service's addresses too (IPs, not CIDRs), as istiod's generateVirtualHostDomains adds them.
+      const ips = svc.addresses.filter((x) => !x.includes('/')).map((x) => (x.includes(':') ? `[${x}]` : x));
+      const domains = [svc.hostname, `${svc.hostname}.`, ...kubeAltHosts(svc.hostname, scope.namespace), ...ips];
       list.push({ name: `${svc.hostname}:${port.number}`, domains, routes });
       byPort.set(port.number, list);
     }
   }
   const out = new Map<string, Resource>();
   for (const [port, vhosts] of byPort) {
+    // Envoy rejects a domain listed by two virtual hosts: the first service keeps a shared address.
+    const used = new Set<string>();
+    for (const vh of vhosts) vh.domains = (vh.domains as string[]).filter((d) => !used.has(d) && used.add(d));
     // istiod also matches a service's addresses. Here the app reaches a service at the loopback listener, so the
     // listener's address is the service's address when the service is alone on the port (`curl 127.0.0.1:port`).
     if (vhosts.length === 1) (vhosts[0]!.domains as string[]).push(SIDECAR_BIND);

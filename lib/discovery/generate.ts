@@ -2,6 +2,7 @@
 
 import { buildClusters, buildEndpoints } from './gen-clusters';
 import { buildListeners } from './gen-listeners';
+import { buildNameTableResources } from './gen-nametable';
 import { buildRoutes } from './gen-routes';
 import type { Proxy } from './proxy';
 import type { ProxyScope, PushContext } from './push-context';
@@ -19,6 +20,8 @@ export function generate(push: PushContext, proxy: Proxy, typeUrl: string): Read
       return buildListeners(push, proxy);
     case TYPE_URLS.route:
       return buildRoutes(push, proxy);
+    case TYPE_URLS.nameTable:
+      return buildNameTableResources(push);
     default:
       return new Map();
   }

@@ -17,6 +17,7 @@ import { DEFAULT_MESH, KINDS, type MeshConfig } from './model';
 import { PushContext } from './push-context';
 import { ResourceCache } from './resources';
 import { ServiceEntryRegistry } from './registry';
+import { WorkloadHealth, type HealthReport } from './workload-health';
 import { type ConfigIssue, formatIssue } from './yaml-file';
 
 const log = scope('discovery');
@@ -43,12 +44,14 @@ export interface DiscoveryStatus {
   nacks: Nack[];
   issues: string[];
   pushes: number;
+  health: HealthReport[];
 }
 
 export class DiscoveryServer implements Component {
   readonly name = 'discovery server';
   readonly store = new MemoryConfigStore();
   readonly registry = new ServiceEntryRegistry(this.store);
+  readonly health = new WorkloadHealth(this.registry, this.store);
   readonly closed: Promise<Error | undefined>;
   private resolveClosed!: (e: Error | undefined) => void;
   private readonly files: FileConfigSource;
@@ -70,7 +73,7 @@ export class DiscoveryServer implements Component {
     this.files = new FileConfigSource({ dir: o.configDir, store: this.store, quietMs: o.fileDebounceMs ?? 50 });
     this.debouncer = new Debouncer({ quietMs: o.debounceMs ?? 100, maxDelayMs: o.maxDelayMs ?? 10_000, onFlush: (req) => this.onFlush(req) });
     this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
-    this.ads = new AdsServer({ current: () => this.push });
+    this.ads = new AdsServer({ current: () => this.push, onHealth: (p, e) => this.health.report(p, e) });
   }
 
   get address(): string {
@@ -141,6 +144,7 @@ export class DiscoveryServer implements Component {
       nacks: s.nacks,
       issues: this.files.issues.map(formatIssue),
       pushes: this.pushes,
+      health: this.health.status(),
     };
   }
 

@@ -10,7 +10,7 @@ const PROTOCOLS: readonly Protocol[] = ['HTTP', 'HTTP2', 'GRPC', 'TCP'];
 const UNSUPPORTED_PROTOCOLS = ['HTTPS', 'TLS', 'MONGO', 'REDIS', 'MYSQL', 'UDP', 'GRPC-WEB'];
 
 export function readServiceEntry(r: Reader, v: unknown, path: Path): ServiceEntrySpec | undefined {
-  const o = r.object(v, path, ['hosts', 'ports', 'resolution', 'location', 'endpoints', 'workloadSelector', 'exportTo'], ['hosts', 'ports']);
+  const o = r.object(v, path, ['hosts', 'addresses', 'ports', 'resolution', 'location', 'endpoints', 'workloadSelector', 'exportTo'], ['hosts', 'ports']);
   const exportTo = readExportTo(r, o?.exportTo, [...path, 'exportTo']);
   if (!o) return undefined;
   const hosts = readHosts(r, o.hosts, [...path, 'hosts'], false);
@@ -52,6 +52,8 @@ export function readServiceEntry(r: Reader, v: unknown, path: Path): ServiceEntr
   const out: ServiceEntrySpec = { hosts, ports, resolution, location, endpoints };
   if (exportTo) out.exportTo = exportTo;
   if (workloadSelector) out.workloadSelector = workloadSelector;
+  const addresses = readAddresses(r, o.addresses, [...path, 'addresses']);
+  if (addresses.length) out.addresses = addresses;
   return out;
 }
 
@@ -78,5 +80,20 @@ export function readWorkload(r: Reader, v: unknown, path: Path, resolution: 'STA
   if (address === undefined) return undefined;
   const out: WorkloadEntrySpec = { address, ports, labels };
   if (weight !== undefined) out.weight = weight;
+  return out;
+}
+
+/** `addresses`: IPs or CIDRs (the service's VIPs; without any, the DNS proxy's name table gets an auto-allocated one). */
+function readAddresses(r: Reader, v: unknown, path: Path): string[] {
+  const out: string[] = [];
+  r.array(v, path).forEach((a, i) => {
+    const s = r.string(a, [...path, i], { required: true });
+    if (s === undefined) return;
+    const [ip, bits, extra] = s.split('/');
+    const fam = net.isIP(ip ?? '');
+    const okBits = bits === undefined || (/^\d{1,3}$/.test(bits) && Number(bits) <= (fam === 6 ? 128 : 32));
+    if (!fam || !okBits || extra !== undefined) r.fail([...path, i], `"${s}" is not an IP address or CIDR`);
+    else out.push(s);
+  });
   return out;
 }

@@ -71,6 +71,8 @@ export interface WorkloadEntrySpec {
 
 export interface ServiceEntrySpec {
   hosts: string[];
+  /** VIPs (IPs or CIDRs); absent when the ServiceEntry lists none. */
+  addresses?: string[];
   ports: ServicePort[];
   resolution: 'STATIC' | 'DNS';
   location: 'MESH_EXTERNAL' | 'MESH_INTERNAL';
@@ -219,6 +221,8 @@ export interface GatewaySpec {
 export interface Service {
   hostname: string;
   namespace: string;
+  /** The ServiceEntry's addresses (IPs or CIDRs); empty when it has none. */
+  addresses: readonly string[];
   ports: readonly ServicePort[];
   resolution: 'STATIC' | 'DNS';
   location: 'MESH_EXTERNAL' | 'MESH_INTERNAL';

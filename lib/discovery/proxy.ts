@@ -11,6 +11,8 @@ export interface Proxy {
   readonly ip: string;
   readonly namespace: string;
   readonly labels: Readonly<Record<string, string>>;
+  /** Metadata WORKLOAD_ENTRY: the WorkloadEntry this proxy runs for (its health events apply to it). */
+  readonly workloadEntry?: string;
 }
 
 export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefined): Proxy {
@@ -31,7 +33,8 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
     const l = (meta as Record<string, unknown>).LABELS;
     if (l && typeof l === 'object') for (const [k, v] of Object.entries(l)) if (typeof v === 'string') labels[k] = v;
   }
-  return Object.freeze({ id, type, ip, namespace, labels: Object.freeze(labels) });
+  const we = meta && typeof meta === 'object' ? (meta as Record<string, unknown>).WORKLOAD_ENTRY : undefined;
+  return Object.freeze({ id, type, ip, namespace, labels: Object.freeze(labels), ...(typeof we === 'string' && we ? { workloadEntry: we } : {}) });
 }
 
 /** google.protobuf.Struct as protobufjs toObject gives it -> plain JSON. The descriptor's well-known types use

@@ -34,6 +34,8 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
   private readonly serviceHandlers: ServiceHandler[] = [];
   private readonly instanceHandlers: InstanceHandler[] = [];
   private running = false;
+  /** WorkloadEntry keys whose proxy reported them unhealthy: their endpoints are left out. */
+  private readonly unhealthy = new Set<string>();
 
   constructor(private readonly store: ConfigStoreCache) {}
 
@@ -73,6 +75,7 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
         newServices.set(h, Object.freeze({
           hostname: h,
           namespace: cur.meta.namespace,
+          addresses: cur.spec.addresses ?? [],
           ports: cur.spec.ports,
           resolution: cur.spec.resolution,
           location: cur.spec.location,
@@ -101,6 +104,17 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
 
     }
     this.refreshInstances(key, cur);
+  }
+
+  /** A WorkloadEntry's proxy reported its health: when it changes, its endpoints leave or rejoin its services. */
+  setWorkloadHealthy(namespace: string, name: string, healthy: boolean): boolean {
+    const key = configKey('WorkloadEntry', namespace, name);
+    if (healthy !== this.unhealthy.has(key)) return false;
+    if (healthy) this.unhealthy.delete(key);
+    else this.unhealthy.add(key);
+    const we = this.store.get('WorkloadEntry', name, namespace) as Config<WorkloadEntrySpec> | undefined;
+    if (we) this.onWorkloadEntry(we, we);
+    return true;
   }
 
   private onWorkloadEntry(old: Config<WorkloadEntrySpec> | undefined, cur: Config<WorkloadEntrySpec> | undefined): void {
@@ -145,8 +159,9 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
     const workloads: { spec: WorkloadEntrySpec; source: string }[] = se.spec.endpoints.map((e) => ({ spec: e, source: seKey }));
     if (se.spec.workloadSelector) {
       for (const we of this.store.list('WorkloadEntry', se.meta.namespace) as Config<WorkloadEntrySpec>[]) {
-        if (labelsMatch(se.spec.workloadSelector, labelsOf(we))) {
-          workloads.push({ spec: { ...we.spec, labels: labelsOf(we) }, source: configKey('WorkloadEntry', we.meta.namespace, we.meta.name) });
+        const key = configKey('WorkloadEntry', we.meta.namespace, we.meta.name);
+        if (labelsMatch(se.spec.workloadSelector, labelsOf(we)) && !this.unhealthy.has(key)) {
+          workloads.push({ spec: { ...we.spec, labels: labelsOf(we) }, source: key });
         }
       }
     }

@@ -3,6 +3,7 @@
 
 import { createHash } from 'node:crypto';
 import { type AnyMessage, packAny, typeUrl } from '../envoy-protos';
+import { NAME_TABLE_TYPE } from '../xds-istio';
 
 export const CLUSTER = 'envoy.config.cluster.v3.Cluster';
 export const ENDPOINTS = 'envoy.config.endpoint.v3.ClusterLoadAssignment';
@@ -14,13 +15,15 @@ export const TYPE_URLS = {
   endpoint: typeUrl(ENDPOINTS),
   listener: typeUrl(LISTENER),
   route: typeUrl(ROUTE),
+  /** NDS, for the agent's DNS proxy (./gen-nametable.ts). */
+  nameTable: NAME_TABLE_TYPE,
 } as const;
 
 /** Push order that lets Envoy warm clusters before endpoints and listeners before routes. */
-export const PUSH_ORDER: readonly string[] = [TYPE_URLS.cluster, TYPE_URLS.endpoint, TYPE_URLS.listener, TYPE_URLS.route];
+export const PUSH_ORDER: readonly string[] = [TYPE_URLS.cluster, TYPE_URLS.endpoint, TYPE_URLS.listener, TYPE_URLS.route, TYPE_URLS.nameTable];
 
 /** Types whose empty subscription means "everything" (wildcard). */
-export const WILDCARD_TYPES: ReadonlySet<string> = new Set([TYPE_URLS.cluster, TYPE_URLS.listener]);
+export const WILDCARD_TYPES: ReadonlySet<string> = new Set([TYPE_URLS.cluster, TYPE_URLS.listener, TYPE_URLS.nameTable]);
 
 export interface Resource {
   readonly name: string;

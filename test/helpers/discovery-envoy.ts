@@ -18,10 +18,10 @@ export interface TestEnvoy {
   stop(): Promise<void>;
 }
 
-export async function startEnvoy(opts: { xdsAddress: string; nodeId: string; delta?: boolean; labels?: Record<string, string> }): Promise<TestEnvoy> {
+export async function startEnvoy(opts: { xdsAddress: string; nodeId: string; delta?: boolean; labels?: Record<string, string>; metadata?: Record<string, unknown> }): Promise<TestEnvoy> {
   const dir = tempDir('pa-disc-envoy-');
   const adminPort = await freePort();
-  const bootstrap = adsBootstrap({ nodeId: opts.nodeId, adminPort, delta: !!opts.delta, xdsAddress: opts.xdsAddress, metadata: opts.labels ? { LABELS: opts.labels } : {} });
+  const bootstrap = adsBootstrap({ nodeId: opts.nodeId, adminPort, delta: !!opts.delta, xdsAddress: opts.xdsAddress, metadata: { ...(opts.labels ? { LABELS: opts.labels } : {}), ...opts.metadata } });
   const cfg = path.join(dir.path, 'envoy.json');
   fs.writeFileSync(cfg, JSON.stringify(bootstrap));
   const proc = spawn(envoyBin(), ['-c', cfg, '--disable-hot-restart', '--use-dynamic-base-id', '-l', 'warning', '--log-format', '%L %n: %v'], { stdio: ['ignore', 'pipe', 'pipe'] });

@@ -1,0 +1,47 @@
+// NDS: the name table for the agent's DNS proxy (istio.networking.nds.v1.NameTable), one resource per push, the
+// same for every proxy (this server has no Sidecar scoping).
+//
+// Every ServiceEntry host is in it with the ServiceEntry's IP addresses (CIDRs are left out, as Istio does), or with
+// an auto-allocated VIP when it lists none (./auto-vip.ts). Instances (inline endpoints and the WorkloadEntries a
+// ServiceEntry selects) do not change a host's entry: only a headless (resolution NONE) service resolves to them
+// in Istio, and this server has none. A host named like a Kubernetes service of its ServiceEntry's namespace
+// (`reviews.bookinfo.svc.cluster.local` in `bookinfo`) is marked as one, so the DNS proxy on a VM also answers
+// `reviews.bookinfo` and, in the same namespace, `reviews`, as it would in a cluster (Istio marks only real
+// Kubernetes services so; in standalone mode the ServiceEntry stands in for one).
+
+import { createHash } from 'node:crypto';
+import * as net from 'node:net';
+import { encodeNameTable, NAME_TABLE_TYPE, type NameInfo, type NameTable } from '../xds-istio';
+import { allocateVips } from './auto-vip';
+import type { PushContext } from './push-context';
+import type { Resource } from './resources';
+
+/** The single resource's name (Istio's agent does not look at it). */
+export const NAME_TABLE_RESOURCE = 'nametable';
+
+export function buildNameTable(push: PushContext): NameTable {
+  const vips = push.memoize('auto-vips', () => allocateVips(push.services));
+  const table: Record<string, NameInfo> = {};
+  for (const svc of push.services) {
+    const ips = svc.addresses.filter((a) => net.isIP(a));
+    const vip = vips.get(svc.hostname);
+    if (!ips.length && vip) ips.push(vip);
+    if (!ips.length) continue;
+    const short = svc.hostname.slice(0, svc.hostname.indexOf('.'));
+    const kube = svc.hostname === `${short}.${svc.namespace}.svc.cluster.local`;
+    table[svc.hostname] = { ips, registry: kube ? 'Kubernetes' : 'External', shortname: kube ? short : '', namespace: kube ? svc.namespace : '' };
+  }
+  return { table };
+}
+
+export function buildNameTableResources(push: PushContext): ReadonlyMap<string, Resource> {
+  return push.memoize('nds-map', () => {
+    const value = encodeNameTable(buildNameTable(push));
+    const r: Resource = Object.freeze({
+      name: NAME_TABLE_RESOURCE,
+      any: { type_url: NAME_TABLE_TYPE, value },
+      hash: createHash('sha256').update(value).digest('base64url').slice(0, 16),
+    });
+    return new Map([[r.name, r]]);
+  });
+}

@@ -1,0 +1,159 @@
+// The whole thing with the real executable: `pilot-agent discovery` as a small fleet's control plane and two
+// `pilot-agent proxy` sidecars. The VM's agent has a readinessProbe; when its app goes unhealthy the other
+// sidecar's Envoy stops routing to it (real requests, and its /clusters), routes again when it recovers, and the
+// state is re-sent after the control plane restarts. The other agent also serves an app probe and /debug/pprof/.
+
+import { type ChildProcess, spawn } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as http from 'node:http';
+import type * as net from 'node:net';
+import * as path from 'node:path';
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { agentBin, type RunningAgent, startAgent } from './helpers/agent';
+import { type Backend, fetchText, startBackend } from './helpers/discovery-envoy';
+import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+
+function meshYaml(servicePort: number, a: number, b: number): string {
+  const we = (name: string, port: number) => `apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: ${name}, namespace: test}
+spec: {address: 127.0.0.1, labels: {app: vm}, ports: {http: ${port}}}
+`;
+  return `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: vm, namespace: test}
+spec:
+  hosts: [vm.test.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: ${servicePort}, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: vm}}
+---
+${we('vm-a', a)}---
+${we('vm-b', b)}`;
+}
+
+interface Discovery {
+  proc: ChildProcess;
+  out(): string;
+  stop(): Promise<void>;
+}
+
+function startDiscovery(configDir: string, addr: string): Discovery {
+  const proc = spawn(agentBin(), ['discovery', '--config-dir', configDir, '--grpc-addr', addr], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
+  proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));
+  const exited = new Promise<void>((r) => proc.once('exit', () => r()));
+  return {
+    proc,
+    out: () => out,
+    async stop() {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
+      const t = setTimeout(() => proc.kill('SIGKILL'), 5000);
+      await exited;
+      clearTimeout(t);
+    },
+  };
+}
+
+/** Endpoints (ports) of the VM service in an Envoy's /clusters. */
+async function endpointsSeen(adminPort: number, servicePort: number): Promise<number[]> {
+  const body = (await httpRequest(`http://127.0.0.1:${adminPort}/clusters`)).body;
+  const re = new RegExp(`^outbound\\|${servicePort}\\|\\|vm\\.test\\.local::127\\.0\\.0\\.1:(\\d+)::cx_total::`, 'gm');
+  return [...body.matchAll(re)].map((m) => Number(m[1])).sort();
+}
+
+test('standalone fleet: an unhealthy VM leaves the other sidecar\'s endpoints, returns, and the state survives a control-plane restart', async () => {
+  const dir = tempDir('pa-vmhealth-');
+  const backends: Backend[] = [];
+  const agents: RunningAgent[] = [];
+  let discovery: Discovery | undefined;
+  let healthy = true;
+  const app = http.createServer((_req, res) => res.writeHead(healthy ? 200 : 503).end(healthy ? 'ok' : 'draining'));
+  await new Promise<void>((r) => app.listen(0, '127.0.0.1', () => r()));
+  const appPort = (app.address() as net.AddressInfo).port;
+  try {
+    const a = await startBackend('a');
+    const b = await startBackend('b');
+    backends.push(a, b);
+    const servicePort = await freePort();
+    const meshDir = path.join(dir.path, 'mesh');
+    fs.mkdirSync(meshDir);
+    fs.writeFileSync(path.join(meshDir, 'vm.yaml'), meshYaml(servicePort, a.port, b.port));
+    const discoveryAddr = `127.0.0.1:${await freePort()}`;
+    discovery = startDiscovery(meshDir, discoveryAddr);
+    await waitFor('the discovery server', () => discovery!.out().includes('discovery server listening'), 20_000);
+
+    const agent = async (name: string, proxyConfig: Record<string, unknown>, env: Record<string, string>) => {
+      const home = path.join(dir.path, name);
+      fs.mkdirSync(home);
+      const ports = { status: await freePort(), admin: await freePort() };
+      const running = startAgent(['proxy', 'sidecar'], {
+        PROXY_CONFIG: JSON.stringify({
+          configPath: path.join(home, 'proxy'), binaryPath: envoyBin(), statusPort: ports.status, proxyAdminPort: ports.admin,
+          discoveryAddress: discoveryAddr, controlPlaneAuthPolicy: 'NONE', drainDuration: '1s', parentShutdownDuration: '2s',
+          terminationDrainDuration: '1s', ...proxyConfig,
+        }),
+        POD_NAME: name, POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
+        ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+        ...env,
+      }, home);
+      agents.push(running);
+      await waitFor(`${name} ready`, async () => (await httpRequest(`http://127.0.0.1:${ports.status}/healthz/ready`)).status === 200, 30_000)
+        .catch((e: Error) => { throw new Error(`${e.message}\n${running.log()}`); });
+      return { ...ports, running };
+    };
+    await agent('vm-a', { readinessProbe: { httpGet: { path: '/healthz', port: appPort }, periodSeconds: 1, failureThreshold: 2 } }, { ISTIO_META_WORKLOAD_ENTRY: 'vm-a' });
+    const client = await agent('client', {}, {
+      ISTIO_KUBE_APP_PROBERS: JSON.stringify({ '/app-health/client/readyz': { httpGet: { path: '/', port: b.port }, timeoutSeconds: 2 } }),
+    });
+
+    // The other agent serves kubelet's rewritten probe and the profiling index.
+    const probe = await httpRequest(`http://127.0.0.1:${client.status}/app-health/client/readyz`);
+    assert.is(probe.status, 200);
+    assert.is(probe.body, 'b');
+    assert.is((await httpRequest(`http://127.0.0.1:${client.status}/debug/pprof/`)).status, 200);
+
+    const url = `http://127.0.0.1:${servicePort}/`;
+    const both = [a.port, b.port].sort();
+    await waitFor('the other sidecar to have both VMs', async () => JSON.stringify(await endpointsSeen(client.admin, servicePort)) === JSON.stringify(both), 20_000, 200);
+    const seen = new Set<string>();
+    await waitFor('requests to reach both VMs', async () => {
+      seen.add(await fetchText(url));
+      return seen.has('a') && seen.has('b');
+    }, 20_000, 20);
+
+    healthy = false;
+    await waitFor('the other sidecar to drop the unhealthy VM', async () => JSON.stringify(await endpointsSeen(client.admin, servicePort)) === JSON.stringify([b.port]), 20_000, 200);
+    const before = a.requests;
+    for (let i = 0; i < 30; i++) assert.is(await fetchText(url), 'b');
+    assert.is(a.requests, before, 'no request reached the unhealthy VM');
+    assert.match(discovery.out(), /WorkloadEntry test\/vm-a is unhealthy/);
+
+    // A new control plane knows nothing of vm-a's health until the VM's agent re-sends it on its new stream.
+    await discovery.stop();
+    discovery = startDiscovery(meshDir, discoveryAddr);
+    await waitFor('the re-sent health event at the new control plane', () => /WorkloadEntry test\/vm-a is unhealthy/.test(discovery!.out()), 30_000, 100)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${discovery!.out()}`); });
+    await waitFor('the other sidecar, reconnected, without the unhealthy VM', async () => JSON.stringify(await endpointsSeen(client.admin, servicePort)) === JSON.stringify([b.port]), 20_000, 200);
+
+    healthy = true;
+    await waitFor('the other sidecar to have both VMs again', async () => JSON.stringify(await endpointsSeen(client.admin, servicePort)) === JSON.stringify(both), 20_000, 200);
+    assert.match(discovery.out(), /WorkloadEntry test\/vm-a is healthy again/);
+    const after = a.requests;
+    await waitFor('requests to reach the recovered VM', async () => (await fetchText(url)) && a.requests > after, 10_000, 20);
+  } finally {
+    for (const ag of agents) ag.proc.kill('SIGTERM');
+    await Promise.all(agents.map((ag) => waitFor('agent exit', () => ag.exited, 15_000).catch(() => undefined)));
+    await Promise.all(agents.map((ag) => ag.stop()));
+    await discovery?.stop();
+    await Promise.all(backends.map((x) => x.close()));
+    app.closeAllConnections();
+    await new Promise<void>((r) => app.close(() => r()));
+    dir.cleanup();
+  }
+});
+
+test.run();
