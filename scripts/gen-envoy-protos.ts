@@ -26,6 +26,12 @@ const FILES = [
   'envoy/extensions/transport_sockets/tls/v3/secret.proto',
   'envoy/extensions/access_loggers/file/v3/file.proto',
   'envoy/extensions/upstreams/http/v3/http_protocol_options.proto',
+  // HTTP filters and extensions istiod puts on every HTTP connection manager (discovery server)
+  'envoy/extensions/filters/http/fault/v3/fault.proto',
+  'envoy/extensions/filters/http/cors/v3/cors.proto',
+  'envoy/extensions/filters/http/grpc_stats/v3/config.proto',
+  'envoy/extensions/request_id/uuid/v3/uuid.proto',
+  'envoy/extensions/retry/host/previous_hosts/v3/previous_hosts.proto',
 ];
 
 const root = new protobuf.Root();

@@ -41,7 +41,7 @@ test('SotW: a response carries the push version and a nonce; an ACK is recorded;
       const r1 = await c.next(CDS);
       assert.is(r1.version_info, s.status().version);
       assert.ok(r1.nonce);
-      assert.is(r1.resources.length, 1);
+      assert.is(r1.resources.length, 3, 'the service and istiod\'s PassthroughCluster and BlackHoleCluster');
       c.send({ type_url: CDS, version_info: r1.version_info, response_nonce: r1.nonce });
       await waitFor('the ACK', () => s.status().connections[0]?.subscriptions[0]?.acked === r1.version_info);
       // A change that does not touch clusters (a new file with only a WorkloadEntry) pushes no CDS.
@@ -53,7 +53,7 @@ test('SotW: a response carries the push version and a nonce; an ACK is recorded;
       fs.writeFileSync(path.join(dir, 'b.yaml'), serviceEntry(18081, [{ port: 19002, version: 'v1' }], 'other.test.local'));
       s.reload();
       const r2 = await c.next(CDS);
-      assert.is(r2.resources.length, 2);
+      assert.is(r2.resources.length, 4);
       assert.is.not(r2.nonce, r1.nonce);
       assert.is.not(r2.version_info, r1.version_info);
     } finally {
@@ -97,8 +97,8 @@ test('Delta: wildcard CDS, initial versions skip what the proxy has, unsubscribe
     try {
       c.send({ node: NODE, type_url: CDS });
       const r1 = await c.next(CDS);
-      assert.is(r1.resources.length, 1);
-      const cluster = r1.resources[0]!;
+      assert.is(r1.resources.length, 3);
+      const cluster = r1.resources.find((r) => r.name!.startsWith('outbound|'))!;
       assert.is(cluster.name, 'outbound|18080||web.test.local');
       c.send({ type_url: CDS, response_nonce: r1.nonce });
       // EDS: subscribing to an unknown name is answered as removed, so the proxy stops waiting for it.
@@ -121,7 +121,8 @@ test('Delta: wildcard CDS, initial versions skip what the proxy has, unsubscribe
       const r3 = await c.next(CDS);
       const c2 = AdsClient.connect(s.address, true);
       try {
-        c2.send({ node: NODE, type_url: CDS, initial_resource_versions: { [r3.resources[0]!.name!]: r3.resources[0]!.version! } });
+        const held = Object.fromEntries([...r1.resources, ...r3.resources].map((r) => [r.name!, r.version!]));
+        c2.send({ node: NODE, type_url: CDS, initial_resource_versions: held });
         const again = await c2.next(CDS);
         assert.is(again.resources.length, 0);
         c2.send({ type_url: EDS, resource_names_subscribe: ['outbound|18080||web.test.local'] });

@@ -65,14 +65,14 @@ test('a valid multi-document file yields normalised configs with their source', 
 });
 
 test('an unknown field is rejected with file, document, field path and line', () => {
-  const text = `${SE}---\n${VS(80).replace('  - route:', '  - fault: {}\n    route:')}`;
+  const text = `${SE}---\n${VS(80).replace('  - route:', '  - delegate: {name: other}\n    route:')}`;
   const [msg, ...rest] = messages('/c/a.yaml', text);
   assert.is(rest.length, 0);
-  assert.match(msg!, /^\/c\/a\.yaml:23:\d+: document 2 \(VirtualService demo\/web\): field spec\.http\[0\]\.fault: unknown or unsupported field "fault"/);
+  assert.match(msg!, /^\/c\/a\.yaml:23:\d+: document 2 \(VirtualService demo\/web\): field spec\.http\[0\]\.delegate: unknown or unsupported field "delegate"/);
 });
 
 test('unknown kinds, bad YAML, weights that do not add up and bad values are each named', () => {
-  assert.match(messages('/c/k.yaml', SE.replace('kind: ServiceEntry', 'kind: Sidecar'))[0]!, /field kind: unknown or unsupported kind "Sidecar"/);
+  assert.match(messages('/c/k.yaml', SE.replace('kind: ServiceEntry', 'kind: EnvoyFilter'))[0]!, /field kind: unknown or unsupported kind "EnvoyFilter"/);
   assert.match(messages('/c/y.yaml', 'kind: [unclosed\n')[0]!, /^\/c\/y\.yaml:\d+:\d+: document 1: invalid YAML/);
   assert.match(messages('/c/w.yaml', VS(70).replace('weight: 30', 'weight: 20'))[0]!, /field spec\.http\[0\]\.route: destination weights add up to 90, not 100/);
   assert.match(messages('/c/p.yaml', SE.replace('number: 8080', 'number: 80800'))[0]!, /field spec\.ports\[0\]\.number: 80800 is above the maximum 65535/);
@@ -203,7 +203,9 @@ test('the shipped standalone example loads cleanly and routes as its README says
     virtual_hosts: { domains: string[]; routes: { name: string; route: { cluster?: string; weighted_clusters?: { clusters: { name: string; weight: { value: number } }[] } } }[] }[];
   };
   const vh = rc.virtual_hosts[0]!;
-  assert.ok(vh.domains.includes('backend.example.local') && vh.domains.includes('*'));
+  // istiod's domains (the port ignored, the absolute name too), and the listener address the README curls.
+  assert.equal(vh.domains, ['backend.example.local', 'backend.example.local.', '127.0.0.1']);
+  assert.equal(rc.virtual_hosts.map((v) => v.domains), [vh.domains, ['*']], 'unknown Hosts fall to allow_any');
   assert.equal(vh.routes.map((r) => r.name), ['pinned-by-header', 'v1-path', 'weighted']);
   assert.equal(vh.routes[2]!.route.weighted_clusters!.clusters.map((c) => [c.name, c.weight.value]), [
     ['outbound|8080|v1|backend.example.local', 80],

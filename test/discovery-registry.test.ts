@@ -123,7 +123,7 @@ spec:
   assert.is(sidecar.namespace, 'prod');
   const cds = generate(p2, sidecar, TYPE_URLS.cluster);
   assert.ok(cds === generate(p2, router, TYPE_URLS.cluster), 'clusters are generated once per push context');
-  assert.equal([...cds.keys()].sort(), ['outbound|5432||db.prod.local', 'outbound|8080||web.prod.local']);
+  assert.equal([...cds.keys()].sort(), ['BlackHoleCluster', 'PassthroughCluster', 'outbound|5432||db.prod.local', 'outbound|8080||web.prod.local']);
   const lds = generate(p2, sidecar, TYPE_URLS.listener);
   assert.equal([...lds.keys()], ['127.0.0.1_5432', '127.0.0.1_8080']);
   const tcp = unpackAny(lds.get('127.0.0.1_5432')!.any) as { filter_chains: { filters: { name: string }[] }[] };

@@ -2,6 +2,7 @@
 // unknown hosts, ports or subsets; unknown gateways). A set with any issue is never applied.
 
 import { type Config, type DestinationRuleSpec, describe, type GatewaySpec, keyOf, qualifyHost, type ServiceEntrySpec, type VirtualServiceSpec } from './model';
+import { hostCovers } from './visibility';
 import { formatPath, type Path } from './schema';
 import type { ConfigIssue } from './yaml-file';
 
@@ -39,7 +40,14 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
 
   const subsets = new Map<string, Set<string>>();
   const drByHost = new Map<string, Config<DestinationRuleSpec>>();
+  const wildDrs: Config<DestinationRuleSpec>[] = [];
   for (const dr of of<DestinationRuleSpec>('DestinationRule')) {
+    if (dr.spec.host.includes('*')) {
+      const prev = wildDrs.find((w) => w.spec.host === dr.spec.host);
+      if (prev) issue(dr, ['spec', 'host'], `host "${dr.spec.host}" already has a DestinationRule: ${describe(prev)}`);
+      else wildDrs.push(dr);
+      continue;
+    }
     const se = lookup(dr.spec.host, dr.meta.namespace);
     if (!se) {
       issue(dr, ['spec', 'host'], `unknown host "${dr.spec.host}": no ServiceEntry defines it`);
@@ -66,8 +74,14 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
     });
     if (forMesh) {
       vs.spec.hosts.forEach((h, i) => {
-        if (h.includes('*')) return issue(vs, ['spec', 'hosts', i], `wildcard host "${h}" is only supported for gateways, not for mesh (sidecar) routing`);
         const se = lookup(h, ns);
+        if (h.includes('*') && !se) {
+          // A wildcard applies to the services it covers; it need not name one itself.
+          const prev = meshHosts.get(h);
+          if (prev) issue(vs, ['spec', 'hosts', i], `host "${h}" is already routed for the mesh by ${describe(prev)}`);
+          else meshHosts.set(h, vs);
+          return;
+        }
         if (!se) return issue(vs, ['spec', 'hosts', i], `unknown host "${h}": sidecars route only hosts that a ServiceEntry defines`);
         const fq = se.spec.hosts.includes(h) ? h : qualifyHost(h, ns);
         const prev = meshHosts.get(fq);
@@ -75,9 +89,17 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
         else meshHosts.set(fq, vs);
       });
     }
-    vs.spec.http.forEach((route, ri) => {
-      route.route.forEach((d, di) => {
-        const path = ['spec', 'http', ri, 'route', di, 'destination'];
+    const routes = [
+      ...vs.spec.http.map((route, ri) => {
+        const dests = route.route.map((d, di) => ({ d, path: ['spec', 'http', ri, 'route', di, 'destination'] as Path }));
+        if (route.mirror) dests.push({ d: { ...route.mirror, weight: 0 }, path: ['spec', 'http', ri, 'mirror'] });
+        return dests;
+      }),
+      ...vs.spec.tcp.map((route, ri) => route.route.map((d, di) => ({ d, path: ['spec', 'tcp', ri, 'route', di, 'destination'] as Path }))),
+    ];
+    if (vs.spec.tcp.length && !forMesh) issue(vs, ['spec', 'tcp'], 'tcp routes are supported for the mesh (sidecars) only, not on Gateways');
+    routes.forEach((dests) => {
+      dests.forEach(({ d, path }) => {
         const se = lookup(d.host, ns);
         if (!se) return issue(vs, [...path, 'host'], `route to unknown host "${d.host}": no ServiceEntry defines it`);
         const fq = se.spec.hosts.includes(d.host) ? d.host : qualifyHost(d.host, ns);
@@ -86,7 +108,10 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
         } else if (d.port === undefined && se.spec.ports.length > 1 && !forMesh) {
           issue(vs, [...path, 'port'], `host "${fq}" has several ports; say which one`);
         }
-        if (d.subset !== undefined && !subsets.get(fq)?.has(d.subset)) {
+        // Subsets come from the host's own DestinationRule, else from the most specific wildcard one covering it.
+        const wild = wildDrs.filter((w) => hostCovers(w.spec.host, fq)).sort((a, b) => b.spec.host.length - a.spec.host.length)[0];
+        const known = subsets.get(fq) ?? (wild ? new Set(wild.spec.subsets.map((x) => x.name)) : undefined);
+        if (d.subset !== undefined && !known?.has(d.subset)) {
           issue(vs, [...path, 'subset'], `unknown subset "${d.subset}" of host "${fq}" (define it in a DestinationRule)`);
         }
       });

@@ -3,8 +3,10 @@
 // Every proxy sees every service (no Sidecar scoping), so the output depends only on the push context.
 
 import { packAny } from '../envoy-protos';
-import { labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset, type TrafficPolicy } from './model';
-import type { PushContext } from './push-context';
+import { clusterLbFields, effectivePolicy } from './gen-lb-policy';
+import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER } from './gen-routes';
+import { type Config, type DestinationRuleSpec, labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset } from './model';
+import type { ProxyScope, PushContext } from './push-context';
 import { ADS_SOURCE, CLUSTER, clusterName, dur, encodeResource, ENDPOINTS, type Resource } from './resources';
 
 const HTTP_OPTIONS = 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions';
@@ -18,11 +20,11 @@ interface ClusterSpec {
   subset?: Subset;
 }
 
-function clusterSpecs(push: PushContext): ClusterSpec[] {
-  return push.memoize('cluster-specs', () => {
+function clusterSpecs(push: PushContext, scope?: ProxyScope): ClusterSpec[] {
+  return push.memoize(`cluster-specs|${scope?.key ?? '*'}`, () => {
     const out: ClusterSpec[] = [];
-    for (const svc of push.services) {
-      const dr = push.destinationRule(svc.hostname);
+    for (const svc of scope?.services ?? push.services) {
+      const dr = push.destinationRule(svc.hostname, scope?.namespace);
       for (const port of svc.ports) {
         out.push({ name: clusterName(port.number, '', svc.hostname), service: svc, port });
         for (const subset of dr?.spec.subsets ?? []) out.push({ name: clusterName(port.number, subset.name, svc.hostname), service: svc, port, subset });
@@ -32,14 +34,32 @@ function clusterSpecs(push: PushContext): ClusterSpec[] {
   });
 }
 
-export function buildClusters(push: PushContext): Resource[] {
-  return push.memoize('cds', () => clusterSpecs(push).map((c) => {
-    // A cluster depends on its service, its DestinationRule and, for DNS services, its instances.
-    const dr = push.destinationRule(c.service.hostname);
-    const inst = c.service.resolution === 'STATIC' ? '' : JSON.stringify(selectInstances(push, c));
-    return push.cache.get(c.service, c.name, `${dr?.meta.resourceVersion ?? ''}|${inst}`, () => encodeResource(CLUSTER, c.name, clusterObject(push, c)));
-  }));
+/** The clusters a proxy with this scope sees (its visible services, with the DestinationRules exported to it). */
+export function buildClusters(push: PushContext, scope: ProxyScope): Resource[] {
+  return push.memoize(`cds|${scope.key}`, () => [
+    ...clusterSpecs(push, scope).map((c) => {
+      // A cluster depends on its service, its DestinationRule and, for DNS services, its instances.
+      const dr = push.destinationRule(c.service.hostname, scope.namespace);
+      const inst = c.service.resolution === 'STATIC' ? '' : JSON.stringify(selectInstances(push, c));
+      return push.cache.get(c.service, c.name, `${dr?.meta.resourceVersion ?? ''}|${inst}`, () => encodeResource(CLUSTER, c.name, clusterObject(push, c, dr)));
+    }),
+    PASSTHROUGH,
+    BLACKHOLE,
+  ]);
 }
+
+// istiod's two fixed clusters: the original destination of the connection (the allow_any route's), and nowhere.
+const PASSTHROUGH = encodeResource(CLUSTER, PASSTHROUGH_CLUSTER, {
+  name: PASSTHROUGH_CLUSTER,
+  type: 'ORIGINAL_DST',
+  connect_timeout: dur(DEFAULT_CONNECT_TIMEOUT_MS),
+  lb_policy: 'CLUSTER_PROVIDED',
+  circuit_breakers: { thresholds: [{ max_connections: { value: UNLIMITED }, max_pending_requests: { value: UNLIMITED }, max_requests: { value: UNLIMITED }, max_retries: { value: UNLIMITED }, track_remaining: true }] },
+  typed_extension_protocol_options: {
+    [HTTP_OPTIONS]: packAny(HTTP_OPTIONS, { use_downstream_protocol_config: { http_protocol_options: {}, http2_protocol_options: {} } }),
+  },
+});
+const BLACKHOLE = encodeResource(CLUSTER, BLACKHOLE_CLUSTER, { name: BLACKHOLE_CLUSTER, type: 'STATIC', connect_timeout: dur(DEFAULT_CONNECT_TIMEOUT_MS) });
 
 /** EDS for every EDS cluster, by name. */
 export function buildEndpoints(push: PushContext): ReadonlyMap<string, Resource> {
@@ -79,20 +99,14 @@ function loadAssignment(name: string, instances: readonly ServiceInstance[]): Re
   };
 }
 
-function mergePolicy(top: TrafficPolicy | undefined, sub: TrafficPolicy | undefined): TrafficPolicy {
-  // Istio merges a subset's policy over the top-level one field by field.
-  return { ...top, ...sub };
-}
-
-function clusterObject(push: PushContext, c: ClusterSpec): Record<string, unknown> {
-  const dr = push.destinationRule(c.service.hostname);
-  const policy = mergePolicy(dr?.spec.trafficPolicy, c.subset?.trafficPolicy);
+function clusterObject(push: PushContext, c: ClusterSpec, dr: Config<DestinationRuleSpec> | undefined): Record<string, unknown> {
+  const policy = effectivePolicy(dr?.spec.trafficPolicy, c.subset?.trafficPolicy, c.port.number);
   const tcp = policy.connectionPool?.tcp;
   const http = policy.connectionPool?.http;
   const out: Record<string, unknown> = {
     name: c.name,
     connect_timeout: dur(tcp?.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS),
-    lb_policy: policy.loadBalancer ?? 'LEAST_REQUEST',
+    ...clusterLbFields(policy),
     circuit_breakers: {
       thresholds: [{
         max_connections: { value: tcp?.maxConnections ?? UNLIMITED },

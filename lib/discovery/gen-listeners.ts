@@ -4,21 +4,29 @@
 // If a port is taken on the host, Envoy NACKs that listener; the server reports it and does not retry it.
 
 import { packAny } from '../envoy-protos';
-import { isHttp } from './model';
+import { isHttp, type Service } from './model';
+import { tcpProxyFilter } from './gen-tcp';
 import type { Proxy } from './proxy';
-import type { PushContext } from './push-context';
-import { ADS_SOURCE, clusterName, encodeResource, LISTENER, type Resource } from './resources';
+import type { ProxyScope, PushContext } from './push-context';
+import { CORS_FILTER, FAULT_FILTER } from './gen-http-policy';
+import { ADS_SOURCE, dur, encodeResource, LISTENER, type Resource } from './resources';
 import { gatewayRouteName, sidecarRouteName } from './gen-routes';
 
 const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
 const ROUTER = 'envoy.extensions.filters.http.router.v3.Router';
-const TCP_PROXY = 'envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy';
+const GRPC_STATS = 'envoy.extensions.filters.http.grpc_stats.v3.FilterConfig';
+const FAULT = 'envoy.extensions.filters.http.fault.v3.HTTPFault';
+const CORS = 'envoy.extensions.filters.http.cors.v3.Cors';
+const UUID_REQUEST_ID = 'envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig';
 
 /** Where a sidecar's outbound listeners listen. */
 export const SIDECAR_BIND = '127.0.0.1';
 
 export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
-  if (proxy.type === 'sidecar') return push.memoize('lds|sidecar', () => sidecarListeners(push));
+  if (proxy.type === 'sidecar') {
+    const scope = push.scopeFor(proxy);
+    return push.memoize(`lds|sidecar|${scope.key}`, () => sidecarListeners(push, scope));
+  }
   const gws = push.gatewaysFor(proxy);
   return push.memoize(`lds|router|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => {
     const out = new Map<string, Resource>();
@@ -30,20 +38,20 @@ export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<str
         ports.add(port);
         const bind = server.bind ?? '0.0.0.0';
         const name = `${bind}_${port}`;
-        out.set(name, encodeResource(LISTENER, name, listener(name, bind, port, hcmFilter(name, gatewayRouteName(port), true), 'INBOUND')));
+        out.set(name, encodeResource(LISTENER, name, listener(name, bind, port, hcmFilter(name, gatewayRouteName(port), true), 'OUTBOUND')));
       }
     }
     return out;
   });
 }
 
-function sidecarListeners(push: PushContext): Map<string, Resource> {
+function sidecarListeners(push: PushContext, scope: ProxyScope): Map<string, Resource> {
   const http = new Set<number>();
-  const tcp = new Map<number, string>(); // port -> cluster of the first service with a TCP port there
-  for (const svc of push.services) {
+  const tcp = new Map<number, Service>(); // port -> the first service with a TCP port there
+  for (const svc of scope.services) {
     for (const p of svc.ports) {
       if (isHttp(p.protocol)) http.add(p.number);
-      else if (!tcp.has(p.number)) tcp.set(p.number, clusterName(p.number, '', svc.hostname));
+      else if (!tcp.has(p.number)) tcp.set(p.number, svc);
     }
   }
   const out = new Map<string, Resource>();
@@ -52,7 +60,7 @@ function sidecarListeners(push: PushContext): Map<string, Resource> {
     // A port with both HTTP and TCP services is served as HTTP: Host is the only way to tell them apart.
     const filter = http.has(port)
       ? hcmFilter(name, sidecarRouteName(port), false)
-      : { name: 'envoy.filters.network.tcp_proxy', typed_config: packAny(TCP_PROXY, { stat_prefix: `outbound|${port}`, cluster: tcp.get(port) }) };
+      : tcpProxyFilter(push, tcp.get(port)!, port, scope.namespace);
     out.set(name, encodeResource(LISTENER, name, listener(name, SIDECAR_BIND, port, filter, 'OUTBOUND')));
   }
   return out;
@@ -68,15 +76,35 @@ function listener(name: string, address: string, port: number, filter: Record<st
 }
 
 function hcmFilter(statPrefix: string, routeName: string, edge: boolean): Record<string, unknown> {
+  // The settings istiod puts on every HTTP connection manager (istio/istio 86c9f01f,
+  // pilot/pkg/networking/core/listener_builder.go buildHTTPConnectionManager). No mTLS here, so no client
+  // certificate to forward: SANITIZE_SET drops any x-forwarded-client-cert a client sent.
   return {
     name: 'envoy.filters.network.http_connection_manager',
     typed_config: packAny(HCM, {
       stat_prefix: statPrefix,
       codec_type: 'AUTO',
-      rds: { config_source: ADS_SOURCE, route_config_name: routeName },
-      http_filters: [{ name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) }],
+      rds: { config_source: { ...ADS_SOURCE, initial_fetch_timeout: dur(0) }, route_config_name: routeName },
+      http_filters: HTTP_FILTERS,
       use_remote_address: { value: edge },
       normalize_path: { value: true },
+      path_with_escaped_slashes_action: 'KEEP_UNCHANGED',
+      upgrade_configs: [{ upgrade_type: 'websocket' }],
+      stream_idle_timeout: dur(0),
+      proxy_100_continue: true,
+      server_name: 'istio-envoy',
+      forward_client_cert_details: 'SANITIZE_SET',
+      set_current_client_cert_details: { subject: { value: true }, dns: true, uri: true },
+      request_id_extension: { typed_config: packAny(UUID_REQUEST_ID, { use_request_id_for_trace_sampling: { value: true } }) },
+      access_log: [],
     }),
   };
 }
+
+// grpc_stats, then fault and cors (which read the routes' typed_per_filter_config), then the router: istiod's order.
+const HTTP_FILTERS = [
+  { name: 'envoy.filters.http.grpc_stats', typed_config: packAny(GRPC_STATS, { emit_filter_state: true, stats_for_all_methods: { value: false } }) },
+  { name: FAULT_FILTER, typed_config: packAny(FAULT, {}) },
+  { name: CORS_FILTER, typed_config: packAny(CORS, {}) },
+  { name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) },
+];

@@ -2,45 +2,91 @@
 // from the service's mesh VirtualService or a default route to its cluster. Router: one per Gateway port
 // (`http.<port>`), virtual hosts from the VirtualServices bound to the Gateways whose hosts the server accepts.
 
-import type { Config, GatewaySpec, HttpMatch, HttpRoute, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
+import { headerFields, mirrorPolicies, perFilterConfig, retryPolicy } from './gen-http-policy';
+import { hashPolicy } from './gen-lb-policy';
+import type { Config, GatewaySpec, HttpMatch, HttpRoute, MeshConfig, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
 import { isHttp } from './model';
+import { exportedTo } from './visibility';
+import { SIDECAR_BIND } from './gen-listeners';
 import type { Proxy } from './proxy';
-import type { PushContext } from './push-context';
+import type { ProxyScope, PushContext } from './push-context';
 import { clusterName, dur, encodeResource, type Resource, ROUTE } from './resources';
 
 export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
-  if (proxy.type === 'sidecar') return push.memoize('rds|sidecar', () => sidecarRoutes(push));
+  if (proxy.type === 'sidecar') {
+    const scope = push.scopeFor(proxy);
+    return push.memoize(`rds|sidecar|${scope.key}`, () => sidecarRoutes(push, scope));
+  }
   const gws = push.gatewaysFor(proxy);
-  return push.memoize(`rds|router|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => routerRoutes(push, gws));
+  return push.memoize(`rds|router|${proxy.namespace}|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => routerRoutes(push, gws, proxy.namespace));
 }
 
 /** Route configuration name of a sidecar port and of a gateway port. */
 export const sidecarRouteName = (port: number) => String(port);
 export const gatewayRouteName = (port: number) => `http.${port}`;
 
-function sidecarRoutes(push: PushContext): Map<string, Resource> {
+function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resource> {
   const byPort = new Map<number, Record<string, unknown>[]>();
-  for (const svc of push.services) {
+  for (const svc of scope.services) {
     for (const port of svc.ports) {
       if (!isHttp(port.protocol)) continue;
-      const vs = push.meshVirtualService(svc.hostname);
-      const routes = vs ? vsRoutes(push, vs, port.number, true) : [defaultRoute(clusterName(port.number, '', svc.hostname))];
+      const vs = push.meshVirtualService(svc.hostname, scope.namespace);
+      // A VirtualService with only `tcp` routes leaves the service's HTTP ports on the default route.
+      const routes = vs?.spec.http.length ? vsRoutes(push, vs, port.number, true, scope.namespace) : [defaultRoute(push, svc.hostname, port.number, scope.namespace)];
       const list = byPort.get(port.number) ?? [];
-      list.push({ name: `${svc.hostname}:${port.number}`, domains: [svc.hostname, `${svc.hostname}:${port.number}`], routes });
+      // The port is ignored when matching (ignore_port_in_host_matching), so no `host:port` domains; the absolute
+      // name `host.` is served too (istiod's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).
+      // The service's addresses too (IPs, not CIDRs), as istiod's generateVirtualHostDomains adds them.
+      const ips = svc.addresses.filter((x) => !x.includes('/')).map((x) => (x.includes(':') ? `[${x}]` : x));
+      const domains = [svc.hostname, `${svc.hostname}.`, ...kubeAltHosts(svc.hostname, scope.namespace), ...ips];
+      list.push({ name: `${svc.hostname}:${port.number}`, domains, routes });
       byPort.set(port.number, list);
     }
   }
   const out = new Map<string, Resource>();
   for (const [port, vhosts] of byPort) {
-    // The listener is the app's way in on this host: with one service on the port, any Host reaches it.
-    if (vhosts.length === 1) (vhosts[0]!.domains as string[]).push('*');
+    // Envoy rejects a domain listed by two virtual hosts: the first service keeps a shared address.
+    const used = new Set<string>();
+    for (const vh of vhosts) vh.domains = (vh.domains as string[]).filter((d) => !used.has(d) && used.add(d));
+    // istiod also matches a service's addresses. Here the app reaches a service at the loopback listener, so the
+    // listener's address is the service's address when the service is alone on the port (`curl 127.0.0.1:port`).
+    if (vhosts.length === 1) (vhosts[0]!.domains as string[]).push(SIDECAR_BIND);
     const name = sidecarRouteName(port);
-    out.set(name, encodeResource(ROUTE, name, { name, virtual_hosts: vhosts, validate_clusters: { value: false } }));
+    const route = { name, virtual_hosts: [...vhosts, catchAllVirtualHost(scope.outboundTrafficPolicy)], validate_clusters: { value: false }, ignore_port_in_host_matching: true };
+    out.set(name, encodeResource(ROUTE, name, route));
   }
   return out;
 }
 
-function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[]): Map<string, Resource> {
+/** The short names a Kubernetes-style host answers to from a proxy in `proxyNs` (istiod's
+ * generateAltVirtualHostsForKubernetesService): `name`, `name.ns.svc` and `name.ns` in its own namespace,
+ * `name.ns` and `name.ns.svc` from another. */
+function kubeAltHosts(hostname: string, proxyNs: string): string[] {
+  if (!hostname.endsWith('.svc.cluster.local')) return [];
+  const ih = hostname.indexOf('.svc.');
+  const dot = hostname.indexOf('.');
+  if (dot + 1 >= ih) return [];
+  const nsName = hostname.slice(0, ih);
+  return hostname.slice(dot + 1, ih) === proxyNs ? [hostname.slice(0, dot), `${nsName}.svc`, nsName] : [nsName, `${nsName}.svc`];
+}
+
+export const PASSTHROUGH_CLUSTER = 'PassthroughCluster';
+export const BLACKHOLE_CLUSTER = 'BlackHoleCluster';
+/** istiod's last virtual host of a sidecar route: unknown Hosts pass through (ALLOW_ANY) or get 502 (REGISTRY_ONLY). */
+function catchAllVirtualHost(policy: MeshConfig['outboundTrafficPolicy']): Record<string, unknown> {
+  if (policy === 'REGISTRY_ONLY') {
+    return { name: 'block_all', domains: ['*'], routes: [{ name: 'block_all', match: { prefix: '/' }, direct_response: { status: 502 } }] };
+  }
+  // The loopback listeners restore no original destination (no capture, no original_dst listener filter), so
+  // PassthroughCluster has no host to pick here and Envoy answers 503 "no healthy upstream".
+  return {
+    name: 'allow_any',
+    domains: ['*'],
+    routes: [{ name: 'allow_any', match: { prefix: '/' }, route: { cluster: PASSTHROUGH_CLUSTER, timeout: dur(0), max_grpc_timeout: dur(0) } }],
+  };
+}
+
+function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[], proxyNs: string): Map<string, Resource> {
   // port -> host -> routes, in Gateway then VirtualService order
   const byPort = new Map<number, Map<string, Record<string, unknown>[]>>();
   const added = new Set<string>();
@@ -50,7 +96,8 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
       const port = server.port.number;
       const hosts = byPort.get(port) ?? new Map<string, Record<string, unknown>[]>();
       byPort.set(port, hosts);
-      for (const vs of push.virtualServicesForGateway(ref)) {
+      // As istiod, a gateway uses only the VirtualServices exported to its own namespace.
+      for (const vs of push.virtualServicesForGateway(ref).filter((v) => exportedTo(v.spec.exportTo, v.meta.namespace, proxyNs))) {
         for (const h of vs.spec.hosts) {
           if (!server.hosts.some((sh) => serverHostAccepts(sh, gw.meta.namespace, h, vs.meta.namespace))) continue;
           const once = `${port}|${h}|${vs.meta.namespace}/${vs.meta.name}`;
@@ -67,11 +114,14 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
   for (const [port, hosts] of byPort) {
     const vhosts = [...hosts].map(([h, routes]) => ({
       name: `${h}:${port}`,
-      domains: h === '*' ? ['*'] : [h, `${h}:${port}`],
+      // As istiod: the host alone, the port being ignored by ignore_port_in_host_matching (`Host: h:8080` matches).
+      domains: [h],
       routes,
     }));
+    // istiod's answer when no VirtualService binds to the port: a virtual host with no route (404).
+    if (!vhosts.length) vhosts.push({ name: `blackhole:${port}`, domains: ['*'], routes: [] });
     const name = gatewayRouteName(port);
-    out.set(name, encodeResource(ROUTE, name, { name, virtual_hosts: vhosts, validate_clusters: { value: false } }));
+    out.set(name, encodeResource(ROUTE, name, { name, virtual_hosts: vhosts, validate_clusters: { value: false }, ignore_port_in_host_matching: true }));
   }
   return out;
 }
@@ -93,37 +143,29 @@ function hostsOverlap(a: string, b: string): boolean {
   return false;
 }
 
-// Istio's default retry policy: 2 retries on connection-level failures and 503, on another host each time.
-const PREVIOUS_HOSTS = { type_url: 'type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate', value: new Uint8Array(0) };
-const DEFAULT_RETRY_ON = 'connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes';
-
-function retryPolicy(r: HttpRoute['retries']): Record<string, unknown> | undefined {
-  if (r && r.attempts === 0) return undefined;
-  const p: Record<string, unknown> = {
-    retry_on: r?.retryOn ?? DEFAULT_RETRY_ON,
-    num_retries: { value: r?.attempts ?? 2 },
-    retry_host_predicate: [{ name: 'envoy.retry_host_predicates.previous_hosts', typed_config: PREVIOUS_HOSTS }],
-    host_selection_retry_max_attempts: 5,
-    retriable_status_codes: [503],
-  };
-  if (r?.perTryTimeoutMs !== undefined) p.per_try_timeout = dur(r.perTryTimeoutMs);
-  return p;
+function defaultRoute(push: PushContext, hostname: string, port: number, namespace: string): Record<string, unknown> {
+  const hash = hashPolicy(push, hostname, undefined, namespace, port);
+  const action: Record<string, unknown> = { cluster: clusterName(port, '', hostname), timeout: dur(0), retry_policy: retryPolicy(undefined, !!hash), max_grpc_timeout: dur(0) };
+  if (hash) action.hash_policy = hash;
+  return { name: 'default', match: { prefix: '/' }, route: action };
 }
 
-function defaultRoute(cluster: string): Record<string, unknown> {
-  return { name: 'default', match: { prefix: '/' }, route: { cluster, timeout: dur(0), retry_policy: retryPolicy(undefined) } };
-}
-
-function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: number, mesh: boolean): Record<string, unknown>[] {
+/** `namespace`: the sidecar's, whose visible DestinationRule decides consistent hashing (a router sees every one). */
+function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: number, mesh: boolean, namespace?: string): Record<string, unknown>[] {
   const out: Record<string, unknown>[] = [];
   for (const r of vs.spec.http) {
     const matches = r.match.length ? r.match.filter((m) => m.port === undefined || m.port === port) : [undefined];
     if (!matches.length) continue;
-    const action = routeAction(push, vs, r, port, mesh);
+    const action = r.redirect ? { redirect: redirectAction(r.redirect) }
+      : r.directResponse ? { direct_response: directResponse(r.directResponse) }
+      : routeAction(push, vs, r, port, mesh, namespace);
     if (!action) continue;
+    const pfc = perFilterConfig(r);
+    const hdrs = headerFields(r.headers);
     for (const m of matches) {
-      const route: Record<string, unknown> = { match: routeMatch(m), route: action };
+      const route: Record<string, unknown> = { match: routeMatch(m), ...('redirect' in action || 'direct_response' in action ? action : { route: action }), ...hdrs };
       if (r.name) route.name = r.name;
+      if (pfc) route.typed_per_filter_config = pfc;
       out.push(route);
     }
   }
@@ -138,9 +180,32 @@ function routeMatch(m: HttpMatch | undefined): Record<string, unknown> {
   else if ('prefix' in uri) out.prefix = uri.prefix;
   else out.safe_regex = { regex: uri.regex };
   if (m?.ignoreUriCase) out.case_sensitive = { value: false };
-  const headers = Object.entries(m?.headers ?? {}).map(([name, sm]) => ({ name, string_match: stringMatcher(sm) }));
+  // method, authority and scheme are pseudo-headers to Envoy; withoutHeaders are inverted header matches.
+  const headers = [
+    ...Object.entries(m?.headers ?? {}).map(([name, sm]) => ({ name, string_match: stringMatcher(sm) })),
+    ...(['method', 'authority', 'scheme'] as const).filter((k) => m?.[k]).map((k) => ({ name: `:${k}`, string_match: stringMatcher(m![k]!) })),
+    // As istiod: a request without the header matches withoutHeaders too.
+    ...Object.entries(m?.withoutHeaders ?? {}).map(([name, sm]) => ({ name, string_match: stringMatcher(sm), invert_match: true, treat_missing_header_as_empty: true })),
+  ].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   if (headers.length) out.headers = headers;
+  const qp = Object.entries(m?.queryParams ?? {}).map(([name, sm]) => ({ name, string_match: stringMatcher(sm) }));
+  if (qp.length) out.query_parameters = qp;
   return out;
+}
+
+const REDIRECT_CODE: Record<number, string> = { 301: 'MOVED_PERMANENTLY', 302: 'FOUND', 303: 'SEE_OTHER', 307: 'TEMPORARY_REDIRECT', 308: 'PERMANENT_REDIRECT' };
+
+function redirectAction(rd: NonNullable<HttpRoute['redirect']>): Record<string, unknown> {
+  const out: Record<string, unknown> = { response_code: REDIRECT_CODE[rd.redirectCode ?? 301] };
+  if (rd.uri !== undefined) out.path_redirect = rd.uri;
+  if (rd.authority !== undefined) out.host_redirect = rd.authority;
+  if (rd.port !== undefined) out.port_redirect = rd.port;
+  if (rd.scheme !== undefined) out.scheme_redirect = rd.scheme;
+  return out;
+}
+
+function directResponse(d: NonNullable<HttpRoute['directResponse']>): Record<string, unknown> {
+  return d.body === undefined ? { status: d.status } : { status: d.status, body: { inline_string: d.body } };
 }
 
 function stringMatcher(sm: StringMatch): Record<string, unknown> {
@@ -156,7 +221,7 @@ function destinationCluster(push: PushContext, vs: Config<VirtualServiceSpec>, d
   return clusterName(p, d.subset ?? '', svc.hostname);
 }
 
-function routeAction(push: PushContext, vs: Config<VirtualServiceSpec>, r: HttpRoute, port: number, mesh: boolean): Record<string, unknown> | undefined {
+function routeAction(push: PushContext, vs: Config<VirtualServiceSpec>, r: HttpRoute, port: number, mesh: boolean, namespace?: string): Record<string, unknown> | undefined {
   const dests = r.route
     .filter((d) => d.weight > 0 || r.route.length === 1)
     .map((d) => ({ cluster: destinationCluster(push, vs, d, port, mesh), weight: d.weight }))
@@ -166,8 +231,16 @@ function routeAction(push: PushContext, vs: Config<VirtualServiceSpec>, r: HttpR
     ? { cluster: dests[0]!.cluster }
     : { weighted_clusters: { clusters: dests.map((d) => ({ name: d.cluster, weight: { value: d.weight } })) } };
   action.timeout = dur(r.timeoutMs ?? 0);
-  const retry = retryPolicy(r.retries);
+  const first = push.lookupService(r.route[0]!.host, vs.meta.namespace);
+  const hash = first ? hashPolicy(push, first.hostname, r.route[0]!.subset, namespace) : undefined;
+  if (hash) action.hash_policy = hash;
+  const retry = retryPolicy(r.retries, !!hash);
   if (retry) action.retry_policy = retry;
+  if (r.mirror) {
+    const mc = destinationCluster(push, vs, { ...r.mirror, weight: 100 }, port, mesh);
+    if (mc) action.request_mirror_policies = mirrorPolicies(mc, r.mirrorPercentage);
+  }
+  action.max_grpc_timeout = dur(r.timeoutMs ?? 0);
   if (r.rewrite?.uri !== undefined) action.prefix_rewrite = r.rewrite.uri;
   if (r.rewrite?.authority !== undefined) action.host_rewrite_literal = r.rewrite.authority;
   return action;

@@ -5,7 +5,7 @@ import { buildListeners } from './gen-listeners';
 import { buildNameTableResources } from './gen-nametable';
 import { buildRoutes } from './gen-routes';
 import type { Proxy } from './proxy';
-import type { PushContext } from './push-context';
+import type { ProxyScope, PushContext } from './push-context';
 import { type Resource, TYPE_URLS } from './resources';
 
 export const SUPPORTED_TYPES: ReadonlySet<string> = new Set(Object.values(TYPE_URLS));
@@ -13,7 +13,7 @@ export const SUPPORTED_TYPES: ReadonlySet<string> = new Set(Object.values(TYPE_U
 export function generate(push: PushContext, proxy: Proxy, typeUrl: string): ReadonlyMap<string, Resource> {
   switch (typeUrl) {
     case TYPE_URLS.cluster:
-      return push.memoize('cds-map', () => new Map(buildClusters(push).map((r) => [r.name, r])));
+      return cdsFor(push, push.scopeFor(proxy));
     case TYPE_URLS.endpoint:
       return buildEndpoints(push);
     case TYPE_URLS.listener:
@@ -25,4 +25,8 @@ export function generate(push: PushContext, proxy: Proxy, typeUrl: string): Read
     default:
       return new Map();
   }
+}
+
+function cdsFor(push: PushContext, scope: ProxyScope): ReadonlyMap<string, Resource> {
+  return push.memoize(`cds-map|${scope.key}`, () => new Map(buildClusters(push, scope).map((r) => [r.name, r])));
 }

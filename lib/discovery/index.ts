@@ -13,7 +13,7 @@ import type { Nack } from './ads-connection';
 import { MemoryConfigStore } from './config-store';
 import { Debouncer, type PushRequest, pushRequest } from './debounce';
 import { FileConfigSource } from './file-source';
-import { KINDS } from './model';
+import { DEFAULT_MESH, KINDS, type MeshConfig } from './model';
 import { PushContext } from './push-context';
 import { ResourceCache } from './resources';
 import { ServiceEntryRegistry } from './registry';
@@ -32,6 +32,8 @@ export interface DiscoveryOptions {
   maxDelayMs?: number;
   /** Quiet period after a file event before the directory is read (default 50 ms). */
   fileDebounceMs?: number;
+  /** meshConfig fields routing depends on (default: outboundTrafficPolicy ALLOW_ANY, as Istio). */
+  mesh?: Partial<MeshConfig>;
 }
 
 export interface DiscoveryStatus {
@@ -56,6 +58,7 @@ export class DiscoveryServer implements Component {
   private readonly debouncer: Debouncer;
   private readonly ads: AdsServer;
   private readonly cache = new ResourceCache();
+  private readonly mesh: MeshConfig;
   private push: PushContext;
   private pushes = 0;
   private versionSeq = 0;
@@ -66,9 +69,10 @@ export class DiscoveryServer implements Component {
 
   constructor(private readonly o: DiscoveryOptions) {
     this.closed = new Promise((r) => (this.resolveClosed = r));
+    this.mesh = Object.freeze({ ...DEFAULT_MESH, ...o.mesh });
     this.files = new FileConfigSource({ dir: o.configDir, store: this.store, quietMs: o.fileDebounceMs ?? 50 });
     this.debouncer = new Debouncer({ quietMs: o.debounceMs ?? 100, maxDelayMs: o.maxDelayMs ?? 10_000, onFlush: (req) => this.onFlush(req) });
-    this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache);
+    this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
     this.ads = new AdsServer({ current: () => this.push, onHealth: (p, e) => this.health.report(p, e) });
   }
 
@@ -105,7 +109,7 @@ export class DiscoveryServer implements Component {
       }
       // The initial load needs no debounce: build the first push context now.
       this.debouncer.close();
-      this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache);
+      this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
       this.boundAddress = await this.ads.listen(this.o.listen);
     } catch (e) {
       this.state = 'closed';
@@ -163,7 +167,7 @@ export class DiscoveryServer implements Component {
     if (this.state !== 'running') return;
     const t0 = performance.now();
     try {
-      this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache);
+      this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
     } catch (e) {
       log.error('failed to build the push context; proxies keep the previous config', { error: (e as Error).stack ?? String(e) });
       return;
@@ -192,12 +196,16 @@ export class DiscoveryServer implements Component {
  * `pilot-agent discovery --config-dir DIR [--grpc-addr HOST:PORT | unix path]`: runs until SIGTERM or SIGINT.
  * Returns 0 after a signal, 1 if the config is invalid or the server cannot start or fails.
  */
-export async function runDiscoveryCommand(argv: { configDir: string; grpcAddr?: string }, env: Env = process.env): Promise<number> {
+export async function runDiscoveryCommand(
+  argv: { configDir: string; grpcAddr?: string; outboundTrafficPolicy?: MeshConfig['outboundTrafficPolicy'] },
+  env: Env = process.env,
+): Promise<number> {
   let server: DiscoveryServer;
   try {
     server = new DiscoveryServer({
       configDir: argv.configDir,
       listen: argv.grpcAddr ?? '127.0.0.1:15010',
+      mesh: argv.outboundTrafficPolicy ? { outboundTrafficPolicy: argv.outboundTrafficPolicy } : {},
       debounceMs: PILOT_DEBOUNCE_AFTER.get(env),
       maxDelayMs: PILOT_DEBOUNCE_MAX.get(env),
     });

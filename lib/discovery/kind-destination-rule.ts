@@ -1,17 +1,14 @@
 // DestinationRule reader: subsets by label and traffic policies (load balancer, connection pool, outlier detection).
 
-import type { DestinationRuleSpec, Subset, TrafficPolicy } from './model';
+import type { ConsistentHash, DestinationRuleSpec, Subset, TrafficPolicy } from './model';
+import { readExportTo } from './visibility';
 import { HOST, type Path, type Reader } from './schema';
 
 export function readDestinationRule(r: Reader, v: unknown, path: Path): DestinationRuleSpec | undefined {
   const o = r.object(v, path, ['host', 'trafficPolicy', 'subsets', 'exportTo'], ['host']);
   if (!o) return undefined;
-  if (o.exportTo !== undefined) {
-    const ex = r.array(o.exportTo, [...path, 'exportTo']);
-    if (!(ex.length === 1 && ex[0] === '*')) r.fail([...path, 'exportTo'], 'only ["*"] is supported (every config is visible to every proxy)');
-  }
+  const exportTo = readExportTo(r, o.exportTo, [...path, 'exportTo']);
   const host = r.string(o.host, [...path, 'host'], { required: true, pattern: HOST, patternText: 'a hostname' });
-  if (host?.includes('*')) r.fail([...path, 'host'], 'wildcard hosts are not supported in a DestinationRule');
   const trafficPolicy = readTrafficPolicy(r, o.trafficPolicy, [...path, 'trafficPolicy']);
   const subsets: Subset[] = [];
   r.array(o.subsets, [...path, 'subsets']).forEach((s, i) => {
@@ -27,18 +24,38 @@ export function readDestinationRule(r: Reader, v: unknown, path: Path): Destinat
   });
   if (host === undefined) return undefined;
   const out: DestinationRuleSpec = { host, subsets };
+  if (exportTo) out.exportTo = exportTo;
   if (trafficPolicy) out.trafficPolicy = trafficPolicy;
   return out;
 }
 
-function readTrafficPolicy(r: Reader, v: unknown, path: Path): TrafficPolicy | undefined {
-  const o = r.object(v, path, ['loadBalancer', 'connectionPool', 'outlierDetection']);
+function readTrafficPolicy(r: Reader, v: unknown, path: Path, portLevel = false): TrafficPolicy | undefined {
+  const o = r.object(v, path, portLevel ? ['port', 'loadBalancer', 'connectionPool', 'outlierDetection'] : ['loadBalancer', 'connectionPool', 'outlierDetection', 'portLevelSettings']);
   if (!o) return undefined;
   const out: TrafficPolicy = {};
-  const lb = r.object(o.loadBalancer, [...path, 'loadBalancer'], ['simple'], ['simple']);
+  if (!portLevel && o.portLevelSettings !== undefined) {
+    const seen = new Set<number>();
+    const levels: NonNullable<TrafficPolicy['portLevelSettings']> = [];
+    r.array(o.portLevelSettings, [...path, 'portLevelSettings']).forEach((pl, i) => {
+      const pp = [...path, 'portLevelSettings', i];
+      const po = r.object((pl as Record<string, unknown> | undefined)?.port, [...pp, 'port'], ['number'], ['number']);
+      const port = r.port(po?.number, [...pp, 'port', 'number'], true);
+      const policy = readTrafficPolicy(r, pl, pp, true);
+      if (port === undefined || !policy) return;
+      if (seen.has(port)) r.fail([...pp, 'port', 'number'], `port ${port} has settings already`);
+      seen.add(port);
+      levels.push({ port, policy });
+    });
+    out.portLevelSettings = levels;
+  }
+  const lp = [...path, 'loadBalancer'];
+  const lb = r.object(o.loadBalancer, lp, ['simple', 'consistentHash']);
   if (lb) {
-    const simple = r.oneOf(lb.simple, [...path, 'loadBalancer', 'simple'], ['ROUND_ROBIN', 'LEAST_REQUEST', 'RANDOM'] as const, { required: true, unsupported: ['PASSTHROUGH', 'LEAST_CONN', 'UNSPECIFIED'] });
+    if ((lb.simple === undefined) === (lb.consistentHash === undefined)) r.fail(lp, 'needs exactly one of simple, consistentHash');
+    const simple = r.oneOf(lb.simple, [...lp, 'simple'], ['ROUND_ROBIN', 'LEAST_REQUEST', 'RANDOM'] as const, { unsupported: ['PASSTHROUGH', 'LEAST_CONN', 'UNSPECIFIED'] });
     if (simple) out.loadBalancer = simple;
+    const ch = readConsistentHash(r, lb.consistentHash, [...lp, 'consistentHash']);
+    if (ch) out.consistentHash = ch;
   }
   const cp = r.object(o.connectionPool, [...path, 'connectionPool'], ['tcp', 'http']);
   if (cp) {
@@ -78,4 +95,39 @@ function readTrafficPolicy(r: Reader, v: unknown, path: Path): TrafficPolicy | u
 function clean<T extends object>(o: T): T {
   for (const k of Object.keys(o) as (keyof T)[]) if (o[k] === undefined) delete o[k];
   return o;
+}
+
+function readConsistentHash(r: Reader, v: unknown, path: Path): ConsistentHash | undefined {
+  const keys = ['httpHeaderName', 'httpCookie', 'useSourceIp', 'httpQueryParameterName'];
+  const o = r.object(v, path, [...keys, 'ringHash', 'maglev', 'minimumRingSize']);
+  if (!o) return undefined;
+  const given = keys.filter((k) => o[k] !== undefined);
+  if (given.length !== 1) return r.fail(path, `needs exactly one of ${keys.join(', ')}`);
+  let key: ConsistentHash['key'] | undefined;
+  if (o.httpHeaderName !== undefined) {
+    const h = r.string(o.httpHeaderName, [...path, 'httpHeaderName'], { required: true });
+    if (h !== undefined) key = { httpHeaderName: h };
+  } else if (o.httpQueryParameterName !== undefined) {
+    const q = r.string(o.httpQueryParameterName, [...path, 'httpQueryParameterName'], { required: true });
+    if (q !== undefined) key = { httpQueryParameterName: q };
+  } else if (o.useSourceIp !== undefined) {
+    if (r.bool(o.useSourceIp, [...path, 'useSourceIp']) !== true) return r.fail([...path, 'useSourceIp'], 'must be true when given');
+    key = { useSourceIp: true };
+  } else {
+    const cp = [...path, 'httpCookie'];
+    const c = r.object(o.httpCookie, cp, ['name', 'path', 'ttl'], ['name']);
+    const name = r.string(c?.name, [...cp, 'name'], { required: true });
+    const cpath = r.string(c?.path, [...cp, 'path']);
+    const ttl = r.duration(c?.ttl, [...cp, 'ttl']);
+    if (name !== undefined) key = { httpCookie: clean({ name, path: cpath, ttlMs: ttl }) };
+  }
+  if (o.ringHash !== undefined && o.maglev !== undefined) r.fail(path, 'ringHash and maglev are exclusive');
+  const ring = r.object(o.ringHash, [...path, 'ringHash'], ['minimumRingSize']);
+  const mag = r.object(o.maglev, [...path, 'maglev'], ['tableSize']);
+  if (mag?.tableSize !== undefined) r.fail([...path, 'maglev', 'tableSize'], 'is not supported (Envoy default 65537 is used)');
+  const min = r.int(ring?.minimumRingSize ?? o.minimumRingSize, [...path, ring ? 'ringHash' : 'minimumRingSize'], { min: 1 });
+  if (!key) return undefined;
+  const out: ConsistentHash = { key, maglev: mag !== undefined };
+  if (min !== undefined) out.minimumRingSize = min;
+  return out;
 }

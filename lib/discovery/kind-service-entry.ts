@@ -3,13 +3,15 @@
 import * as net from 'node:net';
 import type { Protocol, ServiceEntrySpec, ServicePort, WorkloadEntrySpec } from './model';
 import { HOST, type Path, type Reader, readHosts } from './schema';
+import { readExportTo } from './visibility';
 
 const PROTOCOLS: readonly Protocol[] = ['HTTP', 'HTTP2', 'GRPC', 'TCP'];
 
 const UNSUPPORTED_PROTOCOLS = ['HTTPS', 'TLS', 'MONGO', 'REDIS', 'MYSQL', 'UDP', 'GRPC-WEB'];
 
 export function readServiceEntry(r: Reader, v: unknown, path: Path): ServiceEntrySpec | undefined {
-  const o = r.object(v, path, ['hosts', 'addresses', 'ports', 'resolution', 'location', 'endpoints', 'workloadSelector'], ['hosts', 'ports']);
+  const o = r.object(v, path, ['hosts', 'addresses', 'ports', 'resolution', 'location', 'endpoints', 'workloadSelector', 'exportTo'], ['hosts', 'ports']);
+  const exportTo = readExportTo(r, o?.exportTo, [...path, 'exportTo']);
   if (!o) return undefined;
   const hosts = readHosts(r, o.hosts, [...path, 'hosts'], false);
   const ports: ServicePort[] = [];
@@ -46,8 +48,9 @@ export function readServiceEntry(r: Reader, v: unknown, path: Path): ServiceEntr
   if (resolution === 'STATIC' && !endpoints.length && !workloadSelector) {
     r.fail([...path, 'endpoints'], 'resolution STATIC needs endpoints or a workloadSelector');
   }
-  if (hosts.some((h) => h.includes('*'))) r.fail([...path, 'hosts'], 'wildcard hosts are not supported in a ServiceEntry');
+  if (resolution === 'DNS' && hosts.some((h) => h.includes('*'))) r.fail([...path, 'hosts'], 'a wildcard host cannot be resolved by DNS: use resolution STATIC with endpoints');
   const out: ServiceEntrySpec = { hosts, ports, resolution, location, endpoints };
+  if (exportTo) out.exportTo = exportTo;
   if (workloadSelector) out.workloadSelector = workloadSelector;
   const addresses = readAddresses(r, o.addresses, [...path, 'addresses']);
   if (addresses.length) out.addresses = addresses;

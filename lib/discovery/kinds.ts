@@ -5,6 +5,7 @@
 import { readDestinationRule } from './kind-destination-rule';
 import { readGateway } from './kind-gateway';
 import { readServiceEntry, readWorkload } from './kind-service-entry';
+import { readSidecar } from './kind-sidecar';
 import { readVirtualService } from './kind-virtual-service';
 import type { Config, Kind } from './model';
 import { KINDS } from './model';
@@ -48,4 +49,5 @@ const SPEC_READERS: Record<Kind, SpecReader> = {
   VirtualService: readVirtualService,
   DestinationRule: readDestinationRule,
   Gateway: readGateway,
+  Sidecar: readSidecar,
 };

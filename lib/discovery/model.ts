@@ -1,7 +1,7 @@
 // The discovery server's platform-neutral model: configs keyed by kind + namespace + name (the Istio kinds this
 // server accepts, already validated and normalised), and the service registry's Service and ServiceInstance.
 
-export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway'] as const;
+export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar'] as const;
 export type Kind = (typeof KINDS)[number];
 
 export type Event = 'add' | 'update' | 'delete';
@@ -30,7 +30,15 @@ export interface Config<S = Spec> {
   spec: S;
 }
 
-export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec;
+export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec | SidecarSpec;
+
+/** meshConfig fields the server honours. */
+export interface MeshConfig {
+  /** ALLOW_ANY: a sidecar passes unknown Hosts through (PassthroughCluster); REGISTRY_ONLY: it answers 502. */
+  outboundTrafficPolicy: 'ALLOW_ANY' | 'REGISTRY_ONLY';
+}
+
+export const DEFAULT_MESH: MeshConfig = Object.freeze({ outboundTrafficPolicy: 'ALLOW_ANY' });
 
 export const configKey = (kind: Kind, namespace: string, name: string) => `${kind}/${namespace}/${name}`;
 export const keyOf = (c: Config) => configKey(c.meta.kind, c.meta.namespace, c.meta.name);
@@ -71,6 +79,7 @@ export interface ServiceEntrySpec {
   endpoints: WorkloadEntrySpec[];
   /** Selects WorkloadEntries of the same namespace by label. */
   workloadSelector?: Readonly<Record<string, string>>;
+  exportTo?: string[];
 }
 
 export type StringMatch = { exact: string } | { prefix: string } | { regex: string };
@@ -78,6 +87,11 @@ export type StringMatch = { exact: string } | { prefix: string } | { regex: stri
 export interface HttpMatch {
   uri?: StringMatch;
   headers: Readonly<Record<string, StringMatch>>;
+  withoutHeaders?: Readonly<Record<string, StringMatch>>;
+  queryParams?: Readonly<Record<string, StringMatch>>;
+  method?: StringMatch;
+  authority?: StringMatch;
+  scheme?: StringMatch;
   port?: number;
   ignoreUriCase: boolean;
 }
@@ -89,13 +103,50 @@ export interface RouteDestination {
   weight: number;
 }
 
+/** Percent in [0, 100], fractions allowed (Istio's `Percent`). */
+export type Percent = number;
+
+export interface HeaderOperations {
+  set: Readonly<Record<string, string>>;
+  add: Readonly<Record<string, string>>;
+  remove: readonly string[];
+}
+
+export interface CorsPolicy {
+  allowOrigins: StringMatch[];
+  allowMethods: string[];
+  allowHeaders: string[];
+  exposeHeaders: string[];
+  maxAgeMs?: number;
+  allowCredentials?: boolean;
+}
+
+export interface HttpFault {
+  delay?: { fixedDelayMs: number; percentage?: Percent };
+  abort?: { httpStatus: number; percentage?: Percent };
+}
+
 export interface HttpRoute {
   name?: string;
   match: HttpMatch[];
   route: RouteDestination[];
   timeoutMs?: number;
-  retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string };
+  retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string; ignorePreviousHosts?: boolean; backoffMs?: number };
   rewrite?: { uri?: string; authority?: string };
+  fault?: HttpFault;
+  corsPolicy?: CorsPolicy;
+  mirror?: { host: string; subset?: string; port?: number };
+  mirrorPercentage?: Percent;
+  headers?: { request?: HeaderOperations; response?: HeaderOperations };
+  /** Instead of `route`: an HTTP redirect, or a response from the proxy itself. */
+  redirect?: { uri?: string; authority?: string; port?: number; scheme?: 'http' | 'https'; redirectCode?: number };
+  directResponse?: { status: number; body?: string };
+}
+
+/** A `tcp` route: the first whose match (a port; none means any) fits a connection takes it. */
+export interface TcpRoute {
+  match: { port?: number }[];
+  route: RouteDestination[];
 }
 
 export interface VirtualServiceSpec {
@@ -103,10 +154,22 @@ export interface VirtualServiceSpec {
   /** `mesh` or Gateway references (`name` or `namespace/name`); empty means mesh. */
   gateways: string[];
   http: HttpRoute[];
+  tcp: TcpRoute[];
+  exportTo?: string[];
+}
+
+/** DestinationRule loadBalancer.consistentHash: one hash key source, ring hash (Istio's default) or Maglev. */
+export interface ConsistentHash {
+  key: { httpHeaderName: string } | { httpCookie: { name: string; path?: string; ttlMs?: number } } | { useSourceIp: true } | { httpQueryParameterName: string };
+  maglev: boolean;
+  minimumRingSize?: number;
 }
 
 export interface TrafficPolicy {
+  /** Per-port overrides of the other fields (not nested further). */
+  portLevelSettings?: { port: number; policy: TrafficPolicy }[];
   loadBalancer?: 'ROUND_ROBIN' | 'LEAST_REQUEST' | 'RANDOM';
+  consistentHash?: ConsistentHash;
   connectionPool?: {
     tcp?: { maxConnections?: number; connectTimeoutMs?: number };
     http?: { http1MaxPendingRequests?: number; http2MaxRequests?: number; maxRequestsPerConnection?: number; maxRetries?: number };
@@ -128,6 +191,7 @@ export interface Subset {
 
 export interface DestinationRuleSpec {
   host: string;
+  exportTo?: string[];
   trafficPolicy?: TrafficPolicy;
   subsets: Subset[];
 }
@@ -138,6 +202,13 @@ export interface GatewayServer {
   hosts: string[];
   /** Address the router binds this port on; 0.0.0.0 when unset. */
   bind?: string;
+}
+
+/** A Sidecar's egress hosts (`namespace/host`); it applies to the sidecars of its namespace it selects. */
+export interface SidecarSpec {
+  workloadSelector?: Readonly<Record<string, string>>;
+  egressHosts: string[];
+  outboundTrafficPolicy?: 'ALLOW_ANY' | 'REGISTRY_ONLY';
 }
 
 export interface GatewaySpec {
@@ -155,6 +226,7 @@ export interface Service {
   ports: readonly ServicePort[];
   resolution: 'STATIC' | 'DNS';
   location: 'MESH_EXTERNAL' | 'MESH_INTERNAL';
+  exportTo?: readonly string[];
   /** Key of the ServiceEntry that defines it. */
   source: string;
 }

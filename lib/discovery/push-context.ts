@@ -5,12 +5,26 @@
 
 import type { ConfigStore } from './config-store';
 import {
-  type Config, type DestinationRuleSpec, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
-  type VirtualServiceSpec,
+  type Config, DEFAULT_MESH, type DestinationRuleSpec, type MeshConfig, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
+  type SidecarSpec, type VirtualServiceSpec,
 } from './model';
+import { egressAdmits, exportedTo, hostCovers } from './visibility';
 import type { Proxy } from './proxy';
 import type { ServiceDiscovery } from './registry';
 import { ResourceCache } from './resources';
+
+/** What one proxy sees: the services exported to its namespace and admitted by its Sidecar. Proxies with the
+ * same key see the same, so resources are generated once per key. */
+export interface ProxyScope {
+  readonly key: string;
+  readonly namespace: string;
+  readonly services: readonly Service[];
+  /** The Sidecar's outboundTrafficPolicy, else meshConfig's. */
+  readonly outboundTrafficPolicy: MeshConfig['outboundTrafficPolicy'];
+}
+
+/** Istio's root namespace: a Sidecar without selector there applies to every namespace that has none. */
+export const ROOT_NAMESPACE = 'istio-system';
 
 export class PushContext {
   readonly services: readonly Service[];
@@ -20,38 +34,51 @@ export class PushContext {
   private readonly meshVs: ReadonlyMap<string, Config<VirtualServiceSpec>>;
   private readonly vsByGateway: ReadonlyMap<string, readonly Config<VirtualServiceSpec>[]>;
   readonly gateways: readonly Config<GatewaySpec>[];
+  private readonly sidecars: readonly Config<SidecarSpec>[];
   private readonly memo = new Map<string, unknown>();
 
   private constructor(
     readonly version: string,
     /** Shared across push contexts; see ResourceCache. */
     readonly cache: ResourceCache,
+    readonly mesh: MeshConfig,
     parts: {
       services: Service[];
       instances: Map<string, readonly ServiceInstance[]>;
       drs: Config<DestinationRuleSpec>[];
       vss: Config<VirtualServiceSpec>[];
       gateways: Config<GatewaySpec>[];
+      sidecars: Config<SidecarSpec>[];
     },
   ) {
     this.services = Object.freeze(parts.services.sort((a, b) => (a.hostname < b.hostname ? -1 : a.hostname > b.hostname ? 1 : 0)));
     this.serviceByHost = new Map(this.services.map((s) => [s.hostname, s]));
     this.instanceMap = parts.instances;
     const drs = new Map<string, Config<DestinationRuleSpec>>();
+    const wildDrs: [string, Config<DestinationRuleSpec>][] = [];
     for (const dr of sortByKey(parts.drs)) {
+      if (dr.spec.host.includes('*')) {
+        wildDrs.push([dr.spec.host, dr]);
+        continue;
+      }
       const host = this.lookupService(dr.spec.host, dr.meta.namespace)?.hostname;
       if (host && !drs.has(host)) drs.set(host, dr);
     }
     this.drByHost = drs;
-    const mesh = new Map<string, Config<VirtualServiceSpec>>();
+    const meshVs = new Map<string, Config<VirtualServiceSpec>>();
+    const wildVs: [string, Config<VirtualServiceSpec>][] = [];
     const byGw = new Map<string, Config<VirtualServiceSpec>[]>();
     for (const vs of sortByKey(parts.vss)) {
       const gws = vs.spec.gateways.length ? vs.spec.gateways : ['mesh'];
       for (const g of gws) {
         if (g === 'mesh') {
           for (const h of vs.spec.hosts) {
+            if (h.includes('*')) {
+              wildVs.push([h, vs]);
+              continue;
+            }
             const host = this.lookupService(h, vs.meta.namespace)?.hostname;
-            if (host && !mesh.has(host)) mesh.set(host, vs);
+            if (host && !meshVs.has(host)) meshVs.set(host, vs);
           }
         } else {
           const ref = g.includes('/') ? g : `${vs.meta.namespace}/${g}`;
@@ -59,24 +86,38 @@ export class PushContext {
         }
       }
     }
-    this.meshVs = mesh;
+    // A wildcard VirtualService or DestinationRule host applies to the services it covers that have no exact one;
+    // the most specific wildcard wins, as in Istio.
+    for (const svc of this.services) {
+      if (!meshVs.has(svc.hostname)) {
+        const w = mostSpecific(wildVs, svc.hostname);
+        if (w) meshVs.set(svc.hostname, w);
+      }
+      if (!drs.has(svc.hostname)) {
+        const w = mostSpecific(wildDrs, svc.hostname);
+        if (w) drs.set(svc.hostname, w);
+      }
+    }
+    this.meshVs = meshVs;
     this.vsByGateway = byGw;
     this.gateways = Object.freeze(sortByKey(parts.gateways));
+    this.sidecars = Object.freeze(sortByKey(parts.sidecars));
     Object.freeze(this);
   }
 
-  static build(version: string, store: ConfigStore, registry: ServiceDiscovery, cache = new ResourceCache()): PushContext {
+  static build(version: string, store: ConfigStore, registry: ServiceDiscovery, cache = new ResourceCache(), mesh: MeshConfig = DEFAULT_MESH): PushContext {
     const services = registry.services();
     const instances = new Map<string, readonly ServiceInstance[]>();
     for (const s of services) {
       for (const p of s.ports) instances.set(`${s.hostname}|${p.number}`, registry.instances(s.hostname, p.number));
     }
-    return new PushContext(version, cache, {
+    return new PushContext(version, cache, mesh, {
       services,
       instances,
       drs: store.list('DestinationRule') as Config<DestinationRuleSpec>[],
       vss: store.list('VirtualService') as Config<VirtualServiceSpec>[],
       gateways: store.list('Gateway') as Config<GatewaySpec>[],
+      sidecars: store.list('Sidecar') as Config<SidecarSpec>[],
     });
   }
 
@@ -89,12 +130,38 @@ export class PushContext {
     return this.instanceMap.get(`${hostname}|${port}`) ?? [];
   }
 
-  destinationRule(hostname: string): Config<DestinationRuleSpec> | undefined {
-    return this.drByHost.get(hostname);
+  /** The host's DestinationRule, if it is exported to `namespace` (any namespace when not given). */
+  destinationRule(hostname: string, namespace?: string): Config<DestinationRuleSpec> | undefined {
+    const dr = this.drByHost.get(hostname);
+    return dr && (namespace === undefined || exportedTo(dr.spec.exportTo, dr.meta.namespace, namespace)) ? dr : undefined;
   }
 
-  meshVirtualService(hostname: string): Config<VirtualServiceSpec> | undefined {
-    return this.meshVs.get(hostname);
+  /** The host's mesh VirtualService, if it is exported to `namespace` (any namespace when not given). */
+  meshVirtualService(hostname: string, namespace?: string): Config<VirtualServiceSpec> | undefined {
+    const vs = this.meshVs.get(hostname);
+    return vs && (namespace === undefined || exportedTo(vs.spec.exportTo, vs.meta.namespace, namespace)) ? vs : undefined;
+  }
+
+  /** The Sidecar that applies to a sidecar proxy: its namespace's selecting one, else its namespace's default,
+   * else the root namespace's default. Routers have none. */
+  sidecarFor(proxy: Proxy): Config<SidecarSpec> | undefined {
+    if (proxy.type !== 'sidecar') return undefined;
+    const own = this.sidecars.filter((s) => s.meta.namespace === proxy.namespace);
+    return own.find((s) => s.spec.workloadSelector && labelsMatch(s.spec.workloadSelector, proxy.labels))
+      ?? own.find((s) => !s.spec.workloadSelector)
+      ?? this.sidecars.find((s) => s.meta.namespace === ROOT_NAMESPACE && !s.spec.workloadSelector);
+  }
+
+  scopeFor(proxy: Proxy): ProxyScope {
+    const sc = this.sidecarFor(proxy);
+    const key = `${proxy.namespace}|${sc ? `${sc.meta.namespace}/${sc.meta.name}` : '-'}`;
+    return this.memoize(`scope|${key}`, () => Object.freeze({
+      key,
+      namespace: proxy.namespace,
+      outboundTrafficPolicy: sc?.spec.outboundTrafficPolicy ?? this.mesh.outboundTrafficPolicy,
+      services: Object.freeze(this.services.filter((svc) => exportedTo(svc.exportTo, svc.namespace, proxy.namespace)
+        && (!sc || sc.spec.egressHosts.some((h) => egressAdmits(h, sc.meta.namespace, svc.hostname, svc.namespace))))),
+    }));
   }
 
   virtualServicesForGateway(ref: string): readonly Config<VirtualServiceSpec>[] {
@@ -118,4 +185,10 @@ export class PushContext {
 function sortByKey<T extends Config>(list: T[]): T[] {
   const k = (c: Config) => `${c.meta.namespace}/${c.meta.name}`;
   return [...list].sort((a, b) => (k(a) < k(b) ? -1 : k(a) > k(b) ? 1 : 0));
+}
+
+function mostSpecific<T>(list: readonly [string, T][], host: string): T | undefined {
+  let best: [string, T] | undefined;
+  for (const e of list) if (hostCovers(e[0], host) && (!best || e[0].length > best[0].length)) best = e;
+  return best?.[1];
 }

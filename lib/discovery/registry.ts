@@ -79,6 +79,7 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
           ports: cur.spec.ports,
           resolution: cur.spec.resolution,
           location: cur.spec.location,
+          ...(cur.spec.exportTo ? { exportTo: Object.freeze([...cur.spec.exportTo]) } : {}),
           source: key,
         }));
       }

@@ -1,0 +1,256 @@
+// The differential corpus: each test/discovery-corpus/<case>/ holds Istio YAML (config.yaml) and the requests to
+// send with the answers istiod's configuration gives (requests.yaml, which names the Istio commit or run the
+// expectation comes from). Every case runs against a real Envoy fed by the embedded discovery server.
+//
+// Placeholders, replaced in both files: {{backend.NAME}} is the port of backend NAME, {{port.service}} a free
+// port for the service (the sidecar's listener), {{port.gateway}} a free port for a Gateway server.
+
+import * as fs from 'node:fs';
+import * as http from 'node:http';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { parse } from 'yaml';
+import { DiscoveryServer } from '../lib/discovery/index';
+import { startEnvoy, type TestEnvoy } from './helpers/discovery-envoy';
+import { freePort, httpRequest, type HttpResult, REPO, sleep, tempDir, waitFor } from './helpers/harness';
+
+const CORPUS = path.join(REPO, 'test/discovery-corpus');
+
+interface BackendSpec {
+  /** Every Nth request this backend gets (counted across all of them) is answered 503. */
+  failEvery?: number;
+  /** Answer after this long. */
+  delayMs?: number;
+  /** A TCP server that writes its name and closes, instead of HTTP. */
+  tcp?: boolean;
+}
+
+interface Expect {
+  status?: number;
+  /** The backend that answered (its body). */
+  backend?: string;
+  bodyMatches?: string;
+  /** Response headers the client must see (lowercase names), and ones it must not. */
+  headers?: Record<string, string>;
+  absentHeaders?: string[];
+  /** Request headers the backend must have seen, and ones it must not have. */
+  backendHeaders?: Record<string, string>;
+  backendAbsentHeaders?: string[];
+  /** Over `repeat` requests: how many got each status. */
+  statuses?: Record<string, number>;
+  /** Over `repeat` requests: at least this many got each status. */
+  statusesAtLeast?: Record<string, number>;
+  /** Over `repeat` requests: every answer came from one backend. */
+  sameBackend?: boolean;
+  /** Requests each backend received by the end of this step (mirrors are counted, eventually). */
+  backendRequests?: Record<string, number>;
+  /** The answer took at least this long. */
+  minMs?: number;
+  /** Over `repeat` requests: exactly these backends answered. */
+  backendsSeen?: string[];
+}
+
+interface RequestSpec {
+  name: string;
+  listener?: 'service' | 'gateway';
+  method?: string;
+  path?: string;
+  headers?: Record<string, string>;
+  repeat?: number;
+  /** A TCP connection (the answer is what the backend wrote) instead of an HTTP request. */
+  tcp?: boolean;
+  /** Send the `repeat` requests at once instead of one after the other. */
+  parallel?: boolean;
+  expect: Expect;
+}
+
+interface CaseSpec {
+  /** Where the expected answers come from (an Istio commit and file, or an istiod run). */
+  source: string;
+  proxy: 'sidecar' | 'router';
+  backends?: Record<string, BackendSpec>;
+  mesh?: { outboundTrafficPolicy?: 'ALLOW_ANY' | 'REGISTRY_ONLY' };
+  /** The config must be rejected at start, with messages matching these regular expressions. */
+  rejected?: string[];
+  requests?: RequestSpec[];
+}
+
+interface Backend {
+  requests: number;
+  port: number;
+  close(): Promise<void>;
+}
+
+async function startBackend(name: string, spec: BackendSpec): Promise<Backend> {
+  const server = spec.tcp ? net.createServer((c) => {
+    b.requests++;
+    c.on('error', () => undefined); // Envoy may reset a connection the test has finished with
+    c.end(name);
+  }) : http.createServer((req, res) => {
+    b.requests++;
+    const n = b.requests;
+    req.resume();
+    const answer = () => {
+      res.setHeader('x-backend', name);
+      res.setHeader('x-seen-headers', JSON.stringify(req.headers));
+      res.setHeader('x-seen-method', req.method ?? '');
+      if (spec.failEvery && n % spec.failEvery === 0) {
+        res.statusCode = 503;
+        res.end(`${name} failing`);
+      } else res.end(name);
+    };
+    if (spec.delayMs) setTimeout(answer, spec.delayMs);
+    else answer();
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => resolve());
+  });
+  const b: Backend = {
+    requests: 0,
+    port: (server.address() as net.AddressInfo).port,
+    close: () => new Promise<void>((r) => {
+      if (server instanceof http.Server) server.closeAllConnections();
+      server.close(() => r());
+    }),
+  };
+  return b;
+}
+
+function fill(text: string, vars: Record<string, number>): string {
+  return text.replace(/\{\{([a-z0-9.-]+)\}\}/g, (m, k: string) => {
+    if (!(k in vars)) throw new Error(`unknown placeholder ${m}`);
+    return String(vars[k]);
+  });
+}
+
+async function runCase(dirName: string): Promise<void> {
+  const caseDir = path.join(CORPUS, dirName);
+  const rawSpec = fs.readFileSync(path.join(caseDir, 'requests.yaml'), 'utf8');
+  const pre = parse(rawSpec) as CaseSpec;
+  assert.ok(pre.source, `${dirName}/requests.yaml names its source`);
+  const dir = tempDir('pa-corpus-');
+  const backends: Record<string, Backend> = {};
+  let server: DiscoveryServer | undefined;
+  let envoy: TestEnvoy | undefined;
+  try {
+    const vars: Record<string, number> = { 'port.service': await freePort(), 'port.gateway': await freePort() };
+    for (const [name, b] of Object.entries(pre.backends ?? {})) {
+      backends[name] = await startBackend(name, b ?? {});
+      vars[`backend.${name}`] = backends[name]!.port;
+    }
+    const spec = parse(fill(rawSpec, vars)) as CaseSpec;
+    fs.writeFileSync(path.join(dir.path, 'config.yaml'), fill(fs.readFileSync(path.join(caseDir, 'config.yaml'), 'utf8'), vars));
+    server = new DiscoveryServer({ configDir: dir.path, listen: `unix:${path.join(dir.path, 'xds.sock')}`, mesh: spec.mesh ?? {} });
+    if (spec.rejected) {
+      const err = await server.start().then(() => undefined, (e: Error) => e);
+      assert.ok(err, `${dirName}: the config is rejected`);
+      for (const re of spec.rejected) assert.match(err!.message, new RegExp(re), `${dirName}: rejection names the problem`);
+      return;
+    }
+    await server.start();
+    const s = server;
+    envoy = await startEnvoy({
+      xdsAddress: s.address,
+      nodeId: `${spec.proxy}~127.0.0.1~${spec.proxy}-0.test~test.svc.cluster.local`,
+      labels: spec.proxy === 'router' ? { istio: 'ingressgateway' } : {},
+    });
+    await waitFor(`${dirName}: Envoy to ack every resource type`, () => {
+      const st = s.status();
+      const c = st.connections[0];
+      // CDS, EDS, LDS (and RDS when there is an HTTP listener, which then binds only once it has its routes).
+      return !!c && c.subscriptions.length >= 3 && c.subscriptions.every((x) => x.acked === st.version);
+    });
+    for (const r of spec.requests ?? []) await runRequest(dirName, r, vars, backends);
+    assert.equal(s.status().nacks, [], `${dirName}: no NACK`);
+  } finally {
+    await envoy?.stop();
+    await server?.close();
+    await Promise.all(Object.values(backends).map((b) => b.close()));
+    dir.cleanup();
+  }
+}
+
+async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, number>, backends: Record<string, Backend>): Promise<void> {
+  const what = `${dirName}: ${r.name}`;
+  const port = vars[`port.${r.listener ?? 'service'}`]!;
+  const url = `http://127.0.0.1:${port}${r.path ?? '/'}`;
+  const send = () => (r.tcp ? tcpExchange(port) : httpRequest(url, { method: r.method, headers: r.headers, timeoutMs: 10_000 }));
+  // The listener can lag the ack by a moment: wait until it accepts a connection.
+  await waitFor(`${what}: listener ${port}`, () => new Promise<boolean>((resolve) => {
+    const c = net.connect(port, '127.0.0.1', () => {
+      c.destroy();
+      resolve(true);
+    });
+    c.on('error', () => resolve(false));
+  }));
+  // On a TCP listener the probe is proxied to a backend too: count from zero only once it has landed there.
+  if (r.tcp) await waitFor(`${what}: the probe to reach a backend`, () => Object.values(backends).some((b) => b.requests > 0));
+  for (const b of Object.values(backends)) b.requests = 0;
+  const e = r.expect;
+  const results: HttpResult[] = [];
+  let elapsed = 0;
+  if (r.parallel) results.push(...await Promise.all(Array.from({ length: r.repeat ?? 1 }, () => send())));
+  else {
+    for (let i = 0; i < (r.repeat ?? 1); i++) {
+      const t0 = Date.now();
+      results.push(await send());
+      elapsed = Date.now() - t0;
+    }
+  }
+  const first = results[0]!;
+  const seen = () => JSON.parse(String(first.headers['x-seen-headers'] ?? '{}')) as Record<string, string>;
+  if (e.status !== undefined) assert.is(first.status, e.status, `${what}: status (body ${first.body.slice(0, 200)})`);
+  if (e.backend !== undefined) assert.is(first.body, e.backend, `${what}: backend`);
+  if (e.bodyMatches !== undefined) assert.match(first.body, new RegExp(e.bodyMatches), `${what}: body`);
+  for (const [k, v] of Object.entries(e.headers ?? {})) assert.is(first.headers[k], v, `${what}: response header ${k}`);
+  for (const k of e.absentHeaders ?? []) assert.is(first.headers[k], undefined, `${what}: no response header ${k}`);
+  for (const [k, v] of Object.entries(e.backendHeaders ?? {})) assert.is(seen()[k], v, `${what}: header ${k} at the backend`);
+  for (const k of e.backendAbsentHeaders ?? []) assert.is(seen()[k], undefined, `${what}: no header ${k} at the backend`);
+  if (e.statuses) {
+    const counts: Record<string, number> = {};
+    for (const x of results) counts[x.status] = (counts[x.status] ?? 0) + 1;
+    assert.equal(counts, e.statuses, `${what}: statuses over ${results.length} requests`);
+  }
+  if (e.backendsSeen) assert.equal([...new Set(results.map((x) => x.body))].sort(), [...e.backendsSeen].sort(), `${what}: backends that answered`);
+  if (e.statusesAtLeast) {
+    for (const [code, n] of Object.entries(e.statusesAtLeast)) {
+      const got = results.filter((x) => String(x.status) === code).length;
+      assert.ok(got >= n, `${what}: ${got} x ${code} of ${results.length}, expected at least ${n}`);
+    }
+  }
+  if (e.sameBackend) assert.equal(new Set(results.map((x) => x.body)).size, 1, `${what}: one backend answered every request`);
+  if (e.minMs !== undefined) assert.ok(elapsed >= e.minMs, `${what}: took ${elapsed} ms, expected at least ${e.minMs}`);
+  if (e.backendRequests) {
+    const want = e.backendRequests;
+    const counts = () => Object.fromEntries(Object.keys(want).map((k) => [k, backends[k]!.requests]));
+    // Mirrored requests are sent asynchronously; give them a moment before comparing.
+    await waitFor(`${what}: backend request counts ${JSON.stringify(want)}`, () => JSON.stringify(counts()) === JSON.stringify(want), 5_000).catch(() => undefined);
+    await sleep(100);
+    assert.equal(counts(), want, `${what}: requests per backend`);
+  }
+}
+
+/** Connects, reads until the peer closes: the body is what it wrote. */
+function tcpExchange(port: number): Promise<HttpResult> {
+  return new Promise((resolve, reject) => {
+    const c = net.connect(port, '127.0.0.1');
+    const chunks: Buffer[] = [];
+    c.setTimeout(10_000, () => c.destroy(new Error(`TCP exchange on ${port} timed out`)));
+    c.on('data', (d: Buffer) => chunks.push(d));
+    c.on('end', () => {
+      c.destroy();
+      resolve({ status: 0, body: Buffer.concat(chunks).toString('utf8'), headers: {} });
+    });
+    c.on('error', reject);
+  });
+}
+
+for (const name of fs.readdirSync(CORPUS).sort()) {
+  if (!fs.statSync(path.join(CORPUS, name)).isDirectory()) continue;
+  test(`corpus case ${name} routes as istiod`, () => runCase(name));
+}
+
+test.run();
