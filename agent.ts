@@ -150,7 +150,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   if (cfg.standaloneDir) {
     const { DiscoveryServer } = await import('./lib/discovery/index');
     const sock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
-    discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${sock}` });
+    discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${sock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy } });
     upstream = { address: `unix://${sock}`, tls: false };
     log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
   }
@@ -302,10 +302,11 @@ export async function main(args: string[]): Promise<number> {
       (y) =>
         logFlags(y)
           .option('config-dir', { type: 'string', demandOption: true, describe: 'Directory of Istio-style YAML' })
-          .option('grpc-addr', { type: 'string', describe: 'HOST:PORT or a unix socket path (default 127.0.0.1:15010)' }),
+          .option('grpc-addr', { type: 'string', describe: 'HOST:PORT or a unix socket path (default 127.0.0.1:15010)' })
+          .option('outbound-traffic-policy', { type: 'string', choices: ['ALLOW_ANY', 'REGISTRY_ONLY'], describe: 'What sidecars do with unknown hosts (default ALLOW_ANY)' }),
       (argv) => {
         setUpLogging(argv);
-        result = import('./lib/discovery/index').then((m) => m.runDiscoveryCommand({ configDir: argv['config-dir'], grpcAddr: argv['grpc-addr'] }));
+        result = import('./lib/discovery/index').then((m) => m.runDiscoveryCommand({ configDir: argv['config-dir'], grpcAddr: argv['grpc-addr'], outboundTrafficPolicy: argv['outbound-traffic-policy'] as 'ALLOW_ANY' | 'REGISTRY_ONLY' | undefined }));
       },
     )
     .command('istio-iptables', 'Set up traffic capture with iptables (Istio\'s flags; run before the proxy starts)')

@@ -51,6 +51,8 @@ export interface AgentConfig {
   concurrency: number | undefined;
   templateFile: string;
   meshConfigFile: string;
+  /** The mesh config's outboundTrafficPolicy.mode, for the embedded discovery server (standalone mode). */
+  outboundTrafficPolicy: OutboundTrafficPolicy;
   bootstrapOverrideFile: string;
   outlierLogPath: string;
   podName: string;
@@ -92,6 +94,8 @@ export interface AgentConfig {
   /** Where each ProxyConfig field's value came from, for error messages and `bootstrap` output. */
   sources: Record<string, string>;
 }
+
+export type OutboundTrafficPolicy = 'ALLOW_ANY' | 'REGISTRY_ONLY';
 
 export const DEFAULT_MESH_CONFIG = './etc/istio/config/mesh';
 export const POD_LABELS_FILE = './etc/istio/pod/labels';
@@ -163,12 +167,21 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   if (meshText === undefined && flags.meshConfig !== undefined) {
     throw configError('meshConfig', '--meshConfig', `file ${meshConfigFile} does not exist`);
   }
+  let outboundTrafficPolicy: OutboundTrafficPolicy = 'ALLOW_ANY';
   if (meshText !== undefined && meshText.trim() !== '') {
     const src = `mesh config ${meshConfigFile}`;
     const mesh = parseYamlOrJson(meshText, src);
     if (mesh !== null && (typeof mesh !== 'object' || Array.isArray(mesh))) throw configError('document', src, 'want a MeshConfig mapping');
     const dc = (mesh as Record<string, unknown> | null)?.defaultConfig;
     apply(parseProxyConfigLayer(dc, `${src} defaultConfig`), src);
+    const otp = (mesh as Record<string, unknown> | null)?.outboundTrafficPolicy;
+    if (otp !== undefined && otp !== null) {
+      const mode = typeof otp === 'object' && !Array.isArray(otp) ? (otp as Record<string, unknown>).mode : undefined;
+      if (mode !== undefined && mode !== 'ALLOW_ANY' && mode !== 'REGISTRY_ONLY') {
+        throw configError('outboundTrafficPolicy.mode', src, `${JSON.stringify(mode)} is not ALLOW_ANY or REGISTRY_ONLY`);
+      }
+      if (mode) outboundTrafficPolicy = mode;
+    }
   }
 
   const proxyConfigEnv = envs.PROXY_CONFIG.get(env);
@@ -259,6 +272,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     concurrency: proxy.concurrency,
     templateFile,
     meshConfigFile,
+    outboundTrafficPolicy,
     bootstrapOverrideFile: envs.ISTIO_BOOTSTRAP_OVERRIDE.get(effEnv),
     outlierLogPath: flags.outlierLogPath ?? '',
     podName: envs.POD_NAME.get(effEnv),

@@ -78,6 +78,13 @@ test('durations in protobuf and Go forms', () => {
   assert.throws(() => parseDuration('5 seconds'));
 });
 
+test('the mesh config\'s outboundTrafficPolicy.mode reaches the embedded discovery server; a bad mode is named', () => {
+  assert.is(cfg().outboundTrafficPolicy, 'ALLOW_ANY');
+  const mesh = (t: string) => ({ files: { './etc/istio/config/mesh': t } });
+  assert.is(cfg(mesh('outboundTrafficPolicy:\n  mode: REGISTRY_ONLY\n')).outboundTrafficPolicy, 'REGISTRY_ONLY');
+  throwsMatching(() => cfg(mesh('outboundTrafficPolicy:\n  mode: DENY\n')), /outboundTrafficPolicy\.mode \(from mesh config .*\): "DENY" is not ALLOW_ANY or REGISTRY_ONLY/);
+});
+
 test('bad input names the field and its source', () => {
   throwsMatching(() => cfg({ env: { PROXY_CONFIG: '{"drainDuration": "forever"}' } }), /drainDuration \(from environment variable PROXY_CONFIG\)/);
   throwsMatching(() => cfg({ env: { PROXY_CONFIG: '{not json' } }), /PROXY_CONFIG/);
