@@ -180,3 +180,6 @@ export const ENVOY_SECURE_MERGED_METRICS_PORT = int('ENVOY_SECURE_MERGED_METRICS
 
 // ---- Envoy supervision (restart budget) ----
 export const ENVOY_HEALTHY_RESET_DURATION = duration('ENVOY_HEALTHY_RESET_DURATION', '1m', 'An Envoy epoch live this long restores the restart budget and backoff (as kubelet resets its crash-loop backoff)');
+
+// ---- packaging (systemd) ----
+export const JOURNAL_STREAM = str('JOURNAL_STREAM', '', 'Set by systemd: <device>:<inode> of stderr when it is the journal; log lines then carry a syslog priority prefix and no timestamp');

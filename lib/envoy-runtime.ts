@@ -14,7 +14,7 @@ import { writeFileAtomic } from './fs-atomic';
 import { clearInitializing, isInitializing, recordOwner, removeShm, sweepOrphans } from './hot-restart-shm';
 import { configPathHeld } from './config-path-lock';
 import type { DesiredConfig, EnvoyRuntime, LiveProbe } from './supervisor';
-import { scope } from './log';
+import { journalLine, scope } from './log';
 
 const log = scope('envoy');
 
@@ -159,7 +159,7 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
       this.prepareForEnvoyUser(baseId);
       if (epoch === 0) log.info(`starting Envoy as uid ${credentials.uid ?? process.getuid?.()} gid ${credentials.gid}: ${credentials.reason}`);
     }
-    return spawnEnvoy(desired.binaryPath, args, { epoch, env: this.env, credentials, passThrough: (line) => process.stderr.write(line + '\n') });
+    return spawnEnvoy(desired.binaryPath, args, { epoch, env: this.env, credentials, passThrough: (line) => process.stderr.write(journalLine(line) + '\n') });
   }
 
   failureReason(proc: EnvoyProcess): string {
