@@ -143,6 +143,9 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
       throw new Error(`cannot run ${desired.binaryPath} as Envoy: \`--mode validate\` exited with code ${r.code} (${tailOf(r.output) || 'no output'}) ` +
         `and \`--version\` did not print Envoy's version (exit code ${v.code}${v.output ? `: ${tailOf(v.output)}` : ''})`);
     }
+    // Envoy's critical/error line says why; the lines after it may be the config it printed back.
+    const why = r.output.split('\n').find((l) => /\]\[(critical|error)\]|\t(critical|error)\t/.test(l));
+    if (why) return why.replace(/^\[[^\]]*\]\[\d+\]\[\w+\]\[\w+\] /, '').slice(0, 600);
     return tailOf(r.output) || `exit code ${r.code}`;
   }
 

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Builds the proxy image (packaging/Dockerfile): pilot-agent at /usr/local/bin/pilot-agent, Envoy at
+# /usr/local/bin/envoy, user istio-proxy (1337), ENTRYPOINT pilot-agent.
+#
+#   scripts/build-image.sh [--tag T] [--base IMAGE] [--multi-stage] [--engine podman|docker] [-- BUILD_ARGS...]
+#   scripts/build-image.sh base [--tag T]    # only the Debian bookworm base image, from debootstrap (no registry)
+#
+# The default base, localhost/pilot-agent-base:bookworm, is imported from a debootstrapped bookworm root file
+# system (made once, cached as $PACKAGING_CACHE/bookworm-minbase.tar, default /var/tmp/pilot-agent-packaging) when
+# the engine does not have it yet; --base istio/proxyv2:<ver> uses Istio's image instead. By default the image
+# takes dist/pilot-agent from the host (built if missing); --multi-stage builds it inside (packaging/Dockerfile.build).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEFAULT_BASE=localhost/pilot-agent-base:bookworm
+cache="${PACKAGING_CACHE:-/var/tmp/pilot-agent-packaging}"
+engine="${CONTAINER_ENGINE:-$(command -v podman >/dev/null && echo podman || echo docker)}"
+tag="" base="$DEFAULT_BASE" multi=0 only_base=0
+[ "${1:-}" = base ] && { only_base=1; shift; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tag) tag="$2"; shift 2 ;;
+    --base) base="$2"; shift 2 ;;
+    --multi-stage) multi=1; shift ;;
+    --engine) engine="$2"; shift 2 ;;
+    --) shift; break ;;
+    *) echo "build-image: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+say() { echo "build-image: $*" >&2; }
+
+# A Debian bookworm minbase root file system from the mirror apt already uses, imported as an image.
+make_base() {
+  local image="$1" tarball="$cache/bookworm-minbase.tar"
+  if [ ! -s "$tarball" ]; then
+    command -v debootstrap >/dev/null || { say "debootstrap is needed to make the base image (apt-get install debootstrap)"; exit 1; }
+    local mirror
+    mirror="$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
+    mirror="${mirror:-http://deb.debian.org/debian}"
+    mkdir -p "$cache"
+    local tmp; tmp="$(mktemp -d "$cache/rootfs.XXXXXX")"
+    say "debootstrap --variant=minbase bookworm from $mirror (about a minute; cached in $tarball)"
+    if ! debootstrap --variant=minbase bookworm "$tmp/rootfs" "$mirror" >"$tmp/debootstrap.log" 2>&1; then
+      say "debootstrap failed; last lines of its log:"; tail -20 "$tmp/debootstrap.log" >&2; rm -rf "$tmp"; exit 1
+    fi
+    tar -C "$tmp/rootfs" -cf "$tmp/rootfs.tar" . && mv "$tmp/rootfs.tar" "$tarball"
+    rm -rf "$tmp"
+  fi
+  say "importing $tarball as $image"
+  "$engine" import -q "$tarball" "$image" >/dev/null
+}
+
+if [ "$only_base" = 1 ]; then make_base "${tag:-$DEFAULT_BASE}"; exit 0; fi
+[ -n "$tag" ] || tag=localhost/pilot-agent-proxy:latest
+if [ "$base" = "$DEFAULT_BASE" ] && ! "$engine" image exists "$base" 2>/dev/null && ! "$engine" image inspect "$base" >/dev/null 2>&1; then
+  make_base "$base"
+fi
+
+ctx="$(mktemp -d "${TMPDIR:-/tmp}/pilot-agent-image.XXXXXX")"
+trap 'rm -rf "$ctx"' EXIT
+envoy="$(bash "$root/scripts/install-envoy.sh")"
+cp "$envoy" "$ctx/envoy"
+if [ "$multi" = 1 ]; then
+  dockerfile="$root/packaging/Dockerfile.build"
+  mkdir -p "$ctx/src" "$ctx/node-dist/bin" "$ctx/node-dist/lib/node_modules"
+  tar -C "$root" --exclude=./node_modules --exclude=./dist --exclude=./.cache --exclude=./.git --exclude=./test/.tmp -cf - . | tar -C "$ctx/src" -xf -
+  # The host's Node 20 and npm for the build stage (Debian bookworm's nodejs is 18).
+  cp "$(readlink -f "$(command -v node)")" "$ctx/node-dist/bin/node"
+  npm_dir="$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")"
+  cp -a "$npm_dir" "$ctx/node-dist/lib/node_modules/npm"
+else
+  dockerfile="$root/packaging/Dockerfile"
+  [ -x "$root/dist/pilot-agent" ] || bash "$root/scripts/build.sh" >&2
+  cp "$root/dist/pilot-agent" "$ctx/pilot-agent"
+fi
+say "$engine build -t $tag (BASE=$base, $( [ "$multi" = 1 ] && echo "built inside" || echo "dist/pilot-agent from the host"))"
+"$engine" build --network=host -f "$dockerfile" --build-arg "BASE=$base" -t "$tag" "$@" "$ctx"
+echo "$tag"

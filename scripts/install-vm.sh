@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Installs pilot-agent on a VM (or any systemd host) as the pilot-agent.service unit; run as root. Idempotent: run
+# it again to upgrade the binaries and the unit; configuration you edited is kept unless --force-config.
+#
+#   install-vm.sh --standalone DIR [options]                       # no istiod: Istio YAML in DIR
+#   install-vm.sh --istiod HOST:PORT --root-cert FILE --token FILE [options]
+#   install-vm.sh --uninstall [--purge]                            # --purge: config, state and the user too
+# Options: --binary FILE (default dist/pilot-agent), --envoy FILE (default: scripts/install-envoy.sh),
+#   --type sidecar|router|ingress|waypoint (default sidecar), --namespace NS (default vm), --no-start,
+#   --force-config (rewrite /etc/pilot-agent/pilot-agent.env and mesh.yaml).
+#
+# Installs: /usr/local/bin/pilot-agent, /usr/local/bin/envoy, /usr/local/lib/pilot-agent/pilot-agent-systemd (readiness, reload),
+# /etc/systemd/system/pilot-agent.service, /etc/pilot-agent/{pilot-agent.env,mesh.yaml}, /etc/pilot-agent/standalone/
+# (standalone) or /etc/pilot-agent/root-cert.pem and the token at
+# /var/lib/pilot-agent/var/run/secrets/tokens/istio-token (istiod); user and group istio-proxy (1337).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+UNIT=pilot-agent.service
+ETC=/etc/pilot-agent
+STATE=/var/lib/pilot-agent
+UNIT_FILE=/etc/systemd/system/$UNIT
+HELPER=/usr/local/lib/pilot-agent/pilot-agent-systemd
+binary="$root/dist/pilot-agent" envoy="" standalone="" istiod="" root_cert="" token="" type=sidecar ns=vm
+start=1 force=0 uninstall=0 purge=0
+
+say() { echo "install-vm: $*"; }
+die() { echo "install-vm: $*" >&2; exit 1; }
+need_arg() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --binary) need_arg "$@"; binary="$2"; shift 2 ;;
+    --envoy) need_arg "$@"; envoy="$2"; shift 2 ;;
+    --standalone) need_arg "$@"; standalone="$2"; shift 2 ;;
+    --istiod) need_arg "$@"; istiod="$2"; shift 2 ;;
+    --root-cert) need_arg "$@"; root_cert="$2"; shift 2 ;;
+    --token) need_arg "$@"; token="$2"; shift 2 ;;
+    --type) need_arg "$@"; type="$2"; shift 2 ;;
+    --namespace) need_arg "$@"; ns="$2"; shift 2 ;;
+    --no-start) start=0; shift ;;
+    --force-config) force=1; shift ;;
+    --uninstall) uninstall=1; shift ;;
+    --purge) purge=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "install-vm: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || die "run as root"
+systemd_running() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null; }
+
+if [ "$uninstall" = 1 ]; then
+  if systemd_running; then
+    systemctl disable --now "$UNIT" 2>/dev/null || true
+  fi
+  rm -f "$UNIT_FILE" /usr/local/bin/pilot-agent /usr/local/bin/envoy "$HELPER"
+  rmdir /usr/local/lib/pilot-agent 2>/dev/null || true
+  if systemd_running; then systemctl daemon-reload; systemctl reset-failed "$UNIT" 2>/dev/null || true; fi
+  if [ "$purge" = 1 ]; then
+    rm -rf "$ETC" "$STATE"
+    if id istio-proxy >/dev/null 2>&1; then userdel istio-proxy 2>/dev/null || true; fi
+    if getent group istio-proxy >/dev/null; then groupdel istio-proxy 2>/dev/null || true; fi
+    say "removed pilot-agent, its configuration, state and the istio-proxy user"
+  else
+    say "removed pilot-agent ($ETC and $STATE kept; --purge removes them)"
+  fi
+  exit 0
+fi
+
+case "$type" in sidecar|router|ingress|waypoint) ;; *) die "--type: want sidecar, router, ingress or waypoint, got $type" ;; esac
+if [ -n "$standalone" ] && [ -n "$istiod" ]; then die "give --standalone DIR or --istiod HOST:PORT, not both"; fi
+if [ -z "$standalone" ] && [ -z "$istiod" ] && [ ! -f "$ETC/mesh.yaml" ]; then die "first install: give --standalone DIR or --istiod HOST:PORT"; fi
+if [ -n "$standalone" ] && [ ! -d "$standalone" ]; then die "--standalone: $standalone is not a directory"; fi
+if [ -n "$istiod" ]; then
+  [ -n "$root_cert" ] && [ -f "$root_cert" ] || die "--istiod needs --root-cert FILE (istiod's root certificate)"
+  [ -n "$token" ] && [ -f "$token" ] || die "--istiod needs --token FILE (a service account token for istiod)"
+fi
+[ -x "$binary" ] || die "--binary: $binary is not an executable (build it with npm run build, or pass --binary)"
+if [ -z "$envoy" ]; then envoy="$(bash "$root/scripts/install-envoy.sh")" || die "no Envoy binary (pass --envoy FILE)"; fi
+[ -x "$envoy" ] || die "--envoy: $envoy is not an executable"
+"$binary" version -s >/dev/null || die "--binary: $binary does not run here (glibc >= 2.28 and libstdc++6 are needed)"
+"$envoy" --version >/dev/null || die "--envoy: $envoy does not run here (glibc >= 2.30 is needed)"
+
+# Istio's user: uid and gid 1337 (the capture rules exclude it, so Envoy's own traffic is not captured).
+if ! getent group istio-proxy >/dev/null; then
+  getent group 1337 >/dev/null && die "gid 1337 is taken by group $(getent group 1337 | cut -d: -f1); istio-proxy needs it"
+  groupadd --gid 1337 istio-proxy
+fi
+if ! id istio-proxy >/dev/null 2>&1; then
+  getent passwd 1337 >/dev/null && die "uid 1337 is taken by user $(getent passwd 1337 | cut -d: -f1); istio-proxy needs it"
+  useradd --uid 1337 --gid istio-proxy --no-create-home --home-dir "$STATE" --shell /usr/sbin/nologin istio-proxy
+fi
+[ "$(id -u istio-proxy)" = 1337 ] || die "user istio-proxy exists with uid $(id -u istio-proxy), not 1337"
+
+# Binaries: written beside the old ones and renamed over them, so a running agent keeps its file.
+put() { local src="$1" dst="$2" mode="$3"; install -D -m "$mode" "$src" "$dst.new" && mv -f "$dst.new" "$dst"; }
+put "$binary" /usr/local/bin/pilot-agent 0755
+put "$envoy" /usr/local/bin/envoy 0755
+put "$root/packaging/systemd/pilot-agent-systemd" "$HELPER" 0755
+put "$root/packaging/systemd/pilot-agent.service" "$UNIT_FILE" 0644
+
+install -d -m 0750 -g istio-proxy "$ETC"
+install -d -m 0750 -o istio-proxy -g istio-proxy "$STATE"
+args=""
+if [ -n "$standalone" ]; then
+  # The directory is replaced as a whole; the agent watches it and applies edits while running.
+  rm -rf "$ETC/standalone.new"
+  install -d -m 0750 -g istio-proxy "$ETC/standalone.new"
+  find "$standalone" -maxdepth 1 -type f \( -name '*.yaml' -o -name '*.yml' -o -name '*.json' \) -exec install -m 0640 -g istio-proxy {} "$ETC/standalone.new/" \;
+  rm -rf "$ETC/standalone" && mv "$ETC/standalone.new" "$ETC/standalone"
+  args="--standalone $ETC/standalone"
+fi
+if [ -n "$istiod" ]; then
+  install -m 0640 -g istio-proxy "$root_cert" "$ETC/root-cert.pem"
+  install -D -m 0600 -o istio-proxy -g istio-proxy "$token" "$STATE/var/run/secrets/tokens/istio-token"
+fi
+
+write_config() { # file, then content on stdin: written when absent or with --force-config
+  local file="$1" tmp
+  if [ -f "$file" ] && [ "$force" = 0 ]; then cat >/dev/null; say "kept $file (--force-config rewrites it)"; return; fi
+  tmp="$(mktemp "$file.XXXXXX")"; cat >"$tmp"; chmod 0640 "$tmp"; chgrp istio-proxy "$tmp"; mv -f "$tmp" "$file"
+  say "wrote $file"
+}
+{
+  cat <<EOT
+# Environment of pilot-agent.service: KEY=value, one a line. A value is taken literally; wrap it in single quotes
+# only when it has blanks at its ends. JSON needs no escaping: PROXY_CONFIG='{"concurrency": 2}'.
+# ProxyConfig is best set in $ETC/mesh.yaml (defaultConfig). After an edit: systemctl restart pilot-agent.
+PROXY_TYPE=$type
+# Extra arguments of \`pilot-agent proxy\` (split at blanks).
+PILOT_AGENT_ARGS=$args
+# Ports the readiness and reload helper asks: Envoy's readiness listener and the agent's status port (statusPort).
+PILOT_AGENT_READY_PORT=15021
+PILOT_AGENT_STATUS_PORT=15020
+POD_NAME=$(hostname)
+POD_NAMESPACE=$ns
+EOT
+  if [ -n "$istiod" ]; then
+    cat <<EOT
+# istiod: its root certificate, for both xDS and the CA. The token is read from
+# $STATE/var/run/secrets/tokens/istio-token at each connect (replace the file to rotate it).
+XDS_ROOT_CA=$ETC/root-cert.pem
+CA_ROOT_CA=$ETC/root-cert.pem
+EOT
+  fi
+} | write_config "$ETC/pilot-agent.env"
+{
+  cat <<EOT
+# Mesh config of pilot-agent.service; defaultConfig is the ProxyConfig (Istio's field names and defaults).
+defaultConfig:
+  binaryPath: /usr/local/bin/envoy
+  configPath: $STATE/proxy
+  # systemctl stop drains this long (TimeoutStopSec=60 must stay above it).
+  terminationDrainDuration: 5s
+EOT
+  if [ -n "$istiod" ]; then echo "  discoveryAddress: $istiod"; fi
+} | write_config "$ETC/mesh.yaml"
+
+if systemd_running; then
+  systemctl daemon-reload
+  systemctl enable "$UNIT" >/dev/null 2>&1
+  if [ "$start" = 1 ]; then
+    if systemctl is-active --quiet "$UNIT"; then
+      say "restarting $UNIT (it was running)"; systemctl restart "$UNIT"
+    else
+      say "starting $UNIT (returns once Envoy is ready)"; systemctl start "$UNIT"
+    fi
+  fi
+else
+  systemctl enable "$UNIT" >/dev/null 2>&1 || say "systemd is not running: enable $UNIT once it is"
+fi
+say "installed: /usr/local/bin/pilot-agent $(/usr/local/bin/pilot-agent version -s), Envoy $(/usr/local/bin/envoy --version | sed -n 's/.*version: \([^/]*\/[^/]*\).*/\1/p'), $UNIT_FILE"
