@@ -67,6 +67,10 @@ if [ "$multi" = 1 ]; then
   cp "$(readlink -f "$(command -v node)")" "$ctx/node-dist/bin/node"
   npm_dir="$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")"
   cp -a "$npm_dir" "$ctx/node-dist/lib/node_modules/npm"
+  # A registry reached through a TLS-intercepting proxy: the CA the host's npm trusts, for the build stage only.
+  mkdir -p "$ctx/build-ca"
+  ca="${NODE_EXTRA_CA_CERTS:-$(npm config get cafile 2>/dev/null || true)}"
+  if [ -n "$ca" ] && [ "$ca" != null ] && [ -f "$ca" ]; then cp "$ca" "$ctx/build-ca/ca.crt"; fi
 else
   dockerfile="$root/packaging/Dockerfile"
   [ -x "$root/dist/pilot-agent" ] || bash "$root/scripts/build.sh" >&2
