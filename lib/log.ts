@@ -57,6 +57,11 @@ export function stderrIsJournal(journalStream: string | undefined, fd = 2): bool
 /** Syslog priorities (sd-daemon.h): the agent's levels and Envoy's (trace..critical). */
 const PRIORITY: Record<string, number> = { critical: 2, error: 3, warn: 4, warning: 4, info: 6, debug: 7, trace: 7 };
 
+/** `<3>` etc. when stderr is the journal, else nothing: for lines written to stderr directly (`error: ...`). */
+export function journalPrefix(level: Exclude<Level, 'none'>): string {
+  return state.journal ? `<${PRIORITY[level]}>` : '';
+}
+
 /**
  * Envoy's own stderr line as the journal should get it: its leading timestamp dropped and the priority of its
  * level (the second tab-separated field in Istio's text format, `"level"` in JSON) in front. Unchanged otherwise.

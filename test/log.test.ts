@@ -3,7 +3,7 @@ import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { configureLogging, journalLine, parseOutputLevels, resetLogging, scope, stderrIsJournal, timestamp } from '../lib/log';
+import { configureLogging, journalLine, journalPrefix, parseOutputLevels, resetLogging, scope, stderrIsJournal, timestamp } from '../lib/log';
 
 function capture(): string[] {
   const lines: string[] = [];
@@ -56,6 +56,9 @@ test('under the journal a line starts with its syslog priority and has no timest
   log.warn('j');
   assert.match(lines[4]!, /^<4>\{"time":/);
   assert.is(JSON.parse(lines[4]!.slice(3)).msg, 'j');
+  assert.is(journalPrefix('error'), '<3>');
+  configureLogging({ journal: false });
+  assert.is(journalPrefix('error'), '');
 });
 
 test('Envoy\'s lines passed through to the journal get the priority of their level and lose the timestamp', () => {

@@ -77,23 +77,55 @@ function phase<T>(name: string, fn: () => T): T {
 }
 
 function installTools(): void {
+  if (process.getuid?.() !== 0) throw new Error('packaging tests need root (rootful podman, apt-get, debootstrap); CI runs them as root');
   const missing = ['debootstrap', 'podman', 'runc'].filter((t) => spawnSync('sh', ['-c', `command -v ${t}`]).status !== 0);
   if (missing.length === 0) return;
-  if (process.getuid?.() !== 0) throw new Error(`packaging tests need ${missing.join(', ')} and root to install them`);
-  run('apt-get', ['update', '-q'], { timeoutMs: 10 * MIN });
-  run('apt-get', ['install', '-y', '-q', ...missing], { timeoutMs: 15 * MIN });
+  const apt = ['-o', 'DPkg::Lock::Timeout=600', '-q'];
+  run('apt-get', [...apt, 'update'], { timeoutMs: 15 * MIN });
+  run('apt-get', [...apt, 'install', '-y', ...missing], { timeoutMs: 20 * MIN });
+}
+
+/** Removes what a run that was killed left behind: its containers, storage and temp dir (its pid is gone). */
+function cleanStaleRuns(): void {
+  for (const name of fs.readdirSync('/var/tmp').filter((n) => n.startsWith('pa-packaging-'))) {
+    const dir = path.join('/var/tmp', name);
+    const pid = Number(fs.readFileSync(path.join(dir, 'pid'), 'utf8').trim() || 0) || 0;
+    if (pid > 0) {
+      try {
+        process.kill(pid, 0);
+        continue; // still running (another worktree's run)
+      } catch {
+        /* gone: clean up after it */
+      }
+    } else if (Date.now() - fs.statSync(dir).mtimeMs < 60 * MIN) continue;
+    console.log(`packaging tests: removing what an earlier run (pid ${pid}) left in ${dir}`);
+    cleanUp(dir, { ...process.env, CONTAINERS_CONF: path.join(dir, 'containers.conf'), CONTAINERS_STORAGE_CONF: path.join(dir, 'storage.conf') });
+  }
+}
+
+function cleanUp(dir: string, e: NodeJS.ProcessEnv): void {
+  if (fs.existsSync(path.join(dir, 'storage.conf'))) {
+    // Not `podman system reset`: it also clears state shared with other podman users (a concurrent build).
+    spawnSync('podman', ['rm', '-a', '-f', '-t', '0'], { env: e, timeout: 2 * MIN });
+    spawnSync('podman', ['rmi', '-a', '-f'], { env: e, timeout: 5 * MIN });
+  }
+  spawnSync('sh', ['-c', `grep -o " ${dir}/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l`], { timeout: MIN });
+  fs.rmSync(dir, { recursive: true, force: true });
 }
 
 /** podman's configuration and storage in a fresh temp dir (the settings that work here; see the header). */
 function podmanEnv(): void {
   work = fs.mkdtempSync(path.join('/var/tmp', 'pa-packaging-'));
+  fs.writeFileSync(path.join(work, 'pid'), `${process.pid}\n`);
   const nofile = run('sh', ['-c', 'ulimit -Hn']).out.trim();
   fs.writeFileSync(path.join(work, 'containers.conf'), [
     '[containers]', 'netns = "host"', 'log_driver = "k8s-file"', `default_ulimits = ["nofile=${nofile}:${nofile}", "nproc=32768:32768"]`,
     '[engine]', 'cgroup_manager = "cgroupfs"', 'events_logger = "file"', 'runtime = "runc"', '',
   ].join('\n'));
   fs.writeFileSync(path.join(work, 'storage.conf'), ['[storage]', 'driver = "overlay"', `graphroot = "${work}/storage"`, `runroot = "${work}/run"`, ''].join('\n'));
-  env = { ...process.env, CONTAINERS_CONF: path.join(work, 'containers.conf'), CONTAINERS_STORAGE_CONF: path.join(work, 'storage.conf'), ENVOY_BIN: envoyBin() };
+  fs.mkdirSync(path.join(work, 'tmp'));
+  // TMPDIR: podman build's scratch space, in this run's dir too.
+  env = { ...process.env, CONTAINERS_CONF: path.join(work, 'containers.conf'), CONTAINERS_STORAGE_CONF: path.join(work, 'storage.conf'), TMPDIR: path.join(work, 'tmp'), ENVOY_BIN: envoyBin() };
 }
 
 const mounts = () => [
@@ -141,22 +173,30 @@ const unitState = () =>
 if (SKIP) {
   console.log('\n*** packaging tests SKIPPED (SKIP_PACKAGING_TESTS=1): the proxy image and the systemd unit were NOT tested ***\n');
 } else {
-  test.before(() => {
+  // uvu reports a failed hook without its error: print it.
+  const loud = (fn: () => void) => () => {
+    try {
+      fn();
+    } catch (err) {
+      console.error(`\npackaging tests: setup failed: ${(err as Error).stack ?? err}\n`);
+      throw err;
+    }
+  };
+
+  test.before(loud(() => {
     phase('apt-get (debootstrap, podman, runc)', installTools);
+    cleanStaleRuns();
     podmanEnv();
     agentBin();
     phase('base image (cached debootstrap rootfs, import)', () => run('bash', [path.join(REPO, 'scripts/build-image.sh'), 'base', '--tag', BASE], { timeoutMs: 20 * MIN }));
     phase('proxy image build', () => run('bash', [path.join(REPO, 'scripts/build-image.sh'), '--tag', PROXY, '--', '-q'], { timeoutMs: 15 * MIN }));
     phase('systemd image build (apt-get systemd)', () =>
       podman(['build', '-q', '--network=host', '--build-arg', `BASE=${BASE}`, '-f', path.join(REPO, 'test/packaging/Dockerfile.systemd'), '-t', SYSTEMD, path.join(REPO, 'test/packaging')], { timeoutMs: 15 * MIN }));
-  });
+  }));
 
   test.after(() => {
     if (!work) return;
-    for (const c of [PROXY_C, SD_C]) spawnSync('podman', ['rm', '-f', '-t', '0', c], { env, timeout: 2 * MIN });
-    spawnSync('podman', ['system', 'reset', '--force'], { env, timeout: 5 * MIN });
-    spawnSync('sh', ['-c', `grep -o " ${work}/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l`], { timeout: MIN });
-    fs.rmSync(work, { recursive: true, force: true });
+    cleanUp(work, env);
     console.log(`packaging tests: ${phases.join(', ')}; total ${((Date.now() - t0) / 1000).toFixed(0)} s`);
   });
 
@@ -272,6 +312,32 @@ if (SKIP) {
     assert.ok(warnings.some((l) => /^warning\tenvoy /.test(l)), `Envoy's warnings are warnings:\n${warnings.join('\n')}`);
   });
 
+  test('systemd: `systemctl reload` fails at once when Envoy rejects the new bootstrap, and the old epoch keeps serving', async () => {
+    const before = newestLiveEpoch(SD_C);
+    sh(SD_C, [
+      'cp /etc/pilot-agent/mesh.yaml /tmp/good-mesh.yaml',
+      `printf '%s\\n' '{"static_resources": {"listeners": [{"name": "x", "address": {"socket_address": {"port_value": "nope"}}}]}}' > /etc/pilot-agent/bad.json`,
+      'chmod 0644 /etc/pilot-agent/bad.json',
+      'echo "  customConfigFile: /etc/pilot-agent/bad.json" >> /etc/pilot-agent/mesh.yaml',
+    ].join(' && '));
+    try {
+      const start = Date.now();
+      const r = inC(SD_C, ['systemctl', 'reload', 'pilot-agent'], { ok: () => true, timeoutMs: 2 * MIN });
+      const secs = (Date.now() - start) / 1000;
+      assert.is.not(r.code, 0, `systemctl reload fails\n${journal().slice(-2000)}`);
+      assert.ok(secs < 45, `it fails on the rejection, not at its 60 s timeout (${secs.toFixed(1)} s)`);
+      assert.match(journal(['-p', 'err']), /reload: Envoy rejected the new bootstrap; epoch \d+ keeps serving: .*invalid number/);
+      assert.is(unitState().ActiveState, 'active');
+      assert.is(newestLiveEpoch(SD_C), before);
+      assert.match(get(SD_C, 'http://127.0.0.1:8088/', 'backend.example.local'), /^200 v[12] \/$/);
+    } finally {
+      sh(SD_C, 'cp /tmp/good-mesh.yaml /etc/pilot-agent/mesh.yaml && rm -f /etc/pilot-agent/bad.json');
+    }
+    // The good config back: the next reload goes live again.
+    inC(SD_C, ['systemctl', 'reload', 'pilot-agent'], { timeoutMs: 2 * MIN });
+    assert.ok(newestLiveEpoch(SD_C) > before);
+  });
+
   test('systemd: `systemctl stop` under load drains, exits 0 (Result=success) and leaves no Envoy', async () => {
     const load = startLoad(SD_C, 'stop-load');
     let s: LoadStats;
@@ -312,7 +378,7 @@ if (SKIP) {
       assert.ok(secs < 60, `it fails when the agent exits, not at the readiness timeout (${secs.toFixed(1)} s)`);
       const j = journal();
       assert.match(j, /Envoy rejects the bootstrap built from this config: .*invalid number/);
-      assert.match(j, /ready: the agent \(pid \d+\) exited before Envoy was ready/);
+      assert.match(journal(['-p', 'err']), /ready: the agent \(pid \d+\) exited before Envoy was ready/);
       assert.match(inC(SD_C, ['systemctl', 'status', 'pilot-agent', '--no-pager'], { ok: () => true }).out, /status=1\/FAILURE/);
     } finally {
       inC(SD_C, ['systemctl', 'stop', 'pilot-agent'], { ok: () => true });
@@ -327,6 +393,18 @@ if (SKIP) {
     inC(SD_C, ['bash', '/opt/src/scripts/install-vm.sh', '--uninstall', '--purge']);
     assert.is(sh(SD_C, 'ls -d /etc/pilot-agent /var/lib/pilot-agent 2>/dev/null | wc -l').out.trim(), '0');
     assert.is(inC(SD_C, ['id', 'istio-proxy'], { ok: () => true }).code, 1);
+  });
+
+  test('systemd: install-vm.sh --istiod installs the root certificate, the token (0600, istio-proxy) and discoveryAddress', () => {
+    sh(SD_C, 'echo "-----BEGIN CERTIFICATE-----" > /tmp/root.pem && echo token > /tmp/token');
+    inC(SD_C, ['bash', '/opt/src/scripts/install-vm.sh', '--binary', '/opt/src/dist/pilot-agent', '--envoy', '/opt/envoy', '--istiod', 'istiod.example:15012', '--root-cert', '/tmp/root.pem', '--token', '/tmp/token', '--no-start']);
+    assert.match(inC(SD_C, ['cat', '/etc/pilot-agent/mesh.yaml']).out, /discoveryAddress: istiod\.example:15012/);
+    assert.match(inC(SD_C, ['cat', '/etc/pilot-agent/pilot-agent.env']).out, /XDS_ROOT_CA=\/etc\/pilot-agent\/root-cert\.pem/);
+    assert.is(inC(SD_C, ['stat', '-c', '%a %U', '/var/lib/pilot-agent/var/run/secrets/tokens/istio-token']).out.trim(), '600 istio-proxy');
+    // The agent resolves this config (the bootstrap it would write points xDS at istiod over TLS).
+    const boot = inC(SD_C, ['sh', '-c', 'cd /var/lib/pilot-agent && set -a && . /etc/pilot-agent/pilot-agent.env && set +a && /usr/local/bin/pilot-agent bootstrap --meshConfig /etc/pilot-agent/mesh.yaml']).out;
+    assert.match(boot, /istiod\.example/);
+    inC(SD_C, ['bash', '/opt/src/scripts/install-vm.sh', '--uninstall', '--purge']);
   });
 }
 
