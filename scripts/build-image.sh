@@ -2,25 +2,28 @@
 # Builds the proxy image (packaging/Dockerfile): pilot-agent at /usr/local/bin/pilot-agent, Envoy at
 # /usr/local/bin/envoy, user istio-proxy (1337), ENTRYPOINT pilot-agent.
 #
-#   scripts/build-image.sh [--tag T] [--base IMAGE] [--multi-stage] [--engine podman|docker] [-- BUILD_ARGS...]
+#   scripts/build-image.sh [--tag T] [--base IMAGE] [--multi-stage [--offline]] [--engine podman|docker] [-- BUILD_ARGS...]
 #   scripts/build-image.sh base [--tag T]    # only the Debian bookworm base image, from debootstrap (no registry)
 #
 # The default base, localhost/pilot-agent-base:bookworm, is imported from a debootstrapped bookworm root file
 # system (made once, cached as $PACKAGING_CACHE/bookworm-minbase.tar, default /var/tmp/pilot-agent-packaging) when
 # the engine does not have it yet; --base istio/proxyv2:<ver> uses Istio's image instead. By default the image
-# takes dist/pilot-agent from the host (built if missing); --multi-stage builds it inside (packaging/Dockerfile.build).
+# takes dist/pilot-agent from the host (built if missing); --multi-stage builds it inside (packaging/Dockerfile.build),
+# with npm ci from the registry, or with --offline from the host's npm cache (~/.npm, mounted; podman only) and
+# no network at all.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEFAULT_BASE=localhost/pilot-agent-base:bookworm
 cache="${PACKAGING_CACHE:-/var/tmp/pilot-agent-packaging}"
 engine="${CONTAINER_ENGINE:-$(command -v podman >/dev/null && echo podman || echo docker)}"
-tag="" base="$DEFAULT_BASE" multi=0 only_base=0
+tag="" base="$DEFAULT_BASE" multi=0 only_base=0 offline=0
 [ "${1:-}" = base ] && { only_base=1; shift; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --tag) tag="$2"; shift 2 ;;
     --base) base="$2"; shift 2 ;;
     --multi-stage) multi=1; shift ;;
+    --offline) offline=1; shift ;;
     --engine) engine="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "build-image: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
@@ -56,7 +59,8 @@ if [ "$base" = "$DEFAULT_BASE" ] && ! "$engine" image exists "$base" 2>/dev/null
 fi
 
 ctx="$(mktemp -d "${TMPDIR:-/tmp}/pilot-agent-image.XXXXXX")"
-trap 'rm -rf "$ctx"' EXIT
+scratch="$(mktemp -d "${TMPDIR:-/tmp}/pilot-agent-npm.XXXXXX")"
+trap 'rm -rf "$ctx" "$scratch"' EXIT
 envoy="$(bash "$root/scripts/install-envoy.sh")"
 cp "$envoy" "$ctx/envoy"
 if [ "$multi" = 1 ]; then
@@ -77,5 +81,14 @@ else
   cp "$root/dist/pilot-agent" "$ctx/pilot-agent"
 fi
 say "$engine build -t $tag (BASE=$base, $( [ "$multi" = 1 ] && echo "built inside" || echo "dist/pilot-agent from the host"))"
-"$engine" build --network=host -f "$dockerfile" --build-arg "BASE=$base" -t "$tag" "$@" "$ctx"
+net=(--network=host)
+if [ "$offline" = 1 ]; then
+  [ "$multi" = 1 ] || { say "--offline goes with --multi-stage"; exit 2; }
+  cache_dir="$(npm config get cache 2>/dev/null || echo "$HOME/.npm")"
+  [ -d "$cache_dir/_cacache" ] || { say "--offline needs the host's npm cache ($cache_dir) filled by an npm ci of this project"; exit 1; }
+  # A copy: npm writes to its cache even offline, and the host's stays untouched.
+  cp -a "$cache_dir/." "$scratch/"
+  net=(--network=none --volume "$scratch:/root/.npm" --build-arg "NPM_FLAGS=--offline")
+fi
+"$engine" build "${net[@]}" -f "$dockerfile" --build-arg "BASE=$base" -t "$tag" "$@" "$ctx"
 echo "$tag"

@@ -167,6 +167,10 @@ function startLoad(c: string, name: string): { stats(): LoadStats | undefined; s
 }
 
 const journal = (args: string[] = []) => inC(SD_C, ['journalctl', '-u', 'pilot-agent', '--no-pager', '-o', 'cat', ...args]).out;
+/** journald reads a unit's output asynchronously: a line may land a moment after the command that caused it. */
+async function inJournal(re: RegExp, args: string[] = []): Promise<void> {
+  await until(`${re} in the journal${args.length ? ` (${args.join(' ')})` : ''}`, () => re.test(journal(args)), 30_000, () => `--- journal (tail)\n${journal().slice(-3000)}`);
+}
 const unitState = () =>
   Object.fromEntries(inC(SD_C, ['systemctl', 'show', '-p', 'ActiveState,SubState,Result,ExecMainStatus,MainPID', 'pilot-agent']).out.trim().split('\n').map((l) => l.split('=', 2) as [string, string]));
 
@@ -272,14 +276,14 @@ if (SKIP) {
     assert.is(r.code, 0, 'below --threshold=40');
   });
 
-  test('systemd: `systemctl start` returns only once /healthz/ready is 200, and the proxy routes', () => {
+  test('systemd: `systemctl start` returns only once /healthz/ready is 200, and the proxy routes', async () => {
     podman(['exec', '-d', SD_C, '/opt/node/node', '/opt/src/examples/standalone/backends.js']);
     inC(SD_C, ['systemctl', 'start', 'pilot-agent'], { timeoutMs: 3 * MIN });
     // One request, no retry: ready at the moment start returned.
     assert.is(get(SD_C, 'http://127.0.0.1:15021/healthz/ready').split(' ')[0], '200', journal().slice(-3000));
     assert.is(unitState().ActiveState, 'active');
     assert.match(get(SD_C, 'http://127.0.0.1:8088/', 'backend.example.local'), /^200 v[12] \/$/);
-    assert.match(journal(), /ready: Envoy is ready/);
+    await inJournal(/ready: Envoy is ready/);
   });
 
   test('systemd: `systemctl reload` under load goes to a new epoch with zero failed requests', async () => {
@@ -298,7 +302,7 @@ if (SKIP) {
       assert.is(s.failed, 0, `no failed request: ${JSON.stringify(s.errors)}`);
     }
     assert.is(unitState().ActiveState, 'active');
-    assert.match(journal(), /reload: epoch \d+ is live/);
+    await inJournal(/reload: epoch \d+ is live/);
   });
 
   test('systemd: journal lines carry their priority (journalctl -p warning filters) and no second timestamp', () => {
@@ -326,7 +330,7 @@ if (SKIP) {
       const secs = (Date.now() - start) / 1000;
       assert.is.not(r.code, 0, `systemctl reload fails\n${journal().slice(-2000)}`);
       assert.ok(secs < 45, `it fails on the rejection, not at its 60 s timeout (${secs.toFixed(1)} s)`);
-      assert.match(journal(['-p', 'err']), /reload: Envoy rejected the new bootstrap; epoch \d+ keeps serving: .*invalid number/);
+      await inJournal(/reload: Envoy rejected the new bootstrap; epoch \d+ keeps serving: .*invalid number/, ['-p', 'err']);
       assert.is(unitState().ActiveState, 'active');
       assert.is(newestLiveEpoch(SD_C), before);
       assert.match(get(SD_C, 'http://127.0.0.1:8088/', 'backend.example.local'), /^200 v[12] \/$/);
@@ -355,14 +359,13 @@ if (SKIP) {
     assert.is(st.ExecMainStatus, '0');
     assert.is(sh(SD_C, 'pgrep -x envoy', { ok: () => true }).code, 1, 'no Envoy process left');
     assert.is(sh(SD_C, 'ls /dev/shm | grep -c envoy_shared_memory', { ok: () => true }).out.trim(), '0', 'no shared memory left');
-    const j = journal();
-    assert.match(j, /asked epoch \d+ to drain its listeners/);
-    assert.match(j, /agent exiting with code 0/);
+    await inJournal(/asked epoch \d+ to drain its listeners/);
+    await inJournal(/agent exiting with code 0/);
     console.log(`  stop under load: ${s.ok} ok, ${s.failed} failed; requests served ${((s.lastOkAt - stopAt) / 1000).toFixed(1)} s into the stop`);
     assert.ok(s.lastOkAt - stopAt > 1000, 'requests were still served during the drain');
   });
 
-  test('systemd: a config Envoy rejects makes `systemctl start` fail at once, with the reason in the journal', () => {
+  test('systemd: a config Envoy rejects makes `systemctl start` fail at once, with the reason in the journal', async () => {
     sh(SD_C, [
       'cp /etc/pilot-agent/pilot-agent.env /tmp/good.env',
       `printf '%s\\n' '{"static_resources": {"listeners": [{"name": "x", "address": {"socket_address": {"port_value": "nope"}}}]}}' > /etc/pilot-agent/bad.json`,
@@ -376,9 +379,8 @@ if (SKIP) {
       const secs = (Date.now() - start) / 1000;
       assert.is.not(r.code, 0, 'systemctl start fails');
       assert.ok(secs < 60, `it fails when the agent exits, not at the readiness timeout (${secs.toFixed(1)} s)`);
-      const j = journal();
-      assert.match(j, /Envoy rejects the bootstrap built from this config: .*invalid number/);
-      assert.match(journal(['-p', 'err']), /ready: the agent \(pid \d+\) exited before Envoy was ready/);
+      await inJournal(/Envoy rejects the bootstrap built from this config: .*invalid number/);
+      await inJournal(/ready: the agent \(pid \d+\) exited before Envoy was ready/, ['-p', 'err']);
       assert.match(inC(SD_C, ['systemctl', 'status', 'pilot-agent', '--no-pager'], { ok: () => true }).out, /status=1\/FAILURE/);
     } finally {
       inC(SD_C, ['systemctl', 'stop', 'pilot-agent'], { ok: () => true });
