@@ -88,7 +88,8 @@ if [ "$offline" = 1 ]; then
   [ -d "$cache_dir/_cacache" ] || { say "--offline needs the host's npm cache ($cache_dir) filled by an npm ci of this project"; exit 1; }
   # A copy: npm writes to its cache even offline, and the host's stays untouched.
   cp -a "$cache_dir/." "$scratch/"
-  net=(--network=none --volume "$scratch:/root/.npm" --build-arg "NPM_FLAGS=--offline")
+  # No Debian mirror either: the image gets no iptables (it still runs the proxy; not the init container).
+  net=(--network=none --volume "$scratch:/root/.npm" --build-arg "NPM_FLAGS=--offline" --build-arg IPTABLES=none)
 fi
 "$engine" build "${net[@]}" -f "$dockerfile" --build-arg "BASE=$base" -t "$tag" "$@" "$ctx"
 echo "$tag"

@@ -229,13 +229,13 @@ if (SKIP) {
   });
 
   test('proxy image: `pilot-agent istio-iptables --dry-run` runs in the image (the init container\'s command)', () => {
-    const help = podman(['run', '--rm', '--network=none', PROXY, '--help']).out;
-    if (!/istio-iptables/.test(help)) {
-      console.log('  NOTE: check skipped: this build has no `istio-iptables` command yet (the capture issue adds it); the image test above still ran');
+    const r = podman(['run', '--rm', '--network=none', PROXY, 'istio-iptables', '--dry-run'], { ok: () => true });
+    if (r.code === 2 && /unknown command: istio-iptables/i.test(r.err)) {
+      console.log('  NOTE: check skipped: this build has no `istio-iptables` command yet (the capture issue adds it); the other image tests ran');
       return;
     }
-    const r = podman(['run', '--rm', '--network=none', PROXY, 'istio-iptables', '--dry-run', '-p', '15001', '-z', '15006', '-u', '1337', '-m', 'REDIRECT', '-i', '*', '-b', '*']);
-    assert.match(r.out + r.err, /iptables|ISTIO_/);
+    assert.is(r.code, 0, `istio-iptables --dry-run exits 0:\n${r.out}${r.err}`);
+    assert.match(r.out + r.err, /ISTIO_OUTPUT/);
   });
 
   test('proxy image: `podman stop` (SIGTERM) drains Envoy and the container exits 0 within the grace period', () => {
@@ -249,6 +249,26 @@ if (SKIP) {
     assert.match(log, /agent exiting with code 0/);
     assert.ok(secs < 40, `stopped by the agent, not by the SIGKILL after the grace period (${secs.toFixed(1)} s)`);
     podman(['rm', PROXY_C]);
+  });
+
+  test('proxy image, multi-stage: pilot-agent built inside the image build (npm ci, scripts/build.sh) runs the proxy', async () => {
+    const build = (extra: string[]) => run('bash', [path.join(REPO, 'scripts/build-image.sh'), '--multi-stage', ...extra, '--tag', `${PROXY}-multi`, '--', '-q'], { timeoutMs: 20 * MIN, ok: () => true });
+    // With no network, from the host's npm cache (filled by the test script's npm ci); else from the registry.
+    let r = phase('multi-stage build (offline)', () => build(['--offline']));
+    if (r.code !== 0) {
+      console.log(`  NOTE: the offline multi-stage build failed (exit ${r.code}: ${r.err.trim().split('\n').slice(-3).join(' | ')}); building with the registry instead`);
+      r = phase('multi-stage build (registry)', () => build([]));
+    }
+    assert.is(r.code, 0, `multi-stage build:\n${r.out.slice(-2000)}\n${r.err.slice(-3000)}`);
+    assert.match(podman(['run', '--rm', '--network=none', `${PROXY}-multi`, 'version', '-s']).out, /^\d+\.\d+\.\d+/);
+    const c = `${PROXY_C}-multi`;
+    try {
+      podman(['run', '-d', '--name', c, '--network=none', ...mounts(), `${PROXY}-multi`, 'proxy', 'router', '--standalone', '/opt/src/examples/standalone/config']);
+      podman(['exec', '-d', c, '/opt/node/node', '/opt/src/examples/standalone/backends.js']);
+      await until('a routed response from the multi-stage image', () => /^200 v[12] \/$/.test(get(c, 'http://127.0.0.1:8088/', 'backend.example.local')), 2 * MIN, () => podman(['logs', c], { ok: () => true }).err.slice(-3000));
+    } finally {
+      podman(['rm', '-f', '-t', '0', c], { ok: () => true });
+    }
   });
 
   test('systemd: install-vm.sh installs the unit, binaries and config into a booted systemd, and again idempotently', async () => {
