@@ -359,7 +359,7 @@ if (SKIP) {
       const secs = (Date.now() - start) / 1000;
       assert.is.not(r.code, 0, `systemctl reload fails\n${journal().slice(-2000)}`);
       assert.ok(secs < 45, `it fails on the rejection, not at its 60 s timeout (${secs.toFixed(1)} s)`);
-      await inJournal(/reload: Envoy rejected the new bootstrap; epoch \d+ keeps serving: .*invalid number/, ['-p', 'err']);
+      await inJournal(/reload: Envoy rejected the new bootstrap; epoch \d+ keeps serving: .*invalid\s+number/, ['-p', 'err']);
       assert.is(unitState().ActiveState, 'active');
       assert.is(newestLiveEpoch(SD_C), before);
       assert.match(get(SD_C, 'http://127.0.0.1:8088/', 'backend.example.local'), /^200 v[12] \/$/);
@@ -408,7 +408,7 @@ if (SKIP) {
       const secs = (Date.now() - start) / 1000;
       assert.is.not(r.code, 0, 'systemctl start fails');
       assert.ok(secs < 60, `it fails when the agent exits, not at the readiness timeout (${secs.toFixed(1)} s)`);
-      await inJournal(/Envoy rejects the bootstrap built from this config: .*invalid number/);
+      await inJournal(/Envoy rejects the bootstrap built from this config: .*invalid\s+number/);
       await inJournal(/ready: the agent \(pid \d+\) exited before Envoy was ready/, ['-p', 'err']);
       assert.match(inC(SD_C, ['systemctl', 'status', 'pilot-agent', '--no-pager'], { ok: () => true }).out, /status=1\/FAILURE/);
     } finally {
