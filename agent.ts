@@ -11,7 +11,7 @@ import type { DiscoveryServer } from './lib/discovery/index';
 import * as envs from './lib/env';
 import { claimConfigPath } from './lib/config-path-lock';
 import { AgentError, errorMessage } from './lib/errors';
-import { configureLogging, scope } from './lib/log';
+import { configureLogging, journalPrefix, scope } from './lib/log';
 import { renderBootstrap } from './lib/bootstrap';
 import { readFileOrUndefined, resolveAll, type Resolved } from './lib/resolve';
 import { VERSION } from './lib/version';
@@ -59,7 +59,7 @@ function setUpLogging(argv: Record<string, unknown>): void {
 
 /** One clear line and a non-zero exit, before anything was started. */
 function startupFailure(err: unknown): number {
-  process.stderr.write(`error: ${errorMessage(err)}\n`);
+  process.stderr.write(`${journalPrefix('error')}error: ${errorMessage(err)}\n`);
   return EXIT_STARTUP_ERROR;
 }
 
