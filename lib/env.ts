@@ -1,7 +1,7 @@
 // Every environment variable the agent reads is registered here, once, with its default and a description.
 // Readers take an env object so tests and pure code never touch process.env directly.
 
-import { parseDuration } from './duration';
+import { type DurationLimits, parseDuration } from './duration';
 import { configError } from './errors';
 
 export type Env = Readonly<Record<string, string | undefined>>;
@@ -55,9 +55,9 @@ export const float = (name: string, def: number, desc: string) =>
     if (!Number.isFinite(n)) throw new Error(`"${r}" is not a number`);
     return n;
   }, def);
-/** Milliseconds. */
-export const duration = (name: string, defText: string, desc: string) =>
-  register(name, defText, desc, parseDuration, parseDuration(defText));
+/** Milliseconds; at most MAX_TIMER_MS unless `limits` says otherwise (a value a timer cannot hold is an error). */
+export const duration = (name: string, defText: string, desc: string, limits: DurationLimits = {}) =>
+  register(name, defText, desc, (r) => parseDuration(r, limits), parseDuration(defText, limits));
 
 export function registeredVars(): EnvVar<unknown>[] {
   return [...registry.values()].sort((a, b) => a.name.localeCompare(b.name));
@@ -94,7 +94,8 @@ export const JWT_POLICY = str('JWT_POLICY', 'third-party-jwt', 'third-party-jwt 
 export const PROV_CERT = str('PROV_CERT', '', 'Directory of provisioning certificates (client cert for xDS/CA)');
 export const OUTPUT_CERTS = str('OUTPUT_CERTS', '', 'Directory where issued certificates are written');
 export const FILE_MOUNTED_CERTS = bool('FILE_MOUNTED_CERTS', false, 'Use mounted certificate files instead of a CA');
-export const SECRET_TTL = duration('SECRET_TTL', '24h', 'Requested lifetime of workload certificates');
+// A certificate lifetime, not a timer (90-day certificates are common): whoever schedules from it clamps the timer.
+export const SECRET_TTL = duration('SECRET_TTL', '24h', 'Requested lifetime of workload certificates', { maxMs: Number.MAX_SAFE_INTEGER });
 export const SECRET_GRACE_PERIOD_RATIO = float('SECRET_GRACE_PERIOD_RATIO', 0.5, 'Rotate when this share of the lifetime is left');
 export const SECRET_GRACE_PERIOD_RATIO_JITTER = float('SECRET_GRACE_PERIOD_RATIO_JITTER', 0.01, 'Random jitter added to the grace ratio');
 export const WORKLOAD_RSA_KEY_SIZE = int('WORKLOAD_RSA_KEY_SIZE', 2048, 'RSA key size for workload keys');

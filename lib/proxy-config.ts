@@ -1,8 +1,8 @@
 // Istio's ProxyConfig: field names, defaults, and strict parsing of one layer (mesh file, PROXY_CONFIG, annotation).
 // Layers replace whole top-level fields, as Istio's merge does; durations are kept as milliseconds.
 
-import { parseDuration } from './duration';
-import { configError } from './errors';
+import { checkDurationMs, parseDuration } from './duration';
+import { configError, quote } from './errors';
 
 export interface StatsMatcher {
   inclusionPrefixes?: string[];
@@ -81,27 +81,27 @@ export function defaultProxyConfig(): ProxyConfig {
 
 type FieldParser = (value: unknown, fail: (problem: string) => never) => unknown;
 
-const asString: FieldParser = (v, fail) => (typeof v === 'string' ? v : fail(`want a string, got ${JSON.stringify(v)}`));
+const asString: FieldParser = (v, fail) => (typeof v === 'string' ? v : fail(`want a string, got ${quote(v)}`));
 const asDuration: FieldParser = (v, fail) => {
-  if (typeof v === 'number' && v >= 0) return v * 1000;
-  if (typeof v !== 'string') return fail(`want a duration such as "45s", got ${JSON.stringify(v)}`);
+  if (typeof v !== 'string' && typeof v !== 'number') return fail(`want a duration such as "45s", got ${quote(v)}`);
   try {
-    return parseDuration(v);
+    // A bare number is seconds; YAML's .inf and .nan are numbers too and are refused here, by this field's name.
+    return typeof v === 'number' ? checkDurationMs(v * 1000, `${v} seconds`) : parseDuration(v);
   } catch (e) {
     return fail((e as Error).message);
   }
 };
 export const asPort: FieldParser = (v, fail) => {
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
-  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 65535) return fail(`port ${JSON.stringify(v)} is out of range 1-65535`);
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 65535) return fail(`port ${quote(v)} is out of range 1-65535`);
   return n;
 };
 const asNonNegInt: FieldParser = (v, fail) => {
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
-  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) return fail(`want a non-negative integer, got ${JSON.stringify(v)}`);
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) return fail(`want a non-negative integer, got ${quote(v)}`);
   return n;
 };
-const asBool: FieldParser = (v, fail) => (typeof v === 'boolean' ? v : fail(`want true or false, got ${JSON.stringify(v)}`));
+const asBool: FieldParser = (v, fail) => (typeof v === 'boolean' ? v : fail(`want true or false, got ${quote(v)}`));
 const asStringMap: FieldParser = (v, fail) => {
   if (v === null || typeof v !== 'object' || Array.isArray(v)) return fail('want a map of strings');
   const out: Record<string, string> = {};
@@ -116,11 +116,11 @@ const asStringList: FieldParser = (v, fail) =>
 const asObject: FieldParser = (v, fail) =>
   v !== null && typeof v === 'object' && !Array.isArray(v) ? v : fail('want an object');
 const asAuthPolicy: FieldParser = (v, fail) =>
-  v === 'NONE' || v === 'MUTUAL_TLS' ? v : fail(`want NONE or MUTUAL_TLS, got ${JSON.stringify(v)}`);
+  v === 'NONE' || v === 'MUTUAL_TLS' ? v : fail(`want NONE or MUTUAL_TLS, got ${quote(v)}`);
 const asTracingServiceName: FieldParser = (v, fail) =>
   typeof v === 'string' && ['APP_LABEL_AND_NAMESPACE', 'CANONICAL_NAME_ONLY', 'CANONICAL_NAME_AND_NAMESPACE'].includes(v)
     ? v
-    : fail(`want APP_LABEL_AND_NAMESPACE, CANONICAL_NAME_ONLY or CANONICAL_NAME_AND_NAMESPACE, got ${JSON.stringify(v)}`);
+    : fail(`want APP_LABEL_AND_NAMESPACE, CANONICAL_NAME_ONLY or CANONICAL_NAME_AND_NAMESPACE, got ${quote(v)}`);
 const asStatsMatcher: FieldParser = (v, fail) => {
   const o = asObject(v, fail) as Record<string, unknown>;
   for (const k of Object.keys(o)) {

@@ -1,0 +1,64 @@
+// Values that parse but cannot run, and input built to hurt: each is refused up front with one message that
+// names the field and where its value came from (issue 9, "Correctness and bad input").
+
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { buildConfig, type Flags } from '../lib/config';
+import { MAX_TIMER_MS, parseDuration } from '../lib/duration';
+import * as envs from '../lib/env';
+import { quote } from '../lib/errors';
+
+function cfg(opts: { flags?: Flags; env?: Record<string, string>; files?: Record<string, string> } = {}) {
+  return buildConfig({ flags: opts.flags ?? {}, env: opts.env ?? {}, readFile: (f) => opts.files?.[f] });
+}
+
+function rejects(fn: () => unknown, re: RegExp): string {
+  try {
+    fn();
+  } catch (e) {
+    const msg = (e as Error).message;
+    assert.match(msg, re);
+    assert.is((e as { code?: string }).code, 'CONFIG_INVALID', msg);
+    assert.not.match(msg, /\n/, 'one line');
+    return msg;
+  }
+  assert.unreachable(`expected an error matching ${re}`);
+  return '';
+}
+
+const pc = (o: Record<string, unknown>) => ({ PROXY_CONFIG: JSON.stringify(o) });
+
+// ---- item 11: durations a timer cannot hold ----
+
+test('a duration longer than a timer can hold is refused, naming the field and its source', () => {
+  rejects(() => cfg({ env: pc({ terminationDrainDuration: '1000h' }) }), /^invalid terminationDrainDuration \(from environment variable PROXY_CONFIG\): "1000h" is longer than the longest supported duration, 596h31m23\.647s$/);
+  rejects(() => cfg({ env: pc({ drainDuration: 3e6 }) }), /^invalid drainDuration \(from environment variable PROXY_CONFIG\): 3000000 seconds is longer/);
+  rejects(() => cfg({ files: { './etc/istio/config/mesh': 'defaultConfig:\n  parentShutdownDuration: 99999999999999999999h\n' } }), /parentShutdownDuration \(from mesh config .*\): .* is longer than/);
+  rejects(() => cfg({ env: pc({ fileFlushInterval: '600h' }) }), /fileFlushInterval/);
+});
+
+test('the longest timer is accepted, one millisecond more is not', () => {
+  assert.is(parseDuration('596h31m23.647s'), MAX_TIMER_MS);
+  assert.throws(() => parseDuration('596h31m23.648s'), /longer than the longest supported duration/);
+  assert.is(cfg({ env: pc({ terminationDrainDuration: '596h31m23.647s', drainDuration: '1s', parentShutdownDuration: '2s' }) }).proxy.terminationDrainDuration, MAX_TIMER_MS);
+});
+
+test('every duration environment variable refuses what a timer cannot hold', () => {
+  for (const v of [envs.MINIMUM_DRAIN_DURATION, envs.MAXIMUM_DRAIN_DURATION, envs.ENVOY_START_TIMEOUT, envs.ENVOY_RESTART_INITIAL_BACKOFF, envs.FILE_DEBOUNCE_DURATION, envs.PILOT_DEBOUNCE_MAX]) {
+    rejects(() => v.get({ [v.name]: '1000h' }), new RegExp(`^invalid ${v.name} \\(from environment variable ${v.name}\\): "1000h" is longer`));
+  }
+  rejects(() => cfg({ env: { MAXIMUM_DRAIN_DURATION: '1000h' } }), /MAXIMUM_DRAIN_DURATION/);
+  // A certificate lifetime is not a timer: 90 days stays valid.
+  assert.is(envs.SECRET_TTL.get({ SECRET_TTL: '2160h' }), 2160 * 3_600_000);
+});
+
+test('quote() cuts long values and says how long they were', () => {
+  assert.is(quote('abc'), '"abc"');
+  const q = quote('x'.repeat(50_000_000));
+  assert.ok(q.length < 260, q.slice(0, 300));
+  assert.match(q, /\.\.\. \(50000000 characters\)$/);
+  assert.is(quote(Infinity), 'Infinity');
+  assert.match(quote({ a: 'y'.repeat(1000) }, 50), /^\{"a":"y+\.\.\. \(1008 characters\)$/);
+});
+
+test.run();
