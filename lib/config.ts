@@ -5,6 +5,7 @@ import * as path from 'node:path';
 import YAML from 'yaml';
 import * as envs from './env';
 import type { Env } from './env';
+import { formatDuration } from './duration';
 import { configError, errorMessage } from './errors';
 import { asPort, defaultProxyConfig, parseProxyConfigLayer, type ProxyConfig, type ProxyConfigLayer } from './proxy-config';
 import { parseLevel } from './log';
@@ -234,7 +235,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     proxy = { ...proxy, parentShutdownDuration: proxy.drainDuration + 15_000 };
   }
   if (proxy.parentShutdownDuration <= proxy.drainDuration) {
-    throw configError('parentShutdownDuration', sources.parentShutdownDuration!, `must be longer than drainDuration (${proxy.drainDuration / 1000}s from ${sources.drainDuration}), or the parent is killed before it drains`);
+    throw configError('parentShutdownDuration', sources.parentShutdownDuration!, `${formatDuration(proxy.parentShutdownDuration)} must be longer than drainDuration (${formatDuration(proxy.drainDuration)} from ${sources.drainDuration}), or the parent is killed before it drains`);
   }
   if (proxy.statusPort === proxy.proxyAdminPort) throw configError('statusPort', sources.statusPort!, `equals proxyAdminPort ${proxy.proxyAdminPort}`);
 

@@ -61,4 +61,18 @@ test('quote() cuts long values and says how long they were', () => {
   assert.match(quote({ a: 'y'.repeat(1000) }, 50), /^\{"a":"y+\.\.\. \(1008 characters\)$/);
 });
 
+// ---- item 12: infinite and other non-durations ----
+
+test('drainDuration: .inf is refused as drainDuration, not blamed on parentShutdownDuration', () => {
+  const m = rejects(() => cfg({ env: { PROXY_CONFIG: 'drainDuration: .inf\n' } }), /^invalid drainDuration \(from environment variable PROXY_CONFIG\): Infinity seconds is not a finite duration$/);
+  assert.not.match(m, /Infinitys|parentShutdownDuration/);
+  rejects(() => cfg({ env: { PROXY_CONFIG: 'parentShutdownDuration: .inf\n' } }), /^invalid parentShutdownDuration .*not a finite duration$/);
+  rejects(() => cfg({ env: { PROXY_CONFIG: 'terminationDrainDuration: .nan\n' } }), /^invalid terminationDrainDuration .*NaN seconds is not a finite duration$/);
+  rejects(() => cfg({ env: { PROXY_CONFIG: 'drainDuration: -5\n' } }), /^invalid drainDuration .*: -5 seconds is negative$/);
+});
+
+test('parentShutdownDuration not above drainDuration is explained in Go duration form', () => {
+  rejects(() => cfg({ env: pc({ drainDuration: '90s', parentShutdownDuration: '1m30s' }) }), /^invalid parentShutdownDuration \(from environment variable PROXY_CONFIG\): 1m30s must be longer than drainDuration \(1m30s from environment variable PROXY_CONFIG\)/);
+});
+
 test.run();
