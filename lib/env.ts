@@ -2,7 +2,7 @@
 // Readers take an env object so tests and pure code never touch process.env directly.
 
 import { type DurationLimits, parseDuration } from './duration';
-import { configError } from './errors';
+import { configError, quote } from './errors';
 
 export type Env = Readonly<Record<string, string | undefined>>;
 
@@ -42,17 +42,18 @@ export const bool = (name: string, def: boolean, desc: string) =>
     const t = r.trim().toLowerCase();
     if (['1', 'true', 't', 'yes', 'on'].includes(t)) return true;
     if (['0', 'false', 'f', 'no', 'off'].includes(t)) return false;
-    throw new Error(`"${r}" is not a boolean`);
+    throw new Error(`${quote(r)} is not a boolean`);
   }, def);
 export const int = (name: string, def: number, desc: string) =>
   register(name, String(def), desc, (r) => {
-    if (!/^-?\d+$/.test(r.trim())) throw new Error(`"${r}" is not an integer`);
-    return parseInt(r, 10);
+    const n = Number(r.trim());
+    if (!/^-?\d+$/.test(r.trim()) || !Number.isSafeInteger(n)) throw new Error(`${quote(r)} is not an integer`);
+    return n;
   }, def);
 export const float = (name: string, def: number, desc: string) =>
   register(name, String(def), desc, (r) => {
     const n = Number(r);
-    if (!Number.isFinite(n)) throw new Error(`"${r}" is not a number`);
+    if (!Number.isFinite(n)) throw new Error(`${quote(r)} is not a number`);
     return n;
   }, def);
 /** Milliseconds; at most MAX_TIMER_MS unless `limits` says otherwise (a value a timer cannot hold is an error). */

@@ -98,9 +98,29 @@ export const asPort: FieldParser = (v, fail) => {
 };
 const asNonNegInt: FieldParser = (v, fail) => {
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
-  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) return fail(`want a non-negative integer, got ${quote(v)}`);
+  // isSafeInteger: 1e30 is an "integer" to Number.isInteger, and no field here can use it.
+  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0) return fail(`want a non-negative integer, got ${quote(v)}`);
   return n;
 };
+
+/**
+ * Envoy runs one worker thread per unit of concurrency, each with its own listeners and connection pools. No host
+ * has use for more than this; a larger value is a typo that would start that many threads or fail to.
+ */
+export const MAX_CONCURRENCY = 1024;
+
+export function concurrencyProblem(n: unknown): string | undefined {
+  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0) return `want a non-negative integer (0: one worker per core), got ${quote(n)}`;
+  if (n > MAX_CONCURRENCY) return `${n} is above the maximum ${MAX_CONCURRENCY} worker threads`;
+  return undefined;
+}
+
+const asConcurrency: FieldParser = (v, fail) => {
+  const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
+  const problem = concurrencyProblem(n);
+  return problem ? fail(problem) : n;
+};
+
 const asBool: FieldParser = (v, fail) => (typeof v === 'boolean' ? v : fail(`want true or false, got ${quote(v)}`));
 const asStringMap: FieldParser = (v, fail) => {
   if (v === null || typeof v !== 'object' || Array.isArray(v)) return fail('want a map of strings');
@@ -141,7 +161,7 @@ const FIELDS: Record<Exclude<keyof ProxyConfig, 'extra'>, FieldParser> = {
   proxyAdminPort: asPort,
   statusPort: asPort,
   controlPlaneAuthPolicy: asAuthPolicy,
-  concurrency: asNonNegInt,
+  concurrency: asConcurrency,
   statNameLength: asNonNegInt,
   proxyMetadata: asStringMap,
   customConfigFile: asString,

@@ -75,4 +75,44 @@ test('parentShutdownDuration not above drainDuration is explained in Go duration
   rejects(() => cfg({ env: pc({ drainDuration: '90s', parentShutdownDuration: '1m30s' }) }), /^invalid parentShutdownDuration \(from environment variable PROXY_CONFIG\): 1m30s must be longer than drainDuration \(1m30s from environment variable PROXY_CONFIG\)/);
 });
 
+// ---- item 8: values that pass each field's check but cannot run ----
+
+test('concurrency must be a whole number of worker threads Envoy can start', () => {
+  rejects(() => cfg({ env: pc({ concurrency: 1e30 }) }), /^invalid concurrency \(from environment variable PROXY_CONFIG\): .*got 1e\+30$/);
+  rejects(() => cfg({ env: pc({ concurrency: -1 }) }), /^invalid concurrency .*got -1$/);
+  rejects(() => cfg({ env: pc({ concurrency: 1.5 }) }), /^invalid concurrency .*got 1\.5$/);
+  rejects(() => cfg({ env: pc({ concurrency: 5000 }) }), /^invalid concurrency .*5000 is above the maximum 1024/);
+  rejects(() => cfg({ flags: { concurrency: 1e30 } }), /^invalid concurrency \(from --concurrency\)/);
+  rejects(() => cfg({ flags: { concurrency: -2 } }), /^invalid concurrency \(from --concurrency\)/);
+  rejects(() => cfg({ env: { ISTIO_CPU_LIMIT: '100000' } }), /^invalid concurrency \(from environment variable ISTIO_CPU_LIMIT\): 100000 is above/);
+  rejects(() => cfg({ env: { ISTIO_CPU_LIMIT: '99999999999999999999' } }), /^invalid ISTIO_CPU_LIMIT .*is not an integer/);
+  assert.is(cfg({ env: pc({ concurrency: 1024 }) }).concurrency, 1024);
+  assert.is(cfg({ flags: { concurrency: 0 } }).concurrency, 0);
+});
+
+test('two of the agent\'s and Envoy\'s ports that collide are refused, blaming the one that was set', () => {
+  rejects(() => cfg({ env: pc({ proxyAdminPort: 15090 }) }), /^invalid proxyAdminPort \(from environment variable PROXY_CONFIG\): port 15090 is also ENVOY_PROMETHEUS_PORT, Envoy's Prometheus listener \(from default\)/);
+  rejects(() => cfg({ env: pc({ proxyAdminPort: 15021 }) }), /^invalid proxyAdminPort .*: port 15021 is also ENVOY_STATUS_PORT/);
+  rejects(() => cfg({ env: pc({ proxyAdminPort: 15020 }) }), /^invalid proxyAdminPort .*: port 15020 is also statusPort/);
+  rejects(() => cfg({ env: { ENVOY_STATUS_PORT: '15020' } }), /^invalid ENVOY_STATUS_PORT \(from environment variable ENVOY_STATUS_PORT\): port 15020 is also statusPort, the agent's status server \(from default\)/);
+  rejects(() => cfg({ env: { ENVOY_PROMETHEUS_PORT: '15021' } }), /^invalid ENVOY_PROMETHEUS_PORT .*also ENVOY_STATUS_PORT/);
+  rejects(() => cfg({ env: { ...pc({ statusPort: 16000 }), ENVOY_STATUS_PORT: '16000' } }), /^invalid ENVOY_STATUS_PORT .*port 16000 is also statusPort.*\(from environment variable PROXY_CONFIG\)/);
+  rejects(() => cfg({ env: { ...pc({ proxyMetadata: { ENVOY_PROMETHEUS_PORT: '15000' } }) } }), /^invalid ENVOY_PROMETHEUS_PORT \(from proxyMetadata.ENVOY_PROMETHEUS_PORT in environment variable PROXY_CONFIG\)/);
+  rejects(() => cfg({ env: { ISTIO_META_ENABLE_DNS_SERVER: 'true', DNS_PROXY_ADDR: 'localhost:15020' } }), /^invalid DNS_PROXY_ADDR .*port 15020 is also statusPort/);
+  rejects(() => cfg({ env: { ISTIO_META_ENABLE_DNS_SERVER: 'true', DNS_PROXY_ADDR: 'localhost:99999' } }), /^invalid DNS_PROXY_ADDR .*1-65535/);
+  // The old single check still holds.
+  rejects(() => cfg({ env: pc({ statusPort: 15000 }) }), /^invalid statusPort .*also proxyAdminPort/);
+  cfg({ env: { ...pc({ proxyAdminPort: 16000, statusPort: 16001 }), ENVOY_STATUS_PORT: '16002', ENVOY_PROMETHEUS_PORT: '16003' } });
+});
+
+test('ports outside 1-65535 are refused wherever they come from', () => {
+  for (const port of [0, 65536, -1, 99999]) {
+    rejects(() => cfg({ env: pc({ proxyAdminPort: port }) }), /^invalid proxyAdminPort .*out of range 1-65535/);
+    rejects(() => cfg({ env: pc({ statusPort: port }) }), /^invalid statusPort .*out of range 1-65535/);
+    rejects(() => cfg({ env: { ENVOY_STATUS_PORT: String(port) } }), /^invalid ENVOY_STATUS_PORT \(from environment variable ENVOY_STATUS_PORT\).*out of range 1-65535/);
+    rejects(() => cfg({ env: { ENVOY_PROMETHEUS_PORT: String(port) } }), /^invalid ENVOY_PROMETHEUS_PORT .*out of range 1-65535/);
+  }
+  rejects(() => cfg({ files: { './etc/istio/pod/annotations': 'status.sidecar.istio.io/port="70000"\n' } }), /^invalid statusPort \(from annotation status.sidecar.istio.io\/port\)/);
+});
+
 test.run();
