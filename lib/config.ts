@@ -7,7 +7,7 @@ import * as envs from './env';
 import type { Env } from './env';
 import { formatDuration } from './duration';
 import { configError, errorMessage } from './errors';
-import { asPort, concurrencyProblem, defaultProxyConfig, parseProxyConfigLayer, type ProxyConfig, type ProxyConfigLayer } from './proxy-config';
+import { asPort, concurrencyProblem, defaultProxyConfig, discoveryAddressProblem, parseProxyConfigLayer, type ProxyConfig, type ProxyConfigLayer } from './proxy-config';
 import { parseLevel } from './log';
 
 export type ProxyType = 'sidecar' | 'router';
@@ -237,6 +237,9 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   if (proxy.parentShutdownDuration <= proxy.drainDuration) {
     throw configError('parentShutdownDuration', sources.parentShutdownDuration!, `${formatDuration(proxy.parentShutdownDuration)} must be longer than drainDuration (${formatDuration(proxy.drainDuration)} from ${sources.drainDuration}), or the parent is killed before it drains`);
   }
+
+  const addressBad = discoveryAddressProblem(proxy.discoveryAddress);
+  if (addressBad) throw configError('discoveryAddress', sources.discoveryAddress!, addressBad);
 
   const requested = flags.proxyType ?? 'sidecar';
   if (!['sidecar', 'router', 'ingress', 'waypoint'].includes(requested)) {

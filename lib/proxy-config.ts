@@ -1,6 +1,7 @@
 // Istio's ProxyConfig: field names, defaults, and strict parsing of one layer (mesh file, PROXY_CONFIG, annotation).
 // Layers replace whole top-level fields, as Istio's merge does; durations are kept as milliseconds.
 
+import * as net from 'node:net';
 import { checkDurationMs, parseDuration } from './duration';
 import { configError, quote } from './errors';
 
@@ -77,6 +78,29 @@ export function defaultProxyConfig(): ProxyConfig {
     tracingServiceName: '',
     extra: {},
   };
+}
+
+const HOSTNAME = /^(?=.{1,253}$)[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9_])?(\.[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9_])?)*\.?$/;
+
+/**
+ * What is wrong with a discovery address, or undefined: the forms the xDS proxy dials are `host:port`,
+ * `[IPv6]:port`, and a Unix socket as `unix:///abs/path` (or gRPC's `unix:path`).
+ */
+export function discoveryAddressProblem(address: string): string | undefined {
+  const want = 'want host:port, [IPv6]:port or unix:///path/to/socket';
+  if (address.startsWith('unix:')) {
+    const rest = address.slice('unix:'.length);
+    if (rest.startsWith('//') && !rest.slice(2).startsWith('/')) return `${quote(address)} is not a Unix socket address: unix:// takes an absolute path (unix:///run/xds.sock)`;
+    if (rest.replace(/^\/\//, '') === '') return `${quote(address)} names no socket path`;
+    return undefined;
+  }
+  if (/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(address)) return `${quote(address)} has a URL scheme; ${want} (TLS is chosen by controlPlaneAuthPolicy)`;
+  const m = /^\[([^\]]*)\]:([^:]*)$/.exec(address) ?? /^([^:[\]]*):([^:]*)$/.exec(address);
+  if (!m) return `${quote(address)} is not an address; ${want}`;
+  const [, host, port] = m as unknown as [string, string, string];
+  if (address.startsWith('[') ? !net.isIPv6(host) : !(net.isIPv4(host) || HOSTNAME.test(host))) return `${quote(address)}: ${quote(host)} is not a host name or IP address; ${want}`;
+  if (!/^\d{1,5}$/.test(port) || +port < 1 || +port > 65535) return `${quote(address)}: port ${quote(port)} is out of range 1-65535`;
+  return undefined;
 }
 
 type FieldParser = (value: unknown, fail: (problem: string) => never) => unknown;

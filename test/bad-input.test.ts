@@ -115,4 +115,35 @@ test('ports outside 1-65535 are refused wherever they come from', () => {
   rejects(() => cfg({ files: { './etc/istio/pod/annotations': 'status.sidecar.istio.io/port="70000"\n' } }), /^invalid statusPort \(from annotation status.sidecar.istio.io\/port\)/);
 });
 
+// ---- item 10: discoveryAddress ----
+
+test('a discoveryAddress the xDS proxy cannot dial is refused at startup', () => {
+  const bad: [string, RegExp][] = [
+    ['garbage', /"garbage" is not an address; want host:port, \[IPv6\]:port or unix:\/\/\/path/],
+    ['host:99999', /port "99999" is out of range 1-65535/],
+    ['host:0', /port "0" is out of range/],
+    ['host:', /port "" is out of range/],
+    [':15012', /"" is not a host name/],
+    ['http://istiod:15012', /has a URL scheme/],
+    ['https://istiod.istio-system.svc:15012', /has a URL scheme/],
+    ['bad host:15012', /"bad host" is not a host name/],
+    ['[::1:15012', /is not an address/],
+    ['[not-v6]:15012', /"not-v6" is not a host name or IP address/],
+    ['::1:15012', /is not an address/],
+    ['unix://relative.sock', /unix:\/\/ takes an absolute path/],
+    ['unix:', /names no socket path/],
+    ['x'.repeat(100_000), /"x{200}"\.\.\. \(100000 characters\) is not an address/],
+  ];
+  for (const [addr, re] of bad) {
+    const m = rejects(() => cfg({ env: pc({ discoveryAddress: addr }) }), /^invalid discoveryAddress \(from environment variable PROXY_CONFIG\): /);
+    assert.match(m, re, addr.slice(0, 50));
+    assert.ok(m.length < 400, 'short message');
+  }
+  rejects(() => cfg({ files: { './etc/istio/pod/annotations': 'sidecar.istio.io/discoveryAddress="istiod"\n' } }), /^invalid discoveryAddress \(from annotation sidecar.istio.io\/discoveryAddress\)/);
+  for (const ok of ['istiod.istio-system.svc:15012', '127.0.0.1:15010', '[::1]:15012', '[fd00::1]:443', 'localhost:1', 'unix:///run/xds.sock', 'unix:/run/xds.sock', 'unix:rel.sock', 'istiod.istio-system.svc.cluster.local.:15012']) {
+    assert.is(cfg({ env: pc({ discoveryAddress: ok }) }).proxy.discoveryAddress, ok);
+  }
+  assert.is(cfg().proxy.discoveryAddress, 'istiod.istio-system.svc:15012');
+});
+
 test.run();
