@@ -5,6 +5,7 @@ import * as path from 'node:path';
 import YAML from 'yaml';
 import * as envs from './env';
 import type { Env } from './env';
+import { dict } from './dict';
 import { formatDuration } from './duration';
 import { configError, errorMessage } from './errors';
 import { asPort, concurrencyProblem, defaultProxyConfig, discoveryAddressProblem, parseProxyConfigLayer, type ProxyConfig, type ProxyConfigLayer } from './proxy-config';
@@ -117,7 +118,7 @@ function parseYamlOrJson(text: string, source: string): unknown {
 
 /** Parses Kubernetes downward-API files: `key="value"` lines with Go-quoted values. */
 export function parseDownwardApi(text: string): Record<string, string> {
-  const out: Record<string, string> = {};
+  const out = dict<string>();
   for (const line of text.split('\n')) {
     const m = /^([^=]+)=(.*)$/.exec(line.trim());
     if (!m) continue;
@@ -150,7 +151,7 @@ export function splitProxyLogLevel(spec: string, source: string): { level: strin
 
 export function buildConfig(inputs: ConfigInputs): AgentConfig {
   const { flags, env } = inputs;
-  const sources: Record<string, string> = {};
+  const sources = dict<string>();
   let proxy: ProxyConfig = defaultProxyConfig();
   for (const k of Object.keys(proxy)) sources[k] = 'default';
 
@@ -192,8 +193,8 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
 
   const labelsText = inputs.readFile(POD_LABELS_FILE);
   const annotationsText = inputs.readFile(POD_ANNOTATIONS_FILE);
-  const podLabels = labelsText ? parseDownwardApi(labelsText) : {};
-  const podAnnotations = annotationsText ? parseDownwardApi(annotationsText) : {};
+  const podLabels = labelsText ? parseDownwardApi(labelsText) : dict<string>();
+  const podAnnotations = annotationsText ? parseDownwardApi(annotationsText) : dict<string>();
   const annSrc = `annotation proxy.istio.io/config in ${POD_ANNOTATIONS_FILE}`;
   if (podAnnotations['proxy.istio.io/config']) apply(parseProxyConfigLayer(parseYamlOrJson(podAnnotations['proxy.istio.io/config'], annSrc), annSrc), annSrc);
   if (podAnnotations['sidecar.istio.io/discoveryAddress']) apply({ discoveryAddress: podAnnotations['sidecar.istio.io/discoveryAddress'] }, 'annotation sidecar.istio.io/discoveryAddress');
@@ -203,7 +204,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   }
 
   // proxyMetadata entries act as environment variables (Istio applies them before reading env).
-  const effEnv: Env = { ...proxy.proxyMetadata, ...env };
+  const effEnv: Env = dict({ ...proxy.proxyMetadata, ...env });
 
   // Flags.
   if (flags.serviceCluster !== undefined && !proxy.tracingServiceName) apply({ serviceCluster: flags.serviceCluster }, '--serviceCluster');

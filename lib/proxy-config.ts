@@ -3,6 +3,7 @@
 
 import * as net from 'node:net';
 import { checkDurationMs, parseDuration } from './duration';
+import { dict } from './dict';
 import { configError, quote } from './errors';
 
 export interface StatsMatcher {
@@ -148,9 +149,9 @@ const asConcurrency: FieldParser = (v, fail) => {
 const asBool: FieldParser = (v, fail) => (typeof v === 'boolean' ? v : fail(`want true or false, got ${quote(v)}`));
 const asStringMap: FieldParser = (v, fail) => {
   if (v === null || typeof v !== 'object' || Array.isArray(v)) return fail('want a map of strings');
-  const out: Record<string, string> = {};
+  const out = dict<string>();
   for (const [k, x] of Object.entries(v)) {
-    if (typeof x !== 'string' && typeof x !== 'number' && typeof x !== 'boolean') return fail(`value of "${k}" must be a string`);
+    if (typeof x !== 'string' && typeof x !== 'number' && typeof x !== 'boolean') return fail(`value of ${quote(k)} must be a string`);
     out[k] = String(x);
   }
   return out;
@@ -216,12 +217,13 @@ export type ProxyConfigLayer = Partial<ProxyConfig>;
 export function parseProxyConfigLayer(raw: unknown, source: string): ProxyConfigLayer {
   if (raw === undefined || raw === null) return {};
   if (typeof raw !== 'object' || Array.isArray(raw)) throw configError('ProxyConfig', source, 'want a mapping of ProxyConfig fields');
-  const out: Record<string, unknown> = {};
+  const out = dict<unknown>();
   for (const [key, value] of Object.entries(raw as Record<string, unknown>)) {
-    const parse = (FIELDS as Record<string, FieldParser | undefined>)[key];
+    // Own fields only: `constructor` or `__proto__` is an unknown field, not Object.prototype's.
+    const parse = Object.hasOwn(FIELDS, key) ? (FIELDS as Record<string, FieldParser>)[key] : undefined;
     if (!parse) {
-      if (!ACCEPTED_UNUSED.has(key)) throw configError(key, source, 'unknown ProxyConfig field');
-      if (value !== null) ((out.extra ??= {}) as Record<string, unknown>)[key] = value;
+      if (!ACCEPTED_UNUSED.has(key)) throw configError(/^[\w.-]{1,60}$/.test(key) ? key : quote(key, 60), source, 'unknown ProxyConfig field');
+      if (value !== null) ((out.extra ??= dict()) as Record<string, unknown>)[key] = value;
       continue;
     }
     if (value === null) continue;

@@ -7,6 +7,11 @@ import { buildConfig, type Flags } from '../lib/config';
 import { MAX_TIMER_MS, parseDuration } from '../lib/duration';
 import * as envs from '../lib/env';
 import { quote } from '../lib/errors';
+import { buildNodeIdentity } from '../lib/node-identity';
+import { mergeBootstrapOverride } from '../lib/bootstrap';
+import { renderGoTemplate } from '../lib/go-template';
+import { parseConfigFile } from '../lib/discovery/yaml-file';
+import { proxyFromNode } from '../lib/discovery/proxy';
 
 function cfg(opts: { flags?: Flags; env?: Record<string, string>; files?: Record<string, string> } = {}) {
   return buildConfig({ flags: opts.flags ?? {}, env: opts.env ?? {}, readFile: (f) => opts.files?.[f] });
@@ -144,6 +149,65 @@ test('a discoveryAddress the xDS proxy cannot dial is refused at startup', () =>
     assert.is(cfg({ env: pc({ discoveryAddress: ok }) }).proxy.discoveryAddress, ok);
   }
   assert.is(cfg().proxy.discoveryAddress, 'istiod.istio-system.svc:15012');
+});
+
+// ---- item 13: prototype pollution through user-supplied objects ----
+
+const HOST = [{ address: '10.0.0.1', family: 'IPv4' as const, internal: false }];
+
+test('ISTIO_METAJSON_* with __proto__ cannot remove or replace node metadata', () => {
+  const env = { POD_NAMESPACE: 'shop', POD_NAME: 'web-1', ISTIO_METAJSON_X: '{"__proto__":{"NAMESPACE":"evil","NAME":"evil","SERVICE_ACCOUNT":"evil"},"APP":"web"}' };
+  const c = cfg({ env: { ...env, SERVICE_ACCOUNT: 'sa' } });
+  const node = buildNodeIdentity(c, { ...env, SERVICE_ACCOUNT: 'sa' }, HOST, '1.0.0');
+  const meta = JSON.parse(JSON.stringify(node.metadata));
+  assert.is(meta.NAMESPACE, 'shop');
+  assert.is(meta.NAME, 'web-1');
+  assert.is(meta.SERVICE_ACCOUNT, 'sa');
+  assert.is(meta.APP, 'web');
+  assert.equal(meta.__proto__, { NAMESPACE: 'evil', NAME: 'evil', SERVICE_ACCOUNT: 'evil' }, 'kept as a plain key, as Go would');
+  assert.is(({} as Record<string, unknown>).NAMESPACE, undefined, 'Object.prototype untouched');
+  const labels = buildNodeIdentity(cfg({ env: { ISTIO_METAJSON_LABELS: '{"__proto__":{"app":"evil"},"app":"web"}' } }), { ISTIO_METAJSON_LABELS: '{"__proto__":{"app":"evil"},"app":"web"}' }, HOST, '1').metadata.LABELS as Record<string, unknown>;
+  assert.is(labels.app, 'web');
+});
+
+test('__proto__ and constructor in PROXY_CONFIG, proxyMetadata and annotations are keys, not prototypes', () => {
+  rejects(() => cfg({ env: { PROXY_CONFIG: '{"__proto__": {"statusPort": 1}}' } }), /^invalid __proto__ \(from environment variable PROXY_CONFIG\): unknown ProxyConfig field$/);
+  rejects(() => cfg({ env: { PROXY_CONFIG: 'constructor: 1\n' } }), /^invalid constructor .*unknown ProxyConfig field$/);
+  const c = cfg({ env: { PROXY_CONFIG: '{"proxyMetadata": {"__proto__": "x", "ISTIO_META_A": "b"}}' } });
+  assert.equal(Object.keys(c.proxy.proxyMetadata).sort(), ['ISTIO_META_A', '__proto__']);
+  const a = cfg({ files: { './etc/istio/pod/annotations': '__proto__="x"\nconstructor="y"\n', './etc/istio/pod/labels': '__proto__="z"\n' } });
+  assert.is(a.podAnnotations.__proto__, 'x');
+  assert.is(a.podAnnotations.constructor, 'y');
+  assert.is(a.podLabels.__proto__, 'z');
+});
+
+test('a bootstrap override with __proto__ does not change the merged object\'s prototype', () => {
+  const merged = mergeBootstrapOverride({ admin: { a: 1 } }, JSON.parse('{"__proto__": {"admin": {"evil": true}}, "node": {"__proto__": {"id": "evil"}}}'));
+  assert.equal((merged.admin as Record<string, unknown>).a, 1);
+  assert.is(Object.getPrototypeOf(merged), Object.prototype);
+  assert.is((merged.node as Record<string, unknown>).id, undefined);
+  assert.ok(Object.hasOwn(merged, '__proto__'), 'kept as a field, for Envoy to reject');
+});
+
+test('a bootstrap template cannot reach Object.prototype through {{ .constructor }}', () => {
+  let out = '';
+  try {
+    out = renderGoTemplate('{"x": "{{ .constructor }}", "y": "{{ .__proto__ }}"}', { a: 1 });
+  } catch (e) {
+    out = (e as Error).message;
+  }
+  assert.not.match(out, /function|Object|\[object/);
+});
+
+test('discovery YAML and xDS node metadata with __proto__ keys are data', () => {
+  const yaml = 'apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata:\n  name: a\n  labels:\n    __proto__: x\n    app: a\nspec:\n  hosts: [a.example]\n  ports: [{number: 80, name: http, protocol: HTTP}]\n  resolution: STATIC\n  endpoints: [{address: 10.0.0.1}]\n';
+  const r = parseConfigFile('a.yaml', yaml);
+  assert.equal(r.issues, []);
+  assert.equal(Object.keys(r.configs[0]!.meta.labels).sort(), ['__proto__', 'app']);
+  // What protobufjs gives for a Struct whose key is "__proto__": an own property.
+  const fields = JSON.parse('{"__proto__": {"structValue": {"fields": {"LABELS": {"structValue": {"fields": {"app": {"stringValue": "evil"}}}}}}}}');
+  const node = { id: 'sidecar~10.0.0.1~a.ns~ns.svc.cluster.local', metadata: { fields } };
+  assert.equal({ ...proxyFromNode(node).labels }, {});
 });
 
 test.run();

@@ -2,6 +2,7 @@
 // collected as (path, message) so the caller can point at the exact line. Unknown fields are problems too.
 
 import { MAX_PROTO_DURATION_MS, parseDuration } from '../duration';
+import { dict } from '../dict';
 import { quote } from '../errors';
 
 export type Path = (string | number)[];
@@ -106,7 +107,7 @@ export class Reader {
   }
 
   stringMap(v: unknown, path: Path): Record<string, string> {
-    const out: Record<string, string> = {};
+    const out = dict<string>();
     if (v === undefined || v === null) return out;
     if (typeof v !== 'object' || Array.isArray(v)) {
       this.fail(path, `must be a mapping of strings, not ${describeValue(v)}`);
