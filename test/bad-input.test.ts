@@ -7,6 +7,10 @@ import { buildConfig, type Flags } from '../lib/config';
 import { MAX_TIMER_MS, parseDuration } from '../lib/duration';
 import * as envs from '../lib/env';
 import { quote } from '../lib/errors';
+import { mkdirs } from '../lib/fs-atomic';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
 import { buildNodeIdentity } from '../lib/node-identity';
 import { mergeBootstrapOverride } from '../lib/bootstrap';
 import { renderGoTemplate } from '../lib/go-template';
@@ -208,6 +212,24 @@ test('discovery YAML and xDS node metadata with __proto__ keys are data', () => 
   const fields = JSON.parse('{"__proto__": {"structValue": {"fields": {"LABELS": {"structValue": {"fields": {"app": {"stringValue": "evil"}}}}}}}}');
   const node = { id: 'sidecar~10.0.0.1~a.ns~ns.svc.cluster.local', metadata: { fields } };
   assert.equal({ ...proxyFromNode(node).labels }, {});
+});
+
+// ---- item 16: configPath under /proc ----
+
+test('creating a directory under /proc or /sys fails at once instead of looping forever', () => {
+  assert.throws(() => mkdirs('/proc/foo'), /cannot create directory \/proc\/foo: ENOENT/);
+  assert.throws(() => mkdirs('/proc/foo/bar/baz'), /cannot create directory \/proc\/foo\/bar\/baz: ENOENT.*'\/proc\/foo'/);
+  assert.throws(() => mkdirs('/dev/null/x'), /cannot create directory \/dev\/null\/x/);
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'mkdirs-'));
+  try {
+    mkdirs(path.join(tmp, 'a/b/c'));
+    mkdirs(path.join(tmp, 'a/b/c'));
+    assert.ok(fs.statSync(path.join(tmp, 'a/b/c')).isDirectory());
+    fs.writeFileSync(path.join(tmp, 'file'), '');
+    assert.throws(() => mkdirs(path.join(tmp, 'file')), /is not a directory/);
+  } finally {
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
 });
 
 test.run();
