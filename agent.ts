@@ -151,7 +151,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   if (cfg.standaloneDir) {
     const { DiscoveryServer } = await import('./lib/discovery/index');
     const sock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
-    discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${sock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy } });
+    discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${sock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy }, ...cfg.discoveryLimits });
     upstream = { address: `unix://${sock}`, tls: false };
     log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
   }

@@ -74,6 +74,8 @@ export interface AgentConfig {
   xdsSocket: string;
   sdsSocket: string;
   standaloneDir: string;
+  /** Limits on the standalone directory's files (DISCOVERY_MAX_FILE_BYTES, DISCOVERY_MAX_DOCUMENTS). */
+  discoveryLimits: { maxFileBytes: number; maxDocuments: number };
   /** Pod labels and annotations read from ./etc/istio/pod. */
   podLabels: Record<string, string>;
   podAnnotations: Record<string, string>;
@@ -316,6 +318,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     xdsSocket: path.join(proxy.configPath, 'XDS'),
     sdsSocket: SDS_SOCKET,
     standaloneDir: flags.standalone ?? '',
+    discoveryLimits: { maxFileBytes: envs.DISCOVERY_MAX_FILE_BYTES.get(effEnv), maxDocuments: envs.DISCOVERY_MAX_DOCUMENTS.get(effEnv) },
     podLabels,
     podAnnotations,
     skipDeprecatedLogs: envs.ENVOY_SKIP_DEPRECATED_LOGS.get(effEnv),

@@ -182,3 +182,13 @@ export const ENVOY_SECURE_MERGED_METRICS_PORT = int('ENVOY_SECURE_MERGED_METRICS
 
 // ---- Envoy supervision (restart budget) ----
 export const ENVOY_HEALTHY_RESET_DURATION = duration('ENVOY_HEALTHY_RESET_DURATION', '1m', 'An Envoy epoch live this long restores the restart budget and backoff (as kubelet resets its crash-loop backoff)');
+
+// ---- bad input limits (issue 9, harden-input) ----
+const positiveInt = (name: string, def: number, desc: string) =>
+  register(name, String(def), desc, (r) => {
+    const n = Number(r.trim());
+    if (!/^\d+$/.test(r.trim()) || !Number.isSafeInteger(n) || n < 1) throw new Error(`want a positive integer, got ${quote(r)}`);
+    return n;
+  }, def);
+export const DISCOVERY_MAX_FILE_BYTES = positiveInt('DISCOVERY_MAX_FILE_BYTES', 4 * 1024 * 1024, 'Discovery server: largest config file read (bytes); a larger one is reported and its last good content kept');
+export const DISCOVERY_MAX_DOCUMENTS = positiveInt('DISCOVERY_MAX_DOCUMENTS', 10_000, 'Discovery server: most YAML documents in one config file');

@@ -104,7 +104,7 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
           if (added.has(once)) continue;
           added.add(once);
           const routes = hosts.get(h) ?? [];
-          routes.push(...vsRoutes(push, vs, port, false));
+          for (const r of vsRoutes(push, vs, port, false)) routes.push(r); // not push(...): one VS may hold 100,000 routes
           hosts.set(h, routes);
         }
       }

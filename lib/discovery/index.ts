@@ -6,7 +6,7 @@
 
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
-import { PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
+import { DISCOVERY_MAX_DOCUMENTS, DISCOVERY_MAX_FILE_BYTES, PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
 import { timestamp, scope } from '../log';
 import { AdsServer, type ConnectionStatus } from './ads-server';
 import type { Nack } from './ads-connection';
@@ -34,6 +34,15 @@ export interface DiscoveryOptions {
   fileDebounceMs?: number;
   /** meshConfig fields routing depends on (default: outboundTrafficPolicy ALLOW_ANY, as Istio). */
   mesh?: Partial<MeshConfig>;
+  /** Largest config file read (default 4 MiB, DISCOVERY_MAX_FILE_BYTES). */
+  maxFileBytes?: number;
+  /** Most documents in one config file (default 10,000, DISCOVERY_MAX_DOCUMENTS). */
+  maxDocuments?: number;
+}
+
+/** The file limits from the environment (DISCOVERY_MAX_FILE_BYTES, DISCOVERY_MAX_DOCUMENTS). */
+export function fileLimitsFromEnv(env: Env): Pick<DiscoveryOptions, 'maxFileBytes' | 'maxDocuments'> {
+  return { maxFileBytes: DISCOVERY_MAX_FILE_BYTES.get(env), maxDocuments: DISCOVERY_MAX_DOCUMENTS.get(env) };
 }
 
 export interface DiscoveryStatus {
@@ -70,7 +79,13 @@ export class DiscoveryServer implements Component {
   constructor(private readonly o: DiscoveryOptions) {
     this.closed = new Promise((r) => (this.resolveClosed = r));
     this.mesh = Object.freeze({ ...DEFAULT_MESH, ...o.mesh });
-    this.files = new FileConfigSource({ dir: o.configDir, store: this.store, quietMs: o.fileDebounceMs ?? 50 });
+    this.files = new FileConfigSource({
+      dir: o.configDir,
+      store: this.store,
+      quietMs: o.fileDebounceMs ?? 50,
+      ...(o.maxFileBytes !== undefined && { maxFileBytes: o.maxFileBytes }),
+      ...(o.maxDocuments !== undefined && { maxDocuments: o.maxDocuments }),
+    });
     this.debouncer = new Debouncer({ quietMs: o.debounceMs ?? 100, maxDelayMs: o.maxDelayMs ?? 10_000, onFlush: (req) => this.onFlush(req) });
     this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
     this.ads = new AdsServer({ current: () => this.push, onHealth: (p, e) => this.health.report(p, e) });
@@ -100,7 +115,7 @@ export class DiscoveryServer implements Component {
     try {
       let issues: ConfigIssue[];
       try {
-        issues = this.files.sync({ report: false }).issues;
+        issues = (await this.files.sync({ report: false })).issues;
       } catch (e) {
         throw new AgentError('CONFIG_INVALID', `cannot read config directory ${this.o.configDir}: ${errorMessage(e)}`, e);
       }
@@ -159,12 +174,14 @@ export class DiscoveryServer implements Component {
   }
 
   /** Re-reads the config directory now. */
-  reload(): void {
-    this.files.sync();
+  reload(): Promise<void> {
+    return this.files.sync().then(() => undefined);
   }
 
   private onFlush(req: PushRequest): void {
     if (this.state !== 'running') return;
+    // A set being applied is not snapshotted half way: the merged request waits for the next quiet period.
+    if (this.files.applying) return this.debouncer.push(req);
     const t0 = performance.now();
     try {
       this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
@@ -208,6 +225,7 @@ export async function runDiscoveryCommand(
       mesh: argv.outboundTrafficPolicy ? { outboundTrafficPolicy: argv.outboundTrafficPolicy } : {},
       debounceMs: PILOT_DEBOUNCE_AFTER.get(env),
       maxDelayMs: PILOT_DEBOUNCE_MAX.get(env),
+      ...fileLimitsFromEnv(env),
     });
     await server.start();
   } catch (e) {
