@@ -3,8 +3,8 @@
 // - a file that does not parse or validate keeps its last good content in force;
 // - a set that fails the cross checks (duplicates, references) is not applied at all; the store keeps the last
 //   good set until the files are fixed.
-// - a file that cannot be read (a FIFO, a file above the size limit) is an issue like any other: its last good
-//   content stays in force;
+// - a file that cannot be read (a dangling symlink, a symlink loop, a FIFO, a file above the size limit) is an issue
+//   like any other: its last good content stays in force;
 // - files are read and parsed one document at a time with the event loop given back in between, so the servers of
 //   the same process keep answering while a large directory loads; syncs never overlap.
 // Every issue is logged once, naming the file, the document and the field.
@@ -186,8 +186,9 @@ export class FileConfigSource {
     let stat: fs.Stats;
     try {
       stat = fs.statSync(full);
-    } catch {
-      return undefined; // removed between readdir and stat
+    } catch (e) {
+      const problem = brokenLink(full, e as NodeJS.ErrnoException);
+      return problem === undefined ? undefined : unreadable(problem);
     }
     if (stat.isDirectory()) return undefined;
     // Reading a FIFO blocks until a writer comes; a device may never end.
@@ -287,6 +288,24 @@ function readAtMost(file: string, limit: number): Buffer {
   } finally {
     fs.closeSync(fd);
   }
+}
+
+/**
+ * Why a directory entry that stat() refuses cannot be read, or undefined when it is simply gone (removed between
+ * readdir and stat). A dangling symlink or a loop is an error to report, not a removed file: treating it as
+ * removed deleted its services and logged "config errors resolved".
+ */
+function brokenLink(full: string, err: NodeJS.ErrnoException): string | undefined {
+  let target: string;
+  try {
+    if (!fs.lstatSync(full).isSymbolicLink()) return `cannot read: ${err.message}`;
+    target = fs.readlinkSync(full);
+  } catch {
+    return undefined;
+  }
+  if (err.code === 'ELOOP') return `is a symbolic link loop (-> ${target}); not read`;
+  if (err.code === 'ENOENT' || err.code === 'ENOTDIR') return `is a symbolic link to ${target}, which does not exist; not read`;
+  return `is a symbolic link to ${target}, which cannot be read: ${err.message}`;
 }
 
 function sameContent(a: Config, b: Config): boolean {
