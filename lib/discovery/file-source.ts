@@ -63,6 +63,7 @@ export class FileConfigSource {
   private closed = false;
   private currentIssues: ConfigIssue[] = [];
   private chain: Promise<unknown> = Promise.resolve();
+  private lastSet: { parts: (readonly Config[])[]; cross: ConfigIssue[] } | undefined;
   /** True while a set is being written to the store: readers must not snapshot it half applied. */
   applying = false;
   private queued: Promise<SyncResult> | undefined;
@@ -98,6 +99,7 @@ export class FileConfigSource {
     const fileIssues: ConfigIssue[] = [];
     const candidate: Config[] = [];
     const lastGoodIfApplied = new Map<string, Config[]>();
+    const parts: (readonly Config[])[] = [];
     const present = new Set(names);
     for (const n of [...this.files.keys()]) if (!present.has(n)) this.files.delete(n);
     // Never push(...list): a spread passes every element as an argument, and 170,000 of them overflow the stack.
@@ -109,16 +111,22 @@ export class FileConfigSource {
       if (this.closed) return { changed: false, issues: this.currentIssues };
       if (!st) continue;
       if (st.issues.length === 0) {
+        parts.push(st.configs);
         append(candidate, st.configs);
         lastGoodIfApplied.set(name, st.configs);
       } else {
         append(fileIssues, st.issues);
+        if (st.lastGood) parts.push(st.lastGood);
         append(candidate, st.lastGood ?? []);
       }
     }
-    const cross = crossCheck(candidate);
+    // The periodic rescan usually finds every file unchanged (the same parsed arrays): then the set is the one
+    // already checked and applied, and comparing 10,000 configs with the store again would be wasted work.
+    const same = this.lastSet !== undefined && this.lastSet.parts.length === parts.length && parts.every((p, i) => p === this.lastSet!.parts[i]);
+    const cross = same ? this.lastSet!.cross : crossCheck(candidate);
+    this.lastSet = { parts, cross };
     let changed = false;
-    if (cross.length === 0) {
+    if (cross.length === 0 && !same) {
       this.applying = true;
       try {
         changed = await this.apply(candidate);

@@ -14,6 +14,8 @@ import { MemoryConfigStore } from './config-store';
 import { Debouncer, type PushRequest, pushRequest } from './debounce';
 import { FileConfigSource } from './file-source';
 import { DEFAULT_MESH, KINDS, type MeshConfig } from './model';
+import { warmEndpoints } from './gen-clusters';
+import { warmSidecarRoutes } from './gen-routes';
 import { PushContext } from './push-context';
 import { ResourceCache } from './resources';
 import { ServiceEntryRegistry } from './registry';
@@ -73,6 +75,7 @@ export class DiscoveryServer implements Component {
   private versionSeq = 0;
   private boundAddress = '';
   private state: 'new' | 'starting' | 'running' | 'closed' = 'new';
+  private building = false;
   /** Called after every push context is built: for stats and benchmarks. */
   onPushContext: (push: PushContext, req: PushRequest, buildMs: number) => void = () => {};
 
@@ -124,7 +127,7 @@ export class DiscoveryServer implements Component {
       }
       // The initial load needs no debounce: build the first push context now.
       this.debouncer.close();
-      this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
+      this.push = await this.buildPushContext();
       this.boundAddress = await this.ads.listen(this.o.listen);
     } catch (e) {
       this.state = 'closed';
@@ -180,15 +183,24 @@ export class DiscoveryServer implements Component {
 
   private onFlush(req: PushRequest): void {
     if (this.state !== 'running') return;
-    // A set being applied is not snapshotted half way: the merged request waits for the next quiet period.
-    if (this.files.applying) return this.debouncer.push(req);
+    // A set being applied is not snapshotted half way, and one push context is built at a time: the merged
+    // request waits for the next quiet period.
+    if (this.files.applying || this.building) return this.debouncer.push(req);
+    this.building = true;
+    void this.buildAndPush(req).finally(() => (this.building = false));
+  }
+
+  private async buildAndPush(req: PushRequest): Promise<void> {
     const t0 = performance.now();
+    let push: PushContext;
     try {
-      this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
+      push = await this.buildPushContext();
     } catch (e) {
       log.error('failed to build the push context; proxies keep the previous config', { error: (e as Error).stack ?? String(e) });
       return;
     }
+    if (this.state !== 'running') return;
+    this.push = push;
     const buildMs = performance.now() - t0;
     this.pushes++;
     log.info('push', {
@@ -201,6 +213,29 @@ export class DiscoveryServer implements Component {
     });
     this.onPushContext(this.push, req, buildMs);
     this.ads.pushAll();
+  }
+
+  /**
+   * A new push context with its endpoints and the connected sidecars' routes encoded ahead, the event loop given
+   * back every 10 ms (one RouteConfiguration of 10,000 virtual hosts took over a second to encode in one go).
+   */
+  private async buildPushContext(): Promise<PushContext> {
+    const push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
+    let sliceStart = performance.now();
+    const breathe = async () => {
+      if (performance.now() - sliceStart < 10) return;
+      await new Promise<void>((r) => setImmediate(r));
+      sliceStart = performance.now();
+    };
+    await warmEndpoints(push, breathe);
+    const scopes = new Map<string, ReturnType<PushContext['scopeFor']>>();
+    for (const proxy of this.ads.proxies()) {
+      if (proxy.type !== 'sidecar') continue;
+      const scope = push.scopeFor(proxy);
+      scopes.set(scope.key, scope);
+    }
+    for (const scope of scopes.values()) await warmSidecarRoutes(push, scope, breathe);
+    return push;
   }
 
   private nextVersion(): string {
