@@ -284,6 +284,12 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     // The DNS proxy serves TCP as well as UDP, so its port collides with TCP listeners.
     listeners.push({ field: 'DNS_PROXY_ADDR', what: "the agent's DNS proxy", port, source: envSource('DNS_PROXY_ADDR') });
   }
+  for (const v of [envs.ENVOY_SECURE_METRICS_PORT, envs.ENVOY_SECURE_MERGED_METRICS_PORT]) {
+    const port = v.get(effEnv);
+    if (port === 0) continue;
+    if (port < 1 || port > 65535) throw configError(v.name, envSource(v.name), `port ${port} is out of range 1-65535 (0: none)`);
+    listeners.push({ field: v.name, what: "Envoy's mTLS metrics listener", port, source: envSource(v.name) });
+  }
   checkPortCollisions(listeners);
 
   const cfg: AgentConfig = {

@@ -109,6 +109,8 @@ test('two of the agent\'s and Envoy\'s ports that collide are refused, blaming t
   rejects(() => cfg({ env: { ...pc({ proxyMetadata: { ENVOY_PROMETHEUS_PORT: '15000' } }) } }), /^invalid ENVOY_PROMETHEUS_PORT \(from proxyMetadata.ENVOY_PROMETHEUS_PORT in environment variable PROXY_CONFIG\)/);
   rejects(() => cfg({ env: { ISTIO_META_ENABLE_DNS_SERVER: 'true', DNS_PROXY_ADDR: 'localhost:15020' } }), /^invalid DNS_PROXY_ADDR .*port 15020 is also statusPort/);
   rejects(() => cfg({ env: { ISTIO_META_ENABLE_DNS_SERVER: 'true', DNS_PROXY_ADDR: 'localhost:99999' } }), /^invalid DNS_PROXY_ADDR .*1-65535/);
+  rejects(() => cfg({ env: { ENVOY_SECURE_METRICS_PORT: '15090' } }), /^invalid ENVOY_SECURE_METRICS_PORT \(from environment variable ENVOY_SECURE_METRICS_PORT\): port 15090 is also ENVOY_PROMETHEUS_PORT/);
+  rejects(() => cfg({ env: { ENVOY_SECURE_MERGED_METRICS_PORT: '70000' } }), /^invalid ENVOY_SECURE_MERGED_METRICS_PORT .*out of range/);
   // The old single check still holds.
   rejects(() => cfg({ env: pc({ statusPort: 15000 }) }), /^invalid statusPort .*also proxyAdminPort/);
   cfg({ env: { ...pc({ proxyAdminPort: 16000, statusPort: 16001 }), ENVOY_STATUS_PORT: '16002', ENVOY_PROMETHEUS_PORT: '16003' } });
