@@ -47,7 +47,7 @@ test('demo.sh with every port moved routes the example, and Ctrl-C leaves no pro
       .catch((e: Error) => { throw new Error(`${e.message}\n${out}`); });
     assert.match((await httpRequest(url, { headers: { 'x-version': 'v2' } })).body, /^v2 \//);
     assert.match((await httpRequest(`http://127.0.0.1:${ports.DEMO_PORT}/v1/hello`)).body, /^v1 \/hello/);
-    assert.is((await httpRequest(`http://127.0.0.1:${ports.DEMO_STATUS_PORT}/healthz/ready`)).status, 200);
+    await waitFor('the agent ready on the moved status port', async () => (await httpRequest(`http://127.0.0.1:${ports.DEMO_STATUS_PORT}/healthz/ready`)).status === 200, 30_000);
     assert.is(fs.readdirSync(tmp.path).filter((n) => n.startsWith('pilot-agent-demo.')).length, 1, 'one working directory while it runs');
   } finally {
     if (groupAlive(demo.pid!)) process.kill(-demo.pid!, 'SIGINT');
