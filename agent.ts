@@ -11,6 +11,7 @@ import type { DiscoveryServer } from './lib/discovery/index';
 import * as envs from './lib/env';
 import { claimConfigPath } from './lib/config-path-lock';
 import { AgentError, errorMessage } from './lib/errors';
+import { mkdirs } from './lib/fs-atomic';
 import { configureLogging, journalPrefix, scope } from './lib/log';
 import { renderBootstrap } from './lib/bootstrap';
 import { readFileOrUndefined, resolveAll, type Resolved } from './lib/resolve';
@@ -88,7 +89,7 @@ function checkEnvoyBinary(cfg: AgentConfig): void {
 function checkConfigPathWritable(cfg: AgentConfig): void {
   const dir = cfg.proxy.configPath;
   try {
-    fs.mkdirSync(dir, { recursive: true });
+    mkdirs(dir);
     fs.accessSync(dir, fs.constants.W_OK);
   } catch (err) {
     throw new AgentError('CONFIG_INVALID', `invalid configPath (from ${cfg.sources.configPath}): ${dir} is not a writable directory: ${errorMessage(err)}`);
@@ -150,7 +151,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   if (cfg.standaloneDir) {
     const { DiscoveryServer } = await import('./lib/discovery/index');
     const sock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
-    discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${sock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy } });
+    discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${sock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy }, ...cfg.discoveryLimits });
     upstream = { address: `unix://${sock}`, tls: false };
     log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
   }

@@ -28,7 +28,7 @@ const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };
-const fmt = (xs: number[]) => `median ${median(xs).toFixed(1)} ms (min ${Math.min(...xs).toFixed(1)}, max ${Math.max(...xs).toFixed(1)}, n=${xs.length})`;
+const fmt = (xs: number[]) => `median ${median(xs).toFixed(1)} ms (min ${xs.reduce((a, b) => Math.min(a, b)).toFixed(1)}, max ${xs.reduce((a, b) => Math.max(a, b)).toFixed(1)}, n=${xs.length})`;
 
 async function fileChangeToEnvoy(delta: boolean, fast: boolean): Promise<number[]> {
   const stack = await startStack(['v1', 'v2'], ({ servicePort, backends }) => ({
@@ -165,7 +165,7 @@ async function scale(n: number): Promise<void> {
       const text = fs.readFileSync(file, 'utf8').replace(/address: (10\.0\.0)\.(\d+), labels: \{version: v1\}/, (_m, a, b) => `address: ${a}.${Number(b) + 10}, labels: {version: v1}`);
       fs.writeFileSync(file, text);
       t0 = performance.now();
-      server.reload();
+      await server.reload();
       server.flush();
       const r = await c.next(TYPE_URLS.endpoint, 60_000);
       inc.push(performance.now() - t0);

@@ -49,7 +49,7 @@ async function main() {
     console.log(`hot-restart soak, ${new Date().toISOString().slice(0, 10)}: ${RESTARTS} hot restarts in ${secs.toFixed(1)} s under load`);
     console.log(`keep-alive clients:      ${a.ok} ok, ${a.failed} failed${a.errors.length ? ` (${a.errors.slice(0, 3).join('; ')})` : ''}`);
     console.log(`new-connection clients:  ${b.ok} ok, ${b.failed} failed${b.errors.length ? ` (${b.errors.slice(0, 3).join('; ')})` : ''}`);
-    console.log(`handoff SIGHUP -> live:  median ${pct(handoffs, 50).toFixed(1)} ms, p90 ${pct(handoffs, 90).toFixed(1)} ms, max ${Math.max(...handoffs).toFixed(1)} ms`);
+    console.log(`handoff SIGHUP -> live:  median ${pct(handoffs, 50).toFixed(1)} ms, p90 ${pct(handoffs, 90).toFixed(1)} ms, max ${handoffs.reduce((a, b) => Math.max(a, b)).toFixed(1)} ms`);
     console.log(`agent RSS:               ${rssBefore.toFixed(1)} MB before, ${rssAfter.toFixed(1)} MB after`);
     if (a.failed + b.failed > 0) process.exitCode = 1;
   } finally {

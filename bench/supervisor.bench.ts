@@ -15,7 +15,7 @@ const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };
-const fmt = (xs: number[]) => `median ${median(xs).toFixed(1)} ms (min ${Math.min(...xs).toFixed(1)}, max ${Math.max(...xs).toFixed(1)}, n=${xs.length})`;
+const fmt = (xs: number[]) => `median ${median(xs).toFixed(1)} ms (min ${xs.reduce((a, b) => Math.min(a, b)).toFixed(1)}, max ${xs.reduce((a, b) => Math.max(a, b)).toFixed(1)}, n=${xs.length})`;
 
 const bootstrap = (admin: number, listen: number, body: string) => staticBootstrap({ admin, listen }, body);
 

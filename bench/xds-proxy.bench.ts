@@ -126,8 +126,8 @@ async function main(): Promise<void> {
       for (let round = 0; round < 4; round++) {
         const a = await roundTrips(direct, type, Math.ceil(n / 4));
         const b = await roundTrips(proxied, type, Math.ceil(n / 4));
-        d.push(...a.ms);
-        p.push(...b.ms);
+        for (const x of a.ms) d.push(x);
+        for (const x of b.ms) p.push(x);
         bytes = b.bytes;
       }
       results[label] = { direct: median(d), proxied: median(p), bytes };

@@ -10,6 +10,7 @@ import type { NodeIdentity } from './node-identity';
 import { configError } from './errors';
 import { secureMetricsListeners, serviceClusters, statsSinks, tlsTransportSocket } from './bootstrap-services';
 import { statsCompressors, statsConfig, statsEvictionInterval, statsFlushInterval } from './bootstrap-stats';
+import { own, plainCopy, setOwn } from './dict';
 
 export interface BootstrapInputs {
   cfg: AgentConfig;
@@ -485,8 +486,9 @@ function tracerAddress(settings: unknown, field: string, source: string): { host
  * is replaced whole. Neither input is modified.
  */
 export function mergeBootstrapOverride(base: Record<string, unknown>, override: Record<string, unknown>): Record<string, unknown> {
-  const out: Record<string, unknown> = { ...base };
-  for (const [k, v] of Object.entries(override)) out[k] = mergeValue(out[k], v);
+  // An override key `__proto__` is a (bogus) field for Envoy to reject, never the prototype.
+  const out = plainCopy(base);
+  for (const [k, v] of Object.entries(override)) setOwn(out, k, mergeValue(own(out, k), v));
   return out;
 }
 

@@ -5,8 +5,10 @@ import * as path from 'node:path';
 import YAML from 'yaml';
 import * as envs from './env';
 import type { Env } from './env';
+import { dict } from './dict';
+import { formatDuration } from './duration';
 import { configError, errorMessage } from './errors';
-import { asPort, defaultProxyConfig, parseProxyConfigLayer, type ProxyConfig, type ProxyConfigLayer } from './proxy-config';
+import { asPort, concurrencyProblem, defaultProxyConfig, discoveryAddressProblem, parseProxyConfigLayer, type ProxyConfig, type ProxyConfigLayer } from './proxy-config';
 import { parseLevel } from './log';
 
 export type ProxyType = 'sidecar' | 'router';
@@ -72,6 +74,8 @@ export interface AgentConfig {
   xdsSocket: string;
   sdsSocket: string;
   standaloneDir: string;
+  /** Limits on the standalone directory's files (DISCOVERY_MAX_FILE_BYTES, DISCOVERY_MAX_DOCUMENTS). */
+  discoveryLimits: { maxFileBytes: number; maxDocuments: number };
   /** Pod labels and annotations read from ./etc/istio/pod. */
   podLabels: Record<string, string>;
   podAnnotations: Record<string, string>;
@@ -116,7 +120,7 @@ function parseYamlOrJson(text: string, source: string): unknown {
 
 /** Parses Kubernetes downward-API files: `key="value"` lines with Go-quoted values. */
 export function parseDownwardApi(text: string): Record<string, string> {
-  const out: Record<string, string> = {};
+  const out = dict<string>();
   for (const line of text.split('\n')) {
     const m = /^([^=]+)=(.*)$/.exec(line.trim());
     if (!m) continue;
@@ -149,7 +153,7 @@ export function splitProxyLogLevel(spec: string, source: string): { level: strin
 
 export function buildConfig(inputs: ConfigInputs): AgentConfig {
   const { flags, env } = inputs;
-  const sources: Record<string, string> = {};
+  const sources = dict<string>();
   let proxy: ProxyConfig = defaultProxyConfig();
   for (const k of Object.keys(proxy)) sources[k] = 'default';
 
@@ -191,8 +195,8 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
 
   const labelsText = inputs.readFile(POD_LABELS_FILE);
   const annotationsText = inputs.readFile(POD_ANNOTATIONS_FILE);
-  const podLabels = labelsText ? parseDownwardApi(labelsText) : {};
-  const podAnnotations = annotationsText ? parseDownwardApi(annotationsText) : {};
+  const podLabels = labelsText ? parseDownwardApi(labelsText) : dict<string>();
+  const podAnnotations = annotationsText ? parseDownwardApi(annotationsText) : dict<string>();
   const annSrc = `annotation proxy.istio.io/config in ${POD_ANNOTATIONS_FILE}`;
   if (podAnnotations['proxy.istio.io/config']) apply(parseProxyConfigLayer(parseYamlOrJson(podAnnotations['proxy.istio.io/config'], annSrc), annSrc), annSrc);
   if (podAnnotations['sidecar.istio.io/discoveryAddress']) apply({ discoveryAddress: podAnnotations['sidecar.istio.io/discoveryAddress'] }, 'annotation sidecar.istio.io/discoveryAddress');
@@ -202,18 +206,18 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   }
 
   // proxyMetadata entries act as environment variables (Istio applies them before reading env).
-  const effEnv: Env = { ...proxy.proxyMetadata, ...env };
+  const effEnv: Env = dict({ ...proxy.proxyMetadata, ...env });
 
   // Flags.
   if (flags.serviceCluster !== undefined && !proxy.tracingServiceName) apply({ serviceCluster: flags.serviceCluster }, '--serviceCluster');
-  if (flags.concurrency !== undefined) {
-    if (!Number.isInteger(flags.concurrency) || flags.concurrency < 0) throw configError('concurrency', '--concurrency', `want a non-negative integer, got ${flags.concurrency}`);
-    apply({ concurrency: flags.concurrency }, '--concurrency');
-  }
+  if (flags.concurrency !== undefined) apply({ concurrency: flags.concurrency }, '--concurrency');
   if (proxy.concurrency === undefined) {
     const cpu = envs.ISTIO_CPU_LIMIT.get(effEnv);
     if (cpu > 0) apply({ concurrency: cpu }, 'environment variable ISTIO_CPU_LIMIT');
   }
+  // Checked once, whichever layer set it last (the flag and ISTIO_CPU_LIMIT bypass the ProxyConfig parser).
+  const concurrencyBad = proxy.concurrency === undefined ? undefined : concurrencyProblem(proxy.concurrency);
+  if (concurrencyBad) throw configError('concurrency', sources.concurrency!, concurrencyBad);
   if (flags.templateFile) apply({ proxyBootstrapTemplatePath: flags.templateFile }, '--templateFile');
   // ISTIO_BOOTSTRAP picks the template over everything else, as in Istio, without becoming part of the ProxyConfig.
   // With no template named, a file at Istio's default template path is used, as the Go agent does (a template
@@ -234,9 +238,11 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     proxy = { ...proxy, parentShutdownDuration: proxy.drainDuration + 15_000 };
   }
   if (proxy.parentShutdownDuration <= proxy.drainDuration) {
-    throw configError('parentShutdownDuration', sources.parentShutdownDuration!, `must be longer than drainDuration (${proxy.drainDuration / 1000}s from ${sources.drainDuration}), or the parent is killed before it drains`);
+    throw configError('parentShutdownDuration', sources.parentShutdownDuration!, `${formatDuration(proxy.parentShutdownDuration)} must be longer than drainDuration (${formatDuration(proxy.drainDuration)} from ${sources.drainDuration}), or the parent is killed before it drains`);
   }
-  if (proxy.statusPort === proxy.proxyAdminPort) throw configError('statusPort', sources.statusPort!, `equals proxyAdminPort ${proxy.proxyAdminPort}`);
+
+  const addressBad = discoveryAddressProblem(proxy.discoveryAddress);
+  if (addressBad) throw configError('discoveryAddress', sources.discoveryAddress!, addressBad);
 
   const requested = flags.proxyType ?? 'sidecar';
   if (!['sidecar', 'router', 'ingress', 'waypoint'].includes(requested)) {
@@ -258,7 +264,33 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   const instanceIps = envs.INSTANCE_IP.get(effEnv).split(',').map((s) => s.trim()).filter(Boolean);
   const ecp = envs.ENVOY_STATUS_PORT;
   const epp = envs.ENVOY_PROMETHEUS_PORT;
-  const portFromEnv = (v: typeof ecp) => asPort(v.get(effEnv), (p) => { throw configError(v.name, `environment variable ${v.name}`, p); }) as number;
+  const envSource = (name: string) =>
+    env[name] !== undefined && env[name] !== '' ? `environment variable ${name}` : proxy.proxyMetadata[name] !== undefined ? `proxyMetadata.${name} in ${sources.proxyMetadata}` : 'default';
+  const portFromEnv = (v: typeof ecp) => asPort(v.get(effEnv), (p) => { throw configError(v.name, envSource(v.name), p); }) as number;
+  const envoyStatusPort = portFromEnv(ecp);
+  const envoyPrometheusPort = portFromEnv(epp);
+  const dnsEnabled = (envs.ISTIO_META_DNS_CAPTURE.get(effEnv) && proxyType === 'sidecar') || envs.ISTIO_META_ENABLE_DNS_SERVER.get(effEnv);
+  const dnsProxyAddr = envs.DNS_PROXY_ADDR.get(effEnv);
+  const listeners: PortUse[] = [
+    { field: 'proxyAdminPort', what: "Envoy's admin", port: proxy.proxyAdminPort, source: sources.proxyAdminPort! },
+    { field: 'statusPort', what: "the agent's status server", port: proxy.statusPort, source: sources.statusPort! },
+    { field: ecp.name, what: "Envoy's readiness listener", port: envoyStatusPort, source: envSource(ecp.name) },
+    { field: epp.name, what: "Envoy's Prometheus listener", port: envoyPrometheusPort, source: envSource(epp.name) },
+  ];
+  if (dnsEnabled) {
+    const m = /:(\d+)$/.exec(dnsProxyAddr);
+    const port = m ? Number(m[1]) : NaN;
+    if (!(port >= 1 && port <= 65535)) throw configError('DNS_PROXY_ADDR', envSource('DNS_PROXY_ADDR'), `${JSON.stringify(dnsProxyAddr)} is not host:port with a port in 1-65535`);
+    // The DNS proxy serves TCP as well as UDP, so its port collides with TCP listeners.
+    listeners.push({ field: 'DNS_PROXY_ADDR', what: "the agent's DNS proxy", port, source: envSource('DNS_PROXY_ADDR') });
+  }
+  for (const v of [envs.ENVOY_SECURE_METRICS_PORT, envs.ENVOY_SECURE_MERGED_METRICS_PORT]) {
+    const port = v.get(effEnv);
+    if (port === 0) continue;
+    if (port < 1 || port > 65535) throw configError(v.name, envSource(v.name), `port ${port} is out of range 1-65535 (0: none)`);
+    listeners.push({ field: v.name, what: "Envoy's mTLS metrics listener", port, source: envSource(v.name) });
+  }
+  checkPortCollisions(listeners);
 
   const cfg: AgentConfig = {
     proxyType,
@@ -282,16 +314,17 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     trustDomain: envs.TRUST_DOMAIN.get(effEnv),
     clusterId: envs.ISTIO_META_CLUSTER_ID.get(effEnv),
     deltaXds: envs.ISTIO_DELTA_XDS.get(effEnv),
-    dnsEnabled: (envs.ISTIO_META_DNS_CAPTURE.get(effEnv) && proxyType === 'sidecar') || envs.ISTIO_META_ENABLE_DNS_SERVER.get(effEnv),
-    dnsProxyAddr: envs.DNS_PROXY_ADDR.get(effEnv),
-    envoyStatusPort: portFromEnv(ecp),
-    envoyPrometheusPort: portFromEnv(epp),
+    dnsEnabled,
+    dnsProxyAddr,
+    envoyStatusPort,
+    envoyPrometheusPort,
     exitOnZeroActiveConnections: envs.EXIT_ON_ZERO_ACTIVE_CONNECTIONS.get(effEnv),
     minimumDrainDuration: envs.MINIMUM_DRAIN_DURATION.get(effEnv),
     maximumDrainDuration: envs.MAXIMUM_DRAIN_DURATION.get(effEnv),
     xdsSocket: path.join(proxy.configPath, 'XDS'),
     sdsSocket: SDS_SOCKET,
     standaloneDir: flags.standalone ?? '',
+    discoveryLimits: { maxFileBytes: envs.DISCOVERY_MAX_FILE_BYTES.get(effEnv), maxDocuments: envs.DISCOVERY_MAX_DOCUMENTS.get(effEnv) },
     podLabels,
     podAnnotations,
     skipDeprecatedLogs: envs.ENVOY_SKIP_DEPRECATED_LOGS.get(effEnv),
@@ -306,6 +339,29 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     sources,
   };
   return deepFreeze(cfg);
+}
+
+interface PortUse {
+  field: string;
+  what: string;
+  port: number;
+  source: string;
+}
+
+/**
+ * Every port the agent and Envoy listen on must differ: a collision passes each field's own check, then fails at
+ * run time as a crash loop (Envoy cannot bind, or binds what the agent wanted). Blames the value that was set
+ * over the one that is a default, so the message points at what the user wrote.
+ */
+function checkPortCollisions(uses: readonly PortUse[]): void {
+  for (let i = 0; i < uses.length; i++) {
+    for (let j = i + 1; j < uses.length; j++) {
+      const [a, b] = [uses[i]!, uses[j]!];
+      if (a.port !== b.port) continue;
+      const [blamed, other] = b.source === 'default' && a.source !== 'default' ? [a, b] : [b, a];
+      throw configError(blamed.field, blamed.source, `port ${blamed.port} is also ${other.field}, ${other.what} (from ${other.source}); every port the agent and Envoy listen on must differ`);
+    }
+  }
 }
 
 function deepFreeze<T>(o: T): T {

@@ -1,8 +1,8 @@
 // Every environment variable the agent reads is registered here, once, with its default and a description.
 // Readers take an env object so tests and pure code never touch process.env directly.
 
-import { parseDuration } from './duration';
-import { configError } from './errors';
+import { type DurationLimits, parseDuration } from './duration';
+import { configError, quote } from './errors';
 
 export type Env = Readonly<Record<string, string | undefined>>;
 
@@ -42,22 +42,23 @@ export const bool = (name: string, def: boolean, desc: string) =>
     const t = r.trim().toLowerCase();
     if (['1', 'true', 't', 'yes', 'on'].includes(t)) return true;
     if (['0', 'false', 'f', 'no', 'off'].includes(t)) return false;
-    throw new Error(`"${r}" is not a boolean`);
+    throw new Error(`${quote(r)} is not a boolean`);
   }, def);
 export const int = (name: string, def: number, desc: string) =>
   register(name, String(def), desc, (r) => {
-    if (!/^-?\d+$/.test(r.trim())) throw new Error(`"${r}" is not an integer`);
-    return parseInt(r, 10);
+    const n = Number(r.trim());
+    if (!/^-?\d+$/.test(r.trim()) || !Number.isSafeInteger(n)) throw new Error(`${quote(r)} is not an integer`);
+    return n;
   }, def);
 export const float = (name: string, def: number, desc: string) =>
   register(name, String(def), desc, (r) => {
     const n = Number(r);
-    if (!Number.isFinite(n)) throw new Error(`"${r}" is not a number`);
+    if (!Number.isFinite(n)) throw new Error(`${quote(r)} is not a number`);
     return n;
   }, def);
-/** Milliseconds. */
-export const duration = (name: string, defText: string, desc: string) =>
-  register(name, defText, desc, parseDuration, parseDuration(defText));
+/** Milliseconds; at most MAX_TIMER_MS unless `limits` says otherwise (a value a timer cannot hold is an error). */
+export const duration = (name: string, defText: string, desc: string, limits: DurationLimits = {}) =>
+  register(name, defText, desc, (r) => parseDuration(r, limits), parseDuration(defText, limits));
 
 export function registeredVars(): EnvVar<unknown>[] {
   return [...registry.values()].sort((a, b) => a.name.localeCompare(b.name));
@@ -94,7 +95,8 @@ export const JWT_POLICY = str('JWT_POLICY', 'third-party-jwt', 'third-party-jwt 
 export const PROV_CERT = str('PROV_CERT', '', 'Directory of provisioning certificates (client cert for xDS/CA)');
 export const OUTPUT_CERTS = str('OUTPUT_CERTS', '', 'Directory where issued certificates are written');
 export const FILE_MOUNTED_CERTS = bool('FILE_MOUNTED_CERTS', false, 'Use mounted certificate files instead of a CA');
-export const SECRET_TTL = duration('SECRET_TTL', '24h', 'Requested lifetime of workload certificates');
+// A certificate lifetime, not a timer (90-day certificates are common): whoever schedules from it clamps the timer.
+export const SECRET_TTL = duration('SECRET_TTL', '24h', 'Requested lifetime of workload certificates', { maxMs: Number.MAX_SAFE_INTEGER });
 export const SECRET_GRACE_PERIOD_RATIO = float('SECRET_GRACE_PERIOD_RATIO', 0.5, 'Rotate when this share of the lifetime is left');
 export const SECRET_GRACE_PERIOD_RATIO_JITTER = float('SECRET_GRACE_PERIOD_RATIO_JITTER', 0.01, 'Random jitter added to the grace ratio');
 export const WORKLOAD_RSA_KEY_SIZE = int('WORKLOAD_RSA_KEY_SIZE', 2048, 'RSA key size for workload keys');
@@ -183,3 +185,13 @@ export const ENVOY_HEALTHY_RESET_DURATION = duration('ENVOY_HEALTHY_RESET_DURATI
 
 // ---- packaging (systemd) ----
 export const JOURNAL_STREAM = str('JOURNAL_STREAM', '', 'Set by systemd: <device>:<inode> of stderr when it is the journal; log lines then carry a syslog priority prefix and no timestamp');
+
+// ---- bad input limits (issue 9, harden-input) ----
+const positiveInt = (name: string, def: number, desc: string) =>
+  register(name, String(def), desc, (r) => {
+    const n = Number(r.trim());
+    if (!/^\d+$/.test(r.trim()) || !Number.isSafeInteger(n) || n < 1) throw new Error(`want a positive integer, got ${quote(r)}`);
+    return n;
+  }, def);
+export const DISCOVERY_MAX_FILE_BYTES = positiveInt('DISCOVERY_MAX_FILE_BYTES', 4 * 1024 * 1024, 'Discovery server: largest config file read (bytes); a larger one is reported and its last good content kept');
+export const DISCOVERY_MAX_DOCUMENTS = positiveInt('DISCOVERY_MAX_DOCUMENTS', 10_000, 'Discovery server: most YAML documents in one config file');

@@ -34,3 +34,30 @@ export function errorMessage(err: unknown): string {
   if (err instanceof Error) return err.message;
   return String(err);
 }
+
+/**
+ * A value as it may appear in a message: JSON-quoted and cut to `max` characters, so that a 50 MB scalar in a
+ * config file makes a short log line, not a 50 MB one.
+ */
+export function quote(value: unknown, max = 200): string {
+  let text: string;
+  let total: number | undefined;
+  if (typeof value === 'string') {
+    // Quote only what is shown: stringifying the whole of a huge value would cost as much as logging it.
+    text = JSON.stringify(value.length > max ? value.slice(0, max) : value);
+    if (value.length > max) total = value.length;
+  } else if (typeof value === 'number' || typeof value === 'bigint' || typeof value === 'boolean' || value === undefined || value === null) {
+    text = String(value);
+  } else {
+    try {
+      text = JSON.stringify(value) ?? String(value);
+    } catch {
+      text = Object.prototype.toString.call(value);
+    }
+  }
+  if (text.length > max + 2) {
+    total ??= text.length;
+    text = text.slice(0, max);
+  }
+  return total === undefined ? text : `${text}... (${total} characters)`;
+}

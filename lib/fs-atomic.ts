@@ -57,3 +57,34 @@ function syncDir(dir: string): void {
     if (fd !== undefined) closeQuietly(fd);
   }
 }
+
+/**
+ * mkdir -p that always ends. Node's `mkdirSync(dir, { recursive: true })` loops forever where mkdir(2) answers
+ * ENOENT although the parent exists (procfs and sysfs: `configPath: /proc/foo` hung the agent with no output);
+ * this walks down from the deepest existing ancestor once and reports the first refusal.
+ */
+export function mkdirs(dir: string, mode = 0o755): void {
+  const missing: string[] = [];
+  let cur = path.resolve(dir);
+  for (;;) {
+    try {
+      if (!fs.statSync(cur).isDirectory()) throw new AgentError('IO', `cannot create directory ${dir}: ${cur} is not a directory`);
+      break;
+    } catch (e) {
+      if (e instanceof AgentError) throw e;
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw new AgentError('IO', `cannot create directory ${dir}: ${errorMessage(e)}`, e);
+    }
+    missing.push(cur);
+    const parent = path.dirname(cur);
+    if (parent === cur) break;
+    cur = parent;
+  }
+  for (const d of missing.reverse()) {
+    try {
+      fs.mkdirSync(d, { mode });
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'EEXIST' && fs.statSync(d).isDirectory()) continue; // made by someone else meanwhile
+      throw new AgentError('IO', `cannot create directory ${dir}: ${errorMessage(e)}`, e);
+    }
+  }
+}

@@ -4,7 +4,8 @@
 import * as net from 'node:net';
 import type { Env } from './env';
 import type { AgentConfig } from './config';
-import { configError } from './errors';
+import { dict, plainCopy, setOwn } from './dict';
+import { configError, quote } from './errors';
 import { proxyConfigJson } from './proxy-config';
 
 export interface NodeIdentity {
@@ -126,11 +127,11 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
   const metadata: Record<string, unknown> = {};
   // As Istio: proxyMetadata ISTIO_META_* first, then the environment's ISTIO_META_* (strings), then each
   // ISTIO_METAJSON_* object merged into the top level (the variable's name is ignored).
-  const sources: Env = { ...cfg.proxy.proxyMetadata, ...env };
+  const sources: Env = dict({ ...cfg.proxy.proxyMetadata, ...env });
   const names = Object.keys(sources).sort();
   for (const k of names) {
     const v = sources[k];
-    if (v !== undefined && k.startsWith('ISTIO_META_')) metadata[k.slice('ISTIO_META_'.length)] = v;
+    if (v !== undefined && k.startsWith('ISTIO_META_')) setOwn(metadata, k.slice('ISTIO_META_'.length), v);
   }
   for (const k of names) {
     const v = sources[k];
@@ -141,25 +142,25 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
     } catch (e) {
       throw configError(k, `environment variable ${k}`, `not valid JSON: ${(e as Error).message}`);
     }
-    if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw configError(k, `environment variable ${k}`, 'want a JSON object');
-    Object.assign(metadata, parsed);
+    if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw configError(k, `environment variable ${k}`, `want a JSON object, got ${quote(v)}`);
+    // Not Object.assign: its `__proto__` key would replace the prototype and hide NAMESPACE and the rest.
+    for (const [key, value] of Object.entries(parsed)) setOwn(metadata, key, value);
   }
   typedMetadata(metadata);
   // Only the environment's own DNS_PROXY_ADDR is reported (istiod falls back to its default), as Istio does.
   if (env.DNS_PROXY_ADDR) metadata.DNS_PROXY_ADDR = env.DNS_PROXY_ADDR;
 
   // Labels: ISTIO_METAJSON_LABELS (also reported as STATIC_LABELS), then the pod's labels file over it
-  // (without pod-template-hash).
-  const labels: Record<string, string> = {};
+  // (without pod-template-hash). Own-property copies: a `__proto__` key stays a label.
   const staticLabels = sources.ISTIO_METAJSON_LABELS ? (JSON.parse(sources.ISTIO_METAJSON_LABELS) as Record<string, string>) : {};
-  if (Object.keys(staticLabels).length) metadata.STATIC_LABELS = { ...staticLabels };
-  Object.assign(labels, staticLabels);
-  for (const [k, v] of Object.entries(cfg.podLabels)) if (k !== 'pod-template-hash') labels[k] = v;
+  if (Object.keys(staticLabels).length) metadata.STATIC_LABELS = plainCopy(staticLabels);
+  const labels = plainCopy<string>(staticLabels);
+  for (const [k, v] of Object.entries(cfg.podLabels)) if (k !== 'pod-template-hash') setOwn(labels, k, v);
   const localityLabel = firstLabel(labels, LOCALITY_LABELS);
   if (localityLabel) labels[LOCALITY_LABELS[1]!] = localityLabel.includes('/') ? localityLabel : localityLabel.split('.').join('/');
   if (Object.keys(labels).length) metadata.LABELS = labels;
   else delete metadata.LABELS;
-  if (Object.keys(cfg.podAnnotations).length) metadata.ANNOTATIONS = { ...(metadata.ANNOTATIONS as object), ...cfg.podAnnotations };
+  if (Object.keys(cfg.podAnnotations).length) metadata.ANNOTATIONS = plainCopy({ ...(metadata.ANNOTATIONS as object), ...cfg.podAnnotations });
   metadata.INSTANCE_IPS = ips.join(',');
   metadata.ISTIO_VERSION = (sources.ISTIO_VERSION as string | undefined) || agentVersion;
   // The pod's own variables win over ISTIO_META_NAME and friends, as in Istio.

@@ -1,8 +1,10 @@
 // Istio's ProxyConfig: field names, defaults, and strict parsing of one layer (mesh file, PROXY_CONFIG, annotation).
 // Layers replace whole top-level fields, as Istio's merge does; durations are kept as milliseconds.
 
-import { parseDuration } from './duration';
-import { configError } from './errors';
+import * as net from 'node:net';
+import { checkDurationMs, parseDuration } from './duration';
+import { dict } from './dict';
+import { configError, quote } from './errors';
 
 export interface StatsMatcher {
   inclusionPrefixes?: string[];
@@ -79,34 +81,77 @@ export function defaultProxyConfig(): ProxyConfig {
   };
 }
 
+const HOSTNAME = /^(?=.{1,253}$)[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9_])?(\.[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9_])?)*\.?$/;
+
+/**
+ * What is wrong with a discovery address, or undefined: the forms the xDS proxy dials are `host:port`,
+ * `[IPv6]:port`, and a Unix socket as `unix:///abs/path` (or gRPC's `unix:path`).
+ */
+export function discoveryAddressProblem(address: string): string | undefined {
+  const want = 'want host:port, [IPv6]:port or unix:///path/to/socket';
+  if (address.startsWith('unix:')) {
+    const rest = address.slice('unix:'.length);
+    if (rest.startsWith('//') && !rest.slice(2).startsWith('/')) return `${quote(address)} is not a Unix socket address: unix:// takes an absolute path (unix:///run/xds.sock)`;
+    if (rest.replace(/^\/\//, '') === '') return `${quote(address)} names no socket path`;
+    return undefined;
+  }
+  if (/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(address)) return `${quote(address)} has a URL scheme; ${want} (TLS is chosen by controlPlaneAuthPolicy)`;
+  const m = /^\[([^\]]*)\]:([^:]*)$/.exec(address) ?? /^([^:[\]]*):([^:]*)$/.exec(address);
+  if (!m) return `${quote(address)} is not an address; ${want}`;
+  const [, host, port] = m as unknown as [string, string, string];
+  if (address.startsWith('[') ? !net.isIPv6(host) : !(net.isIPv4(host) || HOSTNAME.test(host))) return `${quote(address)}: ${quote(host)} is not a host name or IP address; ${want}`;
+  if (!/^\d{1,5}$/.test(port) || +port < 1 || +port > 65535) return `${quote(address)}: port ${quote(port)} is out of range 1-65535`;
+  return undefined;
+}
+
 type FieldParser = (value: unknown, fail: (problem: string) => never) => unknown;
 
-const asString: FieldParser = (v, fail) => (typeof v === 'string' ? v : fail(`want a string, got ${JSON.stringify(v)}`));
+const asString: FieldParser = (v, fail) => (typeof v === 'string' ? v : fail(`want a string, got ${quote(v)}`));
 const asDuration: FieldParser = (v, fail) => {
-  if (typeof v === 'number' && v >= 0) return v * 1000;
-  if (typeof v !== 'string') return fail(`want a duration such as "45s", got ${JSON.stringify(v)}`);
+  if (typeof v !== 'string' && typeof v !== 'number') return fail(`want a duration such as "45s", got ${quote(v)}`);
   try {
-    return parseDuration(v);
+    // A bare number is seconds; YAML's .inf and .nan are numbers too and are refused here, by this field's name.
+    return typeof v === 'number' ? checkDurationMs(v * 1000, `${v} seconds`) : parseDuration(v);
   } catch (e) {
     return fail((e as Error).message);
   }
 };
 export const asPort: FieldParser = (v, fail) => {
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
-  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 65535) return fail(`port ${JSON.stringify(v)} is out of range 1-65535`);
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 65535) return fail(`port ${quote(v)} is out of range 1-65535`);
   return n;
 };
 const asNonNegInt: FieldParser = (v, fail) => {
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
-  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) return fail(`want a non-negative integer, got ${JSON.stringify(v)}`);
+  // isSafeInteger: 1e30 is an "integer" to Number.isInteger, and no field here can use it.
+  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0) return fail(`want a non-negative integer, got ${quote(v)}`);
   return n;
 };
-const asBool: FieldParser = (v, fail) => (typeof v === 'boolean' ? v : fail(`want true or false, got ${JSON.stringify(v)}`));
+
+/**
+ * Envoy runs one worker thread per unit of concurrency, each with its own listeners and connection pools. No host
+ * has use for more than this; a larger value is a typo that would start that many threads or fail to.
+ */
+export const MAX_CONCURRENCY = 1024;
+
+export function concurrencyProblem(n: unknown): string | undefined {
+  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0) return `want a non-negative integer (0: one worker per core), got ${quote(n)}`;
+  if (n > MAX_CONCURRENCY) return `${n} is above the maximum ${MAX_CONCURRENCY} worker threads`;
+  return undefined;
+}
+
+const asConcurrency: FieldParser = (v, fail) => {
+  const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
+  const problem = concurrencyProblem(n);
+  return problem ? fail(problem) : n;
+};
+
+const asBool: FieldParser = (v, fail) => (typeof v === 'boolean' ? v : fail(`want true or false, got ${quote(v)}`));
 const asStringMap: FieldParser = (v, fail) => {
   if (v === null || typeof v !== 'object' || Array.isArray(v)) return fail('want a map of strings');
-  const out: Record<string, string> = {};
+  const out = dict<string>();
   for (const [k, x] of Object.entries(v)) {
-    if (typeof x !== 'string' && typeof x !== 'number' && typeof x !== 'boolean') return fail(`value of "${k}" must be a string`);
+    if (typeof x !== 'string' && typeof x !== 'number' && typeof x !== 'boolean') return fail(`value of ${quote(k)} must be a string`);
     out[k] = String(x);
   }
   return out;
@@ -116,11 +161,11 @@ const asStringList: FieldParser = (v, fail) =>
 const asObject: FieldParser = (v, fail) =>
   v !== null && typeof v === 'object' && !Array.isArray(v) ? v : fail('want an object');
 const asAuthPolicy: FieldParser = (v, fail) =>
-  v === 'NONE' || v === 'MUTUAL_TLS' ? v : fail(`want NONE or MUTUAL_TLS, got ${JSON.stringify(v)}`);
+  v === 'NONE' || v === 'MUTUAL_TLS' ? v : fail(`want NONE or MUTUAL_TLS, got ${quote(v)}`);
 const asTracingServiceName: FieldParser = (v, fail) =>
   typeof v === 'string' && ['APP_LABEL_AND_NAMESPACE', 'CANONICAL_NAME_ONLY', 'CANONICAL_NAME_AND_NAMESPACE'].includes(v)
     ? v
-    : fail(`want APP_LABEL_AND_NAMESPACE, CANONICAL_NAME_ONLY or CANONICAL_NAME_AND_NAMESPACE, got ${JSON.stringify(v)}`);
+    : fail(`want APP_LABEL_AND_NAMESPACE, CANONICAL_NAME_ONLY or CANONICAL_NAME_AND_NAMESPACE, got ${quote(v)}`);
 const asStatsMatcher: FieldParser = (v, fail) => {
   const o = asObject(v, fail) as Record<string, unknown>;
   for (const k of Object.keys(o)) {
@@ -141,7 +186,7 @@ const FIELDS: Record<Exclude<keyof ProxyConfig, 'extra'>, FieldParser> = {
   proxyAdminPort: asPort,
   statusPort: asPort,
   controlPlaneAuthPolicy: asAuthPolicy,
-  concurrency: asNonNegInt,
+  concurrency: asConcurrency,
   statNameLength: asNonNegInt,
   proxyMetadata: asStringMap,
   customConfigFile: asString,
@@ -172,12 +217,13 @@ export type ProxyConfigLayer = Partial<ProxyConfig>;
 export function parseProxyConfigLayer(raw: unknown, source: string): ProxyConfigLayer {
   if (raw === undefined || raw === null) return {};
   if (typeof raw !== 'object' || Array.isArray(raw)) throw configError('ProxyConfig', source, 'want a mapping of ProxyConfig fields');
-  const out: Record<string, unknown> = {};
+  const out = dict<unknown>();
   for (const [key, value] of Object.entries(raw as Record<string, unknown>)) {
-    const parse = (FIELDS as Record<string, FieldParser | undefined>)[key];
+    // Own fields only: `constructor` or `__proto__` is an unknown field, not Object.prototype's.
+    const parse = Object.hasOwn(FIELDS, key) ? (FIELDS as Record<string, FieldParser>)[key] : undefined;
     if (!parse) {
-      if (!ACCEPTED_UNUSED.has(key)) throw configError(key, source, 'unknown ProxyConfig field');
-      if (value !== null) ((out.extra ??= {}) as Record<string, unknown>)[key] = value;
+      if (!ACCEPTED_UNUSED.has(key)) throw configError(/^[\w.-]{1,60}$/.test(key) ? key : quote(key, 60), source, 'unknown ProxyConfig field');
+      if (value !== null) ((out.extra ??= dict()) as Record<string, unknown>)[key] = value;
       continue;
     }
     if (value === null) continue;

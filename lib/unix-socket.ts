@@ -5,6 +5,7 @@ import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { AgentError, errorMessage } from './errors';
+import { mkdirs } from './fs-atomic';
 import { scope } from './log';
 
 const log = scope('socket');
@@ -12,7 +13,7 @@ const log = scope('socket');
 /** Replaces a stale socket file; refuses to delete anything that is not a socket or that someone still serves. */
 export async function prepareSocket(p: string): Promise<void> {
   if (Buffer.byteLength(p) > 107) throw new AgentError('CONFIG_INVALID', `socket path ${p} is longer than the 107 bytes a Unix socket allows`);
-  fs.mkdirSync(path.dirname(p), { recursive: true });
+  mkdirs(path.dirname(p));
   let st: fs.Stats;
   try {
     st = fs.lstatSync(p);

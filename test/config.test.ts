@@ -107,8 +107,8 @@ test('pod annotations: proxy.istio.io/config and status port', () => {
   const c = cfg({ files: { './etc/istio/pod/annotations': ann, './etc/istio/pod/labels': 'app="web"\nversion="v1"' } });
   assert.is(c.proxy.drainDuration, 20_000);
   assert.is(c.proxy.statusPort, 15030);
-  assert.equal(c.podLabels, { app: 'web', version: 'v1' });
-  assert.equal(parseDownwardApi('a="x\\"y"\n'), { a: 'x"y' });
+  assert.equal({ ...c.podLabels }, { app: 'web', version: 'v1' });
+  assert.equal({ ...parseDownwardApi('a="x\\"y"\n') }, { a: 'x"y' });
 });
 
 test.run();

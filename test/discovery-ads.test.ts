@@ -46,12 +46,12 @@ test('SotW: a response carries the push version and a nonce; an ACK is recorded;
       await waitFor('the ACK', () => s.status().connections[0]?.subscriptions[0]?.acked === r1.version_info);
       // A change that does not touch clusters (a new file with only a WorkloadEntry) pushes no CDS.
       fs.writeFileSync(path.join(dir, 'we.yaml'), 'apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: w, namespace: test}\nspec: {address: 10.9.9.9}\n');
-      s.reload();
+      await s.reload();
       await waitFor('a push', () => s.status().pushes > 0);
       assert.ok(await c.quiet(CDS, 200));
       // A changed cluster set is pushed with a new version and nonce.
       fs.writeFileSync(path.join(dir, 'b.yaml'), serviceEntry(18081, [{ port: 19002, version: 'v1' }], 'other.test.local'));
-      s.reload();
+      await s.reload();
       const r2 = await c.next(CDS);
       assert.is(r2.resources.length, 4);
       assert.is.not(r2.nonce, r1.nonce);
@@ -69,7 +69,7 @@ test('SotW: a request with an old nonce is ignored; a NACK is not answered and t
       const r1 = await c.next(EDS);
       assert.is(r1.resources.length, 1);
       fs.writeFileSync(path.join(dir, 'a.yaml'), serviceEntry(18080, [{ port: 19001, version: 'v1' }, { port: 19003, version: 'v2' }]));
-      s.reload();
+      await s.reload();
       const r2 = await c.next(EDS);
       // Envoy answering the first response after the second went out: stale, so not taken as a change of names.
       c.send({ type_url: EDS, version_info: r1.version_info, response_nonce: r1.nonce, resource_names: [] });
@@ -80,10 +80,10 @@ test('SotW: a request with an old nonce is ignored; a NACK is not answered and t
       assert.ok(await c.quiet(EDS, 200), 'no answer to a NACK');
       // A push with the same content is not sent again; a real change is.
       fs.writeFileSync(path.join(dir, 'we.yaml'), 'apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: w, namespace: test}\nspec: {address: 10.9.9.9}\n');
-      s.reload();
+      await s.reload();
       assert.ok(await c.quiet(EDS, 300));
       fs.writeFileSync(path.join(dir, 'a.yaml'), serviceEntry(18080, [{ port: 19004, version: 'v1' }]));
-      s.reload();
+      await s.reload();
       const r3 = await c.next(EDS);
       assert.is(r3.resources.length, 1);
     } finally {
@@ -108,16 +108,16 @@ test('Delta: wildcard CDS, initial versions skip what the proxy has, unsubscribe
       assert.equal(e1.removed_resources, ['outbound|1||nope']);
       c.send({ type_url: EDS, response_nonce: e1.nonce, resource_names_unsubscribe: ['outbound|18080||web.test.local'] });
       fs.writeFileSync(path.join(dir, 'a.yaml'), serviceEntry(18080, [{ port: 19005, version: 'v1' }]));
-      s.reload();
+      await s.reload();
       assert.ok(await c.quiet(EDS, 300), 'nothing sent for an unsubscribed name');
       fs.rmSync(path.join(dir, 'a.yaml'));
-      s.reload();
+      await s.reload();
       const r2 = await c.next(CDS);
       assert.equal(r2.removed_resources, ['outbound|18080||web.test.local']);
       assert.is(r2.resources.length, 0);
       // A reconnecting proxy that already holds the current cluster is not sent it again.
       fs.writeFileSync(path.join(dir, 'a.yaml'), serviceEntry(18080, [{ port: 19005, version: 'v1' }]));
-      s.reload();
+      await s.reload();
       const r3 = await c.next(CDS);
       const c2 = AdsClient.connect(s.address, true);
       try {

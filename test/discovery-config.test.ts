@@ -101,40 +101,40 @@ test('ConfigStore: create, update, delete bump versions and call handlers in ord
   assert.equal(seen, [`add:-->${r1}`, `update:${r1}->${r2}`, `delete:${r2}->-`]);
 });
 
-function withLogs<T>(fn: (lines: string[]) => T): T {
+async function withLogs<T>(fn: (lines: string[]) => Promise<T>): Promise<T> {
   const lines: string[] = [];
   configureLogging({ write: (l) => lines.push(l) });
   try {
-    return fn(lines);
+    return await fn(lines);
   } finally {
     resetLogging();
   }
 }
 
-test('file source: a bad edit keeps the last good version of that file, and logs file and field once', () => {
+test('file source: a bad edit keeps the last good version of that file, and logs file and field once', async () => {
   const dir = tempDir();
   try {
-    withLogs((lines) => {
+    await withLogs(async (lines) => {
       const store = new MemoryConfigStore();
       const events: string[] = [];
       store.registerEventHandler('VirtualService', (_o, _c, e) => events.push(e));
       const src = new FileConfigSource({ dir: dir.path, store });
       fs.writeFileSync(path.join(dir.path, 'se.yaml'), SE);
       fs.writeFileSync(path.join(dir.path, 'vs.yaml'), VS(80));
-      assert.equal(src.sync().issues, []);
+      assert.equal((await src.sync()).issues, []);
       assert.equal(events, ['add']);
       fs.writeFileSync(path.join(dir.path, 'vs.yaml'), VS(80).replace('weight: 20', 'weight: "twenty"'));
-      const r = src.sync();
+      const r = await src.sync();
       assert.is(r.changed, false);
       assert.is(r.issues.length, 1);
       const vs = store.get('VirtualService', 'web', 'demo') as Config<VirtualServiceSpec>;
       assert.equal(vs.spec.http[0]!.route.map((d) => d.weight), [80, 20]);
-      src.sync(); // the same problem again is not logged again
+      await src.sync(); // the same problem again is not logged again
       const errs = lines.filter((l) => l.includes('\terror\t'));
       assert.is(errs.length, 1);
       assert.match(errs[0]!, /vs\.yaml:\d+:\d+: document 1 \(VirtualService demo\/web\): field spec\.http\[0\]\.route\[1\]\.weight: must be an integer/);
       fs.writeFileSync(path.join(dir.path, 'vs.yaml'), VS(50));
-      assert.is(src.sync().changed, true);
+      assert.is((await src.sync()).changed, true);
       assert.equal(events, ['add', 'update']);
       assert.ok(lines.some((l) => l.includes('config errors resolved')));
     });
@@ -143,28 +143,28 @@ test('file source: a bad edit keeps the last good version of that file, and logs
   }
 });
 
-test('file source: a set with a broken reference or a duplicate is not applied at all', () => {
+test('file source: a set with a broken reference or a duplicate is not applied at all', async () => {
   const dir = tempDir();
   try {
-    withLogs(() => {
+    await withLogs(async () => {
       const store = new MemoryConfigStore();
       const src = new FileConfigSource({ dir: dir.path, store });
       fs.writeFileSync(path.join(dir.path, 'se.yaml'), SE);
       fs.writeFileSync(path.join(dir.path, 'vs.yaml'), VS(80));
-      src.sync();
+      await src.sync();
       // Valid on its own, but routes to a host nobody defines; a new file in the same round must not apply either.
       fs.writeFileSync(path.join(dir.path, 'vs.yaml'), VS(80).replace('- destination: {host: web.example.local}\n      weight: 20', '- destination: {host: nowhere.local}\n      weight: 20'));
       fs.writeFileSync(path.join(dir.path, 'se2.yaml'), SE.replace(/web/g, 'api'));
-      const r = src.sync();
+      const r = await src.sync();
       assert.is(r.changed, false);
       assert.match(formatIssue(r.issues[0]!), /vs\.yaml:\d+:\d+: document 1 \(VirtualService demo\/web\): field spec\.http\[0\]\.route\[1\]\.destination\.host: route to unknown host "nowhere\.local"/);
       assert.is(store.get('ServiceEntry', 'api', 'demo'), undefined);
       fs.writeFileSync(path.join(dir.path, 'vs.yaml'), VS(80));
       fs.writeFileSync(path.join(dir.path, 'dup.yaml'), SE.replace('web.example.local', 'other.example.local'));
-      const d = src.sync();
+      const d = await src.sync();
       assert.match(formatIssue(d.issues[0]!), /duplicate name: ServiceEntry demo\/web is also defined in .*dup\.yaml|duplicate name: ServiceEntry demo\/web is also defined in .*se\.yaml/);
       fs.rmSync(path.join(dir.path, 'dup.yaml'));
-      const ok = src.sync();
+      const ok = await src.sync();
       assert.equal(ok.issues, []);
       assert.ok(store.get('ServiceEntry', 'api', 'demo'));
     });
@@ -173,29 +173,29 @@ test('file source: a set with a broken reference or a duplicate is not applied a
   }
 });
 
-test('file source: removing a file deletes its configs', () => {
+test('file source: removing a file deletes its configs', async () => {
   const dir = tempDir();
   try {
     const store = new MemoryConfigStore();
     const src = new FileConfigSource({ dir: dir.path, store });
     fs.writeFileSync(path.join(dir.path, 'se.yaml'), SE);
     fs.writeFileSync(path.join(dir.path, 'notes.txt'), 'not config');
-    src.sync();
+    await src.sync();
     assert.is(store.list('ServiceEntry').length, 1);
     fs.rmSync(path.join(dir.path, 'se.yaml'));
-    assert.is(src.sync().changed, true);
+    assert.is((await src.sync()).changed, true);
     assert.is(store.list('ServiceEntry').length, 0);
   } finally {
     dir.cleanup();
   }
 });
 
-test('the shipped standalone example loads cleanly and routes as its README says', () => {
+test('the shipped standalone example loads cleanly and routes as its README says', async () => {
   const store = new MemoryConfigStore();
   const reg = new ServiceEntryRegistry(store);
   reg.run();
   const src = new FileConfigSource({ dir: path.join(REPO, 'examples/standalone/config'), store });
-  assert.equal(src.sync({ report: false }).issues.map(formatIssue), []);
+  assert.equal((await src.sync({ report: false })).issues.map(formatIssue), []);
   const push = PushContext.build('x', store, reg);
   const sidecar = proxyFromNode({ id: 'sidecar~127.0.0.1~app.demo~demo.svc.cluster.local' });
   assert.equal([...generate(push, sidecar, TYPE_URLS.listener).keys()], ['127.0.0.1_8080']);

@@ -121,6 +121,11 @@ export class AdsServer {
     return this.calls.size;
   }
 
+  /** The proxies connected now. */
+  proxies(): Proxy[] {
+    return [...this.calls.keys()].map((c) => c.proxy);
+  }
+
   status(): { connections: ConnectionStatus[]; nacks: Nack[] } {
     const connections = [...this.calls.keys()].map((c) => ({ id: c.id, proxy: c.proxy.id, type: c.proxy.type, delta: c.delta, subscriptions: c.subscriptions() }));
     return { connections, nacks: [...this.nackLog] };

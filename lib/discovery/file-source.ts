@@ -3,6 +3,10 @@
 // - a file that does not parse or validate keeps its last good content in force;
 // - a set that fails the cross checks (duplicates, references) is not applied at all; the store keeps the last
 //   good set until the files are fixed.
+// - a file that cannot be read (a dangling symlink, a symlink loop, a FIFO, a file above the size limit) is an issue
+//   like any other: its last good content stays in force;
+// - files are read and parsed one document at a time with the event loop given back in between, so the servers of
+//   the same process keep answering while a large directory loads; syncs never overlap.
 // Every issue is logged once, naming the file, the document and the field.
 
 import * as fs from 'node:fs';
@@ -11,7 +15,7 @@ import { scope } from '../log';
 import type { ConfigStore } from './config-store';
 import { crossCheck } from './cross-check';
 import { type Config, KINDS, keyOf } from './model';
-import { type ConfigIssue, formatIssue, parseConfigFile } from './yaml-file';
+import { type ConfigIssue, DEFAULT_MAX_DOCUMENTS, formatIssue, parseConfigFileAsync } from './yaml-file';
 
 const log = scope('discovery');
 
@@ -22,7 +26,13 @@ export interface FileSourceOptions {
   quietMs?: number;
   /** Full rescan interval, a safety net for missed watch events. */
   pollMs?: number;
+  /** Largest file read; a larger one is an issue (DISCOVERY_MAX_FILE_BYTES). */
+  maxFileBytes?: number;
+  /** Most documents in one file (DISCOVERY_MAX_DOCUMENTS). */
+  maxDocuments?: number;
 }
+
+export const DEFAULT_MAX_FILE_BYTES = 4 * 1024 * 1024;
 
 export interface SyncResult {
   /** Did the store change? */
@@ -39,6 +49,8 @@ interface FileState {
   issues: ConfigIssue[];
   /** Configs of the last version of this file that had no issue. */
   lastGood?: Config[];
+  /** Not read (cannot be, or must not be): never reused as a cache entry. */
+  unreadable?: boolean;
 }
 
 export class FileConfigSource {
@@ -50,11 +62,16 @@ export class FileConfigSource {
   private loggedIssues = new Set<string>();
   private closed = false;
   private currentIssues: ConfigIssue[] = [];
+  private chain: Promise<unknown> = Promise.resolve();
+  private lastSet: { parts: (readonly Config[])[]; cross: ConfigIssue[] } | undefined;
+  /** True while a set is being written to the store: readers must not snapshot it half applied. */
+  applying = false;
+  private queued: Promise<SyncResult> | undefined;
   /** Called after each sync that changed the store or the issue list. */
   onSync: (r: SyncResult) => void = () => {};
 
   constructor(opts: FileSourceOptions) {
-    this.opts = { quietMs: 50, pollMs: 5000, ...opts };
+    this.opts = { quietMs: 50, pollMs: 5000, maxFileBytes: DEFAULT_MAX_FILE_BYTES, maxDocuments: DEFAULT_MAX_DOCUMENTS, ...opts };
   }
 
   get issues(): readonly ConfigIssue[] {
@@ -62,30 +79,60 @@ export class FileConfigSource {
   }
 
   /**
-   * Reads the directory and applies it. Throws only if the directory itself cannot be read.
+   * Reads the directory and applies it. Rejects only if the directory itself cannot be read.
    * `report: false` leaves logging to the caller (the initial load fails with all issues in one error).
+   * Calls made while a sync runs share one sync that starts after it, so a burst of events costs two reads.
    */
-  sync(opts: { report?: boolean } = {}): SyncResult {
+  sync(opts: { report?: boolean } = {}): Promise<SyncResult> {
+    if (this.queued) return this.queued;
+    const next = this.chain.then(() => {
+      this.queued = undefined;
+      return this.syncOnce(opts);
+    });
+    this.queued = next;
+    this.chain = next.catch(() => {});
+    return next;
+  }
+
+  private async syncOnce(opts: { report?: boolean }): Promise<SyncResult> {
     const names = fs.readdirSync(this.opts.dir).filter((n) => /\.(ya?ml|json)$/i.test(n) && !n.startsWith('.')).sort();
     const fileIssues: ConfigIssue[] = [];
     const candidate: Config[] = [];
     const lastGoodIfApplied = new Map<string, Config[]>();
-    for (const n of [...this.files.keys()]) if (!names.includes(n)) this.files.delete(n);
+    const parts: (readonly Config[])[] = [];
+    const present = new Set(names);
+    for (const n of [...this.files.keys()]) if (!present.has(n)) this.files.delete(n);
+    // Never push(...list): a spread passes every element as an argument, and 170,000 of them overflow the stack.
+    const append = <T>(to: T[], from: readonly T[]) => {
+      for (const x of from) to.push(x);
+    };
     for (const name of names) {
-      const st = this.readFile(name);
+      const st = await this.readFile(name);
+      if (this.closed) return { changed: false, issues: this.currentIssues };
       if (!st) continue;
       if (st.issues.length === 0) {
-        candidate.push(...st.configs);
+        parts.push(st.configs);
+        append(candidate, st.configs);
         lastGoodIfApplied.set(name, st.configs);
       } else {
-        fileIssues.push(...st.issues);
-        candidate.push(...(st.lastGood ?? []));
+        append(fileIssues, st.issues);
+        if (st.lastGood) parts.push(st.lastGood);
+        append(candidate, st.lastGood ?? []);
       }
     }
-    const cross = crossCheck(candidate);
+    // The periodic rescan usually finds every file unchanged (the same parsed arrays): then the set is the one
+    // already checked and applied, and comparing 10,000 configs with the store again would be wasted work.
+    const same = this.lastSet !== undefined && this.lastSet.parts.length === parts.length && parts.every((p, i) => p === this.lastSet!.parts[i]);
+    const cross = same ? this.lastSet!.cross : crossCheck(candidate);
+    this.lastSet = { parts, cross };
     let changed = false;
-    if (cross.length === 0) {
-      changed = this.apply(candidate);
+    if (cross.length === 0 && !same) {
+      this.applying = true;
+      try {
+        changed = await this.apply(candidate);
+      } finally {
+        this.applying = false;
+      }
       for (const [name, configs] of lastGoodIfApplied) {
         const st = this.files.get(name);
         if (st) st.lastGood = configs;
@@ -131,55 +178,72 @@ export class FileConfigSource {
 
   private safeSync(): void {
     if (this.closed) return;
-    try {
-      this.sync();
-    } catch (e) {
-      log.error('cannot read the config directory; keeping the last good config', { dir: this.opts.dir, error: (e as Error).message });
-    }
+    this.sync().catch((e: Error) => log.error('cannot read the config directory; keeping the last good config', { dir: this.opts.dir, error: e.message }));
   }
 
-  private readFile(name: string): FileState | undefined {
+  private async readFile(name: string): Promise<FileState | undefined> {
     const full = path.join(this.opts.dir, name);
-    let stat: fs.Stats;
-    try {
-      stat = fs.statSync(full);
-      if (!stat.isFile()) return undefined;
-    } catch {
-      return undefined; // removed between readdir and stat
-    }
     const prev = this.files.get(name);
-    if (prev && prev.mtimeMs === stat.mtimeMs && prev.size === stat.size) return prev;
-    let text: string;
-    try {
-      text = fs.readFileSync(full, 'utf8');
-    } catch (e) {
-      const st: FileState = { mtimeMs: stat.mtimeMs, size: stat.size, text: '', configs: [], issues: [{ file: full, message: `cannot read: ${(e as Error).message}` }] };
+    const unreadable = (message: string): FileState => {
+      // The file's last good configs stay in force until it can be read again.
+      const st: FileState = { mtimeMs: -1, size: -1, text: '', configs: [], issues: [{ file: full, message }], unreadable: true };
       if (prev?.lastGood) st.lastGood = prev.lastGood;
       this.files.set(name, st);
       return st;
+    };
+    let stat: fs.Stats;
+    try {
+      stat = fs.statSync(full);
+    } catch (e) {
+      const problem = brokenLink(full, e as NodeJS.ErrnoException);
+      return problem === undefined ? undefined : unreadable(problem);
     }
-    if (prev && prev.text === text) {
+    if (stat.isDirectory()) return undefined;
+    // Reading a FIFO blocks until a writer comes; a device may never end.
+    if (!stat.isFile()) return unreadable('is not a regular file; not read');
+    const max = this.opts.maxFileBytes;
+    if (stat.size > max) return unreadable(tooLarge(stat.size, max));
+    if (prev && !prev.unreadable && prev.mtimeMs === stat.mtimeMs && prev.size === stat.size) return prev;
+    let text: string;
+    try {
+      const buf = readAtMost(full, max + 1);
+      if (buf.length > max) return unreadable(tooLarge(buf.length, max)); // grew since the stat
+      text = buf.toString('utf8');
+    } catch (e) {
+      return unreadable(`cannot read: ${(e as Error).message}`);
+    }
+    if (prev && !prev.unreadable && prev.text === text) {
       prev.mtimeMs = stat.mtimeMs;
       prev.size = stat.size;
       return prev;
     }
-    const { configs, issues } = parseConfigFile(full, text);
+    const { configs, issues } = await parseConfigFileAsync(full, text, { maxDocuments: this.opts.maxDocuments });
     const st: FileState = { mtimeMs: stat.mtimeMs, size: stat.size, text, configs, issues };
     if (prev?.lastGood) st.lastGood = prev.lastGood;
     this.files.set(name, st);
     return st;
   }
 
-  /** Applies the candidate set to the store as creates, updates and deletes. */
-  private apply(candidate: readonly Config[]): boolean {
+  /**
+   * Applies the candidate set to the store as creates, updates and deletes, giving the event loop back every
+   * few milliseconds (`applying` tells readers the store is mid-change). Nothing else writes the store meanwhile.
+   */
+  private async apply(candidate: readonly Config[]): Promise<boolean> {
     const store = this.opts.store;
     const want = new Map(candidate.map((c) => [keyOf(c), c]));
     let changed = false;
+    let sliceStart = performance.now();
+    const breathe = async () => {
+      if (performance.now() - sliceStart < 10) return;
+      await new Promise<void>((r) => setImmediate(r));
+      sliceStart = performance.now();
+    };
     for (const kind of KINDS) {
       for (const old of store.list(kind)) {
         if (!want.has(keyOf(old))) {
           store.delete(kind, old.meta.name, old.meta.namespace);
           changed = true;
+          await breathe();
         }
       }
     }
@@ -193,6 +257,7 @@ export class FileConfigSource {
         store.update({ ...c, meta: { ...c.meta, resourceVersion: old.meta.resourceVersion } });
         changed = true;
       }
+      await breathe();
     }
     return changed;
   }
@@ -210,6 +275,45 @@ export class FileConfigSource {
     if (now.size === 0 && this.loggedIssues.size > 0) log.info('config errors resolved; the files on disk are in force');
     this.loggedIssues = now;
   }
+}
+
+function tooLarge(size: number, max: number): string {
+  return `is ${size} bytes, above the limit of ${max} (DISCOVERY_MAX_FILE_BYTES); not read. Split it into several files or raise the limit`;
+}
+
+/** Reads up to `limit` bytes, so a file that grows after its stat cannot make the read unbounded. */
+function readAtMost(file: string, limit: number): Buffer {
+  const fd = fs.openSync(file, 'r');
+  try {
+    const buf = Buffer.allocUnsafe(Math.min(limit, 64 * 1024 * 1024));
+    let off = 0;
+    while (off < buf.length) {
+      const n = fs.readSync(fd, buf, off, buf.length - off, off);
+      if (n === 0) break;
+      off += n;
+    }
+    return buf.subarray(0, off);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/**
+ * Why a directory entry that stat() refuses cannot be read, or undefined when it is simply gone (removed between
+ * readdir and stat). A dangling symlink or a loop is an error to report, not a removed file: treating it as
+ * removed deleted its services and logged "config errors resolved".
+ */
+function brokenLink(full: string, err: NodeJS.ErrnoException): string | undefined {
+  let target: string;
+  try {
+    if (!fs.lstatSync(full).isSymbolicLink()) return `cannot read: ${err.message}`;
+    target = fs.readlinkSync(full);
+  } catch {
+    return undefined;
+  }
+  if (err.code === 'ELOOP') return `is a symbolic link loop (-> ${target}); not read`;
+  if (err.code === 'ENOENT' || err.code === 'ENOTDIR') return `is a symbolic link to ${target}, which does not exist; not read`;
+  return `is a symbolic link to ${target}, which cannot be read: ${err.message}`;
 }
 
 function sameContent(a: Config, b: Config): boolean {

@@ -65,15 +65,30 @@ const BLACKHOLE = encodeResource(CLUSTER, BLACKHOLE_CLUSTER, { name: BLACKHOLE_C
 export function buildEndpoints(push: PushContext): ReadonlyMap<string, Resource> {
   return push.memoize('eds', () => {
     const out = new Map<string, Resource>();
-    for (const c of clusterSpecs(push)) {
-      if (c.service.resolution !== 'STATIC') continue;
-      // Endpoints depend on the instance list (replaced by the registry only when it changes) and subset labels.
-      const all = push.instances(c.service.hostname, c.port.number);
-      const variant = c.subset ? JSON.stringify(c.subset.labels) : '';
-      out.set(c.name, push.cache.get(all, c.name, variant, () => encodeResource(ENDPOINTS, c.name, loadAssignment(c.name, selectInstances(push, c)))));
-    }
+    for (const c of clusterSpecs(push)) if (c.service.resolution === 'STATIC') out.set(c.name, endpointResource(push, c));
     return out;
   });
+}
+
+function endpointResource(push: PushContext, c: ClusterSpec): Resource {
+  // Endpoints depend on the instance list (replaced by the registry only when it changes) and subset labels.
+  const all = push.instances(c.service.hostname, c.port.number);
+  const variant = c.subset ? JSON.stringify(c.subset.labels) : '';
+  return push.cache.get(all, c.name, variant, () => encodeResource(ENDPOINTS, c.name, loadAssignment(c.name, selectInstances(push, c))));
+}
+
+/**
+ * A new push context's EDS (the same for every proxy) encoded a cluster at a time, `breathe` called in between,
+ * and memoised where buildEndpoints() looks: encoding 10,000 assignments in one go blocked the event loop.
+ */
+export async function warmEndpoints(push: PushContext, breathe: () => Promise<void>): Promise<void> {
+  const out = new Map<string, Resource>();
+  for (const c of clusterSpecs(push)) {
+    if (c.service.resolution !== 'STATIC') continue;
+    out.set(c.name, endpointResource(push, c));
+    await breathe();
+  }
+  push.prime('eds', out);
 }
 
 /** An empty assignment for a name Envoy asks for that does not (or no longer) exist, so it does not wait on it. */

@@ -10,7 +10,7 @@ import { exportedTo } from './visibility';
 import { SIDECAR_BIND } from './gen-listeners';
 import type { Proxy } from './proxy';
 import type { ProxyScope, PushContext } from './push-context';
-import { clusterName, dur, encodeResource, type Resource, ROUTE } from './resources';
+import { clusterName, dur, encodeResource, encodeRouteConfigSteps, type Resource, ROUTE } from './resources';
 
 export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
   if (proxy.type === 'sidecar') {
@@ -26,6 +26,23 @@ export const sidecarRouteName = (port: number) => String(port);
 export const gatewayRouteName = (port: number) => `http.${port}`;
 
 function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resource> {
+  const steps = sidecarRouteSteps(push, scope);
+  for (let r = steps.next(); ; r = steps.next()) if (r.done) return r.value;
+}
+
+/**
+ * A new push context's sidecar routes for one scope built a virtual host at a time, `breathe` called in between,
+ * and memoised where buildRoutes() looks, so the connections then only look them up.
+ */
+export async function warmSidecarRoutes(push: PushContext, scope: ProxyScope, breathe: () => Promise<void>): Promise<void> {
+  const steps = sidecarRouteSteps(push, scope);
+  for (let r = steps.next(); ; r = steps.next()) {
+    if (r.done) return push.prime(`rds|sidecar|${scope.key}`, r.value);
+    await breathe();
+  }
+}
+
+function* sidecarRouteSteps(push: PushContext, scope: ProxyScope): Generator<void, Map<string, Resource>> {
   const byPort = new Map<number, Record<string, unknown>[]>();
   for (const svc of scope.services) {
     for (const port of svc.ports) {
@@ -42,6 +59,7 @@ function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resour
       list.push({ name: `${svc.hostname}:${port.number}`, domains, routes });
       byPort.set(port.number, list);
     }
+    yield;
   }
   const out = new Map<string, Resource>();
   for (const [port, vhosts] of byPort) {
@@ -53,7 +71,7 @@ function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resour
     if (vhosts.length === 1) (vhosts[0]!.domains as string[]).push(SIDECAR_BIND);
     const name = sidecarRouteName(port);
     const route = { name, virtual_hosts: [...vhosts, catchAllVirtualHost(scope.outboundTrafficPolicy)], validate_clusters: { value: false }, ignore_port_in_host_matching: true };
-    out.set(name, encodeResource(ROUTE, name, route));
+    out.set(name, yield* encodeRouteConfigSteps(route));
   }
   return out;
 }
@@ -104,7 +122,7 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
           if (added.has(once)) continue;
           added.add(once);
           const routes = hosts.get(h) ?? [];
-          routes.push(...vsRoutes(push, vs, port, false));
+          for (const r of vsRoutes(push, vs, port, false)) routes.push(r); // not push(...): one VS may hold 100,000 routes
           hosts.set(h, routes);
         }
       }

@@ -6,7 +6,7 @@
 
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
-import { PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
+import { DISCOVERY_MAX_DOCUMENTS, DISCOVERY_MAX_FILE_BYTES, PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
 import { timestamp, scope } from '../log';
 import { AdsServer, type ConnectionStatus } from './ads-server';
 import type { Nack } from './ads-connection';
@@ -14,6 +14,8 @@ import { MemoryConfigStore } from './config-store';
 import { Debouncer, type PushRequest, pushRequest } from './debounce';
 import { FileConfigSource } from './file-source';
 import { DEFAULT_MESH, KINDS, type MeshConfig } from './model';
+import { warmEndpoints } from './gen-clusters';
+import { warmSidecarRoutes } from './gen-routes';
 import { PushContext } from './push-context';
 import { ResourceCache } from './resources';
 import { ServiceEntryRegistry } from './registry';
@@ -34,6 +36,15 @@ export interface DiscoveryOptions {
   fileDebounceMs?: number;
   /** meshConfig fields routing depends on (default: outboundTrafficPolicy ALLOW_ANY, as Istio). */
   mesh?: Partial<MeshConfig>;
+  /** Largest config file read (default 4 MiB, DISCOVERY_MAX_FILE_BYTES). */
+  maxFileBytes?: number;
+  /** Most documents in one config file (default 10,000, DISCOVERY_MAX_DOCUMENTS). */
+  maxDocuments?: number;
+}
+
+/** The file limits from the environment (DISCOVERY_MAX_FILE_BYTES, DISCOVERY_MAX_DOCUMENTS). */
+export function fileLimitsFromEnv(env: Env): Pick<DiscoveryOptions, 'maxFileBytes' | 'maxDocuments'> {
+  return { maxFileBytes: DISCOVERY_MAX_FILE_BYTES.get(env), maxDocuments: DISCOVERY_MAX_DOCUMENTS.get(env) };
 }
 
 export interface DiscoveryStatus {
@@ -64,13 +75,20 @@ export class DiscoveryServer implements Component {
   private versionSeq = 0;
   private boundAddress = '';
   private state: 'new' | 'starting' | 'running' | 'closed' = 'new';
+  private building = false;
   /** Called after every push context is built: for stats and benchmarks. */
   onPushContext: (push: PushContext, req: PushRequest, buildMs: number) => void = () => {};
 
   constructor(private readonly o: DiscoveryOptions) {
     this.closed = new Promise((r) => (this.resolveClosed = r));
     this.mesh = Object.freeze({ ...DEFAULT_MESH, ...o.mesh });
-    this.files = new FileConfigSource({ dir: o.configDir, store: this.store, quietMs: o.fileDebounceMs ?? 50 });
+    this.files = new FileConfigSource({
+      dir: o.configDir,
+      store: this.store,
+      quietMs: o.fileDebounceMs ?? 50,
+      ...(o.maxFileBytes !== undefined && { maxFileBytes: o.maxFileBytes }),
+      ...(o.maxDocuments !== undefined && { maxDocuments: o.maxDocuments }),
+    });
     this.debouncer = new Debouncer({ quietMs: o.debounceMs ?? 100, maxDelayMs: o.maxDelayMs ?? 10_000, onFlush: (req) => this.onFlush(req) });
     this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
     this.ads = new AdsServer({ current: () => this.push, onHealth: (p, e) => this.health.report(p, e) });
@@ -100,7 +118,7 @@ export class DiscoveryServer implements Component {
     try {
       let issues: ConfigIssue[];
       try {
-        issues = this.files.sync({ report: false }).issues;
+        issues = (await this.files.sync({ report: false })).issues;
       } catch (e) {
         throw new AgentError('CONFIG_INVALID', `cannot read config directory ${this.o.configDir}: ${errorMessage(e)}`, e);
       }
@@ -109,7 +127,7 @@ export class DiscoveryServer implements Component {
       }
       // The initial load needs no debounce: build the first push context now.
       this.debouncer.close();
-      this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
+      this.push = await this.buildPushContext();
       this.boundAddress = await this.ads.listen(this.o.listen);
     } catch (e) {
       this.state = 'closed';
@@ -159,19 +177,30 @@ export class DiscoveryServer implements Component {
   }
 
   /** Re-reads the config directory now. */
-  reload(): void {
-    this.files.sync();
+  reload(): Promise<void> {
+    return this.files.sync().then(() => undefined);
   }
 
   private onFlush(req: PushRequest): void {
     if (this.state !== 'running') return;
+    // A set being applied is not snapshotted half way, and one push context is built at a time: the merged
+    // request waits for the next quiet period.
+    if (this.files.applying || this.building) return this.debouncer.push(req);
+    this.building = true;
+    void this.buildAndPush(req).finally(() => (this.building = false));
+  }
+
+  private async buildAndPush(req: PushRequest): Promise<void> {
     const t0 = performance.now();
+    let push: PushContext;
     try {
-      this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
+      push = await this.buildPushContext();
     } catch (e) {
       log.error('failed to build the push context; proxies keep the previous config', { error: (e as Error).stack ?? String(e) });
       return;
     }
+    if (this.state !== 'running') return;
+    this.push = push;
     const buildMs = performance.now() - t0;
     this.pushes++;
     log.info('push', {
@@ -184,6 +213,29 @@ export class DiscoveryServer implements Component {
     });
     this.onPushContext(this.push, req, buildMs);
     this.ads.pushAll();
+  }
+
+  /**
+   * A new push context with its endpoints and the connected sidecars' routes encoded ahead, the event loop given
+   * back every 10 ms (one RouteConfiguration of 10,000 virtual hosts took over a second to encode in one go).
+   */
+  private async buildPushContext(): Promise<PushContext> {
+    const push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
+    let sliceStart = performance.now();
+    const breathe = async () => {
+      if (performance.now() - sliceStart < 10) return;
+      await new Promise<void>((r) => setImmediate(r));
+      sliceStart = performance.now();
+    };
+    await warmEndpoints(push, breathe);
+    const scopes = new Map<string, ReturnType<PushContext['scopeFor']>>();
+    for (const proxy of this.ads.proxies()) {
+      if (proxy.type !== 'sidecar') continue;
+      const scope = push.scopeFor(proxy);
+      scopes.set(scope.key, scope);
+    }
+    for (const scope of scopes.values()) await warmSidecarRoutes(push, scope, breathe);
+    return push;
   }
 
   private nextVersion(): string {
@@ -208,6 +260,7 @@ export async function runDiscoveryCommand(
       mesh: argv.outboundTrafficPolicy ? { outboundTrafficPolicy: argv.outboundTrafficPolicy } : {},
       debounceMs: PILOT_DEBOUNCE_AFTER.get(env),
       maxDelayMs: PILOT_DEBOUNCE_MAX.get(env),
+      ...fileLimitsFromEnv(env),
     });
     await server.start();
   } catch (e) {

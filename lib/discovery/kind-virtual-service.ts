@@ -1,6 +1,7 @@
 // VirtualService reader: HTTP routes with uri/header matches, weighted destinations, timeout, retries, rewrite,
 // fault injection, CORS, mirroring and header manipulation; TCP routes by port with weighted destinations.
 
+import { dict } from '../dict';
 import type { CorsPolicy, HeaderOperations, HttpFault, HttpMatch, HttpRoute, RouteDestination, StringMatch, TcpRoute, VirtualServiceSpec } from './model';
 import { readExportTo } from './visibility';
 import { HOST, type Path, type Reader, readHosts } from './schema';
@@ -55,7 +56,7 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
     const match: HttpMatch = { headers: {}, ignoreUriCase: r.bool(mo.ignoreUriCase, [...mp, 'ignoreUriCase']) ?? false };
     if (mo.uri !== undefined) match.uri = readStringMatch(r, mo.uri, [...mp, 'uri']);
     const matchMap = (key: 'headers' | 'withoutHeaders' | 'queryParams') => {
-      const out: Record<string, StringMatch> = {};
+      const out = dict<StringMatch>();
       for (const [hn, hv] of Object.entries(r.mapping(mo[key], [...mp, key]) ?? {})) {
         if (!/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/.test(hn)) r.fail([...mp, key, hn], `"${hn}" is not a valid ${key === 'queryParams' ? 'parameter' : 'header'} name`);
         const sm = readStringMatch(r, hv, [...mp, key, hn]);

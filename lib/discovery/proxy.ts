@@ -1,7 +1,8 @@
 // A connected proxy as the discovery server sees it, from the node of its first request:
 // id `sidecar~<ip>~<pod>.<ns>~<ns>.svc.cluster.local` (or `router~...`), labels from metadata LABELS.
 
-import { AgentError } from '../errors';
+import { dict } from '../dict';
+import { AgentError, quote } from '../errors';
 
 export type ProxyType = 'sidecar' | 'router';
 
@@ -19,17 +20,17 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
   const id = node?.id;
   if (!id) throw new AgentError('BAD_INPUT', 'the first request has no node id');
   const parts = id.split('~');
-  if (parts.length !== 4) throw new AgentError('BAD_INPUT', `node id "${id}" is not <type>~<ip>~<pod>.<namespace>~<domain>`);
+  if (parts.length !== 4) throw new AgentError('BAD_INPUT', `node id ${quote(id)} is not <type>~<ip>~<pod>.<namespace>~<domain>`);
   const [t, ip, podNs, domain] = parts as [string, string, string, string];
   let type: ProxyType;
   if (t === 'sidecar') type = 'sidecar';
   else if (t === 'router' || t === 'ingress') type = 'router';
-  else throw new AgentError('BAD_INPUT', `node id "${id}": unknown proxy type "${t}" (want sidecar or router)`);
+  else throw new AgentError('BAD_INPUT', `node id ${quote(id)}: unknown proxy type ${quote(t)} (want sidecar or router)`);
   const dot = podNs.indexOf('.');
   const namespace = (dot >= 0 ? podNs.slice(dot + 1) : domain.split('.')[0]) || 'default';
   const meta = structToJson(node?.metadata);
-  const labels: Record<string, string> = {};
-  if (meta && typeof meta === 'object' && 'LABELS' in meta) {
+  const labels = dict<string>();
+  if (meta && typeof meta === 'object' && Object.hasOwn(meta, 'LABELS')) {
     const l = (meta as Record<string, unknown>).LABELS;
     if (l && typeof l === 'object') for (const [k, v] of Object.entries(l)) if (typeof v === 'string') labels[k] = v;
   }
@@ -42,8 +43,8 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
 export function structToJson(s: unknown): unknown {
   if (!s || typeof s !== 'object') return undefined;
   const fields = (s as { fields?: Record<string, unknown> }).fields;
-  if (!fields) return {};
-  const out: Record<string, unknown> = {};
+  if (!fields) return dict();
+  const out = dict<unknown>();
   for (const [k, v] of Object.entries(fields)) out[k] = valueToJson(v);
   return out;
 }

@@ -174,6 +174,11 @@ export class PushContext {
   }
 
   /** Computes once per push context; the value must not depend on anything but this context and `key`. */
+  /** Stores a value computed ahead (a step at a time) where memoize(key) will find it. */
+  prime<T>(key: string, value: T): void {
+    if (!this.memo.has(key)) this.memo.set(key, value);
+  }
+
   memoize<T>(key: string, fn: () => T): T {
     if (this.memo.has(key)) return this.memo.get(key) as T;
     const v = fn();

@@ -1,7 +1,9 @@
 // Strict readers for untyped YAML values: each read names the field path it looked at, and every problem is
 // collected as (path, message) so the caller can point at the exact line. Unknown fields are problems too.
 
-import { parseDuration } from '../duration';
+import { MAX_PROTO_DURATION_MS, parseDuration } from '../duration';
+import { dict } from '../dict';
+import { quote } from '../errors';
 
 export type Path = (string | number)[];
 
@@ -62,15 +64,15 @@ export class Reader {
     if (v === undefined || v === null) return opts.required ? this.fail(path, 'is required') : undefined;
     if (typeof v !== 'string') return this.fail(path, `must be a string, not ${describeValue(v)}`);
     if (v === '' && opts.required) return this.fail(path, 'must not be empty');
-    if (opts.pattern && !opts.pattern.test(v)) return this.fail(path, `"${v}" is not ${opts.patternText ?? `matching ${opts.pattern}`}`);
+    if (opts.pattern && !opts.pattern.test(v)) return this.fail(path, `${quote(v)} is not ${opts.patternText ?? `matching ${opts.pattern}`}`);
     return v;
   }
 
   oneOf<T extends string>(v: unknown, path: Path, values: readonly T[], opts: { required?: boolean; unsupported?: readonly string[] } = {}): T | undefined {
     const s = this.string(v, path, { required: opts.required });
     if (s === undefined) return undefined;
-    if (opts.unsupported?.includes(s)) return this.fail(path, `"${s}" is not supported by the standalone discovery server (supported: ${values.join(', ')})`);
-    if (!values.includes(s as T)) return this.fail(path, `"${s}" is not one of ${values.join(', ')}`);
+    if (opts.unsupported?.includes(s)) return this.fail(path, `${quote(s)} is not supported by the standalone discovery server (supported: ${values.join(', ')})`);
+    if (!values.includes(s as T)) return this.fail(path, `${quote(s)} is not one of ${values.join(', ')}`);
     return s as T;
   }
 
@@ -97,14 +99,15 @@ export class Reader {
     const s = this.string(v, path);
     if (s === undefined) return undefined;
     try {
-      return parseDuration(s);
+      // Envoy, not the agent, acts on these: protobuf's range, as Istio validates them.
+      return parseDuration(s, { maxMs: MAX_PROTO_DURATION_MS });
     } catch (e) {
       return this.fail(path, (e as Error).message);
     }
   }
 
   stringMap(v: unknown, path: Path): Record<string, string> {
-    const out: Record<string, string> = {};
+    const out = dict<string>();
     if (v === undefined || v === null) return out;
     if (typeof v !== 'object' || Array.isArray(v)) {
       this.fail(path, `must be a mapping of strings, not ${describeValue(v)}`);
@@ -122,7 +125,7 @@ function describeValue(v: unknown): string {
   if (Array.isArray(v)) return 'a list';
   if (v === null) return 'null';
   if (typeof v === 'object') return 'a mapping';
-  return `${typeof v} ${JSON.stringify(v)}`;
+  return `${typeof v} ${quote(v)}`;
 }
 
 export const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;

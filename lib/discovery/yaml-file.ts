@@ -32,14 +32,56 @@ export interface FileResult {
   issues: ConfigIssue[];
 }
 
-export function parseConfigFile(file: string, text: string): FileResult {
+export interface ParseLimits {
+  /** Documents in one file; parsing stops at the first one beyond (default DEFAULT_MAX_DOCUMENTS). */
+  maxDocuments?: number;
+}
+
+export const DEFAULT_MAX_DOCUMENTS = 10_000;
+
+export function parseConfigFile(file: string, text: string, limits: ParseLimits = {}): FileResult {
+  const out: FileResult = { configs: [], issues: [] };
+  for (const _ of parseSteps(file, text, limits, out));
+  return out;
+}
+
+/**
+ * The same, giving the event loop back every `sliceMs` of work, so that the status and discovery servers keep
+ * answering while a large file loads. The parser is incremental: one document is tokenised and read at a time.
+ */
+export async function parseConfigFileAsync(file: string, text: string, limits: ParseLimits = {}, sliceMs = 10): Promise<FileResult> {
+  const out: FileResult = { configs: [], issues: [] };
+  let sliceStart = performance.now();
+  for (const _ of parseSteps(file, text, limits, out)) {
+    if (performance.now() - sliceStart >= sliceMs) {
+      await new Promise<void>((r) => setImmediate(r));
+      sliceStart = performance.now();
+    }
+  }
+  return out;
+}
+
+/** Parses one document per step into `out`. A file is all-or-nothing, so the caller discards configs on issues. */
+function* parseSteps(file: string, text: string, limits: ParseLimits, out: FileResult): Generator<void> {
+  const maxDocuments = limits.maxDocuments ?? DEFAULT_MAX_DOCUMENTS;
   const lineCounter = new YAML.LineCounter();
-  const docs = YAML.parseAllDocuments(text, { lineCounter, uniqueKeys: true, prettyErrors: false });
-  const issues: ConfigIssue[] = [];
-  const configs: Config[] = [];
-  // An empty file is an EmptyStream: an empty array.
-  docs.forEach((doc, i) => {
-    const docNo = i + 1;
+  const parser = new YAML.Parser(lineCounter.addNewLine);
+  const composer = new YAML.Composer({ uniqueKeys: true, prettyErrors: false });
+  const { issues, configs } = out;
+  const locate = lazyLocator(text);
+  let docNo = 0;
+  // An empty file is an empty stream: no document at all.
+  for (const doc of composer.compose(parser.parse(text))) {
+    docNo++;
+    if (docNo > maxDocuments) {
+      issues.push({ file, message: `has more than ${maxDocuments} documents (DISCOVERY_MAX_DOCUMENTS); split it into several files or raise the limit` });
+      return;
+    }
+    readOne(doc, docNo);
+    yield;
+  }
+
+  function readOne(doc: YAML.Document.Parsed, docNo: number): void {
     if (doc.errors.length) {
       for (const e of doc.errors) issues.push({ file, doc: docNo, message: `invalid YAML: ${firstLine(e.message)}`, ...pos(lineCounter, e.pos[0]) });
       return;
@@ -49,7 +91,7 @@ export function parseConfigFile(file: string, text: string): FileResult {
     try {
       js = doc.toJS({ maxAliasCount: 100 });
     } catch (e) {
-      issues.push({ file, doc: docNo, message: `invalid YAML: ${(e as Error).message}` });
+      issues.push({ file, doc: docNo, message: `invalid YAML: ${firstLine((e as Error).message)}` });
       return;
     }
     if (js === null || js === undefined) return; // `---` followed by nothing, or only comments
@@ -62,23 +104,45 @@ export function parseConfigFile(file: string, text: string): FileResult {
       issues.push(issue);
     }
     if (config) {
-      config.meta.source = { file, doc: docNo, locate: (path) => pos(lineCounter, offsetOf(doc, path)) };
+      // Not the parsed document itself: kept alive by every config, the parse trees of a 4 MB file took 300 MB.
+      config.meta.source = { file, doc: docNo, locate: (path) => locate(docNo, path) };
       configs.push(config);
     }
-  });
-  return { configs, issues };
+  }
 }
 
-function firstLine(s: string): string {
-  return s.split('\n')[0]!;
+/**
+ * Positions for the cross checks, which run after parsing: the file is parsed again the first time one is asked
+ * for, and that copy is dropped once the current task ends (all of one check's issues are located in one task).
+ */
+function lazyLocator(text: string): (docNo: number, path: Path) => { line?: number; col?: number } {
+  let cache: { lc: YAML.LineCounter; docs: YAML.Document.Parsed[] } | undefined;
+  return (docNo, path) => {
+    if (!cache) {
+      const lc = new YAML.LineCounter();
+      const docs = YAML.parseAllDocuments(text, { lineCounter: lc, uniqueKeys: true, prettyErrors: false });
+      cache = { lc, docs: Array.isArray(docs) ? docs : [] };
+      setImmediate(() => (cache = undefined));
+    }
+    const doc = cache.docs[docNo - 1];
+    return doc ? pos(cache.lc, offsetOf(doc, path)) : {};
+  };
 }
+
+/** The first line of a parser message, cut short: a message may quote the offending text. */
+function firstLine(s: string): string {
+  const line = s.split('\n', 1)[0]!;
+  return line.length > 300 ? `${line.slice(0, 300)}...` : line;
+}
+
+const short = (s: string) => (s.length > 100 ? `${s.slice(0, 100)}...` : s);
 
 function subjectOf(js: unknown): string | undefined {
   if (!js || typeof js !== 'object') return undefined;
   const o = js as { kind?: unknown; metadata?: { name?: unknown; namespace?: unknown } };
   if (typeof o.kind !== 'string' || typeof o.metadata?.name !== 'string') return undefined;
   const ns = typeof o.metadata.namespace === 'string' ? o.metadata.namespace : 'default';
-  return `${o.kind} ${ns}/${o.metadata.name}`;
+  return `${short(o.kind)} ${short(ns)}/${short(o.metadata.name)}`;
 }
 
 /** Offset of the deepest node on `path` that exists (a missing field points at its parent). */
