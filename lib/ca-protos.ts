@@ -71,7 +71,7 @@ export interface CertificateResponse {
 
 let root: protobuf.Root | undefined;
 function caRoot(): protobuf.Root {
-  return (root ??= protobuf.Root.fromJSON(CA_DESCRIPTOR));
+  return (root ??= protobuf.Root.fromJSON(CA_DESCRIPTOR as unknown as protobuf.INamespace));
 }
 const requestType = () => caRoot().lookupType('istio.v1.auth.IstioCertificateRequest');
 const responseType = () => caRoot().lookupType('istio.v1.auth.IstioCertificateResponse');
