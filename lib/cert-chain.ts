@@ -62,24 +62,12 @@ export function checkChain(o: ChainCheck): CheckedChain {
   const { chain, where } = o;
   if (!chain.length) throw new AgentError('BAD_INPUT', `${where}: empty certificate chain`);
   const leaf = chain[0]!;
-  let key;
-  try {
-    key = createPrivateKey(o.keyPem);
-  } catch (e) {
-    throw new AgentError('BAD_INPUT', `${where}: private key does not parse: ${errorMessage(e)}`, e);
-  }
-  if (!leaf.checkPrivateKey(key)) throw new AgentError('BAD_INPUT', `${where}: the leaf certificate (serial ${leaf.serialNumber}) is not for our private key`);
+  checkKeyPair(leaf, o.keyPem, where);
   const ids = uriSans(leaf);
   if (o.identity !== undefined && !ids.includes(o.identity)) {
     throw new AgentError('BAD_INPUT', `${where}: the leaf certificate is for ${ids.join(', ') || 'no URI SAN'}, not ${o.identity}`);
   }
-  for (const [i, c] of chain.entries()) {
-    const nb = Date.parse(c.validFrom);
-    const na = Date.parse(c.validTo);
-    const what = i === 0 ? 'the leaf certificate' : `certificate ${i + 1} of the chain`;
-    if (o.now < nb) throw new AgentError('BAD_INPUT', `${where}: ${what} (serial ${c.serialNumber}) is not valid before ${new Date(nb).toISOString()}`);
-    if (o.now > na) throw new AgentError('BAD_INPUT', `${where}: ${what} (serial ${c.serialNumber}) expired at ${new Date(na).toISOString()}`);
-  }
+  chain.forEach((c, i) => checkValidity(c, o.now, where, i === 0 ? 'the leaf certificate' : `certificate ${i + 1} of the chain`));
   for (let i = 0; i + 1 < chain.length; i++) {
     if (!signedBy(chain[i]!, chain[i + 1]!)) {
       throw new AgentError('BAD_INPUT', `${where}: certificate ${i + 1} of the chain (serial ${chain[i]!.serialNumber}) is not signed by certificate ${i + 2}`);
@@ -91,6 +79,24 @@ export function checkChain(o: ChainCheck): CheckedChain {
   if (!root) throw new AgentError('BAD_INPUT', `${where}: the chain does not verify to the root (${o.roots.map((r) => r.subject.replace(/\n/g, ',')).join('; ')})`);
   const chainCerts = root.fingerprint256 === last.fingerprint256 && chain.length > 1 ? chain.slice(0, -1) : chain;
   return { leaf: certInfo(leaf), chainPem: chainCerts.map(pemOf).join(''), rootPem: o.roots.map(pemOf).join('') };
+}
+
+/** The certificate is for this private key. */
+export function checkKeyPair(leaf: X509Certificate, keyPem: string, where: string): void {
+  let key;
+  try {
+    key = createPrivateKey(keyPem);
+  } catch (e) {
+    throw new AgentError('BAD_INPUT', `${where}: private key does not parse: ${errorMessage(e)}`, e);
+  }
+  if (!leaf.checkPrivateKey(key)) throw new AgentError('BAD_INPUT', `${where}: the leaf certificate (serial ${leaf.serialNumber}) is not for our private key`);
+}
+
+export function checkValidity(c: X509Certificate, now: number, where: string, what = 'the certificate'): void {
+  const nb = Date.parse(c.validFrom);
+  const na = Date.parse(c.validTo);
+  if (now < nb) throw new AgentError('BAD_INPUT', `${where}: ${what} (serial ${c.serialNumber}) is not valid before ${new Date(nb).toISOString()}`);
+  if (now > na) throw new AgentError('BAD_INPUT', `${where}: ${what} (serial ${c.serialNumber}) expired at ${new Date(na).toISOString()}`);
 }
 
 function signedBy(c: X509Certificate, issuer: X509Certificate): boolean {
