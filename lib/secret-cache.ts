@@ -57,7 +57,8 @@ export interface SecretCacheOptions {
   debounceMs?: number;
   /** CA retry backoff (default 1 s doubling to 60 s, jittered). */
   backoff?: { initialMs: number; maxMs: number };
-  /** Extra roots a CA chain may end at (besides its own last certificate, when self-signed). */
+  /** Ask the CA only once a stream asks for `default` or `ROOTCA` (Istio's behaviour); until then ready. */
+  lazy?: boolean;
   now?: () => number;
   random?: () => number;
 }
@@ -112,6 +113,7 @@ export class SecretCache implements Component, SecretProvider {
   private nextRotation: number | undefined;
   private attempt = 0;
   private fetching = false;
+  private wanted: boolean;
   private state: 'new' | 'running' | 'closed' = 'new';
   private readonly ca = { lastSuccess: 0, lastFailure: 0, lastError: '', reachable: undefined as boolean | undefined };
   private readonly counts = { issued: 0, rotated: 0, failed: new Map<FailureReason, number>() };
@@ -122,6 +124,7 @@ export class SecretCache implements Component, SecretProvider {
     this.closed = this.signal.closed;
     this.now = o.now ?? Date.now;
     this.rand = o.random ?? Math.random;
+    this.wanted = !o.lazy;
     if (!o.signer && !o.mountedDir) throw new AgentError('CONFIG_INVALID', 'the secret cache needs a CA or a directory of mounted certificates');
   }
 
@@ -139,8 +142,8 @@ export class SecretCache implements Component, SecretProvider {
       log.info(`workload certificate from mounted files in ${this.o.mountedDir}`);
       this.loadMounted();
     } else {
-      log.info(`workload certificate for ${this.o.identity} from CA ${this.o.signer!.address}`);
-      void this.fetch();
+      log.info(`workload certificate for ${this.o.identity} from CA ${this.o.signer!.address}${this.wanted ? '' : ', once Envoy asks for it'}`);
+      if (this.wanted) void this.fetch();
     }
     this.rewatch();
   }
@@ -163,7 +166,12 @@ export class SecretCache implements Component, SecretProvider {
   }
 
   requested(name: string): void {
-    if (name !== WORKLOAD_SECRET && name !== ROOT_SECRET) this.fileSecret(name);
+    if (name !== WORKLOAD_SECRET && name !== ROOT_SECRET) {
+      this.fileSecret(name);
+    } else if (!this.wanted) {
+      this.wanted = true;
+      if (this.o.signer && this.state === 'running') void this.fetch();
+    }
   }
 
   /** The current workload certificate's facts (never the key). */
@@ -172,6 +180,7 @@ export class SecretCache implements Component, SecretProvider {
   }
 
   readiness(): Condition {
+    if (!this.wanted && !this.o.mountedDir) return { ready: true, reason: '' };
     return this.workload ? { ready: true, reason: '' } : { ready: false, reason: `no workload certificate yet${this.ca.lastError ? ` (${this.ca.lastError})` : ''}` };
   }
 
