@@ -24,6 +24,7 @@ const FILES = [
   'envoy/extensions/filters/http/router/v3/router.proto',
   'envoy/extensions/transport_sockets/tls/v3/tls.proto',
   'envoy/extensions/transport_sockets/tls/v3/secret.proto',
+  'envoy/extensions/transport_sockets/raw_buffer/v3/raw_buffer.proto',
   'envoy/extensions/access_loggers/file/v3/file.proto',
   'envoy/extensions/upstreams/http/v3/http_protocol_options.proto',
 ];

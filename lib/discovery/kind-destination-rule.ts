@@ -32,9 +32,15 @@ export function readDestinationRule(r: Reader, v: unknown, path: Path): Destinat
 }
 
 function readTrafficPolicy(r: Reader, v: unknown, path: Path): TrafficPolicy | undefined {
-  const o = r.object(v, path, ['loadBalancer', 'connectionPool', 'outlierDetection']);
+  const o = r.object(v, path, ['loadBalancer', 'connectionPool', 'outlierDetection', 'tls']);
   if (!o) return undefined;
   const out: TrafficPolicy = {};
+  const tls = r.object(o.tls, [...path, 'tls'], ['mode', 'subjectAltNames'], ['mode']);
+  if (tls) {
+    const mode = r.oneOf(tls.mode, [...path, 'tls', 'mode'], ['DISABLE', 'ISTIO_MUTUAL'] as const, { required: true, unsupported: ['SIMPLE', 'MUTUAL'] });
+    const sans = r.array(tls.subjectAltNames, [...path, 'tls', 'subjectAltNames']).map((s, i) => r.string(s, [...path, 'tls', 'subjectAltNames', i], { required: true }));
+    if (mode) out.tls = { mode, subjectAltNames: sans.filter((s): s is string => !!s) };
+  }
   const lb = r.object(o.loadBalancer, [...path, 'loadBalancer'], ['simple'], ['simple']);
   if (lb) {
     const simple = r.oneOf(lb.simple, [...path, 'loadBalancer', 'simple'], ['ROUND_ROBIN', 'LEAST_REQUEST', 'RANDOM'] as const, { required: true, unsupported: ['PASSTHROUGH', 'LEAST_CONN', 'UNSPECIFIED'] });

@@ -59,6 +59,8 @@ export interface WorkloadEntrySpec {
   ports: Readonly<Record<string, number>>;
   labels: Readonly<Record<string, string>>;
   weight?: number;
+  /** The workload's service account: its SPIFFE identity is spiffe://<td>/ns/<namespace>/sa/<serviceAccount>. */
+  serviceAccount?: string;
 }
 
 export interface ServiceEntrySpec {
@@ -106,6 +108,8 @@ export interface VirtualServiceSpec {
 }
 
 export interface TrafficPolicy {
+  /** ISTIO_MUTUAL: mTLS with the workload certificate and ROOTCA from the agent's SDS; DISABLE: plaintext. */
+  tls?: { mode: 'DISABLE' | 'ISTIO_MUTUAL'; subjectAltNames: string[] };
   loadBalancer?: 'ROUND_ROBIN' | 'LEAST_REQUEST' | 'RANDOM';
   connectionPool?: {
     tcp?: { maxConnections?: number; connectTimeoutMs?: number };
@@ -167,6 +171,8 @@ export interface ServiceInstance {
   port: number;
   labels: Readonly<Record<string, string>>;
   weight?: number;
+  /** Namespace and service account of the workload, when it declares one (the identity mTLS expects). */
+  identity?: { namespace: string; serviceAccount: string };
   /** Key of the config that contributed it (the ServiceEntry, or the selected WorkloadEntry). */
   source: string;
 }
