@@ -90,4 +90,53 @@ spec:
   assert.is(off.transport_socket_matches, undefined);
 });
 
+function inbound(files: Record<string, string>, nodeIp: string): { listeners: Record<string, any>[]; clusters: Record<string, any>[] } {
+  const dir = tempDir();
+  try {
+    for (const [n, t] of Object.entries(files)) fs.writeFileSync(path.join(dir.path, n), t);
+    const store = new MemoryConfigStore();
+    const reg = new ServiceEntryRegistry(store);
+    reg.run();
+    const src = new FileConfigSource({ dir: dir.path, store });
+    assert.equal(src.sync({ report: false }).issues.map(formatIssue), []);
+    const push = PushContext.build('x', store, reg);
+    const proxy = proxyFromNode({ id: `sidecar~${nodeIp}~web-1.shop~shop.svc.cluster.local` });
+    const pick = (t: string) => [...generate(push, proxy, t).values()].filter((r) => r.name.startsWith('inbound')).map((r) => unpackAny(r.any) as Record<string, any>);
+    return { listeners: pick(TYPE_URLS.listener), clusters: pick(TYPE_URLS.cluster) };
+  } finally {
+    dir.cleanup();
+  }
+}
+
+const PA = (mode: string) => `apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: { name: default, namespace: shop }
+spec: { mtls: { mode: ${mode} } }
+`;
+
+test('inbound for the sidecar\'s own workload: PERMISSIVE by default (TLS inspector, mTLS and plaintext chains), STRICT mTLS only, DISABLE plaintext only', () => {
+  const none = inbound({ 'se.yaml': SE }, '10.0.0.9');
+  assert.equal(none.listeners, [], 'no inbound for a proxy that is not an endpoint');
+  const def = inbound({ 'se.yaml': SE }, '10.0.0.1');
+  assert.is(def.listeners.length, 1);
+  const l = def.listeners[0]!;
+  assert.is(l.name, 'inbound_10.0.0.1_9080');
+  assert.equal(l.address.socket_address, { address: '10.0.0.1', port_value: 9080 });
+  assert.is(l.listener_filters[0].name, 'envoy.filters.listener.tls_inspector');
+  assert.is(l.filter_chains.length, 2);
+  assert.equal(l.filter_chains[0].filter_chain_match, { transport_protocol: 'tls' });
+  const tls = unpackAny(l.filter_chains[0].transport_socket.typed_config) as Record<string, any>;
+  assert.equal(tls.require_client_certificate, { value: true });
+  assert.is(tls.common_tls_context.tls_certificate_sds_secret_configs[0].name, 'default');
+  assert.is(l.filter_chains[1].transport_socket, undefined);
+  assert.equal(def.clusters.map((c) => [c.name, c.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address]), [['inbound|9080||', { address: '127.0.0.1', port_value: 9080 }]]);
+  const strict = inbound({ 'se.yaml': SE, 'pa.yaml': PA('STRICT') }, '10.0.0.1').listeners[0]!;
+  assert.is(strict.filter_chains.length, 1);
+  assert.ok(strict.filter_chains[0].transport_socket);
+  assert.is(strict.listener_filters, undefined);
+  const off = inbound({ 'se.yaml': SE, 'pa.yaml': PA('DISABLE') }, '10.0.0.1').listeners[0]!;
+  assert.is(off.filter_chains.length, 1);
+  assert.is(off.filter_chains[0].transport_socket, undefined);
+});
+
 test.run();

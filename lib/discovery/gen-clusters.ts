@@ -15,7 +15,7 @@ const RAW_BUFFER = 'envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer';
 /** The label Istio puts on workloads that run a sidecar: auto-mTLS sends them mTLS. */
 export const TLS_MODE_LABEL = 'security.istio.io/tlsMode';
 // The agent's SDS server, through the bootstrap's sds-grpc cluster.
-const SDS_SOURCE = Object.freeze({
+export const SDS_SOURCE = Object.freeze({
   api_config_source: { api_type: 'GRPC', transport_api_version: 'V3', set_node_on_first_message_only: true, grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }] },
   initial_fetch_timeout: { seconds: 0, nanos: 0 },
   resource_api_version: 'V3',

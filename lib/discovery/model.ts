@@ -1,7 +1,7 @@
 // The discovery server's platform-neutral model: configs keyed by kind + namespace + name (the Istio kinds this
 // server accepts, already validated and normalised), and the service registry's Service and ServiceInstance.
 
-export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway'] as const;
+export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'PeerAuthentication'] as const;
 export type Kind = (typeof KINDS)[number];
 
 export type Event = 'add' | 'update' | 'delete';
@@ -30,7 +30,7 @@ export interface Config<S = Spec> {
   spec: S;
 }
 
-export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec;
+export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec | PeerAuthenticationSpec;
 
 export const configKey = (kind: Kind, namespace: string, name: string) => `${kind}/${namespace}/${name}`;
 export const keyOf = (c: Config) => configKey(c.meta.kind, c.meta.namespace, c.meta.name);
@@ -142,6 +142,12 @@ export interface GatewayServer {
   hosts: string[];
   /** Address the router binds this port on; 0.0.0.0 when unset. */
   bind?: string;
+}
+
+/** Inbound mTLS of the workloads it selects (all of its namespace without a selector; the mesh in istio-system). */
+export interface PeerAuthenticationSpec {
+  selector?: Readonly<Record<string, string>>;
+  mode: 'STRICT' | 'PERMISSIVE' | 'DISABLE';
 }
 
 export interface GatewaySpec {
