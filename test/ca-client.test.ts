@@ -180,7 +180,7 @@ const BAD: [Mode, RegExp, string][] = [
   ['error', /signer broken/, 'ca_refused'],
 ];
 
-test('every bad CA answer is refused with one log line and a metric; the last good certificate stays; a good answer is taken again', async () => {
+test('every bad CA answer, and a CA down during a rotation, is refused or retried with one log line and a metric; the last good certificate stays; a good answer is taken again', async () => {
   const ca = await startTestCa();
   const f = fixture(ca);
   // A 4 s certificate is renewed after about 2 s: each bad answer meets a rotation.
@@ -201,6 +201,16 @@ test('every bad CA answer is refused with one log line and a metric; the last go
     assert.is(errorLines.length, 1, errorLines.join('\n'));
     ca.mode = 'good';
     await waitFor('a new certificate once the CA answers well', () => c.current()!.serial !== first.serial, 15_000);
+    // The CA goes down during a rotation: retried with backoff, the current certificate stays, then renewed.
+    const current = c.current()!.serial;
+    await ca.close();
+    const down = (await failures(c)).ca_unreachable ?? 0;
+    await waitFor('retries against the CA that is down', async () => ((await failures(c)).ca_unreachable ?? 0) >= down + 2, 15_000);
+    assert.is(c.current()!.serial, current);
+    assert.is((c.debug() as { ca: { reachable: boolean } }).ca.reachable, false);
+    const back = await startTestCa(ca.port, { root: ca.root, serverRoot: ca.serverRoot });
+    ca.close = back.close;
+    await waitFor('a new certificate once the CA is back', () => c.current()!.serial !== current, 15_000);
   } finally {
     await c.close();
     await ca.close();
