@@ -100,7 +100,8 @@ export class CaClient implements CertificateSigner {
       if (!token) throw new AgentError('BAD_INPUT', `the CA token file ${o.tokenFile} is empty`);
       md.set('authorization', `Bearer ${token}`);
     }
-    const options: grpc.ChannelOptions = { 'grpc.enable_retries': 0 };
+    // Its own connection, closed with the client: a pooled one could outlive a rotated root or a CA restart.
+    const options: grpc.ChannelOptions = { 'grpc.enable_retries': 0, 'grpc.use_local_subchannel_pool': 1 };
     let creds: grpc.ChannelCredentials;
     if (o.tls) {
       let root: Buffer | null = null;

@@ -114,6 +114,9 @@ export class SecretCache implements Component, SecretProvider {
   private attempt = 0;
   private fetching = false;
   private wanted: boolean;
+  private fileRetryUntil: number | undefined;
+  /** The last failure logged, so a retry meeting the same one does not log it again. */
+  private lastFailure = '';
   private state: 'new' | 'running' | 'closed' = 'new';
   private readonly ca = { lastSuccess: 0, lastFailure: 0, lastError: '', reachable: undefined as boolean | undefined };
   private readonly counts = { issued: 0, rotated: 0, failed: new Map<FailureReason, number>() };
@@ -317,7 +320,6 @@ export class SecretCache implements Component, SecretProvider {
     log.error(`refused: ${message}`);
   }
 
-  private lastFailure = '';
 
   // ---- mounted files ----
 
@@ -423,8 +425,6 @@ export class SecretCache implements Component, SecretProvider {
     this.fileRetryTimer = setTimeout(() => this.filesChanged(), FILE_RETRY_MS);
     this.fileRetryTimer.unref();
   }
-
-  private fileRetryUntil: number | undefined;
 }
 
 function readText(file: string): string {

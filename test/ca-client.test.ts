@@ -89,7 +89,7 @@ async function startTestCa(port?: number, roots?: { root: Issuer; serverRoot: Is
   });
   const creds = grpc.ServerCredentials.createSsl(null, [{ private_key: Buffer.from(serving.keyPem), cert_chain: Buffer.from(serving.certPem) }], false);
   await new Promise<void>((res, rej) => server.bindAsync(`127.0.0.1:${ca.port}`, creds, (e) => (e ? rej(e) : res())));
-  ca.close = () => new Promise<void>((r) => server.tryShutdown(() => r()));
+  ca.close = async () => server.forceShutdown();
   return ca;
 }
 
