@@ -154,9 +154,9 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     upstream = { address: `unix://${discoverySock}`, tls: false };
     log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
   }
-  let identity: ReturnType<typeof workloadIdentity>;
+  let identity: Awaited<ReturnType<typeof workloadIdentity>>;
   try {
-    identity = workloadIdentity(cfg, { ...cfg.proxy.proxyMetadata, ...env }, cfg.standaloneDir ? discoverySock : undefined);
+    identity = await workloadIdentity(cfg, { ...cfg.proxy.proxyMetadata, ...env }, cfg.standaloneDir ? discoverySock : undefined);
   } catch (err) {
     return startupFailure(err);
   }

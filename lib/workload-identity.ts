@@ -1,7 +1,8 @@
 // Chooses how the agent gets its workload identity, from the config, as Istio decides: mounted certificates when
 // present, else a CA (CA_ADDR or the discovery address; in standalone mode the embedded discovery server's CA
 // when the config directory declares identities). Returns the secret cache and the SDS server for agent.ts to
-// connect and start, or undefined when there is no source of certificates at all (standalone without a CA).
+// connect and start, or undefined when there is no source of certificates at all (standalone without a CA), or
+// when another SDS server (e.g. SPIRE's agent) already serves the socket: then Envoy uses that one, as in Istio.
 
 import * as path from 'node:path';
 import { CaClient, caClientOptions } from './ca-client';
@@ -12,6 +13,10 @@ import * as envs from './env';
 import type { Env } from './env';
 import { SdsServer } from './sds-server';
 import { mountedCertsDir, SecretCache } from './secret-cache';
+import { scope } from './log';
+import { socketInUse } from './unix-socket';
+
+const log = scope('identity');
 
 export interface WorkloadIdentity {
   cache: SecretCache;
@@ -21,7 +26,11 @@ export interface WorkloadIdentity {
 }
 
 /** `standaloneSocket`: the embedded discovery server's socket, in `proxy --standalone`. */
-export function workloadIdentity(cfg: AgentConfig, env: Env, standaloneSocket?: string): WorkloadIdentity | undefined {
+export async function workloadIdentity(cfg: AgentConfig, env: Env, standaloneSocket?: string): Promise<WorkloadIdentity | undefined> {
+  if (await socketInUse(cfg.sdsSocket)) {
+    log.info(`an SDS server already serves ${cfg.sdsSocket}; Envoy uses it and the agent serves no secrets`);
+    return undefined;
+  }
   const mounted = mountedCertsDir(envs.FILE_MOUNTED_CERTS.get(env));
   let signer: CaClient | undefined;
   if (!mounted) {
