@@ -183,7 +183,9 @@ export class SecretCache implements Component, SecretProvider {
   }
 
   readiness(): Condition {
-    if (!this.wanted && !this.o.mountedDir) return { ready: true, reason: '' };
+    // Until Envoy asks for the workload certificate, nothing waits for it (mounted files that are missing or bad
+    // included, as in Istio, where readiness never looks at certificates).
+    if (!this.wanted) return { ready: true, reason: '' };
     return this.workload ? { ready: true, reason: '' } : { ready: false, reason: `no workload certificate yet${this.ca.lastError ? ` (${this.ca.lastError})` : ''}` };
   }
 
