@@ -4,11 +4,13 @@
 // Data flow: FileConfigSource.sync() applies a validated set to the store; store and registry handlers feed the
 // Debouncer; each flush builds one immutable PushContext and asks every connection to push from it.
 
+import * as path from 'node:path';
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
 import { PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
 import { timestamp, scope } from '../log';
 import { AdsServer, type ConnectionStatus } from './ads-server';
+import { caDeclared, EmbeddedCa, isLocalAddress } from './ca';
 import type { Nack } from './ads-connection';
 import { MemoryConfigStore } from './config-store';
 import { Debouncer, type PushRequest, pushRequest } from './debounce';
@@ -34,6 +36,8 @@ export interface DiscoveryOptions {
   fileDebounceMs?: number;
   /** meshConfig fields routing depends on (default: outboundTrafficPolicy ALLOW_ANY, as Istio). */
   mesh?: Partial<MeshConfig>;
+  /** SPIFFE trust domain of the embedded CA, served when <configDir>/ca/identities exists (default cluster.local). */
+  trustDomain?: string;
 }
 
 export interface DiscoveryStatus {
@@ -45,6 +49,8 @@ export interface DiscoveryStatus {
   issues: string[];
   pushes: number;
   health: HealthReport[];
+  /** The embedded CA, when served. */
+  ca?: { root: string; signed: number; refused: number };
 }
 
 export class DiscoveryServer implements Component {
@@ -60,6 +66,7 @@ export class DiscoveryServer implements Component {
   private readonly cache = new ResourceCache();
   private readonly mesh: MeshConfig;
   private push: PushContext;
+  private ca: EmbeddedCa | undefined;
   private pushes = 0;
   private versionSeq = 0;
   private boundAddress = '';
@@ -110,6 +117,7 @@ export class DiscoveryServer implements Component {
       // The initial load needs no debounce: build the first push context now.
       this.debouncer.close();
       this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
+      await this.startCa();
       this.boundAddress = await this.ads.listen(this.o.listen);
     } catch (e) {
       this.state = 'closed';
@@ -122,6 +130,18 @@ export class DiscoveryServer implements Component {
     this.files.start();
     this.state = 'running';
     log.info('discovery server listening', { address: this.boundAddress, configDir: this.o.configDir, services: this.push.services.length, version: this.push.version });
+  }
+
+  /** The embedded CA, when the config directory declares identities and the address is local. */
+  private async startCa(): Promise<void> {
+    if (!caDeclared(this.o.configDir)) return;
+    if (!isLocalAddress(this.o.listen)) {
+      log.warn(`embedded CA not served: ${this.o.listen} is not a Unix socket or loopback address, and tokens must not cross the network in plaintext`);
+      return;
+    }
+    this.ca = await EmbeddedCa.open({ dir: path.join(this.o.configDir, 'ca'), trustDomain: this.o.trustDomain ?? 'cluster.local' });
+    const svc = this.ca.service();
+    this.ads.addService(svc.definition, svc.implementation);
   }
 
   /** Safe to call twice. */
@@ -145,6 +165,7 @@ export class DiscoveryServer implements Component {
       issues: this.files.issues.map(formatIssue),
       pushes: this.pushes,
       health: this.health.status(),
+      ca: this.ca && { root: this.ca.rootSerial, ...this.ca.stats },
     };
   }
 
