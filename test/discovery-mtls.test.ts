@@ -90,6 +90,26 @@ spec:
   assert.is(off.transport_socket_matches, undefined);
 });
 
+test('DestinationRule tls in portLevelSettings overrides the top-level tls for that port only', () => {
+  const dr = `apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: { name: web, namespace: shop }
+spec:
+  host: web.shop.local
+  trafficPolicy:
+    tls: { mode: DISABLE }
+    portLevelSettings:
+    - port: { number: 8080 }
+      tls: { mode: ISTIO_MUTUAL }
+`;
+  const c = clusters({ 'se.yaml': SE, 'dr.yaml': dr }).cluster;
+  assert.is(c.transport_socket_matches, undefined);
+  assert.is(tlsOf(c.transport_socket).sni, 'outbound_.8080_._.web.shop.local');
+  const other = clusters({ 'se.yaml': SE, 'dr.yaml': dr.replace('number: 8080', 'number: 9999') }).cluster;
+  assert.is(other.transport_socket, undefined, 'top-level DISABLE holds on the other ports');
+  assert.is(other.transport_socket_matches, undefined);
+});
+
 function inbound(files: Record<string, string>, nodeIp: string): { listeners: Record<string, any>[]; clusters: Record<string, any>[] } {
   const dir = tempDir();
   try {
@@ -137,6 +157,31 @@ test('inbound for the sidecar\'s own workload: PERMISSIVE by default (TLS inspec
   const off = inbound({ 'se.yaml': SE, 'pa.yaml': PA('DISABLE') }, '10.0.0.1').listeners[0]!;
   assert.is(off.filter_chains.length, 1);
   assert.is(off.filter_chains[0].transport_socket, undefined);
+});
+
+test('a Sidecar that hides every service leaves the sidecar its inbound cluster and the fixed clusters', () => {
+  const sidecar = `apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: { name: default, namespace: shop }
+spec:
+  egress:
+  - hosts: ["./nothing.shop.local"]
+`;
+  const dir = tempDir();
+  try {
+    fs.writeFileSync(path.join(dir.path, 'se.yaml'), SE);
+    fs.writeFileSync(path.join(dir.path, 'sc.yaml'), sidecar);
+    const store = new MemoryConfigStore();
+    const reg = new ServiceEntryRegistry(store);
+    reg.run();
+    const src = new FileConfigSource({ dir: dir.path, store });
+    assert.equal(src.sync({ report: false }).issues.map(formatIssue), []);
+    const push = PushContext.build('x', store, reg);
+    const proxy = proxyFromNode({ id: 'sidecar~10.0.0.1~web-1.shop~shop.svc.cluster.local' });
+    assert.equal([...generate(push, proxy, TYPE_URLS.cluster).keys()].sort(), ['BlackHoleCluster', 'PassthroughCluster', 'inbound|9080||']);
+  } finally {
+    dir.cleanup();
+  }
 });
 
 test.run();

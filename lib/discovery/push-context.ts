@@ -185,7 +185,7 @@ export class PushContext {
     const inNs = this.peerAuthentications.filter((p) => p.meta.namespace === proxy.namespace);
     const pick = inNs.find((p) => p.spec.selector && labelsMatch(p.spec.selector, proxy.labels))
       ?? inNs.find((p) => !p.spec.selector)
-      ?? this.peerAuthentications.find((p) => p.meta.namespace === 'istio-system' && !p.spec.selector);
+      ?? this.peerAuthentications.find((p) => p.meta.namespace === ROOT_NAMESPACE && !p.spec.selector);
     return pick?.spec.mode ?? 'PERMISSIVE';
   }
 
