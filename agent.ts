@@ -125,10 +125,10 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   const { EnvoyComponent } = await import('./lib/envoy-component');
   const envoy = new EnvoyComponent({ resolved, env, startedAt });
   const validated = envoy.validateFirst();
-  const [component, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, appProbe, health, { Profiling }, appMetricsMod] = await Promise.all([
+  const [component, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, appProbe, health, { Profiling }, appMetricsMod, { workloadIdentity }] = await Promise.all([
     import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
     import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/app-probe'), import('./lib/health-checker'),
-    import('./lib/profiling'), import('./lib/app-metrics'),
+    import('./lib/profiling'), import('./lib/app-metrics'), import('./lib/workload-identity'),
   ]);
   let appProbers: ReturnType<typeof appProbe.parseAppProbers>;
   let appMetrics: import('./lib/app-metrics').ScrapeTarget[] = [];
@@ -148,13 +148,21 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   // proxyMetadata entries act as environment variables for the agent, as in Istio.
   let upstream = xdsMod.upstreamFromConfig(cfg, { ...cfg.proxy.proxyMetadata, ...env });
   let discovery: DiscoveryServer | undefined;
+  const discoverySock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
   if (cfg.standaloneDir) {
     const { DiscoveryServer } = await import('./lib/discovery/index');
-    const sock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
-    discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${sock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy }, ...cfg.discoveryLimits });
-    upstream = { address: `unix://${sock}`, tls: false };
+    discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy }, trustDomain: cfg.trustDomain, ...cfg.discoveryLimits });
+    upstream = { address: `unix://${discoverySock}`, tls: false };
     log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
   }
+  let identity: Awaited<ReturnType<typeof workloadIdentity>>;
+  try {
+    identity = await workloadIdentity(cfg, { ...cfg.proxy.proxyMetadata, ...env }, cfg.standaloneDir ? discoverySock : undefined);
+  } catch (err) {
+    return startupFailure(err);
+  }
+  // Certificate updates go to every Envoy stream holding the secret.
+  if (identity) identity.cache.onUpdate((name) => identity!.sds.push(name));
   const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
   let dns: InstanceType<typeof import('./lib/dns-server').DnsServer> | undefined;
   if (cfg.dnsEnabled) {
@@ -185,7 +193,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
         envoyReady: async () => (await envoy.readiness()).ready,
       })]
     : [];
-  const components: Component[] = [status, ...appProbes, ...profiling, ...(discovery ? [discovery] : []), xds, ...(dns ? [dns] : []), envoy, ...healthChecker, reloader];
+  const components: Component[] = [status, ...appProbes, ...profiling, ...(discovery ? [discovery] : []), ...(identity ? [identity.cache, identity.sds] : []), xds, ...(dns ? [dns] : []), envoy, ...healthChecker, reloader];
   for (const c of components) {
     if (c.routes) status.addRoutes(c.routes());
     c.registerMetrics?.(registry);

@@ -27,7 +27,8 @@ export async function prepareSocket(p: string): Promise<void> {
   log.info(`removed stale socket ${p}`);
 }
 
-function socketInUse(p: string): Promise<boolean> {
+/** Does a live server accept connections on this socket? */
+export function socketInUse(p: string): Promise<boolean> {
   return new Promise((resolve) => {
     const c = net.connect({ path: p });
     const done = (v: boolean) => {

@@ -24,6 +24,8 @@ const FILES = [
   'envoy/extensions/filters/http/router/v3/router.proto',
   'envoy/extensions/transport_sockets/tls/v3/tls.proto',
   'envoy/extensions/transport_sockets/tls/v3/secret.proto',
+  'envoy/extensions/transport_sockets/raw_buffer/v3/raw_buffer.proto',
+  'envoy/extensions/filters/listener/tls_inspector/v3/tls_inspector.proto',
   'envoy/extensions/access_loggers/file/v3/file.proto',
   'envoy/extensions/upstreams/http/v3/http_protocol_options.proto',
   // HTTP filters and extensions istiod puts on every HTTP connection manager (discovery server)

@@ -190,6 +190,9 @@ export class AdsConnection {
     const h = setHash(chosen);
     if (!requested && (h === w.last?.setHash || h === w.nackedSet)) return;
     const nonce = this.nonce();
+    // Envoy warms an updated EDS cluster until its endpoints come again: the next EDS step re-sends them.
+    const eds = type === TYPE_URLS.cluster ? this.watches.get(TYPE_URLS.endpoint) : undefined;
+    if (eds?.last && chosen.some((r) => { const old = w.last?.resources.get(r.name); return old !== undefined && old.hash !== r.hash; })) eds.last.setHash = '';
     w.last = { nonce, version: push.version, resources: new Map(chosen.map((r) => [r.name, r])), previous: new Map(), setHash: h };
     for (const n of [...w.has.keys()]) if (!w.last.resources.has(n)) w.has.delete(n);
     for (const r of chosen) w.has.set(r.name, r.hash);
@@ -258,6 +261,9 @@ export class AdsConnection {
       previous.set(r.name, w.has.get(r.name));
       w.has.set(r.name, r.hash);
     }
+    // Envoy warms an updated EDS cluster until its endpoints come again: re-send them in this push.
+    const eds = type === TYPE_URLS.cluster ? this.watches.get(TYPE_URLS.endpoint) : undefined;
+    if (eds) for (const r of changed) if (previous.get(r.name) !== undefined) eds.has.delete(r.name);
     for (const n of removed) {
       previous.set(n, w.has.get(n));
       w.has.delete(n);

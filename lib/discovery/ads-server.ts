@@ -89,6 +89,11 @@ export class AdsServer {
     });
   }
 
+  /** Serves another gRPC service on the same port (the embedded CA); before listen(). */
+  addService(definition: grpc.ServiceDefinition, implementation: grpc.UntypedServiceImplementation): void {
+    this.server.addService(definition, implementation);
+  }
+
   /** Binds `host:port`, `unix:/path` or `/path`; resolves to the bound address (the real port when 0 was asked). */
   async listen(address: string): Promise<string> {
     let target = address;

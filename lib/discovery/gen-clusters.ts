@@ -1,17 +1,30 @@
 // CDS and EDS: one cluster per service port (`outbound|<port>||<host>`) and one per DestinationRule subset
 // (`outbound|<port>|<subset>|<host>`); STATIC services use EDS, DNS services STRICT_DNS with inline endpoints.
-// Every proxy sees every service (no Sidecar scoping), so the output depends only on the push context.
+// A proxy sees the clusters of the services its scope admits (Sidecar egress, exportTo), plus PassthroughCluster and
+// BlackHoleCluster; mTLS (DestinationRule tls, auto-mTLS by the endpoints' tlsMode label) is the transport socket.
 
 import { packAny } from '../envoy-protos';
 import { clusterLbFields, effectivePolicy } from './gen-lb-policy';
 import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER } from './gen-routes';
-import { type Config, type DestinationRuleSpec, labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset } from './model';
+import { type Config, type DestinationRuleSpec, labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset, type TrafficPolicy } from './model';
 import type { ProxyScope, PushContext } from './push-context';
 import { ADS_SOURCE, CLUSTER, clusterName, dur, encodeResource, ENDPOINTS, type Resource } from './resources';
 
 const HTTP_OPTIONS = 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions';
 const UNLIMITED = 4294967295; // Istio's default circuit-breaker thresholds: effectively none
 const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
+const UPSTREAM_TLS = 'envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext';
+const RAW_BUFFER = 'envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer';
+/** The label Istio puts on workloads that run a sidecar: auto-mTLS sends them mTLS. */
+export const TLS_MODE_LABEL = 'security.istio.io/tlsMode';
+// The agent's SDS server, through the bootstrap's sds-grpc cluster.
+export const SDS_SOURCE = Object.freeze({
+  api_config_source: { api_type: 'GRPC', transport_api_version: 'V3', set_node_on_first_message_only: true, grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }] },
+  initial_fetch_timeout: { seconds: 0, nanos: 0 },
+  resource_api_version: 'V3',
+});
+// google.protobuf.Value: the descriptor's well-known types keep protobufjs' camelCase names.
+const str = (v: string) => ({ stringValue: v });
 
 interface ClusterSpec {
   name: string;
@@ -40,7 +53,7 @@ export function buildClusters(push: PushContext, scope: ProxyScope): Resource[] 
     ...clusterSpecs(push, scope).map((c) => {
       // A cluster depends on its service, its DestinationRule and, for DNS services, its instances.
       const dr = push.destinationRule(c.service.hostname, scope.namespace);
-      const inst = c.service.resolution === 'STATIC' ? '' : JSON.stringify(selectInstances(push, c));
+      const inst = c.service.resolution === 'STATIC' ? mtlsInputs(selectInstances(push, c)) : JSON.stringify(selectInstances(push, c));
       return push.cache.get(c.service, c.name, `${dr?.meta.resourceVersion ?? ''}|${inst}`, () => encodeResource(CLUSTER, c.name, clusterObject(push, c, dr)));
     }),
     PASSTHROUGH,
@@ -109,8 +122,59 @@ function loadAssignment(name: string, instances: readonly ServiceInstance[]): Re
       lb_endpoints: instances.map((i) => ({
         endpoint: { address: { socket_address: { address: i.address, port_value: i.port } } },
         load_balancing_weight: { value: i.weight ?? 1 },
+        // Picks the cluster's mTLS transport socket for endpoints with a sidecar (auto-mTLS).
+        ...(i.labels[TLS_MODE_LABEL] === 'istio' ? { metadata: { filter_metadata: { 'envoy.transport_socket_match': { fields: { tlsMode: str('istio') } } } } } : {}),
       })),
     }],
+  };
+}
+
+/** What of the instances a cluster's mTLS settings depend on (cache variant). */
+function mtlsInputs(instances: readonly ServiceInstance[]): string {
+  return JSON.stringify(instances.map((i) => [i.labels[TLS_MODE_LABEL] ?? '', i.identity?.namespace ?? '', i.identity?.serviceAccount ?? '']));
+}
+
+/**
+ * Istio's mTLS to a sidecar: the workload certificate (`default`) and trust bundle (`ROOTCA`) from the agent's SDS,
+ * and the peer's SPIFFE id checked: the DestinationRule's subjectAltNames, else the service accounts the
+ * endpoints declare (any trust domain: the root already pins it), else only the root.
+ */
+function istioMutual(c: ClusterSpec, instances: readonly ServiceInstance[], sans: readonly string[]): Record<string, unknown> {
+  const ids = new Set(instances.flatMap((i) => (i.identity ? [`${i.identity.namespace}/${i.identity.serviceAccount}`] : [])));
+  const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  const matchers = sans.length
+    ? sans.map((s) => ({ san_type: 'URI', matcher: { exact: s } }))
+    : [...ids].sort().map((id) => {
+        const [ns, sa] = id.split('/') as [string, string];
+        return { san_type: 'URI', matcher: { safe_regex: { regex: `^spiffe://[^/]+/ns/${escape(ns)}/sa/${escape(sa)}$` } } };
+      });
+  return {
+    name: 'envoy.transport_sockets.tls',
+    typed_config: packAny(UPSTREAM_TLS, {
+      sni: `outbound_.${c.port.number}_.${c.subset?.name ?? ''}_.${c.service.hostname}`,
+      common_tls_context: {
+        alpn_protocols: ['istio-peer-exchange', 'istio'],
+        tls_certificate_sds_secret_configs: [{ name: 'default', sds_config: SDS_SOURCE }],
+        combined_validation_context: {
+          default_validation_context: matchers.length ? { match_typed_subject_alt_names: matchers } : {},
+          validation_context_sds_secret_config: { name: 'ROOTCA', sds_config: SDS_SOURCE },
+        },
+      },
+    }),
+  };
+}
+
+function transportSocket(push: PushContext, c: ClusterSpec, policy: TrafficPolicy): Record<string, unknown> {
+  const instances = selectInstances(push, c);
+  if (policy.tls?.mode === 'ISTIO_MUTUAL') return { transport_socket: istioMutual(c, instances, policy.tls.subjectAltNames) };
+  if (policy.tls?.mode === 'DISABLE' || c.service.location !== 'MESH_INTERNAL') return {};
+  // Auto-mTLS, as Istio: with no TLS setting, endpoints labelled as having a sidecar get mTLS, the rest plaintext.
+  if (!instances.some((i) => i.labels[TLS_MODE_LABEL] === 'istio')) return {};
+  return {
+    transport_socket_matches: [
+      { name: 'tlsMode-istio', match: { fields: { tlsMode: str('istio') } }, transport_socket: istioMutual(c, instances, []) },
+      { name: 'tlsMode-disabled', match: {}, transport_socket: { name: 'envoy.transport_sockets.raw_buffer', typed_config: packAny(RAW_BUFFER, {}) } },
+    ],
   };
 }
 
@@ -146,6 +210,7 @@ function clusterObject(push: PushContext, c: ClusterSpec, dr: Config<Destination
     if (http?.maxRequestsPerConnection) opts.common_http_protocol_options = { max_requests_per_connection: { value: http.maxRequestsPerConnection } };
     out.typed_extension_protocol_options = { 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': packAny(HTTP_OPTIONS, opts) };
   }
+  Object.assign(out, transportSocket(push, c, policy));
   const od = policy.outlierDetection;
   if (od) {
     const o: Record<string, unknown> = {};

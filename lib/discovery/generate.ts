@@ -1,6 +1,7 @@
 // Resources of one type for one proxy, by name: the single entry point the connections use.
 
 import { buildClusters, buildEndpoints } from './gen-clusters';
+import { inboundClusters, inboundListeners } from './gen-inbound';
 import { buildListeners } from './gen-listeners';
 import { buildNameTableResources } from './gen-nametable';
 import { buildRoutes } from './gen-routes';
@@ -12,12 +13,18 @@ export const SUPPORTED_TYPES: ReadonlySet<string> = new Set(Object.values(TYPE_U
 
 export function generate(push: PushContext, proxy: Proxy, typeUrl: string): ReadonlyMap<string, Resource> {
   switch (typeUrl) {
-    case TYPE_URLS.cluster:
-      return cdsFor(push, push.scopeFor(proxy));
+    case TYPE_URLS.cluster: {
+      const inbound = inboundClusters(push, proxy);
+      const outbound = cdsFor(push, push.scopeFor(proxy));
+      return inbound.length ? new Map([...outbound, ...inbound.map((r) => [r.name, r] as const)]) : outbound;
+    }
     case TYPE_URLS.endpoint:
       return buildEndpoints(push);
-    case TYPE_URLS.listener:
-      return buildListeners(push, proxy);
+    case TYPE_URLS.listener: {
+      const inbound = inboundListeners(push, proxy);
+      const outbound = buildListeners(push, proxy);
+      return inbound.length ? new Map([...outbound, ...inbound.map((r) => [r.name, r] as const)]) : outbound;
+    }
     case TYPE_URLS.route:
       return buildRoutes(push, proxy);
     case TYPE_URLS.nameTable:

@@ -4,11 +4,13 @@
 // Data flow: FileConfigSource.sync() applies a validated set to the store; store and registry handlers feed the
 // Debouncer; each flush builds one immutable PushContext and asks every connection to push from it.
 
+import * as path from 'node:path';
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
 import { DISCOVERY_MAX_DOCUMENTS, DISCOVERY_MAX_FILE_BYTES, PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
 import { timestamp, scope } from '../log';
 import { AdsServer, type ConnectionStatus } from './ads-server';
+import { caDeclared, EmbeddedCa, isLocalAddress } from './ca';
 import type { Nack } from './ads-connection';
 import { MemoryConfigStore } from './config-store';
 import { Debouncer, type PushRequest, pushRequest } from './debounce';
@@ -40,6 +42,8 @@ export interface DiscoveryOptions {
   maxFileBytes?: number;
   /** Most documents in one config file (default 10,000, DISCOVERY_MAX_DOCUMENTS). */
   maxDocuments?: number;
+  /** SPIFFE trust domain of the embedded CA, served when <configDir>/ca/identities exists (default cluster.local). */
+  trustDomain?: string;
 }
 
 /** The file limits from the environment (DISCOVERY_MAX_FILE_BYTES, DISCOVERY_MAX_DOCUMENTS). */
@@ -56,6 +60,8 @@ export interface DiscoveryStatus {
   issues: string[];
   pushes: number;
   health: HealthReport[];
+  /** The embedded CA, when served. */
+  ca?: { root: string; signed: number; refused: number };
 }
 
 export class DiscoveryServer implements Component {
@@ -71,6 +77,7 @@ export class DiscoveryServer implements Component {
   private readonly cache = new ResourceCache();
   private readonly mesh: MeshConfig;
   private push: PushContext;
+  private ca: EmbeddedCa | undefined;
   private pushes = 0;
   private versionSeq = 0;
   private boundAddress = '';
@@ -128,6 +135,7 @@ export class DiscoveryServer implements Component {
       // The initial load needs no debounce: build the first push context now.
       this.debouncer.close();
       this.push = await this.buildPushContext();
+      await this.startCa();
       this.boundAddress = await this.ads.listen(this.o.listen);
     } catch (e) {
       this.state = 'closed';
@@ -140,6 +148,18 @@ export class DiscoveryServer implements Component {
     this.files.start();
     this.state = 'running';
     log.info('discovery server listening', { address: this.boundAddress, configDir: this.o.configDir, services: this.push.services.length, version: this.push.version });
+  }
+
+  /** The embedded CA, when the config directory declares identities and the address is local. */
+  private async startCa(): Promise<void> {
+    if (!caDeclared(this.o.configDir)) return;
+    if (!isLocalAddress(this.o.listen)) {
+      log.warn(`embedded CA not served: ${this.o.listen} is not a Unix socket or loopback address, and tokens must not cross the network in plaintext`);
+      return;
+    }
+    this.ca = await EmbeddedCa.open({ dir: path.join(this.o.configDir, 'ca'), trustDomain: this.o.trustDomain ?? 'cluster.local' });
+    const svc = this.ca.service();
+    this.ads.addService(svc.definition, svc.implementation);
   }
 
   /** Safe to call twice. */
@@ -163,6 +183,7 @@ export class DiscoveryServer implements Component {
       issues: this.files.issues.map(formatIssue),
       pushes: this.pushes,
       health: this.health.status(),
+      ca: this.ca && { root: this.ca.rootSerial, ...this.ca.stats },
     };
   }
 

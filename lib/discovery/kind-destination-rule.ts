@@ -30,7 +30,7 @@ export function readDestinationRule(r: Reader, v: unknown, path: Path): Destinat
 }
 
 function readTrafficPolicy(r: Reader, v: unknown, path: Path, portLevel = false): TrafficPolicy | undefined {
-  const o = r.object(v, path, portLevel ? ['port', 'loadBalancer', 'connectionPool', 'outlierDetection'] : ['loadBalancer', 'connectionPool', 'outlierDetection', 'portLevelSettings']);
+  const o = r.object(v, path, portLevel ? ['port', 'loadBalancer', 'connectionPool', 'outlierDetection', 'tls'] : ['loadBalancer', 'connectionPool', 'outlierDetection', 'portLevelSettings', 'tls']);
   if (!o) return undefined;
   const out: TrafficPolicy = {};
   if (!portLevel && o.portLevelSettings !== undefined) {
@@ -47,6 +47,12 @@ function readTrafficPolicy(r: Reader, v: unknown, path: Path, portLevel = false)
       levels.push({ port, policy });
     });
     out.portLevelSettings = levels;
+  }
+  const tls = r.object(o.tls, [...path, 'tls'], ['mode', 'subjectAltNames'], ['mode']);
+  if (tls) {
+    const mode = r.oneOf(tls.mode, [...path, 'tls', 'mode'], ['DISABLE', 'ISTIO_MUTUAL'] as const, { required: true, unsupported: ['SIMPLE', 'MUTUAL'] });
+    const sans = r.array(tls.subjectAltNames, [...path, 'tls', 'subjectAltNames']).map((s, i) => r.string(s, [...path, 'tls', 'subjectAltNames', i], { required: true }));
+    if (mode) out.tls = { mode, subjectAltNames: sans.filter((s): s is string => !!s) };
   }
   const lp = [...path, 'loadBalancer'];
   const lb = r.object(o.loadBalancer, lp, ['simple', 'consistentHash']);

@@ -80,6 +80,7 @@ export function readWorkload(r: Reader, v: unknown, path: Path, resolution: 'STA
   if (address === undefined) return undefined;
   const out: WorkloadEntrySpec = { address, ports, labels };
   if (weight !== undefined) out.weight = weight;
+  if (typeof o.serviceAccount === 'string' && o.serviceAccount) out.serviceAccount = o.serviceAccount;
   return out;
 }
 

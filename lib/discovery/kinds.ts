@@ -7,11 +7,12 @@ import { readGateway } from './kind-gateway';
 import { readServiceEntry, readWorkload } from './kind-service-entry';
 import { readSidecar } from './kind-sidecar';
 import { readVirtualService } from './kind-virtual-service';
-import type { Config, Kind } from './model';
+import type { Config, Kind, PeerAuthenticationSpec } from './model';
 import { KINDS } from './model';
 import { DNS_LABEL, DNS_NAME, type Path, type Problem, Reader } from './schema';
 
 const API_VERSIONS = ['networking.istio.io/v1', 'networking.istio.io/v1beta1', 'networking.istio.io/v1alpha3'];
+const SECURITY_API_VERSIONS = ['security.istio.io/v1', 'security.istio.io/v1beta1'];
 
 export interface ReadResult {
   config?: Config;
@@ -28,7 +29,8 @@ export function readDocument(doc: unknown): ReadResult {
     r.fail(['kind'], `unknown or unsupported kind "${kindText}" (supported: ${KINDS.join(', ')})`);
   }
   const api = r.string(top.apiVersion, ['apiVersion'], { required: true });
-  if (api !== undefined && !API_VERSIONS.includes(api)) r.fail(['apiVersion'], `"${api}" is not one of ${API_VERSIONS.join(', ')}`);
+  const apis = kindText === 'PeerAuthentication' ? SECURITY_API_VERSIONS : API_VERSIONS;
+  if (api !== undefined && !apis.includes(api)) r.fail(['apiVersion'], `"${api}" is not one of ${apis.join(', ')}`);
   const md = r.object(top.metadata, ['metadata'], ['name', 'namespace', 'labels', 'annotations', 'resourceVersion', 'uid', 'generation', 'creationTimestamp'], ['name']);
   const name = r.string(md?.name, ['metadata', 'name'], { required: true, pattern: DNS_NAME, patternText: 'a lowercase DNS name' });
   const namespace = r.string(md?.namespace, ['metadata', 'namespace'], { pattern: DNS_LABEL, patternText: 'a lowercase DNS label' }) ?? 'default';
@@ -50,4 +52,19 @@ const SPEC_READERS: Record<Kind, SpecReader> = {
   DestinationRule: readDestinationRule,
   Gateway: readGateway,
   Sidecar: readSidecar,
+  PeerAuthentication: readPeerAuthentication,
 };
+
+function readPeerAuthentication(r: Reader, v: unknown, path: Path): PeerAuthenticationSpec | undefined {
+  const o = r.object(v, path, ['selector', 'mtls'], []) ?? {};
+  let selector: Record<string, string> | undefined;
+  if (o.selector !== undefined) {
+    const s = r.object(o.selector, [...path, 'selector'], ['matchLabels'], ['matchLabels']);
+    selector = r.stringMap(s?.matchLabels, [...path, 'selector', 'matchLabels']);
+  }
+  const m = r.object(o.mtls, [...path, 'mtls'], ['mode'], []);
+  const mode = r.oneOf(m?.mode, [...path, 'mtls', 'mode'], ['STRICT', 'PERMISSIVE', 'DISABLE'] as const, { unsupported: ['UNSET'] }) ?? 'PERMISSIVE';
+  const out: PeerAuthenticationSpec = { mode };
+  if (selector) out.selector = selector;
+  return out;
+}

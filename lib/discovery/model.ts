@@ -1,7 +1,7 @@
 // The discovery server's platform-neutral model: configs keyed by kind + namespace + name (the Istio kinds this
 // server accepts, already validated and normalised), and the service registry's Service and ServiceInstance.
 
-export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar'] as const;
+export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar', 'PeerAuthentication'] as const;
 export type Kind = (typeof KINDS)[number];
 
 export type Event = 'add' | 'update' | 'delete';
@@ -30,7 +30,7 @@ export interface Config<S = Spec> {
   spec: S;
 }
 
-export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec | SidecarSpec;
+export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec | SidecarSpec | PeerAuthenticationSpec;
 
 /** meshConfig fields the server honours. */
 export interface MeshConfig {
@@ -67,6 +67,8 @@ export interface WorkloadEntrySpec {
   ports: Readonly<Record<string, number>>;
   labels: Readonly<Record<string, string>>;
   weight?: number;
+  /** The workload's service account: its SPIFFE identity is spiffe://<td>/ns/<namespace>/sa/<serviceAccount>. */
+  serviceAccount?: string;
 }
 
 export interface ServiceEntrySpec {
@@ -168,6 +170,8 @@ export interface ConsistentHash {
 export interface TrafficPolicy {
   /** Per-port overrides of the other fields (not nested further). */
   portLevelSettings?: { port: number; policy: TrafficPolicy }[];
+  /** ISTIO_MUTUAL: mTLS with the workload certificate and ROOTCA from the agent's SDS; DISABLE: plaintext. */
+  tls?: { mode: 'DISABLE' | 'ISTIO_MUTUAL'; subjectAltNames: string[] };
   loadBalancer?: 'ROUND_ROBIN' | 'LEAST_REQUEST' | 'RANDOM';
   consistentHash?: ConsistentHash;
   connectionPool?: {
@@ -211,6 +215,12 @@ export interface SidecarSpec {
   outboundTrafficPolicy?: 'ALLOW_ANY' | 'REGISTRY_ONLY';
 }
 
+/** Inbound mTLS of the workloads it selects (all of its namespace without a selector; the mesh in istio-system). */
+export interface PeerAuthenticationSpec {
+  selector?: Readonly<Record<string, string>>;
+  mode: 'STRICT' | 'PERMISSIVE' | 'DISABLE';
+}
+
 export interface GatewaySpec {
   selector: Readonly<Record<string, string>>;
   servers: GatewayServer[];
@@ -239,6 +249,8 @@ export interface ServiceInstance {
   port: number;
   labels: Readonly<Record<string, string>>;
   weight?: number;
+  /** Namespace and service account of the workload, when it declares one (the identity mTLS expects). */
+  identity?: { namespace: string; serviceAccount: string };
   /** Key of the config that contributed it (the ServiceEntry, or the selected WorkloadEntry). */
   source: string;
 }

@@ -6,7 +6,7 @@
 import type { ConfigStore } from './config-store';
 import {
   type Config, DEFAULT_MESH, type DestinationRuleSpec, type MeshConfig, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
-  type SidecarSpec, type VirtualServiceSpec,
+  type PeerAuthenticationSpec, type SidecarSpec, type VirtualServiceSpec,
 } from './model';
 import { egressAdmits, exportedTo, hostCovers } from './visibility';
 import type { Proxy } from './proxy';
@@ -35,6 +35,7 @@ export class PushContext {
   private readonly vsByGateway: ReadonlyMap<string, readonly Config<VirtualServiceSpec>[]>;
   readonly gateways: readonly Config<GatewaySpec>[];
   private readonly sidecars: readonly Config<SidecarSpec>[];
+  readonly peerAuthentications: readonly Config<PeerAuthenticationSpec>[];
   private readonly memo = new Map<string, unknown>();
 
   private constructor(
@@ -49,8 +50,10 @@ export class PushContext {
       vss: Config<VirtualServiceSpec>[];
       gateways: Config<GatewaySpec>[];
       sidecars: Config<SidecarSpec>[];
+      pas: Config<PeerAuthenticationSpec>[];
     },
   ) {
+    this.peerAuthentications = Object.freeze(sortByKey(parts.pas));
     this.services = Object.freeze(parts.services.sort((a, b) => (a.hostname < b.hostname ? -1 : a.hostname > b.hostname ? 1 : 0)));
     this.serviceByHost = new Map(this.services.map((s) => [s.hostname, s]));
     this.instanceMap = parts.instances;
@@ -114,6 +117,7 @@ export class PushContext {
     return new PushContext(version, cache, mesh, {
       services,
       instances,
+      pas: store.list('PeerAuthentication') as Config<PeerAuthenticationSpec>[],
       drs: store.list('DestinationRule') as Config<DestinationRuleSpec>[],
       vss: store.list('VirtualService') as Config<VirtualServiceSpec>[],
       gateways: store.list('Gateway') as Config<GatewaySpec>[],
@@ -171,6 +175,18 @@ export class PushContext {
   /** The Gateways whose selector matches a router's labels (an empty selector matches every router). */
   gatewaysFor(proxy: Proxy): Config<GatewaySpec>[] {
     return this.gateways.filter((g) => labelsMatch(g.spec.selector, proxy.labels));
+  }
+
+  /**
+   * The inbound mTLS mode for a proxy, as Istio resolves it: a PeerAuthentication of its namespace selecting its
+   * labels, else one of its namespace without a selector, else a mesh-wide one (istio-system), else PERMISSIVE.
+   */
+  peerAuthenticationMode(proxy: Proxy): PeerAuthenticationSpec['mode'] {
+    const inNs = this.peerAuthentications.filter((p) => p.meta.namespace === proxy.namespace);
+    const pick = inNs.find((p) => p.spec.selector && labelsMatch(p.spec.selector, proxy.labels))
+      ?? inNs.find((p) => !p.spec.selector)
+      ?? this.peerAuthentications.find((p) => p.meta.namespace === ROOT_NAMESPACE && !p.spec.selector);
+    return pick?.spec.mode ?? 'PERMISSIVE';
   }
 
   /** Computes once per push context; the value must not depend on anything but this context and `key`. */

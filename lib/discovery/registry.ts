@@ -156,12 +156,12 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
   private computeInstances(se: Config<ServiceEntrySpec>): ServiceInstance[] {
     const seKey = keyOf(se);
     const out: ServiceInstance[] = [];
-    const workloads: { spec: WorkloadEntrySpec; source: string }[] = se.spec.endpoints.map((e) => ({ spec: e, source: seKey }));
+    const workloads: { spec: WorkloadEntrySpec; source: string; namespace: string }[] = se.spec.endpoints.map((e) => ({ spec: e, source: seKey, namespace: se.meta.namespace }));
     if (se.spec.workloadSelector) {
       for (const we of this.store.list('WorkloadEntry', se.meta.namespace) as Config<WorkloadEntrySpec>[]) {
         const key = configKey('WorkloadEntry', we.meta.namespace, we.meta.name);
         if (labelsMatch(se.spec.workloadSelector, labelsOf(we)) && !this.unhealthy.has(key)) {
-          workloads.push({ spec: { ...we.spec, labels: labelsOf(we) }, source: key });
+          workloads.push({ spec: { ...we.spec, labels: labelsOf(we) }, source: key, namespace: we.meta.namespace });
         }
       }
     }
@@ -182,6 +182,7 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
             source: w.source,
           };
           if (w.spec.weight !== undefined) inst.weight = w.spec.weight;
+          if (w.spec.serviceAccount) inst.identity = { namespace: w.namespace, serviceAccount: w.spec.serviceAccount };
           out.push(Object.freeze(inst));
         }
       }

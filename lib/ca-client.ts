@@ -1,0 +1,141 @@
+// The client of Istio's certificate service: one CreateCertificate call per CSR, on a fresh channel each time, so
+// a rotated root, token or CA address takes effect on the next call. Over TLS the CA must present a certificate
+// that verifies with the configured root and carries the expected name (ISTIOD_SAN, else the address's host);
+// the bearer token is read from its file at every call. Plaintext only where Istio allows it (port 15010 or
+// controlPlaneAuthPolicy NONE), and the token then goes only to a loopback or Unix socket address.
+//
+// This file checks the answer's shape (a chain of at least two PEM certificates); the secret cache checks it
+// against our key, identity, validity and root before it is used.
+
+import * as fs from 'node:fs';
+import * as net from 'node:net';
+import * as grpc from '@grpc/grpc-js';
+import { CREATE_CERTIFICATE_PATH, decodeCertificateResponse, encodeCertificateRequest, type CertificateResponse } from './ca-protos';
+import type { AgentConfig } from './config';
+import * as envs from './env';
+import type { Env } from './env';
+import { AgentError, errorMessage } from './errors';
+import { DEFAULT_ROOT_CA, ISTIOD_ROOT_CA, splitHostPort, upstreamFromConfig } from './xds-upstream';
+
+export interface CaClientOptions {
+  /** host:port, or unix:/path. */
+  address: string;
+  tls: boolean;
+  /** PEM file of roots to trust, or SYSTEM. */
+  rootCaFile: string;
+  /** Name the CA's certificate must carry (also the TLS SNI). */
+  serverName: string;
+  /** JWT sent as `authorization: Bearer`, read at each call; unset: none is sent. */
+  tokenFile?: string;
+  /** ClusterID and CA_HEADER_* values. */
+  headers: Record<string, string>;
+  /** Per call (default 10 s). */
+  timeoutMs?: number;
+}
+
+/** What the secret cache needs from a CA. */
+export interface CertificateSigner {
+  readonly address: string;
+  /** The chain for the CSR, leaf first; rejects with an AgentError naming what went wrong. */
+  sign(csrPem: string, validitySeconds: number): Promise<string[]>;
+}
+
+const CA_HEADER_PREFIX = 'CA_HEADER_';
+
+/** Did the CA answer at all (a refusal or garbage), as opposed to being unreachable? From sign()'s error. */
+export function caAnswered(err: unknown): boolean {
+  if (!(err instanceof AgentError)) return false;
+  if (err.code === 'BAD_INPUT') return true;
+  const code = (err.cause as { code?: number } | undefined)?.code;
+  return err.code === 'UPSTREAM' && code !== undefined && ![grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED].includes(code);
+}
+
+/** Istio's choices: CA_ADDR or the discovery address; plaintext on :15010 or with auth policy NONE. */
+export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
+  const xds = upstreamFromConfig(cfg, env);
+  const address = envs.CA_ADDR.get(env) || cfg.proxy.discoveryAddress;
+  const { host, port } = splitHostPort(address);
+  const tls = !(port === '15010' || address.startsWith('unix:') || (cfg.proxy.controlPlaneAuthPolicy === 'NONE' && !envs.CA_ADDR.isSet(env)));
+  const headers: Record<string, string> = { ClusterID: cfg.clusterId };
+  for (const [k, v] of Object.entries(env)) {
+    if (k.startsWith(CA_HEADER_PREFIX) && k.length > CA_HEADER_PREFIX.length && v !== undefined) headers[k.slice(CA_HEADER_PREFIX.length)] = v;
+  }
+  const prov = envs.PROV_CERT.get(env);
+  let root = envs.CA_ROOT_CA.get(env) || envs.XDS_ROOT_CA.get(env);
+  if (!root) root = fs.existsSync(DEFAULT_ROOT_CA) ? DEFAULT_ROOT_CA : prov ? `${prov}/root-cert.pem` : ISTIOD_ROOT_CA;
+  return {
+    address,
+    tls,
+    rootCaFile: root,
+    serverName: envs.ISTIOD_SAN.get(env) || (address === cfg.proxy.discoveryAddress ? xds.serverName ?? host : host),
+    tokenFile: xds.tokenFile,
+    headers,
+  };
+}
+
+function isLocal(address: string): boolean {
+  if (address.startsWith('unix:')) return true;
+  const { host } = splitHostPort(address);
+  return host === 'localhost' || host === '::1' || (net.isIPv4(host) && host.startsWith('127.'));
+}
+
+export class CaClient implements CertificateSigner {
+  constructor(private readonly o: CaClientOptions) {}
+
+  get address(): string {
+    return this.o.address;
+  }
+
+  async sign(csrPem: string, validitySeconds: number): Promise<string[]> {
+    const o = this.o;
+    const md = new grpc.Metadata();
+    for (const [k, v] of Object.entries(o.headers)) md.set(k, v);
+    if (o.tokenFile && (o.tls || isLocal(o.address))) {
+      let token: string;
+      try {
+        token = fs.readFileSync(o.tokenFile, 'utf8').trim();
+      } catch (e) {
+        throw new AgentError('IO', `cannot read the CA token file ${o.tokenFile}: ${errorMessage(e)}`, e);
+      }
+      if (!token) throw new AgentError('BAD_INPUT', `the CA token file ${o.tokenFile} is empty`);
+      md.set('authorization', `Bearer ${token}`);
+    }
+    // Its own connection, closed with the client: a pooled one could outlive a rotated root or a CA restart.
+    const options: grpc.ChannelOptions = { 'grpc.enable_retries': 0, 'grpc.use_local_subchannel_pool': 1 };
+    let creds: grpc.ChannelCredentials;
+    if (o.tls) {
+      let root: Buffer | null = null;
+      if (o.rootCaFile !== 'SYSTEM') {
+        try {
+          root = fs.readFileSync(o.rootCaFile);
+        } catch (e) {
+          throw new AgentError('IO', `cannot read the CA root certificate ${o.rootCaFile}: ${errorMessage(e)}`, e);
+        }
+      }
+      creds = grpc.credentials.createSsl(root);
+      const { host } = splitHostPort(o.address);
+      if (o.serverName && o.serverName !== host) options['grpc.ssl_target_name_override'] = o.serverName;
+    } else {
+      creds = grpc.credentials.createInsecure();
+    }
+    const client = new grpc.Client(o.address, creds, options);
+    let resp: CertificateResponse;
+    try {
+      resp = await new Promise<CertificateResponse>((resolve, reject) =>
+        client.makeUnaryRequest(CREATE_CERTIFICATE_PATH, encodeCertificateRequest, decodeCertificateResponse, { csr: csrPem, validityDuration: validitySeconds },
+          md, { deadline: Date.now() + (o.timeoutMs ?? 10_000) }, (e, r) => (e ? reject(e) : resolve(r!))));
+    } catch (e) {
+      const se = e as grpc.ServiceError;
+      const garbage = se.code === grpc.status.INTERNAL && /parsing|parse|deserializ/i.test(se.details ?? '');
+      throw new AgentError(garbage ? 'BAD_INPUT' : 'UPSTREAM', `CA ${o.address}${o.tls ? ` (TLS, name ${o.serverName})` : ' (plaintext)'}: ${se.details || se.message}`, e);
+    } finally {
+      client.close();
+    }
+    const chain = resp.certChain ?? [];
+    if (chain.length < 2) throw new AgentError('BAD_INPUT', `CA ${o.address} answered a chain of ${chain.length} certificate(s); want the leaf and at least the root`);
+    for (const [i, pem] of chain.entries()) {
+      if (!/-----BEGIN CERTIFICATE-----/.test(pem)) throw new AgentError('BAD_INPUT', `CA ${o.address}: element ${i + 1} of the chain is not a PEM certificate`);
+    }
+    return chain;
+  }
+}

@@ -1,0 +1,330 @@
+// Envoy's SecretDiscoveryService on the Unix socket the bootstrap's sds-grpc cluster names: StreamSecrets (state
+// of the world, what Envoy uses for `api_type: GRPC`) and DeltaSecrets (`DELTA_GRPC`). Secret values come from
+// a SecretProvider (the secret cache); this file only speaks the protocol.
+//
+// A secret Envoy asks for is answered as soon as it exists (a stream may wait for the first workload
+// certificate); push(name) re-sends it to every stream holding it when it changes. A NACK is logged and counted,
+// and the stream keeps its last accepted secret. Keys are never logged: only names, versions and nonces.
+
+import { createHash, randomBytes } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import * as grpc from '@grpc/grpc-js';
+import { Counter, type Registry } from 'prom-client';
+import { closedSignal, type Component } from './component';
+import { messageType, packAny, type AnyMessage } from './envoy-protos';
+import { AgentError, wrap } from './errors';
+import { scope } from './log';
+import { prepareSocket } from './unix-socket';
+
+const log = scope('sds');
+
+export const SECRET_TYPE = 'type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret';
+export const WORKLOAD_SECRET = 'default';
+export const ROOT_SECRET = 'ROOTCA';
+const SDS_SERVICE = 'envoy.service.secret.v3.SecretDiscoveryService';
+// 0660, as the XDS socket: Envoy runs as the agent's user, or in its group when started under another uid.
+const SOCKET_MODE = 0o660;
+
+export type SecretValue =
+  | { kind: 'tls'; certChainPem: string; keyPem: string }
+  | { kind: 'root'; rootPem: string };
+
+export interface SecretProvider {
+  /** The secret's current value, or undefined while it does not exist (the stream waits for push(name)). */
+  secret(name: string): SecretValue | undefined;
+  /** A stream asked for this name (a file-cert:/file-root: name may need a watch to be started). */
+  requested?(name: string): void;
+}
+
+export interface SdsServerOptions {
+  socketPath: string;
+  provider: SecretProvider;
+}
+
+export function secretVersion(v: SecretValue): string {
+  const h = createHash('sha256');
+  if (v.kind === 'tls') h.update('tls\0').update(v.certChainPem).update('\0').update(v.keyPem);
+  else h.update('root\0').update(v.rootPem);
+  return h.digest('hex').slice(0, 16);
+}
+
+/** The Envoy Secret resource: certificate and key inline, or a validation context with the trusted roots. */
+export function secretResource(name: string, v: SecretValue): AnyMessage {
+  const body = v.kind === 'tls'
+    ? { name, tls_certificate: { certificate_chain: { inline_bytes: Buffer.from(v.certChainPem) }, private_key: { inline_bytes: Buffer.from(v.keyPem) } } }
+    : { name, validation_context: { trusted_ca: { inline_bytes: Buffer.from(v.rootPem) } } };
+  return packAny('envoy.extensions.transport_sockets.tls.v3.Secret', body);
+}
+
+interface DiscoveryRequest {
+  version_info?: string;
+  resource_names?: string[];
+  response_nonce?: string;
+  type_url?: string;
+  error_detail?: { code?: number; message?: string };
+  node?: { id?: string };
+}
+
+interface DeltaRequest {
+  resource_names_subscribe?: string[];
+  resource_names_unsubscribe?: string[];
+  initial_resource_versions?: Record<string, string>;
+  response_nonce?: string;
+  type_url?: string;
+  error_detail?: { code?: number; message?: string };
+  node?: { id?: string };
+}
+
+const decode = <T>(name: string) => (b: Buffer): T => {
+  const t = messageType(name);
+  return t.toObject(t.decode(b), { arrays: true, objects: true, defaults: false }) as T;
+};
+const encode = (name: string) => (v: Record<string, unknown>): Buffer => {
+  const t = messageType(name);
+  return Buffer.from(t.encode(t.fromObject(v)).finish());
+};
+const REQ = 'envoy.service.discovery.v3.DiscoveryRequest';
+const RESP = 'envoy.service.discovery.v3.DiscoveryResponse';
+const DREQ = 'envoy.service.discovery.v3.DeltaDiscoveryRequest';
+const DRESP = 'envoy.service.discovery.v3.DeltaDiscoveryResponse';
+
+const SDS_DEFINITION: grpc.ServiceDefinition = {
+  StreamSecrets: {
+    path: `/${SDS_SERVICE}/StreamSecrets`, requestStream: true, responseStream: true, originalName: 'streamSecrets',
+    requestSerialize: encode(REQ), requestDeserialize: decode<DiscoveryRequest>(REQ),
+    responseSerialize: encode(RESP), responseDeserialize: decode(RESP),
+  },
+  DeltaSecrets: {
+    path: `/${SDS_SERVICE}/DeltaSecrets`, requestStream: true, responseStream: true, originalName: 'deltaSecrets',
+    requestSerialize: encode(DREQ), requestDeserialize: decode<DeltaRequest>(DREQ),
+    responseSerialize: encode(DRESP), responseDeserialize: decode(DRESP),
+  },
+};
+
+interface Stream {
+  id: number;
+  kind: 'sotw' | 'delta';
+  node: string;
+  names: Set<string>;
+  /** name -> version last sent on this stream. */
+  sent: Map<string, string>;
+  /** name -> version Envoy ACKed. */
+  acked: Map<string, string>;
+  /** nonce -> name -> version sent in that response (ACKs name the nonce). */
+  pending: Map<string, Map<string, string>>;
+  call: grpc.ServerDuplexStream<unknown, unknown>;
+}
+
+export interface SdsStreamStatus {
+  id: number;
+  kind: string;
+  node: string;
+  names: string[];
+  acked: Record<string, string>;
+}
+
+export class SdsServer implements Component {
+  readonly name = 'SDS server';
+  readonly closed: Promise<Error | undefined>;
+  private readonly signal = closedSignal();
+  private server: grpc.Server | undefined;
+  private readonly streams = new Map<number, Stream>();
+  private readonly socketPath: string;
+  private nextId = 1;
+  private state: 'new' | 'starting' | 'serving' | 'closed' = 'new';
+  private readonly counts = { pushes: 0, nacks: 0 };
+
+  constructor(private readonly o: SdsServerOptions) {
+    this.closed = this.signal.closed;
+    this.socketPath = path.resolve(o.socketPath);
+  }
+
+  async start(): Promise<void> {
+    if (this.state !== 'new') throw new AgentError('INTERNAL', 'SDS server already started');
+    this.state = 'starting';
+    try {
+      await prepareSocket(this.socketPath);
+      const server = new grpc.Server();
+      server.addService(SDS_DEFINITION, {
+        StreamSecrets: (call: grpc.ServerDuplexStream<DiscoveryRequest, unknown>) => this.accept(call, 'sotw'),
+        DeltaSecrets: (call: grpc.ServerDuplexStream<DeltaRequest, unknown>) => this.accept(call, 'delta'),
+      });
+      this.server = server;
+      await new Promise<void>((resolve, reject) =>
+        server.bindAsync(`unix://${this.socketPath}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
+      fs.chmodSync(this.socketPath, SOCKET_MODE);
+    } catch (e) {
+      this.server?.forceShutdown();
+      this.state = 'closed';
+      const err = wrap(`failed to start SDS server on ${this.socketPath}`, e, e instanceof AgentError ? undefined : 'IO');
+      this.signal.resolve(err);
+      throw err;
+    }
+    if ((this.state as string) === 'closed') {
+      this.server?.forceShutdown();
+      fs.rmSync(this.socketPath, { force: true });
+      return;
+    }
+    this.state = 'serving';
+    log.info(`SDS server listening on ${this.socketPath}`);
+  }
+
+  async close(): Promise<void> {
+    if (this.state === 'closed') return;
+    this.state = 'closed';
+    for (const s of this.streams.values()) s.call.end();
+    this.streams.clear();
+    this.server?.forceShutdown();
+    try {
+      if (fs.lstatSync(this.socketPath).isSocket()) fs.unlinkSync(this.socketPath);
+    } catch {
+      // already gone
+    }
+    this.signal.resolve(undefined);
+  }
+
+  /** The secret changed (or now exists): sends it to every stream holding it whose copy differs. */
+  push(name: string): void {
+    for (const s of this.streams.values()) if (s.names.has(name)) this.respond(s, [name]);
+  }
+
+  streamStatus(): SdsStreamStatus[] {
+    return [...this.streams.values()].map((s) => ({ id: s.id, kind: s.kind, node: s.node, names: [...s.names], acked: Object.fromEntries(s.acked) }));
+  }
+
+  registerMetrics(registry: Registry): void {
+    const counts = this.counts;
+    registry.registerMetric(new Counter({
+      name: 'istio_agent_sds_pushes_total', help: 'Secrets sent to Envoy over SDS', registers: [],
+      collect() { this.reset(); this.inc(counts.pushes); },
+    }));
+    registry.registerMetric(new Counter({
+      name: 'istio_agent_sds_nacks_total', help: 'SDS responses Envoy rejected', registers: [],
+      collect() { this.reset(); this.inc(counts.nacks); },
+    }));
+  }
+
+  private accept(call: grpc.ServerDuplexStream<DiscoveryRequest | DeltaRequest, unknown>, kind: 'sotw' | 'delta'): void {
+    if (this.state !== 'serving') {
+      call.emit('error', { code: grpc.status.UNAVAILABLE, details: 'SDS server shutting down' });
+      return;
+    }
+    const s: Stream = { id: this.nextId++, kind, node: '', names: new Set(), sent: new Map(), acked: new Map(), pending: new Map(), call };
+    this.streams.set(s.id, s);
+    const end = () => {
+      if (this.streams.delete(s.id)) log.debug(`SDS stream ${s.id} closed (${[...s.names].join(', ')})`);
+    };
+    call.on('data', (req: DiscoveryRequest | DeltaRequest) => {
+      try {
+        if (kind === 'sotw') this.onSotw(s, req as DiscoveryRequest);
+        else this.onDelta(s, req as DeltaRequest);
+      } catch (e) {
+        log.error(`SDS stream ${s.id}: ${(e as Error).message}`);
+        call.emit('error', { code: grpc.status.INTERNAL, details: (e as Error).message });
+        end();
+      }
+    });
+    call.on('end', () => {
+      end();
+      call.end();
+    });
+    call.on('error', end);
+    call.on('cancelled', end);
+  }
+
+  private checkType(typeUrl: string | undefined): void {
+    if (typeUrl && typeUrl !== SECRET_TYPE) throw new AgentError('BAD_INPUT', `stream asked for ${typeUrl}; this server serves only ${SECRET_TYPE}`);
+  }
+
+  /** Handles the ACK/NACK part of a request; false when the request is stale (names an old nonce). */
+  private settle(s: Stream, nonce: string | undefined, error: { message?: string } | undefined): boolean {
+    if (!nonce) return true;
+    const sent = s.pending.get(nonce);
+    if (!sent) return false;
+    s.pending.delete(nonce);
+    if (error) {
+      this.counts.nacks++;
+      log.warn(`Envoy rejected secret(s) ${[...sent.keys()].join(', ')} (stream ${s.id}, nonce ${nonce}): ${error.message ?? 'no message'}; it keeps the last accepted one`);
+    } else {
+      for (const [n, v] of sent) s.acked.set(n, v);
+    }
+    return true;
+  }
+
+  private onSotw(s: Stream, req: DiscoveryRequest): void {
+    this.checkType(req.type_url);
+    if (req.node?.id) s.node = req.node.id;
+    const fresh = this.settle(s, req.response_nonce, req.error_detail);
+    // A request naming an older nonce carries nothing new (Envoy sends the current one after it).
+    if (!fresh && !req.error_detail) return;
+    const names = new Set(req.resource_names ?? []);
+    const added = [...names].filter((n) => !s.names.has(n));
+    s.names = names;
+    for (const n of [...s.sent.keys()]) if (!names.has(n)) s.sent.delete(n);
+    for (const n of added) {
+      log.debug(`SDS stream ${s.id} (${s.node}) asks for ${n}`);
+      this.o.provider.requested?.(n);
+    }
+    if (req.error_detail) return;
+    this.respond(s, [...names]);
+  }
+
+  private onDelta(s: Stream, req: DeltaRequest): void {
+    this.checkType(req.type_url);
+    if (req.node?.id) s.node = req.node.id;
+    this.settle(s, req.response_nonce, req.error_detail);
+    for (const n of req.resource_names_unsubscribe ?? []) {
+      s.names.delete(n);
+      s.sent.delete(n);
+    }
+    const added: string[] = [];
+    for (const n of req.resource_names_subscribe ?? []) {
+      if (s.names.has(n)) continue;
+      s.names.add(n);
+      added.push(n);
+      const known = req.initial_resource_versions?.[n];
+      if (known) s.sent.set(n, known);
+    }
+    for (const n of added) this.o.provider.requested?.(n);
+    if (added.length) this.respond(s, added);
+  }
+
+  /** Sends the named secrets that exist and differ from what the stream has. */
+  private respond(s: Stream, names: string[]): void {
+    const changed: { name: string; value: SecretValue; version: string }[] = [];
+    for (const name of names) {
+      const value = this.o.provider.secret(name);
+      if (!value) continue;
+      const version = secretVersion(value);
+      if (s.sent.get(name) === version) continue;
+      changed.push({ name, value, version });
+    }
+    if (!changed.length) return;
+    const nonce = randomBytes(8).toString('hex');
+    if (s.kind === 'sotw') {
+      // State of the world: the response lists every requested secret that exists, not only the changed ones.
+      const all = [...s.names].flatMap((name) => {
+        const value = this.o.provider.secret(name);
+        return value ? [{ name, value, version: secretVersion(value) }] : [];
+      });
+      const version = all.map((r) => r.version).join('.');
+      s.call.write({ version_info: version, resources: all.map((r) => secretResource(r.name, r.value)), type_url: SECRET_TYPE, nonce });
+      // Only the latest response can be ACKed in state of the world.
+      s.pending.clear();
+      s.pending.set(nonce, new Map(all.map((r) => [r.name, r.version])));
+      for (const r of all) s.sent.set(r.name, r.version);
+    } else {
+      s.call.write({
+        system_version_info: changed.map((r) => r.version).join('.'),
+        resources: changed.map((r) => ({ name: r.name, version: r.version, resource: secretResource(r.name, r.value) })),
+        type_url: SECRET_TYPE,
+        nonce,
+      });
+      s.pending.set(nonce, new Map(changed.map((r) => [r.name, r.version])));
+      for (const r of changed) s.sent.set(r.name, r.version);
+    }
+    this.counts.pushes += changed.length;
+    log.info(`SDS: sent ${changed.map((r) => `${r.name}@${r.version}`).join(', ')} to stream ${s.id}${s.node ? ` (${s.node})` : ''}`);
+  }
+}

@@ -1,0 +1,438 @@
+// The workload's secrets: one certificate and key (`default`) with its trust bundle (`ROOTCA`), plus the files
+// Envoy names itself (`file-cert:<cert>~<key>`, `file-root:<path>`, `file-root:system`). It is the SDS server's
+// SecretProvider; onUpdate(name) tells the SDS server to push.
+//
+// Where `default` comes from, in Istio's order: the workload-spiffe-credentials directory, else the mounted
+// ./etc/certs files (FILE_MOUNTED_CERTS, or cert-chain.pem and key.pem present), else a CA (CSR -> signer).
+// From a CA, the certificate is renewed at expiry - lifetime x (grace ratio +- jitter); a CA that fails is
+// retried with backoff while the current certificate stays in use. Mounted files are watched (directories,
+// so Kubernetes' `..data` symlink swap is seen), debounced, and taken only when they parse, the key matches and
+// the chain verifies: a half-written file is refused and retried, the last good secret stays.
+//
+// Every refused certificate (CA answer or file) gives one log line naming what and where, and a metric. The
+// private key never leaves the process except into OUTPUT_CERTS (atomic writes, 0600) and, over SDS, to Envoy.
+
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { Counter, Gauge, type Registry } from 'prom-client';
+import { caAnswered, type CertificateSigner } from './ca-client';
+import { checkChain, checkKeyPair, checkValidity, parseCerts, type CertInfo } from './cert-chain';
+import { closedSignal, type Component, type Condition, type StatusRoute } from './component';
+import { generateKeyAndCsr, type KeyAlgorithm } from './csr';
+import { AgentError, errorMessage } from './errors';
+import { FileWatcher } from './file-watcher';
+import { writeFileAtomic } from './fs-atomic';
+import { scope } from './log';
+import { ROOT_SECRET, WORKLOAD_SECRET, type SecretProvider, type SecretValue } from './sds-server';
+import { json } from './status-server';
+import { backoffDelay } from './xds-upstream';
+
+const log = scope('cache');
+
+export const MOUNTED_CERTS_DIR = './etc/certs';
+export const CREDENTIALS_DIR = './var/run/secrets/workload-spiffe-credentials';
+const CERT_CHAIN = 'cert-chain.pem';
+const KEY = 'key.pem';
+const ROOT_CERT = 'root-cert.pem';
+const SYSTEM_BUNDLES = ['/etc/ssl/certs/ca-certificates.crt', '/etc/pki/tls/certs/ca-bundle.crt', '/etc/ssl/ca-bundle.pem', '/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem', '/etc/ssl/cert.pem'];
+// How long a file that does not check out (e.g. half written) is re-read before waiting for the next change.
+const FILE_RETRY_MS = 500;
+const FILE_RETRY_FOR_MS = 10_000;
+
+export interface SecretCacheOptions {
+  /** spiffe://<td>/ns/<ns>/sa/<sa>: what a CA-issued certificate must name. */
+  identity: string;
+  algorithm: KeyAlgorithm;
+  pkcs8?: boolean;
+  /** Requested lifetime (SECRET_TTL). */
+  ttlMs: number;
+  graceRatio: number;
+  graceJitter: number;
+  /** Issues the workload certificate unless files are mounted. */
+  signer?: CertificateSigner;
+  /** Directory holding cert-chain.pem, key.pem, root-cert.pem to use instead of a CA (see mountedCertsDir()). */
+  mountedDir?: string;
+  /** OUTPUT_CERTS: where issued certificates and the key are written. */
+  outputDir?: string;
+  debounceMs?: number;
+  /** CA retry backoff (default 1 s doubling to 60 s, jittered). */
+  backoff?: { initialMs: number; maxMs: number };
+  /** Ask the CA only once a stream asks for `default` or `ROOTCA` (Istio's behaviour); until then ready. */
+  lazy?: boolean;
+  now?: () => number;
+  random?: () => number;
+}
+
+/** The mounted-certificate directory to use, if any (credentials directory first, then ./etc/certs). */
+export function mountedCertsDir(fileMountedCerts: boolean, exists: (p: string) => boolean = fs.existsSync): string | undefined {
+  if (exists(path.join(CREDENTIALS_DIR, CERT_CHAIN)) && exists(path.join(CREDENTIALS_DIR, KEY))) return CREDENTIALS_DIR;
+  if (fileMountedCerts || (exists(path.join(MOUNTED_CERTS_DIR, CERT_CHAIN)) && exists(path.join(MOUNTED_CERTS_DIR, KEY)))) return MOUNTED_CERTS_DIR;
+  return undefined;
+}
+
+/**
+ * When to renew: expiry - lifetime x (ratio +- jitter). A CA that backdates notBefore far makes that moment
+ * already past on arrival; then the same share of what is left is kept, so a fresh certificate is never
+ * renewed in a loop.
+ */
+export function rotationTime(leaf: Pick<CertInfo, 'notBefore' | 'notAfter'>, ratio: number, jitter: number, rand: () => number, now: number): number {
+  const lifetime = leaf.notAfter - leaf.notBefore;
+  const r = Math.min(1, Math.max(0, ratio + jitter * (rand() * 2 - 1)));
+  const at = leaf.notAfter - lifetime * r;
+  return at > now ? at : now + (leaf.notAfter - now) * (1 - r);
+}
+
+interface Workload {
+  chainPem: string;
+  keyPem: string;
+  rootPem: string;
+  leaf: CertInfo;
+  source: string;
+}
+
+interface FileSecret {
+  name: string;
+  files: string[];
+  value?: SecretValue;
+  error?: string;
+  retryUntil?: number;
+}
+
+type FailureReason = 'ca_unreachable' | 'ca_refused' | 'bad_chain' | 'bad_file' | 'credentials' | 'output';
+
+export class SecretCache implements Component, SecretProvider {
+  readonly name = 'secret cache';
+  readonly closed: Promise<Error | undefined>;
+  private readonly signal = closedSignal();
+  private workload: Workload | undefined;
+  private readonly fileSecrets = new Map<string, FileSecret>();
+  private readonly listeners: ((name: string) => void)[] = [];
+  private rotateTimer: NodeJS.Timeout | undefined;
+  private fileRetryTimer: NodeJS.Timeout | undefined;
+  private watcher: FileWatcher | undefined;
+  private nextRotation: number | undefined;
+  private attempt = 0;
+  private fetching = false;
+  private wanted: boolean;
+  private fileRetryUntil: number | undefined;
+  /** The last failure logged, so a retry meeting the same one does not log it again. */
+  private lastFailure = '';
+  private state: 'new' | 'running' | 'closed' = 'new';
+  private readonly ca = { lastSuccess: 0, lastFailure: 0, lastError: '', reachable: undefined as boolean | undefined };
+  private readonly counts = { issued: 0, rotated: 0, failed: new Map<FailureReason, number>() };
+  private readonly now: () => number;
+  private readonly rand: () => number;
+
+  constructor(private readonly o: SecretCacheOptions) {
+    this.closed = this.signal.closed;
+    this.now = o.now ?? Date.now;
+    this.rand = o.random ?? Math.random;
+    this.wanted = !o.lazy;
+    if (!o.signer && !o.mountedDir) throw new AgentError('CONFIG_INVALID', 'the secret cache needs a CA or a directory of mounted certificates');
+  }
+
+  /** Called with the secret's name whenever a secret changes (or first exists). */
+  onUpdate(fn: (name: string) => void): void {
+    this.listeners.push(fn);
+  }
+
+  /** Starts getting the first certificate (does not wait for it: see readiness()). */
+  async start(): Promise<void> {
+    if (this.state !== 'new') throw new AgentError('INTERNAL', 'secret cache already started');
+    this.state = 'running';
+    this.watcher = new FileWatcher(() => this.filesChanged(), { debounceMs: this.o.debounceMs ?? 100, pollMs: 2000 });
+    if (this.o.mountedDir) {
+      log.info(`workload certificate from mounted files in ${this.o.mountedDir}`);
+      this.loadMounted();
+    } else {
+      log.info(`workload certificate for ${this.o.identity} from CA ${this.o.signer!.address}${this.wanted ? '' : ', once Envoy asks for it'}`);
+      if (this.wanted) void this.fetch();
+    }
+    this.rewatch();
+  }
+
+  async close(): Promise<void> {
+    if (this.state === 'closed') return;
+    this.state = 'closed';
+    if (this.rotateTimer) clearTimeout(this.rotateTimer);
+    if (this.fileRetryTimer) clearTimeout(this.fileRetryTimer);
+    this.watcher?.close();
+    this.signal.resolve(undefined);
+  }
+
+  // ---- SecretProvider ----
+
+  secret(name: string): SecretValue | undefined {
+    if (name === WORKLOAD_SECRET) return this.workload && { kind: 'tls', certChainPem: this.workload.chainPem, keyPem: this.workload.keyPem };
+    if (name === ROOT_SECRET) return this.workload && { kind: 'root', rootPem: this.workload.rootPem };
+    return this.fileSecret(name)?.value;
+  }
+
+  requested(name: string): void {
+    if (name !== WORKLOAD_SECRET && name !== ROOT_SECRET) {
+      this.fileSecret(name);
+    } else if (!this.wanted) {
+      this.wanted = true;
+      if (this.o.signer && this.state === 'running') void this.fetch();
+    }
+  }
+
+  /** The current workload certificate's facts (never the key). */
+  current(): (CertInfo & { source: string; nextRotation?: number }) | undefined {
+    return this.workload && { ...this.workload.leaf, source: this.workload.source, nextRotation: this.nextRotation };
+  }
+
+  readiness(): Condition {
+    // Until Envoy asks for the workload certificate, nothing waits for it (mounted files that are missing or bad
+    // included, as in Istio, where readiness never looks at certificates).
+    if (!this.wanted) return { ready: true, reason: '' };
+    return this.workload ? { ready: true, reason: '' } : { ready: false, reason: `no workload certificate yet${this.ca.lastError ? ` (${this.ca.lastError})` : ''}` };
+  }
+
+  routes(): StatusRoute[] {
+    return [{ method: 'GET', path: '/debug/certs', localOnly: true, handler: () => json(this.debug()) }];
+  }
+
+  debug(): Record<string, unknown> {
+    const w = this.workload;
+    const iso = (t: number | undefined) => (t ? new Date(t).toISOString() : undefined);
+    return {
+      identity: this.o.identity,
+      source: this.o.mountedDir ? `files in ${this.o.mountedDir}` : `CA ${this.o.signer!.address}`,
+      certificate: w && { identities: w.leaf.identities, serial: w.leaf.serial, notBefore: iso(w.leaf.notBefore), notAfter: iso(w.leaf.notAfter), source: w.source },
+      nextRotation: iso(this.nextRotation),
+      ca: this.o.signer && { address: this.o.signer.address, reachable: this.ca.reachable, lastSuccess: iso(this.ca.lastSuccess), lastFailure: iso(this.ca.lastFailure), lastError: this.ca.lastError || undefined },
+      fileSecrets: [...this.fileSecrets.values()].map((f) => ({ name: f.name, loaded: !!f.value, error: f.error })),
+    };
+  }
+
+  registerMetrics(registry: Registry): void {
+    const c = this.counts;
+    const self = this;
+    registry.registerMetric(new Counter({ name: 'istio_agent_certificates_issued_total', help: 'Workload certificates obtained (from a CA or mounted files)', registers: [], collect() { this.reset(); this.inc(c.issued); } }));
+    registry.registerMetric(new Counter({ name: 'istio_agent_certificates_rotated_total', help: 'Workload certificates replaced by a newer one', registers: [], collect() { this.reset(); this.inc(c.rotated); } }));
+    registry.registerMetric(new Counter({
+      name: 'istio_agent_certificate_failures_total', help: 'Certificates or CA answers refused, by reason', labelNames: ['reason'], registers: [],
+      collect() { this.reset(); for (const [reason, n] of c.failed) this.inc({ reason }, n); },
+    }));
+    registry.registerMetric(new Gauge({
+      name: 'istio_agent_cert_expiry_seconds', help: 'Seconds until the workload certificate expires', registers: [],
+      collect() { if (self.workload) this.set((self.workload.leaf.notAfter - self.now()) / 1000); },
+    }));
+  }
+
+  // ---- from a CA ----
+
+  private async fetch(): Promise<void> {
+    if (this.state !== 'running' || this.fetching) return;
+    this.fetching = true;
+    const signer = this.o.signer!;
+    try {
+      const { keyPem, csrPem } = await generateKeyAndCsr({ identity: this.o.identity, algorithm: this.o.algorithm, pkcs8: this.o.pkcs8 });
+      let chainPems: string[];
+      try {
+        chainPems = await signer.sign(csrPem, Math.max(1, Math.round(this.o.ttlMs / 1000)));
+      } catch (e) {
+        const local = (e as AgentError).code === 'IO' || (e as AgentError).code === 'CONFIG_INVALID';
+        if (!local) this.ca.reachable = caAnswered(e);
+        throw Object.assign(e as Error, { reason: local ? 'credentials' : this.ca.reachable ? 'ca_refused' : 'ca_unreachable' });
+      }
+      this.ca.reachable = true;
+      const where = `certificate from CA ${signer.address}`;
+      let checked;
+      try {
+        const chain = chainPems.flatMap((p, i) => parseCerts(p, `${where}, chain element ${i + 1}`));
+        const last = chain[chain.length - 1]!;
+        checked = checkChain({ chain, roots: [last], keyPem, identity: this.o.identity, now: this.now(), where });
+      } catch (e) {
+        throw Object.assign(e as Error, { reason: 'bad_chain' });
+      }
+      if (this.state !== 'running') return;
+      this.ca.lastSuccess = this.now();
+      this.ca.lastError = '';
+      this.lastFailure = '';
+      this.attempt = 0;
+      this.install({ chainPem: checked.chainPem, keyPem, rootPem: checked.rootPem, leaf: checked.leaf, source: `CA ${signer.address}` });
+      this.scheduleRotation(rotationTime(checked.leaf, this.o.graceRatio, this.o.graceJitter, this.rand, this.now()));
+    } catch (e) {
+      if (this.state !== 'running') return;
+      const reason = ((e as { reason?: FailureReason }).reason ?? 'ca_refused');
+      this.fail(reason, errorMessage(e));
+      this.ca.lastFailure = this.now();
+      this.ca.lastError = errorMessage(e);
+      this.attempt++;
+      const delay = backoffDelay(this.attempt, this.o.backoff ?? { initialMs: 1000, maxMs: 60_000 }, this.rand);
+      const w = this.workload;
+      const keeps = w ? `; the current certificate (serial ${w.leaf.serial}, expires ${new Date(w.leaf.notAfter).toISOString()}) stays in use` : '';
+      log.warn(`retrying the CA in ${delay} ms (attempt ${this.attempt})${keeps}`);
+      this.scheduleRotation(this.now() + delay);
+    } finally {
+      this.fetching = false;
+    }
+  }
+
+  private scheduleRotation(at: number): void {
+    if (this.rotateTimer) clearTimeout(this.rotateTimer);
+    if (this.state !== 'running') return;
+    this.nextRotation = at;
+    // setTimeout takes at most ~24.8 days; a longer wait is re-armed when it fires.
+    const delay = Math.min(Math.max(0, at - this.now()), 2 ** 31 - 1);
+    this.rotateTimer = setTimeout(() => {
+      if (this.now() + 5 < at) this.scheduleRotation(at);
+      else void this.fetch();
+    }, delay);
+    this.rotateTimer.unref();
+  }
+
+  private install(w: Workload): void {
+    const old = this.workload;
+    this.workload = w;
+    this.counts.issued++;
+    if (old) this.counts.rotated++;
+    log.info(`workload certificate ${old ? 'rotated' : 'ready'}: ${w.leaf.identities.join(', ') || 'no URI SAN'}, serial ${w.leaf.serial}, valid ${new Date(w.leaf.notBefore).toISOString()} to ${new Date(w.leaf.notAfter).toISOString()}, from ${w.source}`);
+    if (this.o.outputDir) {
+      try {
+        fs.mkdirSync(this.o.outputDir, { recursive: true, mode: 0o700 });
+        writeFileAtomic(path.join(this.o.outputDir, KEY), w.keyPem, 0o600);
+        writeFileAtomic(path.join(this.o.outputDir, CERT_CHAIN), w.chainPem, 0o600);
+        writeFileAtomic(path.join(this.o.outputDir, ROOT_CERT), w.rootPem, 0o600);
+      } catch (e) {
+        this.fail('output', `cannot write OUTPUT_CERTS: ${errorMessage(e)}`);
+      }
+    }
+    this.emit(WORKLOAD_SECRET);
+    if (!old || old.rootPem !== w.rootPem) this.emit(ROOT_SECRET);
+  }
+
+  private emit(name: string): void {
+    for (const fn of this.listeners) {
+      try {
+        fn(name);
+      } catch (e) {
+        log.error(`secret update listener failed for ${name}: ${errorMessage(e)}`);
+      }
+    }
+  }
+
+  private fail(reason: FailureReason, message: string): void {
+    this.counts.failed.set(reason, (this.counts.failed.get(reason) ?? 0) + 1);
+    // Re-reads of the same bad file (or retries meeting the same CA error) log once.
+    if (message === this.lastFailure) return;
+    this.lastFailure = message;
+    log.error(`refused: ${message}`);
+  }
+
+
+  // ---- mounted files ----
+
+  /** Reads the mounted directory; true when it checked out (or nothing changed). */
+  private loadMounted(): boolean {
+    const dir = this.o.mountedDir!;
+    const where = `mounted certificates in ${dir}`;
+    try {
+      const chainText = readText(path.join(dir, CERT_CHAIN));
+      const keyPem = readText(path.join(dir, KEY));
+      const chain = parseCerts(chainText, path.join(dir, CERT_CHAIN));
+      const rootFile = path.join(dir, ROOT_CERT);
+      const roots = fs.existsSync(rootFile) ? parseCerts(readText(rootFile), rootFile) : [chain[chain.length - 1]!];
+      const checked = checkChain({ chain, roots, keyPem, now: this.now(), where });
+      const w = this.workload;
+      if (w && w.chainPem === checked.chainPem && w.keyPem === keyPem && w.rootPem === checked.rootPem) return true;
+      this.install({ chainPem: checked.chainPem, keyPem, rootPem: checked.rootPem, leaf: checked.leaf, source: where });
+      this.nextRotation = undefined;
+      return true;
+    } catch (e) {
+      this.fail('bad_file', `${errorMessage(e)}${this.workload ? `; keeping serial ${this.workload.leaf.serial}` : ''}`);
+      return false;
+    }
+  }
+
+  private fileSecret(name: string): FileSecret | undefined {
+    let f = this.fileSecrets.get(name);
+    if (f) return f;
+    let files: string[];
+    if (name.startsWith('file-cert:')) {
+      const [cert, key] = name.slice('file-cert:'.length).split('~');
+      if (!cert || !key) return undefined;
+      files = [cert, key];
+    } else if (name === 'file-root:system') {
+      const bundle = SYSTEM_BUNDLES.find((p) => fs.existsSync(p));
+      files = bundle ? [bundle] : [];
+    } else if (name.startsWith('file-root:')) {
+      files = [name.slice('file-root:'.length)];
+    } else {
+      return undefined;
+    }
+    f = { name, files };
+    this.fileSecrets.set(name, f);
+    this.loadFileSecret(f);
+    this.rewatch();
+    return f;
+  }
+
+  private loadFileSecret(f: FileSecret): boolean {
+    try {
+      let v: SecretValue;
+      if (!f.files.length) throw new AgentError('IO', `no system trust bundle found (looked in ${SYSTEM_BUNDLES.join(', ')})`);
+      if (f.name.startsWith('file-cert:')) {
+        const [certFile, keyFile] = f.files as [string, string];
+        const chainText = readText(certFile);
+        const keyPem = readText(keyFile);
+        const chain = parseCerts(chainText, certFile);
+        // Only the pair is checked here: who issued it is for the peer to verify.
+        checkKeyPair(chain[0]!, keyPem, `${certFile} with ${keyFile}`);
+        checkValidity(chain[0]!, this.now(), certFile);
+        v = { kind: 'tls', certChainPem: chainText, keyPem };
+      } else {
+        const text = readText(f.files[0]!);
+        parseCerts(text, f.files[0]!);
+        v = { kind: 'root', rootPem: text };
+      }
+      const changed = !f.value || JSON.stringify(f.value) !== JSON.stringify(v);
+      f.value = v;
+      f.error = undefined;
+      if (changed) this.emit(f.name);
+      return true;
+    } catch (e) {
+      f.error = errorMessage(e);
+      this.fail('bad_file', `secret ${f.name}: ${f.error}${f.value ? '; keeping the last good one' : ''}`);
+      return false;
+    }
+  }
+
+  private rewatch(): void {
+    if (!this.watcher || this.state !== 'running') return;
+    const files = [...this.fileSecrets.values()].flatMap((f) => f.files);
+    if (this.o.mountedDir) files.push(...[CERT_CHAIN, KEY, ROOT_CERT].map((n) => path.join(this.o.mountedDir!, n)));
+    this.watcher.watch(files.map((p) => ({ path: p, mode: 'content' as const })));
+  }
+
+  private filesChanged(): void {
+    if (this.state !== 'running') return;
+    let ok = true;
+    if (this.o.mountedDir) ok = this.loadMounted() && ok;
+    for (const f of this.fileSecrets.values()) ok = this.loadFileSecret(f) && ok;
+    if (ok) {
+      this.fileRetryUntil = undefined;
+      this.lastFailure = '';
+      return;
+    }
+    // A half-written file, or a key swapped before its certificate: read again shortly, for a while.
+    this.fileRetryUntil ??= this.now() + FILE_RETRY_FOR_MS;
+    if (this.now() > this.fileRetryUntil) {
+      this.fileRetryUntil = undefined;
+      return;
+    }
+    if (this.fileRetryTimer) clearTimeout(this.fileRetryTimer);
+    this.fileRetryTimer = setTimeout(() => this.filesChanged(), FILE_RETRY_MS);
+    this.fileRetryTimer.unref();
+  }
+}
+
+function readText(file: string): string {
+  try {
+    return fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new AgentError('IO', `cannot read ${file}: ${errorMessage(e)}`, e);
+  }
+}

@@ -1,0 +1,62 @@
+// Chooses how the agent gets its workload identity, from the config, as Istio decides: mounted certificates when
+// present, else a CA (CA_ADDR or the discovery address; in standalone mode the embedded discovery server's CA
+// when the config directory declares identities). Returns the secret cache and the SDS server for agent.ts to
+// connect and start, or undefined when there is no source of certificates at all (standalone without a CA), or
+// when another SDS server (e.g. SPIRE's agent) already serves the socket: then Envoy uses that one, as in Istio.
+
+import * as path from 'node:path';
+import { CaClient, caClientOptions } from './ca-client';
+import type { AgentConfig } from './config';
+import { keyAlgorithm, spiffeId } from './csr';
+import { caDeclared } from './discovery/ca';
+import * as envs from './env';
+import type { Env } from './env';
+import { SdsServer } from './sds-server';
+import { mountedCertsDir, SecretCache } from './secret-cache';
+import { scope } from './log';
+import { socketInUse } from './unix-socket';
+
+const log = scope('identity');
+
+export interface WorkloadIdentity {
+  cache: SecretCache;
+  sds: SdsServer;
+  /** Where certificates come from, for the start-up log. */
+  source: string;
+}
+
+/** `standaloneSocket`: the embedded discovery server's socket, in `proxy --standalone`. */
+export async function workloadIdentity(cfg: AgentConfig, env: Env, standaloneSocket?: string): Promise<WorkloadIdentity | undefined> {
+  if (await socketInUse(cfg.sdsSocket)) {
+    log.info(`an SDS server already serves ${cfg.sdsSocket}; Envoy uses it and the agent serves no secrets`);
+    return undefined;
+  }
+  const mounted = mountedCertsDir(envs.FILE_MOUNTED_CERTS.get(env));
+  let signer: CaClient | undefined;
+  if (!mounted) {
+    if (standaloneSocket) {
+      if (!caDeclared(cfg.standaloneDir)) return undefined;
+      const o = caClientOptions(cfg, env);
+      signer = new CaClient({ ...o, address: `unix:${path.resolve(standaloneSocket)}`, tls: false, headers: { ClusterID: cfg.clusterId } });
+    } else {
+      signer = new CaClient(caClientOptions(cfg, env));
+    }
+  }
+  const cache = new SecretCache({
+    identity: spiffeId(cfg.trustDomain, cfg.podNamespace || 'default', cfg.serviceAccount || 'default'),
+    algorithm: keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(env), envs.WORKLOAD_RSA_KEY_SIZE.get(env)),
+    pkcs8: envs.PKCS8_KEY.get(env),
+    ttlMs: envs.SECRET_TTL.get(env),
+    graceRatio: envs.SECRET_GRACE_PERIOD_RATIO.get(env),
+    graceJitter: envs.SECRET_GRACE_PERIOD_RATIO_JITTER.get(env),
+    signer,
+    mountedDir: mounted,
+    outputDir: envs.OUTPUT_CERTS.get(env) || undefined,
+    debounceMs: envs.FILE_DEBOUNCE_DURATION.get(env),
+    // As Istio: a certificate is first asked for when Envoy asks for a secret, so a proxy whose config uses no
+    // mTLS never calls the CA and is not held unready by it.
+    lazy: true,
+  });
+  const sds = new SdsServer({ socketPath: cfg.sdsSocket, provider: cache });
+  return { cache, sds, source: mounted ? `files in ${mounted}` : `CA ${signer!.address}` };
+}

@@ -1,0 +1,288 @@
+// The CA client and the secret cache against a CA written here, independently of lib/ (grpc-js server over TLS,
+// messages from proto/istio/ca.proto, its own signing): the token and headers arrive, the certificate is used,
+// and every bad answer (garbage, one certificate, another identity, expired, not yet valid, an unverifiable
+// root, a CA that is down, a missing token, a CA with the wrong name) is refused with one log line and a
+// metric while the last good certificate stays in use.
+
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import * as grpc from '@grpc/grpc-js';
+import * as protobuf from 'protobufjs';
+import { Registry } from 'prom-client';
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { CaClient, caClientOptions, type CaClientOptions } from '../lib/ca-client';
+import { buildConfig } from '../lib/config';
+import { spiffeId } from '../lib/csr';
+import { configureLogging, resetLogging } from '../lib/log';
+import { SecretCache } from '../lib/secret-cache';
+import { freePort, REPO, sleep, tempDir, waitFor } from './helpers/harness';
+import { makeIntermediate, makeLeaf, makeRoot, signCsr, type Issuer } from './helpers/test-ca';
+
+async function rejects(p: Promise<unknown>, re: RegExp): Promise<void> {
+  try {
+    await p;
+  } catch (e) {
+    assert.match((e as Error).message, re);
+    return;
+  }
+  assert.unreachable(`expected a rejection matching ${re}`);
+}
+
+const ID = spiffeId('cluster.local', 'ns1', 'sa1');
+const TOKEN = 'header.payload.signature';
+
+type Mode = 'good' | 'garbage' | 'one-cert' | 'other-identity' | 'expired' | 'not-yet-valid' | 'unverifiable-root' | 'error';
+
+interface TestCa {
+  port: number;
+  mode: Mode;
+  calls: { token?: string; clusterId?: string; extra?: string; csr: string; validity: number }[];
+  root: Issuer;
+  serverRoot: Issuer;
+  close(): Promise<void>;
+}
+
+async function startTestCa(port?: number, roots?: { root: Issuer; serverRoot: Issuer }): Promise<TestCa> {
+  const pb = new protobuf.Root();
+  pb.loadSync(path.join(REPO, 'proto/istio/ca.proto'), { keepCase: true });
+  const Req = pb.lookupType('istio.v1.auth.IstioCertificateRequest');
+  const Resp = pb.lookupType('istio.v1.auth.IstioCertificateResponse');
+  const root = roots?.root ?? (await makeRoot('mesh root'));
+  const inter = await makeIntermediate(root, 'mesh intermediate');
+  const stranger = await makeRoot('stranger root');
+  const serverRoot = roots?.serverRoot ?? (await makeRoot('istiod serving root'));
+  const serving = await makeLeaf(serverRoot, { dns: ['istiod.istio-system.svc'] });
+  const ca: TestCa = { port: port ?? (await freePort()), mode: 'good', calls: [], root, serverRoot, close: async () => undefined };
+  const server = new grpc.Server();
+  server.addService({
+    CreateCertificate: {
+      path: '/istio.v1.auth.IstioCertificateService/CreateCertificate', requestStream: false, responseStream: false,
+      requestSerialize: (v: object) => Buffer.from(Req.encode(Req.fromObject(v)).finish()),
+      requestDeserialize: (b: Buffer) => Req.toObject(Req.decode(b), { longs: Number }),
+      // 'garbage' bypasses the encoder: bytes that are no protobuf message at all.
+      responseSerialize: (v: { garbage?: boolean; cert_chain?: string[] }) => (v.garbage ? Buffer.from('not a protobuf message') : Buffer.from(Resp.encode(Resp.fromObject(v)).finish())),
+      responseDeserialize: (b: Buffer) => Resp.decode(b),
+    },
+  } as grpc.ServiceDefinition, {
+    CreateCertificate: async (call: grpc.ServerUnaryCall<{ csr: string; validity_duration: number }, unknown>, cb: grpc.sendUnaryData<unknown>) => {
+      const auth = call.metadata.get('authorization')[0]?.toString();
+      ca.calls.push({ token: auth, clusterId: call.metadata.get('clusterid')[0]?.toString(), extra: call.metadata.get('x-extra')[0]?.toString(), csr: call.request.csr, validity: call.request.validity_duration });
+      if (auth !== `Bearer ${TOKEN}`) return cb({ code: grpc.status.UNAUTHENTICATED, details: 'bad token' });
+      const ttlMs = call.request.validity_duration * 1000;
+      const now = Date.now();
+      try {
+        switch (ca.mode) {
+          case 'good': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { ttlMs }), inter.pem, root.pem] });
+          case 'garbage': return cb(null, { garbage: true });
+          case 'one-cert': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { ttlMs })] });
+          case 'other-identity': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { uri: 'spiffe://cluster.local/ns/x/sa/other' }), inter.pem, root.pem] });
+          case 'expired': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { notBefore: new Date(now - 7200_000), notAfter: new Date(now - 60_000) }), inter.pem, root.pem] });
+          case 'not-yet-valid': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { notBefore: new Date(now + 3600_000), notAfter: new Date(now + 7200_000) }), inter.pem, root.pem] });
+          case 'unverifiable-root': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { ttlMs }), inter.pem, stranger.pem] });
+          case 'error': return cb({ code: grpc.status.INTERNAL, details: 'signer broken' });
+        }
+      } catch (e) {
+        cb({ code: grpc.status.INTERNAL, details: (e as Error).message });
+      }
+    },
+  });
+  const creds = grpc.ServerCredentials.createSsl(null, [{ private_key: Buffer.from(serving.keyPem), cert_chain: Buffer.from(serving.certPem) }], false);
+  await new Promise<void>((res, rej) => server.bindAsync(`127.0.0.1:${ca.port}`, creds, (e) => (e ? rej(e) : res())));
+  ca.close = async () => server.forceShutdown();
+  return ca;
+}
+
+interface Fixture {
+  dir: string;
+  opts: CaClientOptions;
+  logs: string[];
+  cleanup(): void;
+}
+
+function fixture(ca: TestCa): Fixture {
+  const dir = tempDir();
+  fs.writeFileSync(path.join(dir.path, 'root.pem'), ca.serverRoot.pem);
+  fs.writeFileSync(path.join(dir.path, 'token'), TOKEN + '\n');
+  const logs: string[] = [];
+  configureLogging({ write: (l) => void logs.push(l) });
+  return {
+    dir: dir.path,
+    logs,
+    opts: {
+      address: `127.0.0.1:${ca.port}`, tls: true, rootCaFile: path.join(dir.path, 'root.pem'), serverName: 'istiod.istio-system.svc',
+      tokenFile: path.join(dir.path, 'token'), headers: { ClusterID: 'c1', 'x-extra': 'yes' },
+    },
+    cleanup: () => {
+      resetLogging();
+      dir.cleanup();
+    },
+  };
+}
+
+function cache(f: Fixture, o: Partial<ConstructorParameters<typeof SecretCache>[0]> = {}, client = new CaClient(f.opts)) {
+  return new SecretCache({
+    identity: ID, algorithm: { kind: 'ECDSA' }, ttlMs: 3600_000, graceRatio: 0.5, graceJitter: 0.01, signer: client,
+    backoff: { initialMs: 100, maxMs: 400 }, ...o,
+  });
+}
+
+async function failures(c: SecretCache): Promise<Record<string, number>> {
+  const r = new Registry();
+  c.registerMetrics(r);
+  const m = (await r.getMetricsAsJSON()).find((x) => x.name === 'istio_agent_certificate_failures_total')!;
+  return Object.fromEntries(m.values.map((v) => [String(v.labels.reason), v.value]));
+}
+
+test('a certificate from the CA: token, ClusterID and CA_HEADER_* sent, chain checked, ROOTCA is the CA root, OUTPUT_CERTS written 0600', async () => {
+  const ca = await startTestCa();
+  const f = fixture(ca);
+  const out = path.join(f.dir, 'out');
+  const c = cache(f, { outputDir: out });
+  const pushed: string[] = [];
+  c.onUpdate((n) => pushed.push(n));
+  try {
+    await c.start();
+    await waitFor('the first certificate', () => c.current());
+    assert.equal(c.readiness(), { ready: true, reason: '' });
+    assert.equal(pushed.sort(), ['ROOTCA', 'default']);
+    assert.equal(ca.calls[0]!.token, `Bearer ${TOKEN}`);
+    assert.is(ca.calls[0]!.clusterId, 'c1');
+    assert.is(ca.calls[0]!.extra, 'yes');
+    assert.is(ca.calls[0]!.validity, 3600);
+    assert.equal(c.current()!.identities, [ID]);
+    const tlsSecret = c.secret('default')!;
+    assert.is(tlsSecret.kind, 'tls');
+    const root = c.secret('ROOTCA');
+    assert.equal(root, { kind: 'root', rootPem: ca.root.pem });
+    for (const n of ['key.pem', 'cert-chain.pem', 'root-cert.pem']) assert.is(fs.statSync(path.join(out, n)).mode & 0o777, 0o600, n);
+    assert.is(fs.readFileSync(path.join(out, 'key.pem'), 'utf8'), tlsSecret.kind === 'tls' ? tlsSecret.keyPem : '');
+    const d = c.debug() as { certificate: { serial: string }; ca: { reachable: boolean }; nextRotation: string };
+    assert.is(d.certificate.serial, c.current()!.serial);
+    assert.is(d.ca.reachable, true);
+    assert.ok(Date.parse(d.nextRotation) > Date.now() + 1700_000 && Date.parse(d.nextRotation) < Date.now() + 1900_000, d.nextRotation);
+    assert.not.match(JSON.stringify(d), /PRIVATE KEY/);
+    assert.not.ok(f.logs.some((l) => l.includes('PRIVATE KEY')), 'the key is never logged');
+  } finally {
+    await c.close();
+    await ca.close();
+    f.cleanup();
+  }
+});
+
+const BAD: [Mode, RegExp, string][] = [
+  ['garbage', /CA 127\.0\.0\.1:\d+ .*(pars|deserializ)/i, 'ca_refused'],
+  ['one-cert', /chain of 1 certificate/, 'ca_refused'],
+  ['other-identity', /ns\/x\/sa\/other, not spiffe:\/\/cluster\.local\/ns\/ns1\/sa\/sa1/, 'bad_chain'],
+  ['expired', /expired at/, 'bad_chain'],
+  ['not-yet-valid', /not valid before/, 'bad_chain'],
+  ['unverifiable-root', /not signed by certificate 3/, 'bad_chain'],
+  ['error', /signer broken/, 'ca_refused'],
+];
+
+test('every bad CA answer, and a CA down during a rotation, is refused or retried with one log line and a metric; the last good certificate stays; a good answer is taken again', async () => {
+  const ca = await startTestCa();
+  const f = fixture(ca);
+  // A 4 s certificate is renewed after about 2 s: each bad answer meets a rotation.
+  const c = cache(f, { ttlMs: 4000, backoff: { initialMs: 200, maxMs: 200 } });
+  try {
+    await c.start();
+    const first = await waitFor('the first certificate', () => c.current());
+    for (const [mode, re, reason] of BAD) {
+      ca.mode = mode;
+      const before = (await failures(c))[reason] ?? 0;
+      await waitFor(`a refusal of the ${mode} answer`, async () => ((await failures(c))[reason] ?? 0) > before, 15_000, 50).catch(async (e) => { throw new Error(`${(e as Error).message}; failures ${JSON.stringify(await failures(c))}; logs:\n${f.logs.slice(-6).join("\n")}`); });
+      assert.is(c.current()!.serial, first.serial, `${mode}: the good certificate stays`);
+      const lines = f.logs.filter((l) => /\berror\b/.test(l) && re.test(l));
+      assert.ok(lines.length >= 1, `${mode}: a log line matching ${re}; got:\n${f.logs.slice(-5).join('\n')}`);
+    }
+    // The same failure repeated by the retries is logged once.
+    const errorLines = f.logs.filter((l) => l.includes('signer broken') && /\terror\t/.test(l));
+    assert.is(errorLines.length, 1, errorLines.join('\n'));
+    ca.mode = 'good';
+    await waitFor('a new certificate once the CA answers well', () => c.current()!.serial !== first.serial, 15_000);
+    // The CA goes down during a rotation: retried with backoff, the current certificate stays, then renewed.
+    const current = c.current()!.serial;
+    await ca.close();
+    const down = (await failures(c)).ca_unreachable ?? 0;
+    await waitFor('retries against the CA that is down', async () => ((await failures(c)).ca_unreachable ?? 0) >= down + 2, 15_000);
+    assert.is(c.current()!.serial, current);
+    assert.is((c.debug() as { ca: { reachable: boolean } }).ca.reachable, false);
+    const back = await startTestCa(ca.port, { root: ca.root, serverRoot: ca.serverRoot });
+    ca.close = back.close;
+    await waitFor('a new certificate once the CA is back', () => c.current()!.serial !== current, 15_000);
+  } finally {
+    await c.close();
+    await ca.close();
+    f.cleanup();
+  }
+});
+
+test('a missing token file, or a CA that does not prove the expected name, is refused before anything is signed', async () => {
+  const ca = await startTestCa();
+  const f = fixture(ca);
+  try {
+    fs.rmSync(path.join(f.dir, 'token'));
+    const client = new CaClient(f.opts);
+    await rejects(client.sign('csr', 60), /cannot read the CA token file .*token/);
+    assert.is(ca.calls.length, 0);
+    fs.writeFileSync(path.join(f.dir, 'token'), TOKEN);
+    const wrongName = new CaClient({ ...f.opts, serverName: 'evil.example.com' });
+    await rejects(wrongName.sign('csr', 60), /CA 127\.0\.0\.1:\d+ \(TLS, name evil\.example\.com\)/);
+    const otherRoot = path.join(f.dir, 'other.pem');
+    fs.writeFileSync(otherRoot, (await makeRoot('other')).pem);
+    await rejects(new CaClient({ ...f.opts, rootCaFile: otherRoot }).sign('csr', 60), /CA 127\.0\.0\.1/);
+    await rejects(new CaClient({ ...f.opts, rootCaFile: path.join(f.dir, 'nope.pem') }).sign('csr', 60), /cannot read the CA root certificate .*nope\.pem/);
+    assert.is(ca.calls.length, 0);
+  } finally {
+    await ca.close();
+    f.cleanup();
+  }
+});
+
+test('a CA that is down at start is retried with backoff until it answers', async () => {
+  const first = await startTestCa();
+  const roots = { root: first.root, serverRoot: first.serverRoot };
+  await first.close();
+  const f = fixture(first);
+  const c = cache(f);
+  let ca: TestCa | undefined;
+  try {
+    await c.start();
+    await sleep(1000);
+    assert.is(c.current(), undefined);
+    assert.is(c.readiness().ready, false);
+    assert.match(c.readiness().reason, /no workload certificate yet/);
+    assert.ok(((await failures(c)).ca_unreachable ?? 0) >= 2, 'retried');
+    assert.is((c.debug() as { ca: { reachable: boolean } }).ca.reachable, false);
+    ca = await startTestCa(first.port, roots);
+    await waitFor('the certificate once the CA is up', () => c.current(), 15_000);
+    assert.is(c.readiness().ready, true);
+  } finally {
+    await c.close();
+    await ca?.close();
+    f.cleanup();
+  }
+});
+
+test('CA options as Istio decides them: CA_ADDR or the discovery address, plaintext on 15010, CA_HEADER_*, root and token defaults', () => {
+  const cfg = (env: Record<string, string>) => buildConfig({ flags: {}, env, readFile: () => undefined });
+  const d = caClientOptions(cfg({}), {});
+  assert.is(d.address, 'istiod.istio-system.svc:15012');
+  assert.is(d.tls, true);
+  assert.is(d.serverName, 'istiod.istio-system.svc');
+  assert.is(d.rootCaFile, './var/run/secrets/istio/root-cert.pem');
+  assert.is(d.tokenFile, './var/run/secrets/tokens/istio-token');
+  assert.equal(d.headers, { ClusterID: 'Kubernetes' });
+  const env = { CA_ADDR: 'ca.example:15010', CA_HEADER_X_Tenant: 't1', CA_ROOT_CA: '/roots.pem', ISTIOD_SAN: 'ca.mesh', ISTIO_META_CLUSTER_ID: 'c9' };
+  const o = caClientOptions(cfg(env), env);
+  assert.is(o.address, 'ca.example:15010');
+  assert.is(o.tls, false);
+  assert.equal(o.headers, { ClusterID: 'c9', X_Tenant: 't1' });
+  assert.is(o.rootCaFile, '/roots.pem');
+  assert.is(o.serverName, 'ca.mesh');
+  const sys = caClientOptions(cfg({ XDS_ROOT_CA: 'SYSTEM' }), { XDS_ROOT_CA: 'SYSTEM' });
+  assert.is(sys.rootCaFile, 'SYSTEM');
+});
+
+test.run();
