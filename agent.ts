@@ -6,6 +6,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import yargs from 'yargs';
 import type { Component, Condition } from './lib/component';
+import type { EnvoyComponent } from './lib/envoy-component';
 import type { AgentConfig, Flags } from './lib/config';
 import type { DiscoveryServer } from './lib/discovery/index';
 import * as envs from './lib/env';
@@ -96,141 +97,121 @@ function checkConfigPathWritable(cfg: AgentConfig): void {
   }
 }
 
+/** Everything checked before anything starts; throws AgentError naming the field. Claims configPath last. */
+async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv): Promise<Resolved> {
+  const resolved = resolveAll(flags, env);
+  checkEnvoyBinary(resolved.cfg);
+  checkConfigPathWritable(resolved.cfg);
+  // Before anything touches configPath: a second agent there would wreck the first one's Envoy.
+  const lock = await claimConfigPath(resolved.cfg.proxy.configPath);
+  process.on('exit', () => lock.release());
+  return resolved;
+}
+
+/** Starts the components, ends with the first one to end (SIGTERM/SIGINT drain Envoy), closes the rest in reverse. */
+async function runComponents(components: Component[], envoy: EnvoyComponent): Promise<number> {
+  const { startAll, firstToEnd, closeAll } = await import('./lib/component');
+  await startAll(components);
+  const onTerm = (sig: NodeJS.Signals) => void envoy.shutdown(true, sig);
+  const killOnExit = () => envoy.killAllNow();
+  process.on('SIGTERM', onTerm).on('SIGINT', onTerm).on('exit', killOnExit);
+  const first = await firstToEnd(components);
+  const end = first.component === envoy ? await envoy.done : { code: 1, reason: `${first.component.name} closed${first.err ? `: ${first.err.message}` : ''}` };
+  if (first.component !== envoy) await envoy.shutdown(false, end.reason);
+  await closeAll(components);
+  process.off('SIGTERM', onTerm).off('SIGINT', onTerm).off('exit', killOnExit);
+  (end.code === 0 ? log.info : log.error)(`agent exiting with code ${end.code}: ${end.reason}`);
+  return end.code;
+}
+
 /**
- * `proxy`: the components, in start order: status server, (embedded discovery server), xDS proxy, (DNS proxy),
- * Envoy, config watcher. The agent ends when the first of them ends: Envoy's supervisor ends as listed in lib/supervisor.ts
- * (exit 0 or 1); any other component ending shuts Envoy down and exits 1. The rest close in reverse order.
+ * `proxy`: the components, in start order: status server, app probes, profiling, (embedded discovery server),
+ * (SDS server and secret cache), xDS proxy, (DNS proxy), Envoy, (health checker), config watcher. The agent ends
+ * when the first of them ends: Envoy's supervisor ends as listed in lib/supervisor.ts (exit 0 or 1); any other
+ * component ending shuts Envoy down and exits 1. Anything wrong before the start is one line and exit 1.
  */
 async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   const flags = proxyFlags(argv);
   const env = process.env;
   const startedAt = Date.now();
-  let resolved: Resolved;
   try {
-    resolved = resolveAll(flags, env);
-    checkEnvoyBinary(resolved.cfg);
-    checkConfigPathWritable(resolved.cfg);
-  } catch (err) {
-    return startupFailure(err);
-  }
-  const { cfg } = resolved;
-  // Before anything touches configPath: a second agent there would wreck the first one's Envoy.
-  try {
-    const lock = await claimConfigPath(cfg.proxy.configPath);
-    process.on('exit', () => lock.release());
-  } catch (err) {
-    return startupFailure(err);
-  }
-  // Lazily loaded: only `proxy` needs them. Envoy validates the first bootstrap while gRPC and the servers load.
-  const { EnvoyComponent } = await import('./lib/envoy-component');
-  const envoy = new EnvoyComponent({ resolved, env, startedAt });
-  const validated = envoy.validateFirst();
-  const [component, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, appProbe, health, { Profiling }, appMetricsMod, { workloadIdentity }] = await Promise.all([
-    import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
-    import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/app-probe'), import('./lib/health-checker'),
-    import('./lib/profiling'), import('./lib/app-metrics'), import('./lib/workload-identity'),
-  ]);
-  let appProbers: ReturnType<typeof appProbe.parseAppProbers>;
-  let appMetrics: import('./lib/app-metrics').ScrapeTarget[] = [];
-  let readinessProbe: ReturnType<typeof health.parseReadinessProbe> | undefined;
-  try {
-    appProbers = appProbe.parseAppProbers(env);
+    const resolved = await startupChecks(flags, env);
+    const { cfg } = resolved;
+    // proxyMetadata entries act as environment variables for the agent, as in Istio.
+    const agentEnv = { ...cfg.proxy.proxyMetadata, ...env };
+    // Lazily loaded: only `proxy` needs them. Envoy validates the first bootstrap while gRPC and the servers load.
+    const { EnvoyComponent } = await import('./lib/envoy-component');
+    const envoy = new EnvoyComponent({ resolved, env, startedAt });
+    const validated = envoy.validateFirst();
+    const [{ composeReadiness }, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, appProbe, health, { Profiling }, appMetrics, { workloadIdentity }] = await Promise.all([
+      import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
+      import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/app-probe'), import('./lib/health-checker'),
+      import('./lib/profiling'), import('./lib/app-metrics'), import('./lib/workload-identity'),
+    ]);
+    const appProbers = appProbe.parseAppProbers(env);
     // Istio merges the app's metrics for sidecars only.
-    if (cfg.proxyType === 'sidecar') appMetrics = appMetricsMod.parseAppMetricsConfig(env, cfg.proxy.statusPort);
-    const rp = cfg.proxy.readinessProbe;
-    if (rp) readinessProbe = health.parseReadinessProbe(rp, cfg.sources.readinessProbe ?? 'ProxyConfig');
+    const appTargets = cfg.proxyType === 'sidecar' ? appMetrics.parseAppMetricsConfig(env, cfg.proxy.statusPort) : [];
+    const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
     await validated;
-  } catch (err) {
-    return startupFailure(err);
-  }
-  log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
+    log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
 
-  // proxyMetadata entries act as environment variables for the agent, as in Istio.
-  let upstream = xdsMod.upstreamFromConfig(cfg, { ...cfg.proxy.proxyMetadata, ...env });
-  let discovery: DiscoveryServer | undefined;
-  const discoverySock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
-  if (cfg.standaloneDir) {
-    const { DiscoveryServer } = await import('./lib/discovery/index');
-    discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy }, trustDomain: cfg.trustDomain, ...cfg.discoveryLimits });
-    upstream = { address: `unix://${discoverySock}`, tls: false };
-    log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
-  }
-  let identity: Awaited<ReturnType<typeof workloadIdentity>>;
-  try {
-    identity = await workloadIdentity(cfg, { ...cfg.proxy.proxyMetadata, ...env }, cfg.standaloneDir ? discoverySock : undefined);
-  } catch (err) {
-    return startupFailure(err);
-  }
-  // Certificate updates go to every Envoy stream holding the secret.
-  if (identity) identity.cache.onUpdate((name) => identity!.sds.push(name));
-  const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
-  let dns: InstanceType<typeof import('./lib/dns-server').DnsServer> | undefined;
-  if (cfg.dnsEnabled) {
-    const { DnsServer, dnsOptionsFor } = await import('./lib/dns-server');
-    try {
-      dns = new DnsServer(dnsOptionsFor(cfg, { ...cfg.proxy.proxyMetadata, ...env }, { readFile: readFileOrUndefined, uid: process.getuid?.() ?? -1 }));
-    } catch (err) {
-      return startupFailure(err);
+    let upstream = xdsMod.upstreamFromConfig(cfg, agentEnv);
+    const discoverySock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
+    let discovery: DiscoveryServer | undefined;
+    if (cfg.standaloneDir) {
+      const { DiscoveryServer } = await import('./lib/discovery/index');
+      discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy }, trustDomain: cfg.trustDomain, ...cfg.discoveryLimits });
+      upstream = { address: `unix://${discoverySock}`, tls: false };
+      log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
     }
-  }
-  const reloader = new ConfigReloader({ flags, env, resolved, onChange: (r, generation) => envoy.setDesired(r, generation) });
-  const registry = newRegistry();
-  const status = new StatusServer({
-    port: cfg.proxy.statusPort,
-    startedAt,
-    remoteDebug: envs.STATUS_SERVER_REMOTE_DEBUG.get(env),
-    readiness: (): Promise<Condition> => component.composeReadiness(components),
-    metrics: { registry, sources: [envoy.statsSource, ...appMetricsMod.appMetricsSources(appMetrics)] },
-  });
-  const appProbes = appProbers.size ? [new appProbe.AppProbes({ probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort })] : [];
-  const profiling = argv.profiling === false ? [] : [new Profiling()];
-  // VMs: the workload's readiness goes to the control plane as a health event; the xDS proxy re-sends it on reconnect.
-  const healthChecker = readinessProbe
-    ? [new health.HealthChecker({
-        probe: readinessProbe,
-        defaultHost: envs.REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION.get(env) ? 'localhost' : resolved.node.ips[0] ?? 'localhost',
-        onChange: (e) => xds.send(health.healthInformationRequest(e)),
-        envoyReady: async () => (await envoy.readiness()).ready,
-      })]
-    : [];
-  const components: Component[] = [status, ...appProbes, ...profiling, ...(discovery ? [discovery] : []), ...(identity ? [identity.cache, identity.sds] : []), xds, ...(dns ? [dns] : []), envoy, ...healthChecker, reloader];
-  for (const c of components) {
-    if (c.routes) status.addRoutes(c.routes());
-    c.registerMetrics?.(registry);
-  }
-
-  // Types for the agent, never for Envoy: the xDS proxy subscribes to them after Envoy's first LDS request.
-  if (dns) {
-    const d = dns;
-    // A table the DNS proxy rejects is NACKed; it keeps answering from the last good one.
-    xds.registerHandler(istio.NAME_TABLE_TYPE, (resources) => {
-      if (!d.updateTable(resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} })) throw new Error('name table rejected by the DNS proxy');
+    const identity = await workloadIdentity(cfg, agentEnv, cfg.standaloneDir ? discoverySock : undefined);
+    const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
+    const dns = cfg.dnsEnabled ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, { readFile: readFileOrUndefined, uid: process.getuid?.() ?? -1 }))) : undefined;
+    const registry = newRegistry();
+    const status = new StatusServer({
+      port: cfg.proxy.statusPort,
+      startedAt,
+      remoteDebug: envs.STATUS_SERVER_REMOTE_DEBUG.get(env),
+      readiness: (): Promise<Condition> => composeReadiness(components),
+      metrics: { registry, sources: [envoy.statsSource, ...appMetrics.appMetricsSources(appTargets)] },
     });
-  } else {
-    status.route('GET', '/debug/ndsz', () => ({ status: 404, body: 'DNS proxy is not enabled\n' }));
-  }
-  if (envs.PROXY_CONFIG_XDS_AGENT.get(env)) {
-    // Pushed ProxyConfig (PCDS) will carry the mesh's trust bundle for the SDS server; until then it is
-    // acknowledged and recorded, so the control plane sees a healthy subscriber.
-    xds.registerHandler(istio.PROXY_CONFIG_TYPE, (resources, meta) => log.info(`proxy config from the control plane: version ${meta.version}, ${resources.length} resource(s)`));
-  }
+    // VMs: the workload's readiness goes to the control plane as a health event; the xDS proxy re-sends it on reconnect.
+    const healthChecker = readinessProbe && new health.HealthChecker({
+      probe: readinessProbe,
+      defaultHost: envs.REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION.get(env) ? 'localhost' : resolved.node.ips[0] ?? 'localhost',
+      onChange: (e) => xds.send(health.healthInformationRequest(e)),
+      envoyReady: async () => (await envoy.readiness()).ready,
+    });
+    const optional: Array<Component | undefined> = [
+      status,
+      appProbers.size ? new appProbe.AppProbes({ probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort }) : undefined,
+      argv.profiling === false ? undefined : new Profiling(),
+      discovery, identity?.cache, identity?.sds, xds, dns, envoy, healthChecker,
+      new ConfigReloader({ flags, env, resolved, onChange: (r, generation) => envoy.setDesired(r, generation) }),
+    ];
+    const components = optional.filter((c): c is Component => c !== undefined);
+    for (const c of components) {
+      if (c.routes) status.addRoutes(c.routes());
+      c.registerMetrics?.(registry);
+    }
 
-  try {
-    await component.startAll(components);
+    // Certificate updates go to every Envoy stream holding the secret.
+    identity?.cache.onUpdate((name) => identity.sds.push(name));
+    // Types for the agent, never for Envoy: the xDS proxy subscribes to them after Envoy's first LDS request. A name
+    // table the DNS proxy rejects is NACKed; it keeps answering from the last good one.
+    if (dns) {
+      xds.registerHandler(istio.NAME_TABLE_TYPE, (resources) => {
+        if (!dns.updateTable(resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} })) throw new Error('name table rejected by the DNS proxy');
+      });
+    } else status.route('GET', '/debug/ndsz', () => ({ status: 404, body: 'DNS proxy is not enabled\n' }));
+    if (envs.PROXY_CONFIG_XDS_AGENT.get(env)) {
+      // Pushed ProxyConfig (PCDS) is acknowledged and recorded, so the control plane sees a healthy subscriber.
+      xds.registerHandler(istio.PROXY_CONFIG_TYPE, (resources, meta) => log.info(`proxy config from the control plane: version ${meta.version}, ${resources.length} resource(s)`));
+    }
+    return await runComponents(components, envoy);
   } catch (err) {
     return startupFailure(err);
   }
-  const onTerm = (sig: NodeJS.Signals) => void envoy.shutdown(true, sig);
-  const killOnExit = () => envoy.killAllNow();
-  process.on('SIGTERM', onTerm).on('SIGINT', onTerm).on('exit', killOnExit);
-
-  const first = await component.firstToEnd(components);
-  const end = first.component === envoy ? await envoy.done : { code: 1, reason: `${first.component.name} closed${first.err ? `: ${first.err.message}` : ''}` };
-  if (first.component !== envoy) await envoy.shutdown(false, end.reason);
-  await component.closeAll(components);
-  process.off('SIGTERM', onTerm).off('SIGINT', onTerm).off('exit', killOnExit);
-  (end.code === 0 ? log.info : log.error)(`agent exiting with code ${end.code}: ${end.reason}`);
-  return end.code;
 }
 
 export async function main(args: string[]): Promise<number> {
