@@ -32,6 +32,8 @@ export class EnvoyComponent implements Component {
   private first: EnvoyDesiredConfig;
   private xdsConfigSeen = false;
   private announcedLive = false;
+  private endRejected!: (end: SupervisorEnd) => void;
+  private diagnosed = false;
 
   constructor(private readonly o: { resolved: Resolved; env: Env; startedAt: number }) {
     const { cfg } = o.resolved;
@@ -47,7 +49,13 @@ export class EnvoyComponent implements Component {
       startTimeoutMs: envs.ENVOY_START_TIMEOUT.get(o.env),
       healthyResetMs: envs.ENVOY_HEALTHY_RESET_DURATION.get(o.env),
     });
-    this.done = this.supervisor.done;
+    // The first bootstrap is not validated before Envoy's spawn (ENVOY_VALIDATE_FIRST_BOOTSTRAP): Envoy's own
+    // start is the check, and only when it fails is the config diagnosed, ending the agent if Envoy rejects it.
+    const firstRejected = new Promise<SupervisorEnd>((r) => (this.endRejected = r));
+    this.done = Promise.race([this.supervisor.done, firstRejected]);
+    this.supervisor.onFailedStart((_n, config) => {
+      if (config === this.first && !this.announcedLive) void this.diagnoseFirst();
+    });
     this.closed = this.done.then((end) => (end.code === 0 ? undefined : new Error(end.reason)));
     this.supervisor.onLive((n) => {
       // Only the first epoch ever to go live measures start-up; a later epoch 0 is a recovery.
@@ -79,6 +87,11 @@ export class EnvoyComponent implements Component {
    */
   async validateFirst(): Promise<void> {
     if (!envs.ENVOY_VALIDATE_BEFORE_RESTART.get(this.o.env)) return;
+    // Off by default: it costs Envoy's whole start-up (validate mode) before the spawn; see diagnoseFirst().
+    if (!envs.ENVOY_VALIDATE_FIRST_BOOTSTRAP.get(this.o.env)) {
+      this.first.validated = true;
+      return;
+    }
     const { cfg } = this.o.resolved;
     const file = this.runtime.writeBootstrap(0, this.first);
     let problem: string | undefined;
@@ -91,6 +104,31 @@ export class EnvoyComponent implements Component {
     }
     if (problem !== undefined) throw new AgentError('CONFIG_INVALID', `Envoy rejects the bootstrap built from this config: ${problem}`);
     this.first.validated = true;
+  }
+
+  /**
+   * The first Envoy exited before it went live: if `envoy --mode validate` rejects the first bootstrap (or the
+   * binary cannot run) no retry can help, so the agent ends with the same error validateFirst() would have given.
+   * Anything else (a port in use, a crash) is retried by the supervisor as usual.
+   */
+  private async diagnoseFirst(): Promise<void> {
+    if (this.diagnosed || !envs.ENVOY_VALIDATE_BEFORE_RESTART.get(this.o.env)) return;
+    this.diagnosed = true;
+    const { cfg } = this.o.resolved;
+    // Epoch -1: a file name no epoch uses, so a retry the supervisor starts meanwhile is not disturbed.
+    const file = this.runtime.writeBootstrap(-1, this.first);
+    let reason: string | undefined;
+    try {
+      const problem = await this.runtime.validate(this.first, file);
+      if (problem !== undefined) reason = `Envoy rejects the bootstrap built from this config: ${problem}`;
+    } catch (err) {
+      reason = `invalid binaryPath (from ${cfg.sources.binaryPath}): ${(err as Error).message}`;
+    } finally {
+      this.runtime.removeBootstrap(file);
+    }
+    if (reason === undefined) return;
+    log.error(reason);
+    this.endRejected({ code: 1, reason });
   }
 
   async start(): Promise<void> {
