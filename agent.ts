@@ -16,7 +16,6 @@ import { configureLogging, journalPrefix, scope } from './lib/log';
 import { renderBootstrap } from './lib/bootstrap';
 import { readFileOrUndefined, resolveAll, type Resolved } from './lib/resolve';
 import { VERSION } from './lib/version';
-import { localRequest, waitReady } from './lib/agent-client';
 
 const log = scope('agent');
 
@@ -289,7 +288,8 @@ export async function main(args: string[]): Promise<number> {
           .option('requestTimeoutMillis', { type: 'number', default: 500 })
           .option('timeoutSeconds', { type: 'number', default: 60 }),
       (argv) => {
-        result = waitReady({ url: argv.url, periodMs: argv.periodMillis, requestTimeoutMs: argv.requestTimeoutMillis, timeoutMs: argv.timeoutSeconds * 1000 });
+        // node:http is loaded only by the commands that need it (it cannot live in the startup snapshot).
+        result = import('./lib/agent-client').then((m) => m.waitReady({ url: argv.url, periodMs: argv.periodMillis, requestTimeoutMs: argv.requestTimeoutMillis, timeoutMs: argv.timeoutSeconds * 1000 }));
       },
     )
     .command(
@@ -302,7 +302,7 @@ export async function main(args: string[]): Promise<number> {
           .positional('body', { type: 'string' })
           .option('debug-port', { type: 'number', default: 15000 }),
       (argv) => {
-        result = localRequest({ method: argv.method, path: argv.path, body: argv.body, port: argv['debug-port'] });
+        result = import('./lib/agent-client').then((m) => m.localRequest({ method: argv.method, path: argv.path, body: argv.body, port: argv['debug-port'] }));
       },
     )
     .command(
@@ -354,7 +354,8 @@ function exitAfterFlush(code: number): void {
   process.stderr.write('', done);
 }
 
-if (require.main === module) {
+/** The executable's entry: runs the command line and exits. The V8 startup snapshot calls it as its main function. */
+export function runCli(): void {
   // A reader that went away (`pilot-agent request ... | head`): stop quietly, as a Go program does on SIGPIPE.
   process.stdout.on('error', (err: NodeJS.ErrnoException) => {
     if (err.code === 'EPIPE') process.exit(0);
@@ -369,3 +370,5 @@ if (require.main === module) {
   );
 }
 
+// (`module` is not defined inside the snapshot builder, where agent-snapshot.ts is the entry.)
+if (typeof module !== 'undefined' && require.main === module) runCli();
