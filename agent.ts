@@ -16,6 +16,7 @@ import { configureLogging, journalPrefix, scope } from './lib/log';
 import { renderBootstrap } from './lib/bootstrap';
 import { readFileOrUndefined, resolveAll, type Resolved } from './lib/resolve';
 import { VERSION } from './lib/version';
+import { applyV8Flags } from './lib/heap';
 
 const log = scope('agent');
 
@@ -266,6 +267,8 @@ export async function main(args: string[]): Promise<number> {
     .help()
     .command('proxy [type]', 'Run Envoy and the agent beside it', proxyOptions, (argv) => {
       setUpLogging(argv);
+      // Envoy's message types (built into the startup snapshot) serve only the embedded discovery server.
+      if (argv.standalone === undefined) void import('./lib/envoy-protos').then((m) => m.releaseEnvoyRoot());
       result = proxyCommand(argv);
     })
     .command('bootstrap [type]', 'Print the bootstrap that `proxy` would write', proxyOptions, (argv) => {
@@ -356,6 +359,7 @@ function exitAfterFlush(code: number): void {
 
 /** The executable's entry: runs the command line and exits. The V8 startup snapshot calls it as its main function. */
 export function runCli(): void {
+  applyV8Flags(envs.PILOT_AGENT_V8_FLAGS.get(process.env));
   // A reader that went away (`pilot-agent request ... | head`): stop quietly, as a Go program does on SIGPIPE.
   process.stdout.on('error', (err: NodeJS.ErrnoException) => {
     if (err.code === 'EPIPE') process.exit(0);

@@ -9,6 +9,7 @@ import type { Env } from './env';
 import * as envs from './env';
 import { AgentError } from './errors';
 import { fingerprint, referencedFiles } from './file-watcher';
+import { collectStartupGarbage } from './heap';
 import { scope } from './log';
 import { gaugeFrom, registerCounters, type MetricsSource } from './metrics';
 import type { Resolved } from './resolve';
@@ -64,6 +65,8 @@ export class EnvoyComponent implements Component {
       const tries = this.supervisor.metrics().epochs_started_total;
       const after = `Envoy is live ${Date.now() - o.startedAt} ms after the agent started`;
       log.info(tries > 1 ? `${after}, at its ${ordinal(tries)} start (the earlier ones failed)` : after);
+      // Start-up is over: one full collection returns what only it needed (see lib/heap.ts).
+      setTimeout(collectStartupGarbage, 1000).unref();
     });
     removeStaleHotRestartState(cfg);
     this.first = this.desiredFrom(o.resolved, 0);
