@@ -9,6 +9,7 @@
 // /proc/<pid>/stat); idle VmRSS and RssAnon 3 s after ready; binary size.
 //
 // Run as root: npx tsx bench/vs-go.bench.ts [rounds=7]   (needs dist/pilot-agent: `npm run build`)
+// Several builds side by side: TS_PILOT_AGENT=/tmp/before/pilot-agent,dist/pilot-agent npx tsx bench/vs-go.bench.ts
 // The Go agent: $GO_PILOT_AGENT, else $(go env GOPATH)/bin/pilot-agent, built once from the Go module proxy.
 
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
@@ -19,7 +20,9 @@ import { envoyBin, REPO, sleep, tempDir, waitFor } from '../test/helpers/harness
 const ROUNDS = Number(process.argv[2] ?? 7);
 const ISTIO_VERSION = 'v0.0.0-20260827124520-eed52ebb66ad';
 const IDLE_MS = 3000;
-const TS_AGENT = process.env.TS_PILOT_AGENT ?? path.join(REPO, 'dist', 'pilot-agent');
+// TS_PILOT_AGENT: one executable, or several separated by commas (each gets its own column, e.g. before/after).
+const TS_AGENTS = (process.env.TS_PILOT_AGENT ?? path.join(REPO, 'dist', 'pilot-agent')).split(',').filter(Boolean);
+const TS_AGENT = TS_AGENTS[0]!;
 
 const median = (xs: number[]) => {
   const s = [...xs].filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
@@ -194,7 +197,7 @@ async function main(): Promise<void> {
   const tmp = tempDir('pa-vsgo-');
   const sides: Side[] = [];
   try {
-    for (const [label, bin] of [['go', goBin], ['ts', TS_AGENT]] as const) {
+    for (const [label, bin] of [['go', goBin], ...TS_AGENTS.map((b, i) => [`ts${i}`, b])] as [string, string][]) {
       const ns = netns(`pa-vsgo-${label}-${process.pid}`);
       const dir = path.join(tmp.path, label);
       fs.mkdirSync(path.join(dir, 'config'), { recursive: true });
@@ -216,25 +219,25 @@ async function main(): Promise<void> {
       }
       process.stderr.write(`round ${round}/${ROUNDS}\n`);
     }
-    const [g, t] = sides as [Side, Side];
-    const row = (name: string, unit: string, gv: number, tv: number, digits = 1) =>
-      `| ${name} | ${gv.toFixed(digits)} ${unit} | ${tv.toFixed(digits)} ${unit} | ${(tv / gv).toFixed(2)}x |`;
+    const [g, ...ts] = sides as [Side, ...Side[]];
     const size = (b: string) => fs.statSync(b).size / 1e6;
+    const row = (name: string, unit: string, pick: (s: Side) => number, digits = 1) =>
+      `| ${name} | ${pick(g).toFixed(digits)} ${unit} | ${ts.map((t) => `${pick(t).toFixed(digits)} ${unit} | ${(pick(t) / pick(g)).toFixed(2)}x`).join(' | ')} |`;
     const lines = [
-      `Go agent: ${goBin}; this agent: ${TS_AGENT}; ${ROUNDS} alternating rounds (+1 warm-up), ${g.figures.version.length} version runs each`,
+      `Go agent: ${goBin}; ${ts.map((t) => `${t.label}: ${t.bin}`).join('; ')}; ${ROUNDS} alternating rounds (+1 warm-up), ${g.figures.version.length} version runs each`,
       '',
-      '| figure | Go agent | this agent | ratio |',
-      '|---|---|---|---|',
-      row('`version` wall', 'ms', median(g.figures.version), median(t.figures.version)),
-      row('start -> Envoy spawned', 'ms', median(g.figures.spawned), median(t.figures.spawned)),
-      row('start -> 15021 ready', 'ms', median(g.figures.ready), median(t.figures.ready)),
-      row('agent CPU until ready', 'ms', median(g.figures.cpu), median(t.figures.cpu), 0),
-      row('idle VmRSS', 'MiB', median(g.figures.rss), median(t.figures.rss)),
-      row('idle RssAnon', 'MiB', median(g.figures.anon), median(t.figures.anon)),
-      row('binary size', 'MB', size(goBin), size(TS_AGENT)),
+      `| figure | Go agent | ${ts.map((t) => `${t.label} | ratio`).join(' | ')} |`,
+      `|---|---|${ts.map(() => '---|---|').join('')}`,
+      row('`version` wall', 'ms', (s) => median(s.figures.version)),
+      row('start -> Envoy spawned', 'ms', (s) => median(s.figures.spawned)),
+      row('start -> 15021 ready', 'ms', (s) => median(s.figures.ready)),
+      row('agent CPU until ready', 'ms', (s) => median(s.figures.cpu), 0),
+      row('idle VmRSS', 'MiB', (s) => median(s.figures.rss)),
+      row('idle RssAnon', 'MiB', (s) => median(s.figures.anon)),
+      row('binary size', 'MB', (s) => size(s.bin)),
     ];
     process.stdout.write(lines.join('\n') + '\n');
-    if (process.env.VS_GO_RAW) process.stdout.write(JSON.stringify({ go: g.figures, ts: t.figures }) + '\n');
+    if (process.env.VS_GO_RAW) process.stdout.write(JSON.stringify(Object.fromEntries(sides.map((s) => [s.label, s.figures]))) + '\n');
   } finally {
     for (const s of sides) {
       s.discovery.kill('SIGKILL');

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds dist/pilot-agent: one standalone Linux executable (Node single executable application), offline.
-# esbuild CJS bundle -> SEA blob with a V8 startup snapshot (PILOT_AGENT_SNAPSHOT=0: code cache instead)
+# esbuild CJS bundle (minified, names kept) -> SEA blob with V8's code cache (PILOT_AGENT_SNAPSHOT=1: a V8 startup
+# snapshot instead; see README "The executable")
 # -> copy of node, stripped BEFORE injection -> postject.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -8,9 +9,9 @@ cd "$root"
 [ -d node_modules ] || npm ci --no-audit --no-fund
 mkdir -p dist
 rm -f dist/pilot-agent dist/pilot-agent.cjs dist/sea-prep.blob
-if [ "${PILOT_AGENT_SNAPSHOT:-1}" = 0 ]; then entry=agent.ts; sea_opts='"useCodeCache": true'
-else entry=agent-snapshot.ts; sea_opts='"useSnapshot": true'; fi
-npx esbuild "$entry" --bundle ${ESBUILD_EXTRA:-} --platform=node --target=node20 --format=cjs \
+if [ "${PILOT_AGENT_SNAPSHOT:-0}" = 1 ]; then entry=agent-snapshot.ts; sea_opts='"useSnapshot": true'
+else entry=agent.ts; sea_opts='"useCodeCache": true'; fi
+npx esbuild "$entry" --bundle --minify --keep-names ${ESBUILD_EXTRA:-} --platform=node --target=node20 --format=cjs \
   --outfile=dist/pilot-agent.cjs --log-level=warning --legal-comments=none
 cat > dist/sea-config.json <<JSON
 { "main": "dist/pilot-agent.cjs", "output": "dist/sea-prep.blob", "disableExperimentalSEAWarning": true, $sea_opts }
