@@ -5,7 +5,6 @@
 // its initial 1 MiB semi-spaces (what --max-semi-space-size=1 gives at start-up) instead of growing to 16 MiB.
 
 import * as v8 from 'node:v8';
-import * as vm from 'node:vm';
 import { scope } from './log';
 
 const log = scope('heap');
@@ -17,9 +16,10 @@ export function applyV8Flags(flags: string): void {
 let collected = false;
 
 /** A full GC after start-up: what only start-up needed (parsers, descriptors, module initialisers) is released. */
-export function collectStartupGarbage(): void {
+export async function collectStartupGarbage(): Promise<void> {
   if (collected) return;
   collected = true;
+  const vm = await import('node:vm'); // not at top level: node:vm is not verified for the startup snapshot
   v8.setFlagsFromString('--expose-gc');
   const gc = vm.runInNewContext('gc') as (() => void) | undefined;
   v8.setFlagsFromString('--no-expose-gc');
