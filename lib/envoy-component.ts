@@ -66,7 +66,7 @@ export class EnvoyComponent implements Component {
       const after = `Envoy is live ${Date.now() - o.startedAt} ms after the agent started`;
       log.info(tries > 1 ? `${after}, at its ${ordinal(tries)} start (the earlier ones failed)` : after);
       // Start-up is over: one full collection returns what only it needed (see lib/heap.ts).
-      setTimeout(() => void collectStartupGarbage(), 1000).unref();
+      setTimeout(collectStartupGarbage, 1000).unref();
     });
     removeStaleHotRestartState(cfg);
     this.first = this.desiredFrom(o.resolved, 0);

@@ -16,15 +16,22 @@ export function applyV8Flags(flags: string): void {
 let collected = false;
 
 /** A full GC after start-up: what only start-up needed (parsers, descriptors, module initialisers) is released. */
-export async function collectStartupGarbage(): Promise<void> {
+export function collectStartupGarbage(): void {
   if (collected) return;
   collected = true;
-  const vm = await import('node:vm'); // not at top level: node:vm is not verified for the startup snapshot
-  v8.setFlagsFromString('--expose-gc');
-  const gc = vm.runInNewContext('gc') as (() => void) | undefined;
-  v8.setFlagsFromString('--no-expose-gc');
-  if (typeof gc !== 'function') return;
-  const before = process.memoryUsage().heapUsed;
-  gc();
-  log.debug(`start-up garbage collected: heap ${(before / 1048576).toFixed(1)} -> ${(process.memoryUsage().heapUsed / 1048576).toFixed(1)} MiB`);
+  try {
+    // Loaded here, not at top level: node:vm is not vouched for in the startup snapshot. require, not import():
+    // a single executable has no dynamic-import callback for built-ins.
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const vm = require('node:vm') as typeof import('node:vm');
+    v8.setFlagsFromString('--expose-gc');
+    const gc = vm.runInNewContext('gc') as (() => void) | undefined;
+    v8.setFlagsFromString('--no-expose-gc');
+    if (typeof gc !== 'function') return;
+    const before = process.memoryUsage().heapUsed;
+    gc();
+    log.debug(`start-up garbage collected: heap ${(before / 1048576).toFixed(1)} -> ${(process.memoryUsage().heapUsed / 1048576).toFixed(1)} MiB`);
+  } catch (err) {
+    log.debug(`no start-up collection: ${(err as Error).message}`);
+  }
 }

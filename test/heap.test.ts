@@ -13,10 +13,9 @@ function newSpaceMiB(flags: string): number {
     applyV8Flags(${JSON.stringify(flags)});
     let keep = [];
     for (let i = 0; i < 2e6; i++) { keep.push({ i, s: 'x' + i }); if (keep.length > 100000) keep = []; }
-    collectStartupGarbage().then(() => {
-      const ns = require('v8').getHeapSpaceStatistics().find((s) => s.space_name === 'new_space');
-      process.stdout.write(String(ns.space_size / 1048576));
-    });`;
+    collectStartupGarbage();
+    const ns = require('v8').getHeapSpaceStatistics().find((s) => s.space_name === 'new_space');
+    process.stdout.write(String(ns.space_size / 1048576));`;
   const r = spawnSync(process.execPath, ['--require', 'tsx/cjs', '-e', code], { cwd: REPO, encoding: 'utf8', env: { PATH: process.env.PATH ?? '' } });
   assert.is(r.status, 0, r.stderr);
   return Number(r.stdout);
