@@ -34,7 +34,7 @@ export class EnvoyComponent implements Component {
   private xdsConfigSeen = false;
   private announcedLive = false;
   private endRejected!: (end: SupervisorEnd) => void;
-  private diagnosed = false;
+  private diagnosis: Promise<SupervisorEnd | undefined> | undefined;
 
   constructor(private readonly o: { resolved: Resolved; env: Env; startedAt: number }) {
     const { cfg } = o.resolved;
@@ -53,9 +53,10 @@ export class EnvoyComponent implements Component {
     // The first bootstrap is not validated before Envoy's spawn (ENVOY_VALIDATE_FIRST_BOOTSTRAP): Envoy's own
     // start is the check, and only when it fails is the config diagnosed, ending the agent if Envoy rejects it.
     const firstRejected = new Promise<SupervisorEnd>((r) => (this.endRejected = r));
-    this.done = Promise.race([this.supervisor.done, firstRejected]);
+    // The supervisor may end on a repeated failure while the diagnosis runs: its verdict names the cause better.
+    this.done = Promise.race([this.supervisor.done.then(async (end) => (await this.diagnosis) ?? end), firstRejected]);
     this.supervisor.onFailedStart((_n, config) => {
-      if (config === this.first && !this.announcedLive) void this.diagnoseFirst();
+      if (config === this.first && !this.announcedLive) this.diagnoseFirst();
     });
     this.closed = this.done.then((end) => (end.code === 0 ? undefined : new Error(end.reason)));
     this.supervisor.onLive((n) => {
@@ -114,24 +115,29 @@ export class EnvoyComponent implements Component {
    * binary cannot run) no retry can help, so the agent ends with the same error validateFirst() would have given.
    * Anything else (a port in use, a crash) is retried by the supervisor as usual.
    */
-  private async diagnoseFirst(): Promise<void> {
-    if (this.diagnosed || !envs.ENVOY_VALIDATE_BEFORE_RESTART.get(this.o.env)) return;
-    this.diagnosed = true;
+  private diagnoseFirst(): void {
+    if (this.diagnosis || !envs.ENVOY_VALIDATE_BEFORE_RESTART.get(this.o.env)) return;
+    this.diagnosis = this.diagnose().then((reason) => {
+      if (reason === undefined) return undefined;
+      log.error(reason);
+      const end = { code: 1, reason };
+      this.endRejected(end);
+      return end;
+    });
+  }
+
+  private async diagnose(): Promise<string | undefined> {
     const { cfg } = this.o.resolved;
     // Epoch -1: a file name no epoch uses, so a retry the supervisor starts meanwhile is not disturbed.
     const file = this.runtime.writeBootstrap(-1, this.first);
-    let reason: string | undefined;
     try {
       const problem = await this.runtime.validate(this.first, file);
-      if (problem !== undefined) reason = `Envoy rejects the bootstrap built from this config: ${problem}`;
+      return problem === undefined ? undefined : `Envoy rejects the bootstrap built from this config: ${problem}`;
     } catch (err) {
-      reason = `invalid binaryPath (from ${cfg.sources.binaryPath}): ${(err as Error).message}`;
+      return `invalid binaryPath (from ${cfg.sources.binaryPath}): ${(err as Error).message}`;
     } finally {
       this.runtime.removeBootstrap(file);
     }
-    if (reason === undefined) return;
-    log.error(reason);
-    this.endRejected({ code: 1, reason });
   }
 
   async start(): Promise<void> {
