@@ -2,7 +2,7 @@
 // A Node 20 single executable ignores execArgv, and one with a startup snapshot refuses to start under flags it
 // was not built with, so the flags are set here, from inside, before the work starts. Of the young-generation
 // flags only the growth factor is read after the heap exists: --semi-space-growth-factor=1 keeps new space at
-// its initial 1 MiB semi-spaces (what --max-semi-space-size=1 gives at start-up) instead of growing to 16 MiB.
+// 2-4 MiB (close to what --max-semi-space-size=1 gives at start-up) instead of letting it grow to 32 MiB.
 
 import * as v8 from 'node:v8';
 import { scope } from './log';
