@@ -17,7 +17,7 @@ import { configureLogging, journalPrefix, scope } from './lib/log';
 import { renderBootstrap } from './lib/bootstrap';
 import { readFileOrUndefined, resolveAll, type Resolved } from './lib/resolve';
 import { VERSION } from './lib/version';
-import { localRequest, waitReady } from './lib/agent-client';
+import { applyV8Flags } from './lib/heap';
 
 const log = scope('agent');
 
@@ -248,6 +248,8 @@ export async function main(args: string[]): Promise<number> {
     .help()
     .command('proxy [type]', 'Run Envoy and the agent beside it', proxyOptions, (argv) => {
       setUpLogging(argv);
+      // Envoy's message types (built into the startup snapshot) serve only the embedded discovery server.
+      if (argv.standalone === undefined) void import('./lib/envoy-protos').then((m) => m.releaseEnvoyRoot());
       result = proxyCommand(argv);
     })
     .command('bootstrap [type]', 'Print the bootstrap that `proxy` would write', proxyOptions, (argv) => {
@@ -270,7 +272,8 @@ export async function main(args: string[]): Promise<number> {
           .option('requestTimeoutMillis', { type: 'number', default: 500 })
           .option('timeoutSeconds', { type: 'number', default: 60 }),
       (argv) => {
-        result = waitReady({ url: argv.url, periodMs: argv.periodMillis, requestTimeoutMs: argv.requestTimeoutMillis, timeoutMs: argv.timeoutSeconds * 1000 });
+        // node:http is loaded only by the commands that need it (it cannot live in the startup snapshot).
+        result = import('./lib/agent-client').then((m) => m.waitReady({ url: argv.url, periodMs: argv.periodMillis, requestTimeoutMs: argv.requestTimeoutMillis, timeoutMs: argv.timeoutSeconds * 1000 }));
       },
     )
     .command(
@@ -283,7 +286,7 @@ export async function main(args: string[]): Promise<number> {
           .positional('body', { type: 'string' })
           .option('debug-port', { type: 'number', default: 15000 }),
       (argv) => {
-        result = localRequest({ method: argv.method, path: argv.path, body: argv.body, port: argv['debug-port'] });
+        result = import('./lib/agent-client').then((m) => m.localRequest({ method: argv.method, path: argv.path, body: argv.body, port: argv['debug-port'] }));
       },
     )
     .command(
@@ -335,7 +338,9 @@ function exitAfterFlush(code: number): void {
   process.stderr.write('', done);
 }
 
-if (require.main === module) {
+/** The executable's entry: runs the command line and exits. The V8 startup snapshot calls it as its main function. */
+export function runCli(): void {
+  applyV8Flags(envs.PILOT_AGENT_V8_FLAGS.get(process.env));
   // A reader that went away (`pilot-agent request ... | head`): stop quietly, as a Go program does on SIGPIPE.
   process.stdout.on('error', (err: NodeJS.ErrnoException) => {
     if (err.code === 'EPIPE') process.exit(0);
@@ -350,3 +355,5 @@ if (require.main === module) {
   );
 }
 
+// (`module` is not defined inside the snapshot builder, where agent-snapshot.ts is the entry.)
+if (typeof module !== 'undefined' && require.main === module) runCli();

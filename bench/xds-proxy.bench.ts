@@ -10,6 +10,8 @@ import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { messageType } from '../lib/envoy-protos';
 import { XdsProxy } from '../lib/xds-proxy';
+import { PILOT_AGENT_V8_FLAGS } from '../lib/env';
+import { applyV8Flags } from '../lib/heap';
 import { bulkClusters, CLUSTER, ControlPlane, ENDPOINT, NODE_ID } from '../test/helpers/control-plane';
 import { tempDir } from '../test/helpers/harness';
 
@@ -35,6 +37,8 @@ async function controlPlaneChild(): Promise<void> {
 }
 
 async function proxyChild(socket: string, address: string): Promise<void> {
+  // The heap flags the agent sets on itself (PILOT_AGENT_V8_FLAGS; empty for V8's defaults).
+  applyV8Flags(PILOT_AGENT_V8_FLAGS.get(process.env));
   const proxy = new XdsProxy({ socketPath: socket, upstream: { address, tls: false } });
   await proxy.start();
   process.on('message', (m: { cmd: string }) => {

@@ -195,3 +195,7 @@ const positiveInt = (name: string, def: number, desc: string) =>
   }, def);
 export const DISCOVERY_MAX_FILE_BYTES = positiveInt('DISCOVERY_MAX_FILE_BYTES', 4 * 1024 * 1024, 'Discovery server: largest config file read (bytes); a larger one is reported and its last good content kept');
 export const DISCOVERY_MAX_DOCUMENTS = positiveInt('DISCOVERY_MAX_DOCUMENTS', 10_000, 'Discovery server: most YAML documents in one config file');
+
+// ---- start-up and memory (issue 16) ----
+export const ENVOY_VALIDATE_FIRST_BOOTSTRAP = bool('ENVOY_VALIDATE_FIRST_BOOTSTRAP', false, 'Run envoy --mode validate on the first bootstrap before Envoy is spawned (costs a whole Envoy start-up; by default a rejected first bootstrap is diagnosed after Envoy fails)');
+export const PILOT_AGENT_V8_FLAGS = str('PILOT_AGENT_V8_FLAGS', '--semi-space-growth-factor=1', 'V8 flags the agent sets on itself at start (run-time settable ones only; empty: none). The default keeps the young generation at 2-4 MiB instead of up to 32');

@@ -9,6 +9,7 @@ import type { Env } from './env';
 import * as envs from './env';
 import { AgentError } from './errors';
 import { fingerprint, referencedFiles } from './file-watcher';
+import { collectStartupGarbage } from './heap';
 import { scope } from './log';
 import { gaugeFrom, registerCounters, type MetricsSource } from './metrics';
 import type { Resolved } from './resolve';
@@ -32,6 +33,8 @@ export class EnvoyComponent implements Component {
   private first: EnvoyDesiredConfig;
   private xdsConfigSeen = false;
   private announcedLive = false;
+  private endRejected!: (end: SupervisorEnd) => void;
+  private diagnosis: Promise<SupervisorEnd | undefined> | undefined;
 
   constructor(private readonly o: { resolved: Resolved; env: Env; startedAt: number }) {
     const { cfg } = o.resolved;
@@ -47,7 +50,14 @@ export class EnvoyComponent implements Component {
       startTimeoutMs: envs.ENVOY_START_TIMEOUT.get(o.env),
       healthyResetMs: envs.ENVOY_HEALTHY_RESET_DURATION.get(o.env),
     });
-    this.done = this.supervisor.done;
+    // The first bootstrap is not validated before Envoy's spawn (ENVOY_VALIDATE_FIRST_BOOTSTRAP): Envoy's own
+    // start is the check, and only when it fails is the config diagnosed, ending the agent if Envoy rejects it.
+    const firstRejected = new Promise<SupervisorEnd>((r) => (this.endRejected = r));
+    // The supervisor may end on a repeated failure while the diagnosis runs: its verdict names the cause better.
+    this.done = Promise.race([this.supervisor.done.then(async (end) => (await this.diagnosis) ?? end), firstRejected]);
+    this.supervisor.onFailedStart((_n, config) => {
+      if (config === this.first && !this.announcedLive) this.diagnoseFirst();
+    });
     this.closed = this.done.then((end) => (end.code === 0 ? undefined : new Error(end.reason)));
     this.supervisor.onLive((n) => {
       // Only the first epoch ever to go live measures start-up; a later epoch 0 is a recovery.
@@ -56,6 +66,8 @@ export class EnvoyComponent implements Component {
       const tries = this.supervisor.metrics().epochs_started_total;
       const after = `Envoy is live ${Date.now() - o.startedAt} ms after the agent started`;
       log.info(tries > 1 ? `${after}, at its ${ordinal(tries)} start (the earlier ones failed)` : after);
+      // Start-up is over: one full collection returns what only it needed (see lib/heap.ts).
+      setTimeout(collectStartupGarbage, 1000).unref();
     });
     removeStaleHotRestartState(cfg);
     this.first = this.desiredFrom(o.resolved, 0);
@@ -79,6 +91,11 @@ export class EnvoyComponent implements Component {
    */
   async validateFirst(): Promise<void> {
     if (!envs.ENVOY_VALIDATE_BEFORE_RESTART.get(this.o.env)) return;
+    // Off by default: it costs Envoy's whole start-up (validate mode) before the spawn; see diagnoseFirst().
+    if (!envs.ENVOY_VALIDATE_FIRST_BOOTSTRAP.get(this.o.env)) {
+      this.first.validated = true;
+      return;
+    }
     const { cfg } = this.o.resolved;
     const file = this.runtime.writeBootstrap(0, this.first);
     let problem: string | undefined;
@@ -91,6 +108,36 @@ export class EnvoyComponent implements Component {
     }
     if (problem !== undefined) throw new AgentError('CONFIG_INVALID', `Envoy rejects the bootstrap built from this config: ${problem}`);
     this.first.validated = true;
+  }
+
+  /**
+   * The first Envoy exited before it went live: if `envoy --mode validate` rejects the first bootstrap (or the
+   * binary cannot run) no retry can help, so the agent ends with the same error validateFirst() would have given.
+   * Anything else (a port in use, a crash) is retried by the supervisor as usual.
+   */
+  private diagnoseFirst(): void {
+    if (this.diagnosis || !envs.ENVOY_VALIDATE_BEFORE_RESTART.get(this.o.env)) return;
+    this.diagnosis = this.diagnose().then((reason) => {
+      if (reason === undefined) return undefined;
+      log.error(reason);
+      const end = { code: 1, reason };
+      this.endRejected(end);
+      return end;
+    });
+  }
+
+  private async diagnose(): Promise<string | undefined> {
+    const { cfg } = this.o.resolved;
+    // Epoch -1: a file name no epoch uses, so a retry the supervisor starts meanwhile is not disturbed.
+    const file = this.runtime.writeBootstrap(-1, this.first);
+    try {
+      const problem = await this.runtime.validate(this.first, file);
+      return problem === undefined ? undefined : `Envoy rejects the bootstrap built from this config: ${problem}`;
+    } catch (err) {
+      return `invalid binaryPath (from ${cfg.sources.binaryPath}): ${(err as Error).message}`;
+    } finally {
+      this.runtime.removeBootstrap(file);
+    }
   }
 
   async start(): Promise<void> {

@@ -171,6 +171,7 @@ export class Supervisor {
   /** Resolves once the supervisor is finished and every Envoy is gone. */
   readonly done: Promise<SupervisorEnd>;
   private readonly liveListeners: Array<(epoch: number) => void> = [];
+  private readonly failedStartListeners: Array<(epoch: number, config: DesiredConfig) => void> = [];
   private readonly now: () => number;
 
   constructor(private readonly opts: SupervisorOptions) {
@@ -199,6 +200,11 @@ export class Supervisor {
 
   onLive(fn: (epoch: number) => void): void {
     this.liveListeners.push(fn);
+  }
+
+  /** An epoch exited by itself before it went live (it is retried with backoff as usual). */
+  onFailedStart(fn: (epoch: number, config: DesiredConfig) => void): void {
+    this.failedStartListeners.push(fn);
   }
 
   /** Ready: the newest epoch that went live is still live, and the agent is not shutting down. */
@@ -478,6 +484,7 @@ export class Supervisor {
         'restarting it (the agent stops Envoy only on SIGTERM/SIGINT or its own /quitquitquit)');
       for (const other of this.epochs.values()) this.abort(other);
     } else {
+      if (!wasLive) for (const fn of this.failedStartListeners) fn(e.n, e.config);
       const reason = this.opts.runtime.failureReason(e.proc);
       const anyLive = [...this.epochs.values()].some((x) => x.liveAt !== undefined && x.state !== 'exited');
       if (!wasLive && anyLive) {

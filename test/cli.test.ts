@@ -98,7 +98,11 @@ interface BadCase {
   env?: Record<string, string>;
   files?: Record<string, string | { mode: number; text: string }>;
   want: RegExp;
+  /** Found by the first Envoy's failed start (the first bootstrap is not validated before the spawn): logged, then exit 1. */
+  afterSpawn?: true;
 }
+
+const REJECTED_BOOTSTRAP = '{"static_resources": {"listeners": [{"name": "x", "address": {"socket_address": {"port_value": "nope"}}}]}}';
 
 const CASES: BadCase[] = [
   { name: 'malformed PROXY_CONFIG', env: { PROXY_CONFIG: '{"drainDuration": ' }, want: /PROXY_CONFIG/ },
@@ -108,13 +112,16 @@ const CASES: BadCase[] = [
   { name: 'port out of range', env: { PROXY_CONFIG: '{"proxyAdminPort": 70000}' }, want: /proxyAdminPort .*out of range/ },
   { name: 'missing Envoy binary', env: { PROXY_CONFIG: '{"binaryPath": "/nonexistent/envoy"}' }, want: /binaryPath .*\/nonexistent\/envoy does not exist/ },
   { name: 'non-executable Envoy binary', env: { PROXY_CONFIG: '{"binaryPath": "ENVOY_NOEXEC"}' }, files: { envoy: { mode: 0o644, text: 'not a program' } }, want: /binaryPath .*is not executable/ },
-  { name: 'a bootstrap Envoy rejects', env: { PROXY_CONFIG: '{"customConfigFile": "CUSTOM"}' }, files: { 'custom.json': '{"static_resources": {"listeners": [{"name": "x", "address": {"socket_address": {"port_value": "nope"}}}]}}' }, want: /Envoy rejects the bootstrap/ },
-  { name: 'an Envoy binary that is not a program', env: { PROXY_CONFIG: '{"binaryPath": "ENVOY_NOEXEC"}' }, files: { envoy: { mode: 0o755, text: 'not a program' } }, want: /binaryPath .*cannot run/ },
+  { name: 'a bootstrap Envoy rejects', env: { PROXY_CONFIG: '{"customConfigFile": "CUSTOM"}' }, files: { 'custom.json': REJECTED_BOOTSTRAP }, want: /Envoy rejects the bootstrap/, afterSpawn: true },
+  { name: 'an Envoy binary that is not a program', env: { PROXY_CONFIG: '{"binaryPath": "ENVOY_NOEXEC"}' }, files: { envoy: { mode: 0o755, text: 'not a program' } }, want: /binaryPath .*cannot run/, afterSpawn: true },
+  { name: 'a bootstrap Envoy rejects, validated before the spawn', env: { PROXY_CONFIG: '{"customConfigFile": "CUSTOM"}', ENVOY_VALIDATE_FIRST_BOOTSTRAP: 'true' }, files: { 'custom.json': REJECTED_BOOTSTRAP }, want: /Envoy rejects the bootstrap/ },
+  { name: 'an Envoy binary that is not a program, validated before the spawn', env: { PROXY_CONFIG: '{"binaryPath": "ENVOY_NOEXEC"}', ENVOY_VALIDATE_FIRST_BOOTSTRAP: 'true' }, files: { envoy: { mode: 0o755, text: 'not a program' } }, want: /binaryPath .*cannot run/ },
   { name: 'unwritable configPath', env: { PROXY_CONFIG: '{"configPath": "/dev/null/proxy"}' }, want: /configPath .*\/dev\/null\/proxy is not a writable directory/ },
 ];
 
 for (const c of CASES) {
-  bad(`${c.name}: one clear error line, non-zero exit, nothing started`, async () => {
+  const title = c.afterSpawn ? `${c.name}: the first Envoy's failure ends the agent (exit 1) naming the reason, no retries` : `${c.name}: one clear error line, non-zero exit, nothing started`;
+  bad(title, async () => {
     const dir = tempDir();
     try {
       for (const [name, content] of Object.entries(c.files ?? {})) {
@@ -136,6 +143,15 @@ for (const c of CASES) {
       const r = await run(['proxy', ...(c.args ?? [])], { ...c.env, PROXY_CONFIG: proxyConfig, POD_NAME: 'p', POD_NAMESPACE: 'ns' }, dir.path);
       assert.is.not(r.code, 0);
       const lines = r.stderr.trim().split('\n');
+      if (c.afterSpawn) {
+        assert.is(r.code, 1);
+        assert.match(lines[lines.length - 1]!, /agent exiting with code 1: /);
+        assert.match(lines[lines.length - 1]!, c.want);
+        assert.not.match(r.stderr, /restart budget left 8/, 'ended at the first failure, not after the retries');
+        const rest = fs.existsSync(configPath) ? fs.readdirSync(configPath).filter((f) => f.endsWith('.json')) : [];
+        assert.equal(rest, [], 'no bootstrap file left');
+        return;
+      }
       assert.is(lines.length, 1, `one error line, got:\n${r.stderr}`);
       assert.match(lines[0]!, /^error: /);
       assert.match(lines[0]!, c.want);

@@ -1,0 +1,254 @@
+// Benchmark: this agent against Istio's Go pilot-agent, side by side, alternating runs, same inputs.
+// Each agent runs `proxy sidecar` in its own network namespace (the fixed ports 15000/15020/15021/15090 live
+// there) with the same env, the real Envoy, and the same control plane: this project's `pilot-agent discovery`
+// on 127.0.0.1:15010 inside the namespace (plaintext, controlPlaneAuthPolicy NONE), started before the clock.
+// NODE_EXTRA_CA_CERTS and the rest of the caller's environment are not passed on.
+//
+// Printed (medians): `version` wall; start -> Envoy spawned (binaryPath is a wrapper that stamps the time it is
+// exec'd, then execs Envoy); start -> 15021 /healthz/ready 200; the agent's CPU until ready (utime+stime of
+// /proc/<pid>/stat); idle VmRSS and RssAnon 3 s after ready; binary size.
+//
+// Run as root: npx tsx bench/vs-go.bench.ts [rounds=7]   (needs dist/pilot-agent: `npm run build`)
+// Several builds side by side: TS_PILOT_AGENT=/tmp/before/pilot-agent,dist/pilot-agent npx tsx bench/vs-go.bench.ts
+// The Go agent: $GO_PILOT_AGENT, else $(go env GOPATH)/bin/pilot-agent, built once from the Go module proxy.
+
+import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { envoyBin, REPO, sleep, tempDir, waitFor } from '../test/helpers/harness';
+
+const ROUNDS = Number(process.argv[2] ?? 7);
+const ISTIO_VERSION = 'v0.0.0-20260827124520-eed52ebb66ad';
+const IDLE_MS = 3000;
+// TS_PILOT_AGENT: one executable, or several separated by commas (each gets its own column, e.g. before/after).
+const TS_AGENTS = (process.env.TS_PILOT_AGENT ?? path.join(REPO, 'dist', 'pilot-agent')).split(',').filter(Boolean);
+const TS_AGENT = TS_AGENTS[0]!;
+
+const median = (xs: number[]) => {
+  const s = [...xs].filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
+  if (!s.length) return NaN;
+  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+};
+
+function go(args: string[]): string {
+  return execFileSync('go', args, { encoding: 'utf8', env: { ...process.env, GOFLAGS: '-mod=mod' } }).trim();
+}
+
+/** The Go agent and Istio's bootstrap template, built / downloaded from the Go module proxy once (cached). */
+function goAgent(): { bin: string; template: string } {
+  let bin = process.env.GO_PILOT_AGENT ?? '';
+  if (!bin) {
+    bin = path.join(go(['env', 'GOPATH']).split(':')[0]!, 'bin', 'pilot-agent');
+    if (!fs.existsSync(bin)) {
+      process.stderr.write(`building the Go agent: go install istio.io/istio/pilot/cmd/pilot-agent@${ISTIO_VERSION}\n`);
+      execFileSync('go', ['install', `istio.io/istio/pilot/cmd/pilot-agent@${ISTIO_VERSION}`], { stdio: 'inherit', env: { ...process.env, GOFLAGS: '-mod=mod' } });
+    }
+  }
+  let modDir = path.join(go(['env', 'GOMODCACHE']), `istio.io/istio@${ISTIO_VERSION}`);
+  if (!fs.existsSync(modDir)) modDir = JSON.parse(go(['mod', 'download', '-json', `istio.io/istio@${ISTIO_VERSION}`])).Dir;
+  return { bin, template: path.join(modDir, 'tools/packaging/common/envoy_bootstrap.json') };
+}
+
+const CONFIG = `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: { name: web, namespace: bench }
+spec:
+  hosts: [web.bench.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{ number: 8080, name: http, protocol: HTTP }]
+  endpoints:
+  - { address: 127.0.0.1, ports: { http: 9080 } }
+`;
+
+/** Polls 15021 inside the namespace from a process started before the clock; prints the wall time of the first 200. */
+const POLLER = `
+const http = require('http');
+process.stdout.write('armed\\n');
+const t = setInterval(() => {
+  const r = http.get({ host: '127.0.0.1', port: 15021, path: '/healthz/ready', timeout: 200 }, (res) => {
+    res.resume();
+    if (res.statusCode === 200) { clearInterval(t); process.stdout.write(String(performance.timeOrigin + performance.now()) + '\\n'); process.exit(0); }
+  });
+  r.on('error', () => {});
+  r.on('timeout', () => r.destroy());
+}, 5);
+`;
+
+interface Netns {
+  name: string;
+  spawn(cmd: string, args: string[], opts: Parameters<typeof spawn>[2]): ChildProcess;
+  pids(): number[];
+  remove(): void;
+}
+
+function netns(name: string): Netns {
+  spawnSync('ip', ['netns', 'del', name]);
+  execFileSync('ip', ['netns', 'add', name]);
+  execFileSync('ip', ['-n', name, 'link', 'set', 'lo', 'up']);
+  return {
+    name,
+    spawn: (cmd, args, opts) => spawn('nsenter', [`--net=/run/netns/${name}`, cmd, ...args], opts),
+    pids: () => spawnSync('ip', ['netns', 'pids', name], { encoding: 'utf8' }).stdout.split('\n').filter(Boolean).map(Number),
+    remove: () => {
+      for (const pid of spawnSync('ip', ['netns', 'pids', name], { encoding: 'utf8' }).stdout.split('\n').filter(Boolean)) {
+        try { process.kill(Number(pid), 'SIGKILL'); } catch { /* gone */ }
+      }
+      spawnSync('ip', ['netns', 'del', name]);
+    },
+  };
+}
+
+const exited = (p: ChildProcess) => (p.exitCode !== null || p.signalCode !== null ? Promise.resolve() : new Promise<void>((r) => p.once('exit', () => r())));
+
+async function stop(p: ChildProcess, ns: Netns, keep: Set<number>): Promise<void> {
+  p.kill('SIGTERM');
+  await Promise.race([exited(p), sleep(10_000)]);
+  if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+  await exited(p);
+  // Envoy (and its hot-restart children) must be gone before the next run reuses the namespace's ports.
+  for (const pid of ns.pids()) if (!keep.has(pid)) try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
+  await waitFor('namespace quiet', async () => ns.pids().every((pid) => keep.has(pid)), 10_000, 20);
+}
+
+interface Side {
+  label: string;
+  bin: string;
+  ns: Netns;
+  keep: Set<number>;
+  discovery: ChildProcess;
+  dir: string;
+  figures: { spawned: number[]; ready: number[]; cpu: number[]; rss: number[]; anon: number[]; version: number[] };
+}
+
+const CLK_TCK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim() || 100);
+
+function cpuMs(pid: number): number {
+  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK; // utime, stime (fields 14, 15)
+}
+
+function memKiB(pid: number): { rss: number; anon: number } {
+  const s = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+  const kb = (k: string) => Number(new RegExp(`^${k}:\\s+(\\d+)`, 'm').exec(s)?.[1] ?? NaN);
+  return { rss: kb('VmRSS'), anon: kb('RssAnon') };
+}
+
+const baseEnv = (): Record<string, string> => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/root' });
+
+async function oneRun(side: Side, template: string, round: number): Promise<void> {
+  const run = path.join(side.dir, `run-${round}`);
+  fs.mkdirSync(path.join(run, 'var/lib/istio/envoy'), { recursive: true });
+  fs.copyFileSync(template, path.join(run, 'var/lib/istio/envoy/envoy_bootstrap_tmpl.json'));
+  const stamps = path.join(run, 'envoy-exec.log');
+  const wrapper = path.join(run, 'envoy');
+  fs.writeFileSync(wrapper, `#!/bin/sh\necho "$(date +%s%N) $*" >> ${stamps}\nexec ${envoyBin()} "$@"\n`, { mode: 0o755 });
+  const env = {
+    ...baseEnv(),
+    PROXY_CONFIG: JSON.stringify({
+      discoveryAddress: '127.0.0.1:15010', controlPlaneAuthPolicy: 'NONE', binaryPath: wrapper, configPath: path.join(run, 'proxy'),
+      drainDuration: '1s', terminationDrainDuration: '1s', concurrency: 2,
+    }),
+    POD_NAME: 'bench-1', POD_NAMESPACE: 'bench', INSTANCE_IP: '127.0.0.1', SERVICE_ACCOUNT: 'default',
+  };
+  const poller = side.ns.spawn(process.execPath, ['-e', POLLER], { stdio: ['ignore', 'pipe', 'ignore'], env: baseEnv() });
+  let pollOut = '';
+  poller.stdout!.on('data', (d) => (pollOut += d));
+  await waitFor('poller armed', async () => pollOut.startsWith('armed'), 10_000, 5);
+  const keep = new Set([...side.keep, ...side.ns.pids()]);
+  let log = '';
+  const t0 = performance.timeOrigin + performance.now();
+  const agent = side.ns.spawn(side.bin, ['proxy', 'sidecar'], { cwd: run, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  agent.stdout!.on('data', (d) => (log += d));
+  agent.stderr!.on('data', (d) => (log += d));
+  try {
+    await waitFor(`${side.label} ready`, async () => pollOut.split('\n').length > 2, 30_000, 2).catch((e: Error) => {
+      throw new Error(`${e.message}\n${log.slice(-3000)}`);
+    });
+    const cpu = cpuMs(agent.pid!);
+    const readyAt = Number(pollOut.split('\n')[1]);
+    const first = fs.readFileSync(stamps, 'utf8').split('\n').find((l) => / -c /.test(l) && !/--mode validate/.test(l));
+    side.figures.ready.push(readyAt - t0);
+    side.figures.cpu.push(cpu);
+    side.figures.spawned.push(first ? Number(first.split(' ')[0]) / 1e6 - t0 : NaN);
+    await sleep(IDLE_MS);
+    const m = memKiB(agent.pid!);
+    side.figures.rss.push(m.rss / 1024);
+    side.figures.anon.push(m.anon / 1024);
+  } finally {
+    poller.kill('SIGKILL');
+    await exited(poller);
+    await stop(agent, side.ns, keep);
+  }
+}
+
+function versionWall(bin: string): number {
+  const t = performance.now();
+  const r = spawnSync(bin, ['version'], { env: baseEnv(), stdio: 'ignore' });
+  if (r.status !== 0) throw new Error(`${bin} version exited ${r.status}`);
+  return performance.now() - t;
+}
+
+async function main(): Promise<void> {
+  if (process.getuid?.() !== 0) throw new Error('run as root (network namespaces)');
+  if (!fs.existsSync(TS_AGENT)) throw new Error(`${TS_AGENT} is missing: npm run build`);
+  const { bin: goBin, template } = goAgent();
+  const tmp = tempDir('pa-vsgo-');
+  const sides: Side[] = [];
+  try {
+    for (const [label, bin] of [['go', goBin], ...TS_AGENTS.map((b, i) => [`ts${i}`, b])] as [string, string][]) {
+      const ns = netns(`pa-vsgo-${label}-${process.pid}`);
+      const dir = path.join(tmp.path, label);
+      fs.mkdirSync(path.join(dir, 'config'), { recursive: true });
+      fs.writeFileSync(path.join(dir, 'config', 'web.yaml'), CONFIG);
+      // The same control plane for both: this project's discovery server (the one in dist/ beside the TS agent).
+      const discovery = ns.spawn(TS_AGENT, ['discovery', '--config-dir', path.join(dir, 'config'), '--grpc-addr', '127.0.0.1:15010'], { stdio: 'ignore', env: baseEnv() });
+      sides.push({ label, bin, ns, dir, discovery, keep: new Set(), figures: { spawned: [], ready: [], cpu: [], rss: [], anon: [], version: [] } });
+    }
+    await sleep(1500);
+    for (const s of sides) s.keep = new Set(s.ns.pids());
+    for (let i = 0; i < 10; i++) for (const s of sides) versionWall(s.bin); // warm the page cache
+    for (let i = 0; i < 21; i++) for (const s of sides) s.figures.version.push(versionWall(s.bin));
+    for (let round = 0; round <= ROUNDS; round++) {
+      for (const s of round % 2 ? [...sides].reverse() : sides) {
+        const before = { ...s.figures };
+        await oneRun(s, template, round);
+        // Round 0 warms caches (Envoy's binary, the agent's pages) and is not counted.
+        if (round === 0) for (const k of Object.keys(before) as (keyof Side['figures'])[]) if (k !== 'version') s.figures[k].pop();
+      }
+      process.stderr.write(`round ${round}/${ROUNDS}\n`);
+    }
+    const [g, ...ts] = sides as [Side, ...Side[]];
+    const size = (b: string) => fs.statSync(b).size / 1e6;
+    const row = (name: string, unit: string, pick: (s: Side) => number, digits = 1) =>
+      `| ${name} | ${pick(g).toFixed(digits)} ${unit} | ${ts.map((t) => `${pick(t).toFixed(digits)} ${unit} | ${(pick(t) / pick(g)).toFixed(2)}x`).join(' | ')} |`;
+    const lines = [
+      `Go agent: ${goBin}; ${ts.map((t) => `${t.label}: ${t.bin}`).join('; ')}; ${ROUNDS} alternating rounds (+1 warm-up), ${g.figures.version.length} version runs each`,
+      '',
+      `| figure | Go agent | ${ts.map((t) => `${t.label} | ratio`).join(' | ')} |`,
+      `|---|---|${ts.map(() => '---|---|').join('')}`,
+      row('`version` wall', 'ms', (s) => median(s.figures.version)),
+      row('start -> Envoy spawned', 'ms', (s) => median(s.figures.spawned)),
+      row('start -> 15021 ready', 'ms', (s) => median(s.figures.ready)),
+      row('agent CPU until ready', 'ms', (s) => median(s.figures.cpu), 0),
+      row('idle VmRSS', 'MiB', (s) => median(s.figures.rss)),
+      row('idle RssAnon', 'MiB', (s) => median(s.figures.anon)),
+      row('binary size', 'MB', (s) => size(s.bin)),
+    ];
+    process.stdout.write(lines.join('\n') + '\n');
+    if (process.env.VS_GO_RAW) process.stdout.write(JSON.stringify(Object.fromEntries(sides.map((s) => [s.label, s.figures]))) + '\n');
+  } finally {
+    for (const s of sides) {
+      s.discovery.kill('SIGKILL');
+      await exited(s.discovery);
+      s.ns.remove();
+    }
+    tmp.cleanup();
+  }
+}
+
+main().catch((e: Error) => {
+  process.stderr.write(`${e.stack ?? e.message}\n`);
+  process.exit(1);
+});
