@@ -17,9 +17,11 @@ import { serviceEntry } from './helpers/discovery-fixtures';
 import { manyServices } from './helpers/large-config';
 import { httpRequest, sleep, tempDir, waitFor } from './helpers/harness';
 
-const NODE = { id: 'sidecar~10.0.0.1~app-1.test~test.svc.cluster.local' };
+const NODE = { id: 'sidecar~192.0.2.1~app-1.test~test.svc.cluster.local' };
 
 /** Service clusters in a CDS response: istiod's fixed PassthroughCluster and BlackHoleCluster come with them. */
+// Besides the services' clusters: PassthroughCluster and BlackHoleCluster. The proxy's address (TEST-NET) is no
+// service's endpoint, so it gets no inbound cluster.
 const outbound = (r: { resources: unknown[] }) => r.resources.length - 2;
 
 async function withServer(fn: (s: DiscoveryServer, dir: string, lines: string[]) => Promise<void>, opts: { maxFileBytes?: number } = {}): Promise<void> {
@@ -122,14 +124,15 @@ test(`a file at the default limit (${DEFAULT_MAX_FILE_BYTES} bytes) loads while 
       })();
       // Until the new set is loaded and pushed to the connected client: the push is built on the same loop.
       let pushed = false;
+      let pushError: unknown;
       const pushedAll = (async () => {
         await loading;
         for (;;) {
           const r = await c.next(TYPE_URLS.cluster, 60_000);
           if (outbound(r) === 1 + count) return (pushed = true);
         }
-      })();
-      while (!pushed) {
+      })().catch((e: unknown) => (pushError = e));
+      while (!pushed && pushError === undefined) {
         const t0 = performance.now();
         const r = await httpRequest(url, { timeoutMs: 30_000 });
         latencies.push(performance.now() - t0);
@@ -139,6 +142,7 @@ test(`a file at the default limit (${DEFAULT_MAX_FILE_BYTES} bytes) loads while 
       await loading;
       await ads;
       await pushedAll;
+      if (pushError !== undefined) throw pushError;
       assert.ok(adsAnsweredWhileLoading, 'the ADS server answered a new client from the previous config while the file loaded');
       const worst = latencies.reduce((a, b) => Math.max(a, b), 0);
       // Kubelet's default probe timeout is 1 s; before this change the loop was blocked for the whole load (> 10 s).
