@@ -67,6 +67,17 @@ async function start(): Promise<Setup> {
     execFileSync('ip', ['-n', vm.name, 'route', 'add', 'default', 'via', REMOTE_IP]);
     const config = path.join(tmp.path, 'config');
     fs.cpSync(path.join(REPO, 'examples/standalone/config'), config, { recursive: true });
+    // A TCP service on the remote host (no address: the DNS proxy answers an auto-allocated VIP).
+    fs.writeFileSync(path.join(config, 'remote-tcp.yaml'), `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: remote-tcp, namespace: demo}
+spec:
+  hosts: [remote-tcp.example.local]
+  ports: [{number: 9100, name: tcp, protocol: TCP}]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  endpoints: [{address: ${REMOTE_IP}, ports: {tcp: 9000}}]
+`);
     fs.chmodSync(tmp.path, 0o755);
     fs.mkdirSync(path.join(tmp.path, 'proxy'));
     fs.chownSync(path.join(tmp.path, 'proxy'), 1337, 1337);
@@ -143,6 +154,10 @@ test('capture mode on a VM: the app calls a mesh name through DNS and 15001, unk
     const backendCx = (await s.stat('cluster.outbound|8080|v1|backend.example.local.upstream_rq_total')) + (await s.stat('cluster.outbound|8080|v2|backend.example.local.upstream_rq_total'));
     assert.is(backendCx, 3, 'three requests through Envoy\'s routes');
 
+    // A TCP service: its VIP picks the tcp_proxy of 0.0.0.0_9100, to the endpoint's port.
+    assert.match((await s.app('http://remote-tcp.example.local:9100/'))[1], new RegExp(`^remote 9000 \\d+ from ${VM_IP}$`));
+    assert.is(await s.stat('cluster.outbound|9100||remote-tcp.example.local.upstream_cx_total'), 1);
+
     // ALLOW_ANY (the default): an unknown address passes through to where it was going, on any port.
     assert.match((await s.app(`http://${REMOTE_IP}:9000/`))[1], new RegExp(`^remote 9000 \\d+ from ${VM_IP}$`));
     assert.match((await s.app(`http://${REMOTE_IP}:8080/`))[1], /^remote 8080 /, 'an unknown Host on a mesh HTTP port goes through the allow_any route');
@@ -171,6 +186,7 @@ spec:
     const after = (await curlIn(s.remote, `http://${REMOTE_IP}:9000/`))[1];
     assert.is(Number(after.split(' ')[2]), Number(before.split(' ')[2]) + 1, 'no blocked request reached the remote host');
     assert.equal(await s.app('-H', 'x-version: v2', 'http://backend.example.local:8080/'), [0, 'v2 /\n']);
+    assert.match((await s.app('http://remote-tcp.example.local:9100/'))[1], /^remote 9000 /, 'a TCP mesh service too');
   } finally {
     await s.stop();
   }
