@@ -20,7 +20,9 @@ const APP_PORT = 7070;
 // A server that says which port it is and how many requests it has had, and who called it.
 const SERVER = (host: string, ports: number[], label: string) => `
 const http = require('http'); let n = 0;
-for (const p of ${JSON.stringify(ports)}) http.createServer((q, s) => { n++; s.end('${label} ' + p + ' ' + n + ' from ' + q.socket.remoteAddress); }).listen(p, '${host}');`;
+for (const p of ${JSON.stringify(ports)}) http.createServer((q, s) => {
+  n++; s.end('${label} ' + p + ' ' + n + ' from ' + q.socket.remoteAddress + (q.headers['x-forwarded-client-cert'] ? ' xfcc ' + q.headers['x-forwarded-client-cert'] : ''));
+}).listen(p, '${host}');`;
 
 interface Setup {
   vm: Netns;
@@ -34,7 +36,8 @@ interface Setup {
   stop(): Promise<void>;
 }
 
-async function start(): Promise<Setup> {
+/** `configs`: more files for the config directory; `env`: more agent variables; `prepare(dir)`: before the agent starts. */
+async function start(opts: { configs?: Record<string, string>; env?: Record<string, string>; prepare?: (dir: string) => void } = {}): Promise<Setup> {
   const bin = agentBin();
   const tmp = tempDir('pa-capture-');
   const children: ChildProcess[] = [];
@@ -78,6 +81,8 @@ spec:
   resolution: STATIC
   endpoints: [{address: ${REMOTE_IP}, ports: {tcp: 9000}}]
 `);
+    for (const [f, text] of Object.entries(opts.configs ?? {})) fs.writeFileSync(path.join(config, f), text);
+    opts.prepare?.(tmp.path);
     fs.chmodSync(tmp.path, 0o755);
     fs.mkdirSync(path.join(tmp.path, 'proxy'));
     fs.chownSync(path.join(tmp.path, 'proxy'), 1337, 1337);
@@ -99,9 +104,10 @@ spec:
     const agent = spawnIn(vm, 'setpriv', ['--regid=1337', '--clear-groups', bin, 'proxy', 'sidecar', '--standalone', config], {
       PROXY_CONFIG: JSON.stringify({ configPath: path.join(tmp.path, 'proxy'), binaryPath: envoyBin(), drainDuration: '1s', terminationDrainDuration: '1s',
         // Istio's bootstrap keeps no per-cluster stats unless asked; the test counts upstream connections.
-        proxyStatsMatcher: { inclusionPrefixes: ['cluster.'] } }),
+        proxyStatsMatcher: { inclusionPrefixes: ['cluster.', 'listener.'] } }),
       POD_NAME: 'vm-1', POD_NAMESPACE: 'demo', INSTANCE_IP: VM_IP,
       ENVOY_UID: '1337', ENVOY_GID: '1337', ISTIO_META_DNS_CAPTURE: 'true', ISTIO_META_STANDALONE_CAPTURE: 'true',
+      ...opts.env,
     });
     const curlIn = async (ns: Netns, asApp: boolean, args: string[]): Promise<[number, string]> => {
       const cmd = ['curl', '-sS', '-m', '10', ...args];
