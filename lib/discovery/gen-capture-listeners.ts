@@ -31,12 +31,11 @@ export const INBOUND_PASSTHROUGH_CLUSTER = 'InboundPassthroughCluster';
 export const INBOUND_PASSTHROUGH_BIND = '127.0.0.6';
 
 const TCP_PROXY = 'envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy';
-// The original_dst listener filter has an empty config message; it is packed by hand so the committed Envoy
-// descriptor (proto/envoy.json) needs no new type for it.
-const ORIGINAL_DST: { name: string; typed_config: AnyMessage } = {
-  name: 'envoy.filters.listener.original_dst',
-  typed_config: { type_url: typeUrl('envoy.extensions.filters.listener.original_dst.v3.OriginalDst'), value: new Uint8Array() },
-};
+// Listener filters with an empty config message, packed by hand so the committed Envoy descriptor
+// (proto/envoy.json) needs no new type for them.
+const emptyFilter = (name: string, type: string): { name: string; typed_config: AnyMessage } => ({ name, typed_config: { type_url: typeUrl(type), value: new Uint8Array() } });
+const ORIGINAL_DST = emptyFilter('envoy.filters.listener.original_dst', 'envoy.extensions.filters.listener.original_dst.v3.OriginalDst');
+const TLS_INSPECTOR = emptyFilter('envoy.filters.listener.tls_inspector', 'envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector');
 
 /** Filter chains another generator adds to virtualInbound (e.g. per-port mTLS), matched before the passthrough. */
 export type InboundChains = readonly Record<string, unknown>[];
@@ -85,12 +84,15 @@ function virtualOutbound(policy: MeshConfig['outboundTrafficPolicy']): Record<st
 }
 
 function virtualInbound(chains: InboundChains): Record<string, unknown> {
+  const tls = chains.some((c) => (c.filter_chain_match as { transport_protocol?: string } | undefined)?.transport_protocol);
   return {
     name: VIRTUAL_INBOUND,
     address: { socket_address: { address: '0.0.0.0', port_value: INBOUND_CAPTURE_PORT } },
     // Not use_original_dst: the outbound listeners must not see inbound connections; the filter only restores the
     // destination for the filter chain match and the passthrough cluster.
-    listener_filters: [ORIGINAL_DST],
+    listener_filters: tls ? [ORIGINAL_DST, TLS_INSPECTOR] : [ORIGINAL_DST],
+    // A server-first protocol sends nothing for the TLS inspector to read: go on without it, as istiod does.
+    ...(tls ? { continue_on_listener_filters_timeout: true } : {}),
     filter_chains: [
       { name: 'virtualInbound-blackhole', filter_chain_match: { destination_port: { value: INBOUND_CAPTURE_PORT } }, filters: [tcpTo(BLACKHOLE_CLUSTER)] },
       ...chains,
