@@ -198,6 +198,52 @@ spec:
   }
 });
 
+test('capture mode with Istio mTLS: the VM calls its own mesh service by name, out through 15001 and back in through 15006 over mTLS (the app sees the SPIFFE id); PeerAuthentication STRICT then refuses plaintext from another host', async () => {
+  const s = await start({
+    configs: {
+      'app.yaml': `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: app, namespace: demo}
+spec:
+  hosts: [app.example.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: ${APP_PORT}, name: http, protocol: HTTP}]
+  endpoints: [{address: ${VM_IP}, ports: {http: ${APP_PORT}}, labels: {security.istio.io/tlsMode: istio}, serviceAccount: vm}]
+`,
+    },
+    env: { SERVICE_ACCOUNT: 'vm' },
+    // The embedded CA's identity for demo/vm, proven by the agent's token.
+    prepare: (dir) => {
+      fs.mkdirSync(path.join(dir, 'config/ca/identities/demo'), { recursive: true });
+      fs.writeFileSync(path.join(dir, 'config/ca/identities/demo/vm'), 'vm-token\n');
+      fs.mkdirSync(path.join(dir, 'var/run/secrets/tokens'), { recursive: true });
+      fs.writeFileSync(path.join(dir, 'var/run/secrets/tokens/istio-token'), 'vm-token');
+    },
+  });
+  try {
+    const mesh = `http://app.example.local:${APP_PORT}/`;
+    const [code, body] = await waitFor('a request over mTLS', async () => {
+      const r = await s.app(mesh);
+      return r[0] === 0 && r[1].includes('xfcc') ? r : undefined;
+    }, 30_000, 300).catch((e: Error) => { throw new Error(`${e.message}\n${s.agentLog().slice(-4000)}`); });
+    assert.is(code, 0);
+    assert.match(body, new RegExp(`^app ${APP_PORT} \\d+ from 127\\.0\\.0\\.1 xfcc .*URI=spiffe://cluster\\.local/ns/demo/sa/vm`), 'terminated by virtualInbound\'s chain for the port');
+    assert.ok((await s.stat('listener.0.0.0.0_15006.ssl.handshake')) >= 1);
+    // PERMISSIVE (the default): plaintext from another host still reaches the app, through the same port's chain.
+    assert.match((await curlIn(s.remote, `http://${VM_IP}:${APP_PORT}/`))[1], new RegExp(`^app ${APP_PORT} \\d+ from 127\\.0\\.0\\.1$`));
+    fs.writeFileSync(path.join(s.config, 'peer.yaml'), `apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: demo}
+spec: {mtls: {mode: STRICT}}
+`);
+    await waitFor('STRICT in force', async () => (await curlIn(s.remote, `http://${VM_IP}:${APP_PORT}/`))[0] !== 0, 20_000, 300);
+    assert.match((await s.app(mesh))[1], /xfcc .*URI=spiffe:\/\/cluster\.local\/ns\/demo\/sa\/vm/, 'mTLS from the mesh still accepted');
+  } finally {
+    await s.stop();
+  }
+});
+
 async function curlIn(ns: Netns, url: string): Promise<[number, string]> {
   const r = await ns.run('curl', ['-sS', '-m', '10', url]);
   return [r.code, r.stdout + (r.code ? r.stderr : '')];

@@ -39,14 +39,14 @@ spec:
 
 const meta = (fields: Record<string, string>) => ({ fields: Object.fromEntries(Object.entries(fields).map(([k, v]) => [k, { stringValue: v }])) });
 
-function push(files: Record<string, string>, policy: 'ALLOW_ANY' | 'REGISTRY_ONLY' = 'ALLOW_ANY'): PushContext {
+async function push(files: Record<string, string>, policy: 'ALLOW_ANY' | 'REGISTRY_ONLY' = 'ALLOW_ANY'): Promise<PushContext> {
   const dir = tempDir('pa-capture-gen-');
   try {
     for (const [f, t] of Object.entries(files)) fs.writeFileSync(path.join(dir.path, f), t);
     const store = new MemoryConfigStore();
     const reg = new ServiceEntryRegistry(store);
     reg.run();
-    assert.equal(new FileConfigSource({ dir: dir.path, store }).sync({ report: false }).issues.map(formatIssue), []);
+    assert.equal((await new FileConfigSource({ dir: dir.path, store }).sync({ report: false })).issues.map(formatIssue), []);
     return PushContext.build('x', store, reg, undefined, { outboundTrafficPolicy: policy });
   } finally {
     dir.cleanup();
@@ -64,16 +64,16 @@ const listeners = (p: PushContext, metadata?: unknown) =>
   new Map([...generate(p, proxyFromNode({ id: ID, metadata }), TYPE_URLS.listener)].map(([k, r]) => [k, unpackAny(r.any) as unknown as L]));
 const tcpCluster = (f: { typed_config: unknown }) => (unpackAny(f.typed_config as never) as { cluster: string }).cluster;
 
-test('capture mode is off unless node metadata STANDALONE_CAPTURE is "true": loopback listeners as before', () => {
-  const p = push({ 'tcp.yaml': TCP });
+test('capture mode is off unless node metadata STANDALONE_CAPTURE is "true": loopback listeners as before', async () => {
+  const p = await push({ 'tcp.yaml': TCP });
   assert.equal([...listeners(p).keys()], ['127.0.0.1_5432']);
   assert.equal([...listeners(p, meta({ STANDALONE_CAPTURE: 'false' })).keys()], ['127.0.0.1_5432']);
   assert.not.ok(proxyFromNode({ id: ID }).capture);
   assert.ok(proxyFromNode({ id: ID, metadata: meta({ STANDALONE_CAPTURE: 'true' }) }).capture);
 });
 
-test('capture mode: virtualOutbound with original destination, TCP services matched by address or auto VIP, passthrough for the rest; virtualInbound to the app', () => {
-  const p = push({ 'tcp.yaml': TCP });
+test('capture mode: virtualOutbound with original destination, TCP services matched by address or auto VIP, passthrough for the rest; virtualInbound to the app', async () => {
+  const p = await push({ 'tcp.yaml': TCP });
   const ls = listeners(p, meta({ STANDALONE_CAPTURE: 'true' }));
   assert.equal([...ls.keys()].sort(), ['0.0.0.0_5432', 'virtualInbound', 'virtualOutbound']);
   const out = ls.get('virtualOutbound')!;
@@ -100,10 +100,36 @@ test('capture mode: virtualOutbound with original destination, TCP services matc
   assert.not.ok([...generate(p, proxyFromNode({ id: ID }), TYPE_URLS.cluster).keys()].includes('InboundPassthroughCluster'));
 });
 
-test('capture mode under REGISTRY_ONLY: unknown destinations go to BlackHoleCluster', () => {
-  const ls = listeners(push({ 'tcp.yaml': TCP }, 'REGISTRY_ONLY'), meta({ STANDALONE_CAPTURE: 'true' }));
+test('capture mode under REGISTRY_ONLY: unknown destinations go to BlackHoleCluster', async () => {
+  const ls = listeners(await push({ 'tcp.yaml': TCP }, 'REGISTRY_ONLY'), meta({ STANDALONE_CAPTURE: 'true' }));
   assert.is(tcpCluster(ls.get('virtualOutbound')!.default_filter_chain!.filters[0]!), 'BlackHoleCluster');
   assert.is(tcpCluster(ls.get('0.0.0.0_5432')!.default_filter_chain!.filters[0]!), 'BlackHoleCluster');
+});
+
+test('capture mode with the workload\'s own ports: their mTLS chains sit on virtualInbound, matched by original destination port, instead of listeners bound to the address', async () => {
+  const own = `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: self, namespace: demo}
+spec:
+  hosts: [self.example.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 7070, name: http, protocol: HTTP}]
+  endpoints: [{address: 10.0.0.5, ports: {http: 7070}, labels: {security.istio.io/tlsMode: istio}}]
+`;
+  const p = await push({ 'own.yaml': own });
+  assert.ok([...listeners(p).keys()].includes('inbound_10.0.0.5_7070'), 'loopback mode: a listener on the address');
+  const ls = listeners(p, meta({ STANDALONE_CAPTURE: 'true' }));
+  assert.not.ok([...ls.keys()].some((k) => k.startsWith('inbound_')));
+  const inb = ls.get('virtualInbound')!;
+  assert.equal(inb.listener_filters!.map((f) => f.name), ['envoy.filters.listener.original_dst', 'envoy.filters.listener.tls_inspector']);
+  const chains = inb.filter_chains as { filter_chain_match?: Record<string, unknown>; transport_socket?: unknown }[];
+  assert.equal(chains.map((c) => [c.filter_chain_match, Boolean(c.transport_socket)]), [
+    [{ destination_port: { value: 15006 } }, false],
+    [{ destination_port: { value: 7070 }, transport_protocol: 'tls' }, true],
+    [{ destination_port: { value: 7070 } }, false],
+  ], 'PERMISSIVE: mTLS or plaintext on the port, everything else passes through');
+  assert.ok([...generate(p, proxyFromNode({ id: ID, metadata: meta({ STANDALONE_CAPTURE: 'true' }) }), TYPE_URLS.cluster).keys()].includes('inbound|7070||'));
 });
 
 test.run();

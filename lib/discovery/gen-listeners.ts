@@ -12,6 +12,7 @@ import { CORS_FILTER, FAULT_FILTER } from './gen-http-policy';
 import { ADS_SOURCE, dur, encodeResource, LISTENER, type Resource } from './resources';
 import { gatewayRouteName, sidecarRouteName } from './gen-routes';
 import { captureListeners } from './gen-capture-listeners';
+import { inboundCaptureChains } from './gen-inbound';
 
 const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
 const ROUTER = 'envoy.extensions.filters.http.router.v3.Router';
@@ -26,7 +27,11 @@ export const SIDECAR_BIND = '127.0.0.1';
 export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
   if (proxy.type === 'sidecar') {
     const scope = push.scopeFor(proxy);
-    if (proxy.capture) return push.memoize(`lds|sidecar-capture|${scope.key}`, () => captureListeners(push, scope));
+    if (proxy.capture) {
+      // The workload's own ports (inbound mTLS) depend on the proxy's address and PeerAuthentication mode.
+      const key = `lds|sidecar-capture|${scope.key}|${proxy.ip}|${push.peerAuthenticationMode(proxy)}`;
+      return push.memoize(key, () => captureListeners(push, scope, inboundCaptureChains(push, proxy)));
+    }
     return push.memoize(`lds|sidecar|${scope.key}`, () => sidecarListeners(push, scope));
   }
   const gws = push.gatewaysFor(proxy);
