@@ -199,3 +199,8 @@ export const DISCOVERY_MAX_DOCUMENTS = positiveInt('DISCOVERY_MAX_DOCUMENTS', 10
 // ---- start-up and memory (issue 16) ----
 export const ENVOY_VALIDATE_FIRST_BOOTSTRAP = bool('ENVOY_VALIDATE_FIRST_BOOTSTRAP', false, 'Run envoy --mode validate on the first bootstrap before Envoy is spawned (costs a whole Envoy start-up; by default a rejected first bootstrap is diagnosed after Envoy fails)');
 export const PILOT_AGENT_V8_FLAGS = str('PILOT_AGENT_V8_FLAGS', '--semi-space-growth-factor=1', 'V8 flags the agent sets on itself at start (run-time settable ones only; empty: none). The default keeps the young generation at 2-4 MiB instead of up to 32');
+
+// ---- capture-mode sidecars in standalone mode (issue 11 part 4) ----
+// Read by the embedded discovery server from node metadata STANDALONE_CAPTURE (every ISTIO_META_* variable becomes
+// node metadata), so a shared `pilot-agent discovery` server also tells captured and uncaptured VMs apart.
+export const ISTIO_META_STANDALONE_CAPTURE = bool('ISTIO_META_STANDALONE_CAPTURE', false, 'Standalone sidecar whose traffic istio-iptables captures: the discovery server sends Istio\'s virtualOutbound (15001) and virtualInbound (15006) listeners instead of loopback ones');

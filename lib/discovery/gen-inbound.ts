@@ -50,23 +50,39 @@ export function inboundClusters(push: PushContext, proxy: Proxy): Resource[] {
 }
 
 export function inboundListeners(push: PushContext, proxy: Proxy): Resource[] {
+  // In capture mode the same chains sit on virtualInbound (inboundCaptureChains): the rules send every inbound
+  // connection to 15006, and the app keeps its own port on the host's address.
+  if (proxy.capture) return [];
   const mode = push.peerAuthenticationMode(proxy);
   return push.memoize(`inbound-lds|${proxy.ip}|${proxy.type}|${mode}`, () => ownPorts(push, proxy).map((i) => {
     const name = `inbound_${proxy.ip}_${i.port}`;
-    const filters = [filter(i)];
-    const mtls = { filters, transport_socket: downstreamTls() };
-    let chains: unknown[];
-    if (mode === 'STRICT') chains = [mtls];
-    else if (mode === 'DISABLE') chains = [{ filters }];
-    else chains = [{ ...mtls, filter_chain_match: { transport_protocol: 'tls' } }, { filters }];
     return encodeResource(LISTENER, name, {
       name,
       address: { socket_address: { address: proxy.ip, port_value: i.port } },
       traffic_direction: 'INBOUND',
       listener_filters: mode === 'PERMISSIVE' ? [{ name: 'envoy.filters.listener.tls_inspector', typed_config: packAny(TLS_INSPECTOR, {}) }] : [],
-      filter_chains: chains,
+      filter_chains: portChains(i, mode),
     });
   }));
+}
+
+/** Capture mode: each workload port's chains for virtualInbound, matched by the original destination port. */
+export function inboundCaptureChains(push: PushContext, proxy: Proxy): Record<string, unknown>[] {
+  const mode = push.peerAuthenticationMode(proxy);
+  return ownPorts(push, proxy).flatMap((i) => portChains(i, mode).map((c) => ({
+    ...c,
+    name: `${inboundClusterName(i.port)}${c.transport_socket ? 'mtls' : ''}`,
+    filter_chain_match: { destination_port: { value: i.port }, ...(c.filter_chain_match as object | undefined) },
+  })));
+}
+
+/** STRICT accepts only mTLS; DISABLE only plaintext; PERMISSIVE both, told apart by the TLS inspector. */
+function portChains(i: ServiceInstance, mode: string): Record<string, unknown>[] {
+  const filters = [filter(i)];
+  const mtls = { filters, transport_socket: downstreamTls() };
+  if (mode === 'STRICT') return [mtls];
+  if (mode === 'DISABLE') return [{ filters }];
+  return [{ ...mtls, filter_chain_match: { transport_protocol: 'tls' } }, { filters }];
 }
 
 function filter(i: ServiceInstance): Record<string, unknown> {

@@ -11,6 +11,8 @@ import type { ProxyScope, PushContext } from './push-context';
 import { CORS_FILTER, FAULT_FILTER } from './gen-http-policy';
 import { ADS_SOURCE, dur, encodeResource, LISTENER, type Resource } from './resources';
 import { gatewayRouteName, sidecarRouteName } from './gen-routes';
+import { captureListeners } from './gen-capture-listeners';
+import { inboundCaptureChains } from './gen-inbound';
 
 const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
 const ROUTER = 'envoy.extensions.filters.http.router.v3.Router';
@@ -25,6 +27,11 @@ export const SIDECAR_BIND = '127.0.0.1';
 export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
   if (proxy.type === 'sidecar') {
     const scope = push.scopeFor(proxy);
+    if (proxy.capture) {
+      // The workload's own ports (inbound mTLS) depend on the proxy's address and PeerAuthentication mode.
+      const key = `lds|sidecar-capture|${scope.key}|${proxy.ip}|${push.peerAuthenticationMode(proxy)}`;
+      return push.memoize(key, () => captureListeners(push, scope, inboundCaptureChains(push, proxy)));
+    }
     return push.memoize(`lds|sidecar|${scope.key}`, () => sidecarListeners(push, scope));
   }
   const gws = push.gatewaysFor(proxy);
@@ -75,7 +82,7 @@ function listener(name: string, address: string, port: number, filter: Record<st
   };
 }
 
-function hcmFilter(statPrefix: string, routeName: string, edge: boolean): Record<string, unknown> {
+export function hcmFilter(statPrefix: string, routeName: string, edge: boolean): Record<string, unknown> {
   // The settings istiod puts on every HTTP connection manager (istio/istio 86c9f01f,
   // pilot/pkg/networking/core/listener_builder.go buildHTTPConnectionManager). No mTLS here, so no client
   // certificate to forward: SANITIZE_SET drops any x-forwarded-client-cert a client sent.

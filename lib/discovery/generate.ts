@@ -1,6 +1,7 @@
 // Resources of one type for one proxy, by name: the single entry point the connections use.
 
 import { buildClusters, buildEndpoints } from './gen-clusters';
+import { captureClusters } from './gen-capture-listeners';
 import { inboundClusters, inboundListeners } from './gen-inbound';
 import { buildListeners } from './gen-listeners';
 import { buildNameTableResources } from './gen-nametable';
@@ -15,7 +16,7 @@ export function generate(push: PushContext, proxy: Proxy, typeUrl: string): Read
   switch (typeUrl) {
     case TYPE_URLS.cluster: {
       const inbound = inboundClusters(push, proxy);
-      const outbound = cdsFor(push, push.scopeFor(proxy));
+      const outbound = cdsFor(push, push.scopeFor(proxy), proxy.type === 'sidecar' && proxy.capture);
       return inbound.length ? new Map([...outbound, ...inbound.map((r) => [r.name, r] as const)]) : outbound;
     }
     case TYPE_URLS.endpoint:
@@ -34,6 +35,7 @@ export function generate(push: PushContext, proxy: Proxy, typeUrl: string): Read
   }
 }
 
-function cdsFor(push: PushContext, scope: ProxyScope): ReadonlyMap<string, Resource> {
-  return push.memoize(`cds-map|${scope.key}`, () => new Map(buildClusters(push, scope).map((r) => [r.name, r])));
+function cdsFor(push: PushContext, scope: ProxyScope, capture: boolean): ReadonlyMap<string, Resource> {
+  const extra = capture ? captureClusters() : [];
+  return push.memoize(`cds-map|${scope.key}|${capture}`, () => new Map([...buildClusters(push, scope), ...extra].map((r) => [r.name, r])));
 }

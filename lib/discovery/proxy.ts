@@ -14,6 +14,9 @@ export interface Proxy {
   readonly labels: Readonly<Record<string, string>>;
   /** Metadata WORKLOAD_ENTRY: the WorkloadEntry this proxy runs for (its health events apply to it). */
   readonly workloadEntry?: string;
+  /** Metadata STANDALONE_CAPTURE=true (env ISTIO_META_STANDALONE_CAPTURE): the host's traffic is captured by
+   * istio-iptables, so the sidecar gets Istio's 15001/15006 listeners instead of loopback ones. */
+  readonly capture: boolean;
 }
 
 export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefined): Proxy {
@@ -35,7 +38,8 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
     if (l && typeof l === 'object') for (const [k, v] of Object.entries(l)) if (typeof v === 'string') labels[k] = v;
   }
   const we = meta && typeof meta === 'object' ? (meta as Record<string, unknown>).WORKLOAD_ENTRY : undefined;
-  return Object.freeze({ id, type, ip, namespace, labels: Object.freeze(labels), ...(typeof we === 'string' && we ? { workloadEntry: we } : {}) });
+  const capture = meta && typeof meta === 'object' ? (meta as Record<string, unknown>).STANDALONE_CAPTURE : undefined;
+  return Object.freeze({ id, type, ip, namespace, labels: Object.freeze(labels), capture: capture === true || capture === 'true', ...(typeof we === 'string' && we ? { workloadEntry: we } : {}) });
 }
 
 /** google.protobuf.Struct as protobufjs toObject gives it -> plain JSON. The descriptor's well-known types use
