@@ -21,6 +21,12 @@ if ! command -v dig >/dev/null 2>&1 || ! command -v dnsmasq >/dev/null 2>&1; the
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dnsmasq-base dnsutils; } >&2 \
     || echo "test: could not install dnsmasq-base and dnsutils" >&2
 fi
+# curl and setpriv (util-linux) drive the capture-mode and two-namespace tests.
+if ! command -v curl >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then
+  echo "test: installing curl and util-linux" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl util-linux; } >&2 \
+    || echo "test: could not install curl" >&2
+fi
 if ! ENVOY_BIN="$(bash scripts/install-envoy.sh)"; then
   echo "test: no real Envoy could be found or installed; tests that need Envoy cannot run"
   echo "0 passed, 1 failed"; exit 1
