@@ -18,10 +18,13 @@ export interface TestEnvoy {
   stop(): Promise<void>;
 }
 
-export async function startEnvoy(opts: { xdsAddress: string; nodeId: string; delta?: boolean; labels?: Record<string, string>; metadata?: Record<string, unknown> }): Promise<TestEnvoy> {
-  const dir = tempDir('pa-disc-envoy-');
-  const adminPort = await freePort();
-  const bootstrap = adsBootstrap({ nodeId: opts.nodeId, adminPort, delta: !!opts.delta, xdsAddress: opts.xdsAddress, metadata: { ...(opts.labels ? { LABELS: opts.labels } : {}), ...opts.metadata } });
+/**
+ * Runs the real Envoy (no hot restart) on a bootstrap written to a temp dir, and waits until its admin answers.
+ * stop() sends SIGTERM (SIGKILL after 3 s) and removes the dir; a start that fails stops it and throws with Envoy's
+ * output.
+ */
+export async function spawnTestEnvoy(bootstrap: Record<string, unknown>, adminPort: number, dirPrefix: string): Promise<{ proc: ChildProcess; logs(): string; stop(): Promise<void> }> {
+  const dir = tempDir(dirPrefix);
   const cfg = path.join(dir.path, 'envoy.json');
   fs.writeFileSync(cfg, JSON.stringify(bootstrap));
   const proc = spawn(envoyBin(), ['-c', cfg, '--disable-hot-restart', '--use-dynamic-base-id', '-l', 'warning', '--log-format', '%L %n: %v'], { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -44,12 +47,17 @@ export async function startEnvoy(opts: { xdsAddress: string; nodeId: string; del
     await stop();
     throw new Error(`${(e as Error).message}\nEnvoy output:\n${out}`);
   }
+  return { proc, logs: () => out, stop };
+}
+
+export async function startEnvoy(opts: { xdsAddress: string; nodeId: string; delta?: boolean; labels?: Record<string, string>; metadata?: Record<string, unknown> }): Promise<TestEnvoy> {
+  const adminPort = await freePort();
+  const bootstrap = adsBootstrap({ nodeId: opts.nodeId, adminPort, delta: !!opts.delta, xdsAddress: opts.xdsAddress, metadata: { ...(opts.labels ? { LABELS: opts.labels } : {}), ...opts.metadata } });
+  const envoy = await spawnTestEnvoy(bootstrap, adminPort, 'pa-disc-envoy-');
   return {
     adminPort,
-    proc,
-    logs: () => out,
+    ...envoy,
     configDump: async () => JSON.parse((await httpRequest(`http://127.0.0.1:${adminPort}/config_dump?include_eds`)).body) as Record<string, unknown>,
-    stop,
   };
 }
 

@@ -2,10 +2,10 @@
 // mTLS listener in front of a loopback backend (XFCC set from the client certificate), and an optional plaintext
 // outbound listener that originates mTLS to a peer, checking its SPIFFE SAN. Everything is stopped by stop().
 
-import { type ChildProcess, spawn } from 'node:child_process';
-import * as fs from 'node:fs';
+import type { ChildProcess } from 'node:child_process';
 import * as path from 'node:path';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './harness';
+import { spawnTestEnvoy } from './discovery-envoy';
+import { freePort, httpRequest } from './harness';
 
 export interface SdsEnvoyOptions {
   sdsSocket: string;
@@ -100,40 +100,16 @@ export function sdsEnvoyBootstrap(o: SdsEnvoyOptions, adminPort: number): Record
 }
 
 export async function startSdsEnvoy(o: SdsEnvoyOptions): Promise<SdsEnvoy> {
-  const dir = tempDir('pa-sds-envoy-');
   const adminPort = await freePort();
-  const cfg = path.join(dir.path, 'envoy.json');
-  fs.writeFileSync(cfg, JSON.stringify(sdsEnvoyBootstrap(o, adminPort)));
-  const proc = spawn(envoyBin(), ['-c', cfg, '--disable-hot-restart', '--use-dynamic-base-id', '-l', 'warning', '--log-format', '%L %n: %v'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  proc.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-  proc.stderr!.on('data', (d: Buffer) => (out += d.toString()));
-  const exited = new Promise<void>((r) => proc.once('exit', () => r()));
-  const stop = async () => {
-    if (proc.exitCode === null && proc.signalCode === null) {
-      proc.kill('SIGTERM');
-      const t = setTimeout(() => proc.kill('SIGKILL'), 3000);
-      await exited;
-      clearTimeout(t);
-    }
-    dir.cleanup();
-  };
-  try {
-    await waitFor('Envoy admin to answer', async () => (await httpRequest(`http://127.0.0.1:${adminPort}/ready`, { timeoutMs: 500 })).status > 0, 15_000, 100);
-  } catch (e) {
-    await stop();
-    throw new Error(`${(e as Error).message}\nEnvoy output:\n${out}`);
-  }
+  const envoy = await spawnTestEnvoy(sdsEnvoyBootstrap(o, adminPort), adminPort, 'pa-sds-envoy-');
   return {
     adminPort,
-    proc,
-    logs: () => out,
+    ...envoy,
     stat: async (name) => {
       const body = (await httpRequest(`http://127.0.0.1:${adminPort}/stats?filter=${encodeURIComponent(`^${name.replace(/\./g, '\\.')}$`)}`)).body;
       const m = /: (\d+)/.exec(body);
       return m ? Number(m[1]) : 0;
     },
-    stop,
   };
 }
 
