@@ -15,7 +15,7 @@ import { closedSignal, type Component } from './component';
 import { messageType, packAny, type AnyMessage } from './envoy-protos';
 import { AgentError, wrap } from './errors';
 import { scope } from './log';
-import { prepareSocket } from './unix-socket';
+import { bindUnixSocket } from './grpc-unix';
 
 const log = scope('sds');
 
@@ -144,16 +144,13 @@ export class SdsServer implements Component {
     if (this.state !== 'new') throw new AgentError('INTERNAL', 'SDS server already started');
     this.state = 'starting';
     try {
-      await prepareSocket(this.socketPath);
       const server = new grpc.Server();
       server.addService(SDS_DEFINITION, {
         StreamSecrets: (call: grpc.ServerDuplexStream<DiscoveryRequest, unknown>) => this.accept(call, 'sotw'),
         DeltaSecrets: (call: grpc.ServerDuplexStream<DeltaRequest, unknown>) => this.accept(call, 'delta'),
       });
       this.server = server;
-      await new Promise<void>((resolve, reject) =>
-        server.bindAsync(`unix://${this.socketPath}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
-      fs.chmodSync(this.socketPath, SOCKET_MODE);
+      await bindUnixSocket(server, this.socketPath, SOCKET_MODE);
     } catch (e) {
       this.server?.forceShutdown();
       this.state = 'closed';

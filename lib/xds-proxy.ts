@@ -32,7 +32,7 @@ import { AgentError, wrap } from './errors';
 import { counterFrom, registerCounters } from './metrics';
 import { json } from './status-server';
 import { scope } from './log';
-import { prepareSocket } from './unix-socket';
+import { bindUnixSocket } from './grpc-unix';
 import { newCounters, Session, type AgentHandler, type AgentRequest, type Counters, type SessionContext } from './xds-session';
 import type { XdsKind } from './xds-state';
 import { ADS_PATHS, type Backoff, type UpstreamOptions } from './xds-upstream';
@@ -113,7 +113,6 @@ export class XdsProxy implements Component {
     if (this.state !== 'new') throw new AgentError('INTERNAL', 'xDS proxy already started');
     this.state = 'starting';
     try {
-      await prepareSocket(this.socketPath);
       const max = this.ctx.maxMessageBytes;
       const server = new grpc.Server({
         'grpc.max_receive_message_length': max,
@@ -125,9 +124,7 @@ export class XdsProxy implements Component {
         DeltaAggregatedResources: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => this.accept(call, 'delta'),
       });
       this.server = server;
-      await new Promise<void>((resolve, reject) =>
-        server.bindAsync(`unix://${this.socketPath}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
-      fs.chmodSync(this.socketPath, SOCKET_MODE);
+      await bindUnixSocket(server, this.socketPath, SOCKET_MODE);
     } catch (e) {
       this.server?.forceShutdown();
       this.state = 'closed';
