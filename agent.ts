@@ -16,6 +16,7 @@ import { mkdirs } from './lib/fs-atomic';
 import { configureLogging, journalPrefix, scope } from './lib/log';
 import { renderBootstrap } from './lib/bootstrap';
 import { readFileOrUndefined, resolveAll, type Resolved } from './lib/resolve';
+import { prebindUnixSocket } from './lib/unix-socket';
 import { VERSION } from './lib/version';
 import { applyV8Flags } from './lib/heap';
 
@@ -108,18 +109,31 @@ async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv): Promise<Reso
   return resolved;
 }
 
-/** Starts the components, ends with the first one to end (SIGTERM/SIGINT drain Envoy), closes the rest in reverse. */
-async function runComponents(components: Component[], envoy: EnvoyComponent): Promise<number> {
-  const { startAll, firstToEnd, closeAll } = await import('./lib/component');
-  await startAll(components);
+/** SIGTERM/SIGINT drain Envoy; the agent's exit kills what is left of it. Set before Envoy's first spawn. */
+function envoySignals(envoy: EnvoyComponent): () => void {
   const onTerm = (sig: NodeJS.Signals) => void envoy.shutdown(true, sig);
   const killOnExit = () => envoy.killAllNow();
   process.on('SIGTERM', onTerm).on('SIGINT', onTerm).on('exit', killOnExit);
+  return () => process.off('SIGTERM', onTerm).off('SIGINT', onTerm).off('exit', killOnExit);
+}
+
+/**
+ * Starts the components (Envoy has been), ends with the first one to end (SIGTERM/SIGINT drain Envoy), closes the
+ * rest in reverse.
+ */
+async function runComponents(components: Component[], envoy: EnvoyComponent, signalsOff: () => void): Promise<number> {
+  const { startAll, firstToEnd, closeAll } = await import('./lib/component');
+  try {
+    await startAll(components, [envoy]);
+  } catch (err) {
+    signalsOff();
+    throw err;
+  }
   const first = await firstToEnd(components);
   const end = first.component === envoy ? await envoy.done : { code: 1, reason: `${first.component.name} closed${first.err ? `: ${first.err.message}` : ''}` };
   if (first.component !== envoy) await envoy.shutdown(false, end.reason);
   await closeAll(components);
-  process.off('SIGTERM', onTerm).off('SIGINT', onTerm).off('exit', killOnExit);
+  signalsOff();
   (end.code === 0 ? log.info : log.error)(`agent exiting with code ${end.code}: ${end.reason}`);
   return end.code;
 }
@@ -139,10 +153,15 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const { cfg } = resolved;
     // proxyMetadata entries act as environment variables for the agent, as in Istio.
     const agentEnv = { ...cfg.proxy.proxyMetadata, ...env };
-    // Lazily loaded: only `proxy` needs them. Envoy validates the first bootstrap while gRPC and the servers load.
+    // Envoy is spawned before the rest of the agent loads (gRPC, the servers): its xDS socket is bound first and
+    // served by the xDS proxy once that has loaded; connections that arrive before wait in the socket.
     const { EnvoyComponent } = await import('./lib/envoy-component');
     const envoy = new EnvoyComponent({ resolved, env, startedAt });
-    const validated = envoy.validateFirst();
+    await envoy.validateFirst();
+    log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
+    await prebindUnixSocket(cfg.xdsSocket);
+    const signalsOff = envoySignals(envoy);
+    await envoy.start();
     const [{ composeReadiness }, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, appProbe, health, { Profiling }, appMetrics, { workloadIdentity }] = await Promise.all([
       import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
       import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/app-probe'), import('./lib/health-checker'),
@@ -152,8 +171,6 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // Istio merges the app's metrics for sidecars only.
     const appTargets = cfg.proxyType === 'sidecar' ? appMetrics.parseAppMetricsConfig(env, cfg.proxy.statusPort) : [];
     const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
-    await validated;
-    log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
 
     let upstream = xdsMod.upstreamFromConfig(cfg, agentEnv);
     const discoverySock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
@@ -208,7 +225,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       // Pushed ProxyConfig (PCDS) is acknowledged and recorded, so the control plane sees a healthy subscriber.
       xds.registerHandler(istio.PROXY_CONFIG_TYPE, (resources, meta) => log.info(`proxy config from the control plane: version ${meta.version}, ${resources.length} resource(s)`));
     }
-    return await runComponents(components, envoy);
+    return await runComponents(components, envoy, signalsOff);
   } catch (err) {
     return startupFailure(err);
   }
@@ -341,6 +358,9 @@ function exitAfterFlush(code: number): void {
 /** The executable's entry: runs the command line and exits. The V8 startup snapshot calls it as its main function. */
 export function runCli(): void {
   applyV8Flags(envs.PILOT_AGENT_V8_FLAGS.get(process.env));
+  const profile = envs.PILOT_AGENT_CPU_PROFILE.get(process.env);
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  if (profile) (require('./lib/cpu-profile') as typeof import('./lib/cpu-profile')).startCpuProfile(profile);
   // A reader that went away (`pilot-agent request ... | head`): stop quietly, as a Go program does on SIGPIPE.
   process.stdout.on('error', (err: NodeJS.ErrnoException) => {
     if (err.code === 'EPIPE') process.exit(0);

@@ -4,13 +4,13 @@
 // whatever the base is). File access goes through the caller's reader; every error names the file and the
 // setting that pointed at it, with code CONFIG_INVALID.
 
-import YAML from 'yaml';
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
 import { buildBootstrap, hardenPublicListeners, mergeBootstrapOverride } from './bootstrap';
 import { templateVariables } from './bootstrap-template';
 import { renderGoTemplate, TemplateError } from './go-template';
 import { configError, errorMessage } from './errors';
+import { parseJsonOrYaml } from './json-or-yaml';
 
 /** Returns the file's text, or undefined when it does not exist. */
 export interface FileReader {
@@ -74,7 +74,7 @@ function readRequired(file: string, setting: FileSetting, readFile: FileReader):
 function parseDocument(text: string, file: string, setting: FileSetting, emptyOk = false): Record<string, unknown> {
   let doc: unknown;
   try {
-    doc = YAML.parse(text, { uniqueKeys: true });
+    doc = parseJsonOrYaml(text);
   } catch (e) {
     throw configError(setting.field, setting.source, `${file} is not valid JSON or YAML: ${errorMessage(e).split('\n')[0]}`);
   }

@@ -72,10 +72,14 @@ export async function composeReadiness(components: readonly Component[]): Promis
   return reasons.length ? { ready: false, reason: reasons.join('\n') } : { ready: true, reason: '' };
 }
 
-/** Starts components in order; if one fails, closes those already started (in reverse) and rethrows. */
-export async function startAll(components: readonly Component[]): Promise<void> {
-  const started: Component[] = [];
+/**
+ * Starts components in order; if one fails, closes those already started (in reverse) and rethrows. Components in
+ * `alreadyStarted` (started earlier, e.g. Envoy before the rest of the agent loads) are skipped but rolled back too.
+ */
+export async function startAll(components: readonly Component[], alreadyStarted: readonly Component[] = []): Promise<void> {
+  const started: Component[] = [...alreadyStarted];
   for (const c of components) {
+    if (alreadyStarted.includes(c)) continue;
     try {
       await c.start();
     } catch (err) {

@@ -2,7 +2,6 @@
 // defaults <- mesh config file (defaultConfig) <- PROXY_CONFIG <- pod annotation proxy.istio.io/config <- env <- flags.
 
 import * as path from 'node:path';
-import YAML from 'yaml';
 import * as envs from './env';
 import type { Env } from './env';
 import { dict } from './dict';
@@ -10,6 +9,7 @@ import { formatDuration } from './duration';
 import { configError, errorMessage } from './errors';
 import { asPort, concurrencyProblem, defaultProxyConfig, discoveryAddressProblem, parseProxyConfigLayer, type ProxyConfig, type ProxyConfigLayer } from './proxy-config';
 import { parseLevel } from './log';
+import { parseJsonOrYaml } from './json-or-yaml';
 
 export type ProxyType = 'sidecar' | 'router';
 
@@ -112,7 +112,7 @@ const ENVOY_LEVELS = new Set(['trace', 'debug', 'info', 'warning', 'warn', 'erro
 
 function parseYamlOrJson(text: string, source: string): unknown {
   try {
-    return YAML.parse(text, { uniqueKeys: true });
+    return parseJsonOrYaml(text);
   } catch (e) {
     throw configError('document', source, `not valid YAML or JSON: ${errorMessage(e).split('\n')[0]}`);
   }

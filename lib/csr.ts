@@ -38,10 +38,10 @@ export function webcryptoAlgorithm(a: KeyAlgorithm): webcrypto.RsaHashedKeyGenPa
 export async function generateKeyAndCsr(o: { identity: string; algorithm: KeyAlgorithm; pkcs8?: boolean }): Promise<KeyAndCsr> {
   const alg = webcryptoAlgorithm(o.algorithm);
   const keys = (await webcrypto.subtle.generateKey(alg, true, ['sign', 'verify'])) as webcrypto.CryptoKeyPair;
-  const csr = await x509.Pkcs10CertificateRequestGenerator.create({
+  const csr = await x509().Pkcs10CertificateRequestGenerator.create({
     keys: keys as never,
     signingAlgorithm: alg,
-    extensions: [new x509.SubjectAlternativeNameExtension([{ type: 'url', value: o.identity }], true)],
+    extensions: [new (x509().SubjectAlternativeNameExtension)([{ type: 'url', value: o.identity }], true)],
   });
   const key = KeyObject.from(keys.privateKey);
   const type = o.pkcs8 ? 'pkcs8' : o.algorithm.kind === 'ECDSA' ? 'sec1' : 'pkcs1';

@@ -1,13 +1,22 @@
 // A gRPC server on a Unix socket of the agent's: a stale socket file is replaced (never anything else, nor a socket
-// another process serves), the server is bound, and the file gets the narrowest mode that works.
+// another process serves), the server is bound, and the file gets the narrowest mode that works; or the server takes
+// over a socket bound earlier in start-up (lib/unix-socket.ts prebindUnixSocket).
 
 import * as fs from 'node:fs';
 import * as grpc from '@grpc/grpc-js';
-import { prepareSocket } from './unix-socket';
+import { AGENT_SOCKET_MODE, prepareSocket, takePrebound } from './unix-socket';
 
-export async function bindUnixSocket(server: grpc.Server, socketPath: string, mode: number): Promise<void> {
+/**
+ * Binds the server on the socket, or serves the one prebindUnixSocket() already bound there (connections that
+ * arrived before are served first). Returns what stops the pre-bound listener; the caller removes the file.
+ */
+export async function bindUnixSocket(server: grpc.Server, socketPath: string, mode = AGENT_SOCKET_MODE): Promise<() => void> {
+  let injector: grpc.ConnectionInjector | undefined;
+  const early = takePrebound(socketPath, (s) => (injector ??= server.createConnectionInjector(grpc.ServerCredentials.createInsecure())).injectConnection(s));
+  if (early) return () => early.close();
   await prepareSocket(socketPath);
   await new Promise<void>((resolve, reject) =>
     server.bindAsync(`unix://${socketPath}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
   fs.chmodSync(socketPath, mode);
+  return () => undefined;
 }

@@ -23,8 +23,6 @@ export const SECRET_TYPE = 'type.googleapis.com/envoy.extensions.transport_socke
 export const WORKLOAD_SECRET = 'default';
 export const ROOT_SECRET = 'ROOTCA';
 const SDS_SERVICE = 'envoy.service.secret.v3.SecretDiscoveryService';
-// 0660, as the XDS socket: Envoy runs as the agent's user, or in its group when started under another uid.
-const SOCKET_MODE = 0o660;
 
 export type SecretValue =
   | { kind: 'tls'; certChainPem: string; keyPem: string }
@@ -129,6 +127,7 @@ export class SdsServer implements Component {
   readonly closed: Promise<Error | undefined>;
   private readonly signal = closedSignal();
   private server: grpc.Server | undefined;
+  private releaseSocket: () => void = () => undefined;
   private readonly streams = new Map<number, Stream>();
   private readonly socketPath: string;
   private nextId = 1;
@@ -150,9 +149,10 @@ export class SdsServer implements Component {
         DeltaSecrets: (call: grpc.ServerDuplexStream<DeltaRequest, unknown>) => this.accept(call, 'delta'),
       });
       this.server = server;
-      await bindUnixSocket(server, this.socketPath, SOCKET_MODE);
+      this.releaseSocket = await bindUnixSocket(server, this.socketPath);
     } catch (e) {
       this.server?.forceShutdown();
+      this.releaseSocket();
       this.state = 'closed';
       const err = wrap(`failed to start SDS server on ${this.socketPath}`, e, e instanceof AgentError ? undefined : 'IO');
       this.signal.resolve(err);
@@ -160,6 +160,7 @@ export class SdsServer implements Component {
     }
     if ((this.state as string) === 'closed') {
       this.server?.forceShutdown();
+      this.releaseSocket();
       fs.rmSync(this.socketPath, { force: true });
       return;
     }
@@ -173,6 +174,7 @@ export class SdsServer implements Component {
     for (const s of this.streams.values()) s.call.end();
     this.streams.clear();
     this.server?.forceShutdown();
+    this.releaseSocket();
     try {
       if (fs.lstatSync(this.socketPath).isSocket()) fs.unlinkSync(this.socketPath);
     } catch {

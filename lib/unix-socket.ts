@@ -40,3 +40,64 @@ export function socketInUse(p: string): Promise<boolean> {
     c.setTimeout(1000, () => done(false));
   });
 }
+
+// 0660 for the agent's own sockets (xDS, SDS): Envoy runs as the agent's user, or in its group when the agent starts
+// it under another uid; nobody else on the host may read the mesh config, take its secrets, or push requests
+// upstream with the agent's credentials.
+export const AGENT_SOCKET_MODE = 0o660;
+
+interface Prebound {
+  server: net.Server;
+  /** Connections accepted before a server adopted the socket, paused: their bytes wait in the kernel. */
+  queue: net.Socket[];
+  serve?: (s: net.Socket) => void;
+}
+
+const prebound = new Map<string, Prebound>();
+
+/**
+ * Binds a Unix socket now, for a server that loads later: connections are accepted paused and handed over when
+ * the server adopts the socket (takePrebound). The agent spawns Envoy before gRPC and its servers load, and
+ * Envoy's first connect to its xDS socket must not fail (Envoy would wait out a retry backoff).
+ */
+export async function prebindUnixSocket(p: string, mode = AGENT_SOCKET_MODE): Promise<void> {
+  const key = path.resolve(p);
+  if (prebound.has(key)) return;
+  await prepareSocket(key);
+  const entry: Prebound = { queue: [], server: net.createServer({ pauseOnConnect: true }) };
+  entry.server.on('connection', (s) => {
+    if (entry.serve) return entry.serve(s);
+    entry.queue.push(s);
+    s.on('error', () => undefined).once('close', () => entry.queue.splice(entry.queue.indexOf(s) >>> 0, 1));
+  });
+  await new Promise<void>((resolve, reject) => {
+    entry.server.once('error', reject);
+    entry.server.listen(key, () => {
+      entry.server.off('error', reject);
+      resolve();
+    });
+  });
+  fs.chmodSync(key, mode);
+  prebound.set(key, entry);
+  // Never adopted (start-up failed before its server loaded): no socket file is left behind.
+  process.once('exit', () => {
+    if (prebound.get(key) === entry) fs.rmSync(key, { force: true });
+  });
+}
+
+/**
+ * The socket prebindUnixSocket() bound at this path, if any, now served by `serve` (queued connections first,
+ * each resumed after it is handed over). `close` stops accepting; the caller removes the file as usual.
+ */
+export function takePrebound(p: string, serve: (s: net.Socket) => void): { close(): void } | undefined {
+  const key = path.resolve(p);
+  const entry = prebound.get(key);
+  if (!entry) return undefined;
+  prebound.delete(key);
+  entry.serve = (s) => {
+    serve(s);
+    s.resume();
+  };
+  for (const s of entry.queue.splice(0)) if (!s.destroyed) entry.serve(s);
+  return { close: () => entry.server.close() };
+}

@@ -55,9 +55,6 @@ export interface XdsProxyOptions {
 }
 
 const DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024;
-// 0660: Envoy runs as the agent's user, or in its group when the agent starts it under another uid; nobody
-// else on the host may read the mesh config or push requests upstream with the agent's credentials.
-const SOCKET_MODE = 0o660;
 
 const identity = (b: Buffer) => b;
 function method(kind: XdsKind, name: string): grpc.MethodDefinition<Buffer, Buffer> {
@@ -78,6 +75,7 @@ export class XdsProxy implements Component {
   readonly closed: Promise<Error | undefined>;
   private resolveClosed!: (e: Error | undefined) => void;
   private server: grpc.Server | undefined;
+  private releaseSocket: () => void = () => undefined;
   private readonly sessions = new Map<number, Session>();
   private readonly handlers = new Map<string, AgentHandler>();
   private readonly agentRequests = new Map<string, AgentRequest>();
@@ -124,9 +122,10 @@ export class XdsProxy implements Component {
         DeltaAggregatedResources: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => this.accept(call, 'delta'),
       });
       this.server = server;
-      await bindUnixSocket(server, this.socketPath, SOCKET_MODE);
+      this.releaseSocket = await bindUnixSocket(server, this.socketPath);
     } catch (e) {
       this.server?.forceShutdown();
+      this.releaseSocket();
       this.state = 'closed';
       const err = wrap(`failed to start xDS proxy on ${this.socketPath}`, e, e instanceof AgentError ? undefined : 'IO');
       this.resolveClosed(err);
@@ -135,6 +134,7 @@ export class XdsProxy implements Component {
     if ((this.state as string) === 'closed') {
       // close() ran while the socket was being bound.
       this.server?.forceShutdown();
+      this.releaseSocket();
       fs.rmSync(this.socketPath, { force: true });
       return;
     }
@@ -148,6 +148,7 @@ export class XdsProxy implements Component {
     this.state = 'closed';
     for (const s of [...this.sessions.values()]) s.close('xDS proxy shutting down', true);
     this.server?.forceShutdown();
+    this.releaseSocket();
     try {
       if (fs.lstatSync(this.socketPath).isSocket()) fs.unlinkSync(this.socketPath);
     } catch {

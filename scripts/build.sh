@@ -11,7 +11,9 @@ mkdir -p dist
 rm -f dist/pilot-agent dist/pilot-agent.cjs dist/sea-prep.blob
 if [ "${PILOT_AGENT_SNAPSHOT:-0}" = 1 ]; then entry=agent-snapshot.ts; sea_opts='"useSnapshot": true'
 else entry=agent.ts; sea_opts='"useCodeCache": true'; fi
-npx esbuild "$entry" --bundle --minify --keep-names ${ESBUILD_EXTRA:-} --platform=node --target=node20 --format=cjs \
+# PILOT_AGENT_MINIFY=0: readable function names in CPU profiles (PILOT_AGENT_CPU_PROFILE).
+minify=--minify; [ "${PILOT_AGENT_MINIFY:-1}" = 0 ] && minify=
+npx esbuild "$entry" --bundle $minify --keep-names ${ESBUILD_EXTRA:-} --platform=node --target=node20 --format=cjs \
   --outfile=dist/pilot-agent.cjs --log-level=warning --legal-comments=none
 cat > dist/sea-config.json <<JSON
 { "main": "dist/pilot-agent.cjs", "output": "dist/sea-prep.blob", "disableExperimentalSEAWarning": true, $sea_opts }

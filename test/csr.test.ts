@@ -6,8 +6,11 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { checkChain, parseCerts } from '../lib/cert-chain';
 import { generateKeyAndCsr, keyAlgorithm, spiffeId } from '../lib/csr';
-import { x509 } from '../lib/x509';
+import { x509 as loadX509, type X509 } from '../lib/x509';
+
 import { makeIntermediate, makeRoot, signCsr } from './helpers/test-ca';
+
+const x509 = loadX509();
 
 const ID = spiffeId('cluster.local', 'ns1', 'sa1');
 
@@ -16,7 +19,7 @@ test('the CSR carries only the SPIFFE URI SAN, no common name; ECDSA P-256', asy
   const csr = new x509.Pkcs10CertificateRequest(csrPem);
   assert.ok(await csr.verify());
   assert.is(csr.subject, '');
-  const san = csr.extensions.find((e): e is x509.SubjectAlternativeNameExtension => e instanceof x509.SubjectAlternativeNameExtension)!;
+  const san = csr.extensions.find((e): e is X509.SubjectAlternativeNameExtension => e instanceof x509.SubjectAlternativeNameExtension)!;
   assert.equal(san.names.items.map((n) => [n.type, n.value]), [['url', ID]]);
   assert.is((csr.publicKey.algorithm as { namedCurve?: string }).namedCurve, 'P-256');
   assert.match(keyPem, /BEGIN EC PRIVATE KEY/);

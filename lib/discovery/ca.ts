@@ -20,7 +20,7 @@ import { spiffeId } from '../csr';
 import { AgentError, errorMessage } from '../errors';
 import { writeFileAtomic } from '../fs-atomic';
 import { scope } from '../log';
-import { x509 } from '../x509';
+import { x509, type X509 } from '../x509';
 
 const log = scope('ca');
 
@@ -62,7 +62,7 @@ export class EmbeddedCa {
   readonly stats: CaStats = { signed: 0, refused: 0 };
   private readonly now: () => number;
 
-  private constructor(private readonly o: EmbeddedCaOptions, private readonly root: x509.X509Certificate, private readonly rootKey: webcrypto.CryptoKey, readonly rootPem: string) {
+  private constructor(private readonly o: EmbeddedCaOptions, private readonly root: X509.X509Certificate, private readonly rootKey: webcrypto.CryptoKey, readonly rootPem: string) {
     this.now = o.now ?? Date.now;
   }
 
@@ -72,6 +72,7 @@ export class EmbeddedCa {
 
   /** Loads the root, or creates it when there is none (one process wins if several start at once). */
   static async open(o: EmbeddedCaOptions): Promise<EmbeddedCa> {
+    const X = x509();
     const certFile = path.join(o.dir, 'root-cert.pem');
     const keyFile = path.join(o.dir, 'root-key.pem');
     fs.mkdirSync(o.dir, { recursive: true, mode: 0o700 });
@@ -86,10 +87,10 @@ export class EmbeddedCa {
     }
     const mode = fs.statSync(keyFile).mode & 0o077;
     if (mode) throw new AgentError('CONFIG_INVALID', `embedded CA: ${keyFile} is readable by group or others (mode ${(fs.statSync(keyFile).mode & 0o777).toString(8)}); want 0600`);
-    let root: x509.X509Certificate;
+    let root: X509.X509Certificate;
     let key: webcrypto.CryptoKey;
     try {
-      root = new x509.X509Certificate(certPem);
+      root = new X.X509Certificate(certPem);
       const der = createPrivateKey(keyPem).export({ type: 'pkcs8', format: 'der' });
       key = await webcrypto.subtle.importKey('pkcs8', der, ALG, false, ['sign']);
     } catch (e) {
@@ -131,24 +132,25 @@ export class EmbeddedCa {
 
   /** Signs the CSR for the identity the token proves; AgentError (code BAD_INPUT) with the reason otherwise. */
   async sign(req: CertificateRequest, token: string | undefined): Promise<string[]> {
+    const X = x509();
     if (!token) throw new AgentError('BAD_INPUT', 'no bearer token: a caller proves its identity with the token file of that identity');
     const who = this.identityForToken(token);
     if (!who) throw new AgentError('BAD_INPUT', 'the token matches no identity under ca/identities');
     const id = spiffeId(this.o.trustDomain, who.namespace, who.serviceAccount);
-    let csr: x509.Pkcs10CertificateRequest;
+    let csr: X509.Pkcs10CertificateRequest;
     try {
-      csr = new x509.Pkcs10CertificateRequest(req.csr);
+      csr = new X.Pkcs10CertificateRequest(req.csr);
     } catch (e) {
       throw new AgentError('BAD_INPUT', `the CSR does not parse: ${errorMessage(e)}`, e);
     }
     if (!(await csr.verify())) throw new AgentError('BAD_INPUT', 'the CSR signature does not verify');
-    const san = csr.extensions.find((e): e is x509.SubjectAlternativeNameExtension => e instanceof x509.SubjectAlternativeNameExtension);
+    const san = csr.extensions.find((e): e is X509.SubjectAlternativeNameExtension => e instanceof X.SubjectAlternativeNameExtension);
     const uris = san?.names.items.filter((n) => n.type === 'url').map((n) => n.value) ?? [];
     if (uris.length !== 1 || uris[0] !== id) throw new AgentError('BAD_INPUT', `the token is for ${id}; the CSR asks for ${uris.join(', ') || 'no URI SAN'}`);
     const ttl = Math.min(req.validityDuration > 0 ? req.validityDuration * 1000 : DEFAULT_TTL_MS, this.o.maxTtlMs ?? DEFAULT_MAX_TTL_MS);
     const now = this.now();
     const notAfter = Math.min(now + ttl, this.root.notAfter.getTime());
-    const leaf = await x509.X509CertificateGenerator.create({
+    const leaf = await X.X509CertificateGenerator.create({
       serialNumber: serialNumber(),
       subject: '',
       issuer: this.root.subject,
@@ -158,12 +160,12 @@ export class EmbeddedCa {
       notBefore: new Date(Math.floor((now - BACKDATE_MS) / 1000) * 1000),
       notAfter: new Date(Math.floor(notAfter / 1000) * 1000),
       extensions: [
-        new x509.BasicConstraintsExtension(false, undefined, true),
-        new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature | x509.KeyUsageFlags.keyEncipherment, true),
-        new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth, x509.ExtendedKeyUsage.clientAuth]),
+        new X.BasicConstraintsExtension(false, undefined, true),
+        new X.KeyUsagesExtension(X.KeyUsageFlags.digitalSignature | X.KeyUsageFlags.keyEncipherment, true),
+        new X.ExtendedKeyUsageExtension([X.ExtendedKeyUsage.serverAuth, X.ExtendedKeyUsage.clientAuth]),
         // Critical: the subject is empty, so the SAN is the certificate's only name (RFC 5280 4.2.1.6).
-        new x509.SubjectAlternativeNameExtension([{ type: 'url', value: id }], true),
-        await x509.AuthorityKeyIdentifierExtension.create(this.root, false),
+        new X.SubjectAlternativeNameExtension([{ type: 'url', value: id }], true),
+        await X.AuthorityKeyIdentifierExtension.create(this.root, false),
       ],
     });
     this.stats.signed++;
@@ -202,6 +204,7 @@ function serialNumber(): string {
 }
 
 async function createRoot(o: EmbeddedCaOptions, certFile: string, keyFile: string): Promise<void> {
+  const X = x509();
   const lock = path.join(o.dir, '.creating');
   try {
     fs.mkdirSync(lock);
@@ -220,7 +223,7 @@ async function createRoot(o: EmbeddedCaOptions, certFile: string, keyFile: strin
     if (fs.existsSync(keyFile)) throw new AgentError('CONFIG_INVALID', `embedded CA: ${keyFile} exists without ${certFile}; restore the certificate or remove the key to make a new root`);
     const keys = (await webcrypto.subtle.generateKey(ALG, true, ['sign', 'verify'])) as webcrypto.CryptoKeyPair;
     const now = o.now?.() ?? Date.now();
-    const cert = await x509.X509CertificateGenerator.createSelfSigned({
+    const cert = await X.X509CertificateGenerator.createSelfSigned({
       serialNumber: serialNumber(),
       name: `O=${o.trustDomain.replace(/[,=+<>#;\\"]/g, '_')}, CN=pilot-agent standalone root`,
       keys: keys as never,
@@ -228,9 +231,9 @@ async function createRoot(o: EmbeddedCaOptions, certFile: string, keyFile: strin
       notBefore: new Date(now - BACKDATE_MS),
       notAfter: new Date(now + ROOT_LIFETIME_MS),
       extensions: [
-        new x509.BasicConstraintsExtension(true, undefined, true),
-        new x509.KeyUsagesExtension(x509.KeyUsageFlags.keyCertSign | x509.KeyUsageFlags.cRLSign | x509.KeyUsageFlags.digitalSignature, true),
-        await x509.SubjectKeyIdentifierExtension.create(keys.publicKey as never),
+        new X.BasicConstraintsExtension(true, undefined, true),
+        new X.KeyUsagesExtension(X.KeyUsageFlags.keyCertSign | X.KeyUsageFlags.cRLSign | X.KeyUsageFlags.digitalSignature, true),
+        await X.SubjectKeyIdentifierExtension.create(keys.publicKey as never),
       ],
     });
     const keyPem = KeyObject.from(keys.privateKey).export({ type: 'pkcs8', format: 'pem' }) as string;

@@ -1,0 +1,74 @@
+// A Unix socket bound before its gRPC server loads (the agent spawns Envoy before gRPC and the xDS proxy load):
+// connections made early wait and are then served, the file has the agent's mode, and a socket nobody adopted is
+// gone when the process exits.
+
+import { spawnSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import * as grpc from '@grpc/grpc-js';
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { bindUnixSocket } from '../lib/grpc-unix';
+import { prebindUnixSocket } from '../lib/unix-socket';
+import { REPO, sleep, tempDir } from './helpers/harness';
+
+const bytes = (b: Buffer) => b;
+const ECHO = { echo: { path: '/t.T/Echo', requestStream: false, responseStream: false, requestSerialize: bytes, requestDeserialize: bytes, responseSerialize: bytes, responseDeserialize: bytes } };
+const EchoClient = grpc.makeGenericClientConstructor(ECHO as grpc.ServiceDefinition, 'T');
+
+/** One call, failing after 10 s (a connection the server never reads would otherwise hang the test). */
+function call(client: grpc.Client, msg: string): Promise<string> {
+  const deadline = new Date(Date.now() + 10_000);
+  return new Promise((resolve, reject) =>
+    (client as unknown as { echo(b: Buffer, m: grpc.Metadata, o: grpc.CallOptions, cb: (e: Error | null, r?: Buffer) => void): void })
+      .echo(Buffer.from(msg), new grpc.Metadata(), { deadline }, (e, r) => (e ? reject(e) : resolve(r!.toString()))));
+}
+
+function echoServer(): grpc.Server {
+  const server = new grpc.Server();
+  server.addService(ECHO as grpc.ServiceDefinition, {
+    echo: (c: grpc.ServerUnaryCall<Buffer, Buffer>, cb: grpc.sendUnaryData<Buffer>) => cb(null, Buffer.concat([c.request, Buffer.from('!')])),
+  });
+  return server;
+}
+
+test('calls made before the server loads are answered once it adopts the pre-bound socket', async () => {
+  const dir = tempDir();
+  const sock = path.join(dir.path, 'XDS');
+  const clients: grpc.Client[] = [];
+  try {
+    await prebindUnixSocket(sock);
+    assert.is(fs.statSync(sock).mode & 0o777, 0o660, "the agent's socket mode from the start");
+    // Two clients connect and send while nothing serves the socket yet.
+    for (let i = 0; i < 2; i++) clients.push(new EchoClient(`unix://${sock}`, grpc.credentials.createInsecure()));
+    const early = clients.map((c, i) => call(c, `early${i}`));
+    await sleep(300);
+    const server = echoServer();
+    const release = await bindUnixSocket(server, sock);
+    assert.equal(await Promise.all(early), ['early0!', 'early1!']);
+    // And later connections are served by the same server.
+    const late = new EchoClient(`unix://${sock}`, grpc.credentials.createInsecure());
+    clients.push(late);
+    assert.is(await call(late, 'late'), 'late!');
+    server.forceShutdown();
+    release();
+  } finally {
+    for (const c of clients) c.close();
+    dir.cleanup();
+  }
+});
+
+test('a socket bound before a start-up that failed is removed when the process exits', () => {
+  const dir = tempDir();
+  try {
+    const sock = path.join(dir.path, 'XDS');
+    const script = `require(${JSON.stringify(path.join(REPO, 'lib/unix-socket.ts'))}).prebindUnixSocket(${JSON.stringify(sock)}).then(() => { require('fs').statSync(${JSON.stringify(sock)}); process.exit(3); });`;
+    const r = spawnSync(process.execPath, ['--import', 'tsx', '-e', script], { cwd: REPO, encoding: 'utf8', timeout: 30_000 });
+    assert.is(r.status, 3, r.stderr);
+    assert.not.ok(fs.existsSync(sock), 'no socket file left behind');
+  } finally {
+    dir.cleanup();
+  }
+});
+
+test.run();
