@@ -6,7 +6,7 @@
 import type { ConfigStore } from './config-store';
 import {
   type Config, DEFAULT_MESH, type DestinationRuleSpec, type MeshConfig, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
-  type PeerAuthenticationSpec, type SidecarSpec, type VirtualServiceSpec,
+  type PeerAuthenticationSpec, type SecretSpec, type SidecarSpec, type VirtualServiceSpec,
 } from './model';
 import { egressAdmits, exportedTo, hostCovers } from './visibility';
 import type { Proxy } from './proxy';
@@ -36,6 +36,8 @@ export class PushContext {
   readonly gateways: readonly Config<GatewaySpec>[];
   private readonly sidecars: readonly Config<SidecarSpec>[];
   readonly peerAuthentications: readonly Config<PeerAuthenticationSpec>[];
+  /** credentialName Secrets (./gen-secrets.ts). */
+  readonly secrets: readonly Config<SecretSpec>[];
   private readonly memo = new Map<string, unknown>();
 
   private constructor(
@@ -51,9 +53,11 @@ export class PushContext {
       gateways: Config<GatewaySpec>[];
       sidecars: Config<SidecarSpec>[];
       pas: Config<PeerAuthenticationSpec>[];
+      secrets?: Config<SecretSpec>[];
     },
   ) {
     this.peerAuthentications = Object.freeze(sortByKey(parts.pas));
+    this.secrets = Object.freeze(sortByKey(parts.secrets ?? []));
     this.services = Object.freeze(parts.services.sort((a, b) => (a.hostname < b.hostname ? -1 : a.hostname > b.hostname ? 1 : 0)));
     this.serviceByHost = new Map(this.services.map((s) => [s.hostname, s]));
     this.instanceMap = parts.instances;
@@ -122,6 +126,7 @@ export class PushContext {
       vss: store.list('VirtualService') as Config<VirtualServiceSpec>[],
       gateways: store.list('Gateway') as Config<GatewaySpec>[],
       sidecars: store.list('Sidecar') as Config<SidecarSpec>[],
+      secrets: store.list('Secret') as Config<SecretSpec>[],
     });
   }
 
