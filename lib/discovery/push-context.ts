@@ -18,6 +18,8 @@ import { ResourceCache } from './resources';
 export interface ProxyScope {
   readonly key: string;
   readonly namespace: string;
+  /** A router (gateway): DestinationRule credentialName applies to routers only, as in istiod. */
+  readonly router: boolean;
   readonly services: readonly Service[];
   /** The Sidecar's outboundTrafficPolicy, else meshConfig's. */
   readonly outboundTrafficPolicy: MeshConfig['outboundTrafficPolicy'];
@@ -163,10 +165,11 @@ export class PushContext {
 
   scopeFor(proxy: Proxy): ProxyScope {
     const sc = this.sidecarFor(proxy);
-    const key = `${proxy.namespace}|${sc ? `${sc.meta.namespace}/${sc.meta.name}` : '-'}`;
+    const key = `${proxy.type === 'router' ? 'router|' : ''}${proxy.namespace}|${sc ? `${sc.meta.namespace}/${sc.meta.name}` : '-'}`;
     return this.memoize(`scope|${key}`, () => Object.freeze({
       key,
       namespace: proxy.namespace,
+      router: proxy.type === 'router',
       outboundTrafficPolicy: sc?.spec.outboundTrafficPolicy ?? this.mesh.outboundTrafficPolicy,
       services: Object.freeze(this.services.filter((svc) => exportedTo(svc.exportTo, svc.namespace, proxy.namespace)
         && (!sc || sc.spec.egressHosts.some((h) => egressAdmits(h, sc.meta.namespace, svc.hostname, svc.namespace))))),
