@@ -4,7 +4,7 @@
 
 import { CA_SUFFIX } from './gen-secrets';
 import type { Config, DestinationRuleSpec, GatewaySpec, SecretSpec, TrafficPolicy, VirtualServiceSpec } from './model';
-import { serverHostAccepts } from './gen-routes';
+import { serverHostAccepts } from './gateway-hosts';
 import type { Path } from './schema';
 
 export interface TlsIssue {

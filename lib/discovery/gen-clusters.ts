@@ -6,6 +6,7 @@
 import { packAny } from '../envoy-protos';
 import { clusterLbFields, effectivePolicy } from './gen-lb-policy';
 import { originates, originationFields } from './gen-upstream-tls';
+import { SDS_SOURCE } from './gen-secrets';
 import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER } from './gen-routes';
 import { type Config, type DestinationRuleSpec, labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset, type TrafficPolicy } from './model';
 import type { ProxyScope, PushContext } from './push-context';
@@ -18,12 +19,8 @@ const UPSTREAM_TLS = 'envoy.extensions.transport_sockets.tls.v3.UpstreamTlsConte
 const RAW_BUFFER = 'envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer';
 /** The label Istio puts on workloads that run a sidecar: auto-mTLS sends them mTLS. */
 export const TLS_MODE_LABEL = 'security.istio.io/tlsMode';
-// The agent's SDS server, through the bootstrap's sds-grpc cluster.
-export const SDS_SOURCE = Object.freeze({
-  api_config_source: { api_type: 'GRPC', transport_api_version: 'V3', set_node_on_first_message_only: true, grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }] },
-  initial_fetch_timeout: { seconds: 0, nanos: 0 },
-  resource_api_version: 'V3',
-});
+// The agent's SDS server, through the bootstrap's sds-grpc cluster (defined with the other SDS names, ./gen-secrets.ts).
+export { SDS_SOURCE };
 // google.protobuf.Value: the descriptor's well-known types keep protobufjs' camelCase names.
 const str = (v: string) => ({ stringValue: v });
 

@@ -12,10 +12,9 @@
 // (`file-cert:<cert>~<key>`, `file-root:<ca>`, and `default`/`ROOTCA` for ISTIO_MUTUAL) through `sds-grpc`.
 
 import { packAny } from '../envoy-protos';
-import { SDS_SOURCE } from './gen-clusters';
 import { hcmFilter } from './gen-listeners';
-import { serverHostAccepts } from './gen-routes';
-import { credentialCaResource, credentialResource } from './gen-secrets';
+import { serverHostAccepts } from './gateway-hosts';
+import { credentialCaResource, credentialResource, SDS_SOURCE } from './gen-secrets';
 import type { Config, GatewayServer, GatewaySpec, RouteDestination, ServerTls, TlsVersion, VirtualServiceSpec } from './model';
 import type { PushContext } from './push-context';
 import { ADS_SOURCE, clusterName, encodeResource, LISTENER, type Resource } from './resources';

@@ -9,6 +9,9 @@ import { isHttp } from './model';
 import { exportedTo } from './visibility';
 import { SIDECAR_BIND } from './gen-listeners';
 import { gatewayServerRouteName } from './gen-gateway-tls';
+import { serverHostAccepts } from './gateway-hosts';
+
+export { serverHostAccepts };
 import type { Proxy } from './proxy';
 import type { ProxyScope, PushContext } from './push-context';
 import { clusterName, dur, encodeResource, encodeRouteConfigSteps, type Resource, ROUTE } from './resources';
@@ -157,23 +160,6 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
     out.set(name, encodeResource(ROUTE, name, { name, virtual_hosts: vhosts, validate_clusters: { value: false }, ignore_port_in_host_matching: true }));
   }
   return out;
-}
-
-/** Does a Gateway server host (`[ns/]host`, wildcards allowed) accept a VirtualService host? */
-export function serverHostAccepts(serverHost: string, gwNs: string, vsHost: string, vsNs: string): boolean {
-  const slash = serverHost.indexOf('/');
-  const ns = slash < 0 ? '*' : serverHost.slice(0, slash);
-  const host = slash < 0 ? serverHost : serverHost.slice(slash + 1);
-  if (ns !== '*' && (ns === '.' ? gwNs : ns) !== vsNs) return false;
-  return hostsOverlap(host, vsHost);
-}
-
-function hostsOverlap(a: string, b: string): boolean {
-  if (a === '*' || b === '*' || a === b) return true;
-  if (a.startsWith('*.') && b.startsWith('*.')) return a.length < b.length ? b.endsWith(a.slice(1)) : a.endsWith(b.slice(1));
-  if (a.startsWith('*.')) return b.endsWith(a.slice(1));
-  if (b.startsWith('*.')) return a.endsWith(b.slice(1));
-  return false;
 }
 
 function defaultRoute(push: PushContext, hostname: string, port: number, namespace: string): Record<string, unknown> {

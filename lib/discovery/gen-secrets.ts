@@ -12,6 +12,13 @@ import { encodeResource, type Resource, SECRET } from './resources';
 export const CREDENTIAL_PREFIX = 'kubernetes://';
 export const CA_SUFFIX = '-cacert';
 
+// The agent's SDS server, through the bootstrap's sds-grpc cluster: files and the workload certificate.
+export const SDS_SOURCE = Object.freeze({
+  api_config_source: { api_type: 'GRPC', transport_api_version: 'V3', set_node_on_first_message_only: true, grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }] },
+  initial_fetch_timeout: { seconds: 0, nanos: 0 },
+  resource_api_version: 'V3',
+});
+
 /** The SDS resource names a credentialName becomes. */
 export const credentialResource = (name: string) => `${CREDENTIAL_PREFIX}${name}`;
 export const credentialCaResource = (name: string) => `${CREDENTIAL_PREFIX}${name}${CA_SUFFIX}`;
