@@ -2,7 +2,8 @@
 // serves Kubernetes secrets (istio/istio 86c9f01f, pilot/pkg/xds/sds.go): `kubernetes://<name>` is the certificate
 // chain and key, `kubernetes://<name>-cacert` the trust bundle (the Secret's own ca.crt, else that of a Secret named
 // `<name>-cacert`). A proxy gets the Secrets of its own namespace, and only a router: istiod serves credentials to
-// gateways, not to sidecars. Resources are built per request and never memoised across pushes beyond the context.
+// gateways, not to sidecars. istiod sends keys over its authenticated TLS stream; this server's is plaintext, so keys
+// go only over a Unix socket or loopback (see PushContext.servePrivateKeys); CA bundles go anywhere.
 
 import type { Config, SecretSpec } from './model';
 import type { Proxy } from './proxy';
@@ -30,7 +31,7 @@ export function buildSecrets(push: PushContext, proxy: Proxy): ReadonlyMap<strin
     const byName = new Map(secrets.map((s) => [s.meta.name, s] as const));
     const out = new Map<string, Resource>();
     for (const s of secrets) {
-      if (s.spec.cert && s.spec.key) {
+      if (s.spec.cert && s.spec.key && push.servePrivateKeys) {
         const name = credentialResource(s.meta.name);
         out.set(name, encodeResource(SECRET, name, {
           name,

@@ -40,6 +40,8 @@ export class PushContext {
   readonly peerAuthentications: readonly Config<PeerAuthenticationSpec>[];
   /** credentialName Secrets (./gen-secrets.ts). */
   readonly secrets: readonly Config<SecretSpec>[];
+  /** Are Secrets' private keys sent to routers? Not over a plaintext connection that leaves the host. */
+  readonly servePrivateKeys: boolean;
   private readonly memo = new Map<string, unknown>();
 
   private constructor(
@@ -56,10 +58,12 @@ export class PushContext {
       sidecars: Config<SidecarSpec>[];
       pas: Config<PeerAuthenticationSpec>[];
       secrets?: Config<SecretSpec>[];
+      servePrivateKeys?: boolean;
     },
   ) {
     this.peerAuthentications = Object.freeze(sortByKey(parts.pas));
     this.secrets = Object.freeze(sortByKey(parts.secrets ?? []));
+    this.servePrivateKeys = parts.servePrivateKeys ?? true;
     this.services = Object.freeze(parts.services.sort((a, b) => (a.hostname < b.hostname ? -1 : a.hostname > b.hostname ? 1 : 0)));
     this.serviceByHost = new Map(this.services.map((s) => [s.hostname, s]));
     this.instanceMap = parts.instances;
@@ -114,7 +118,7 @@ export class PushContext {
     Object.freeze(this);
   }
 
-  static build(version: string, store: ConfigStore, registry: ServiceDiscovery, cache = new ResourceCache(), mesh: MeshConfig = DEFAULT_MESH): PushContext {
+  static build(version: string, store: ConfigStore, registry: ServiceDiscovery, cache = new ResourceCache(), mesh: MeshConfig = DEFAULT_MESH, opts: { servePrivateKeys?: boolean } = {}): PushContext {
     const services = registry.services();
     const instances = new Map<string, readonly ServiceInstance[]>();
     for (const s of services) {
@@ -129,6 +133,7 @@ export class PushContext {
       gateways: store.list('Gateway') as Config<GatewaySpec>[],
       sidecars: store.list('Sidecar') as Config<SidecarSpec>[],
       secrets: store.list('Secret') as Config<SecretSpec>[],
+      servePrivateKeys: opts.servePrivateKeys,
     });
   }
 
