@@ -13,6 +13,7 @@ import * as http from 'node:http';
 import * as https from 'node:https';
 import * as net from 'node:net';
 import * as path from 'node:path';
+import * as tls from 'node:tls';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { parse } from 'yaml';
@@ -32,6 +33,8 @@ interface BackendSpec {
   tcp?: boolean;
   /** HTTPS with this certificate (of `certs`) instead of plain HTTP. */
   tls?: string;
+  /** With `tls`: require a client certificate issued by this CA (of `certs`). */
+  clientCa?: string;
 }
 
 interface Expect {
@@ -124,7 +127,8 @@ async function startBackend(name: string, spec: BackendSpec, certs: Record<strin
   };
   const tlsCert = spec.tls ? certs[spec.tls] : undefined;
   if (spec.tls && !tlsCert) throw new Error(`backend ${name}: unknown certificate ${spec.tls}`);
-  const server = tlsCert ? https.createServer({ cert: tlsCert.cert, key: tlsCert.key }, handler) : spec.tcp ? net.createServer((c) => {
+  const clientCa = spec.clientCa ? { requestCert: true, rejectUnauthorized: true, ca: certs[spec.clientCa]!.cert } : {};
+  const server = tlsCert ? https.createServer({ cert: tlsCert.cert, key: tlsCert.key, ...clientCa }, handler) : spec.tcp ? net.createServer((c) => {
     b.requests++;
     c.on('error', () => undefined); // Envoy may reset a connection the test has finished with
     c.end(name);
@@ -244,7 +248,7 @@ async function checkRequest(dirName: string, r: RequestSpec, vars: Record<string
   const what = `${dirName}: ${r.name}`;
   const port = Number(vars[`port.${r.listener ?? 'service'}`]);
   const url = `http://127.0.0.1:${port}${r.path ?? '/'}`;
-  const attempt = () => (r.tcp ? tcpExchange(port)
+  const attempt = () => (r.tcp ? tcpExchange(port, r.tls && tlsOptions(r.tls, certs))
     : r.tls ? tlsRequest(port, r, certs)
     : httpRequest(url, { method: r.method, headers: r.headers, timeoutMs: 10_000 }));
   const send = (): Promise<HttpResult & { error?: string; peerFingerprint?: string }> => (r.expect.fails ? attempt().then((x) => x, (e: Error) => ({ status: 0, body: '', headers: {}, error: e.message })) : attempt());
@@ -257,7 +261,7 @@ async function checkRequest(dirName: string, r: RequestSpec, vars: Record<string
     c.on('error', () => resolve(false));
   }));
   // On a TCP listener the probe is proxied to a backend too: count from zero only once it has landed there.
-  if (r.tcp) await waitFor(`${what}: the probe to reach a backend`, () => Object.values(backends).some((b) => b.requests > 0));
+  if (r.tcp && !r.tls) await waitFor(`${what}: the probe to reach a backend`, () => Object.values(backends).some((b) => b.requests > 0));
   for (const b of Object.values(backends)) b.requests = 0;
   const e = r.expect;
   const results: (HttpResult & { error?: string; peerFingerprint?: string })[] = [];
@@ -312,17 +316,12 @@ async function checkRequest(dirName: string, r: RequestSpec, vars: Record<string
 
 /** An HTTPS request with the SNI, trusted CA and client certificate the step names; remembers the server's certificate. */
 function tlsRequest(port: number, r: RequestSpec, certs: Record<string, TestCert>): Promise<HttpResult & { peerFingerprint?: string }> {
-  const t = r.tls!;
-  const cert = (n: string) => {
-    if (!certs[n]) throw new Error(`unknown certificate ${n}`);
-    return certs[n]!;
-  };
   return new Promise((resolve, reject) => {
     const req = https.request({
       host: '127.0.0.1', port, path: r.path ?? '/', method: r.method ?? 'GET', headers: r.headers, agent: false, timeout: 10_000,
-      servername: t.sni, ca: cert(t.ca).cert, ...(t.cert ? { cert: cert(t.cert).cert, key: cert(t.cert).key } : {}),
+      ...tlsOptions(r.tls!, certs),
     }, (res) => {
-      const peer = (res.socket as import('node:tls').TLSSocket).getPeerCertificate();
+      const peer = (res.socket as tls.TLSSocket).getPeerCertificate();
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8'), headers: res.headers, peerFingerprint: peer.fingerprint256 }));
@@ -334,10 +333,18 @@ function tlsRequest(port: number, r: RequestSpec, certs: Record<string, TestCert
   });
 }
 
-/** Connects, reads until the peer closes: the body is what it wrote. */
-function tcpExchange(port: number): Promise<HttpResult> {
+function tlsOptions(t: NonNullable<RequestSpec['tls']>, certs: Record<string, TestCert>): tls.ConnectionOptions {
+  const cert = (n: string) => {
+    if (!certs[n]) throw new Error(`unknown certificate ${n}`);
+    return certs[n]!;
+  };
+  return { servername: t.sni, ca: cert(t.ca).cert, ...(t.cert ? { cert: cert(t.cert).cert, key: cert(t.cert).key } : {}) };
+}
+
+/** Connects (over TLS when given options), reads until the peer closes: the body is what it wrote. */
+function tcpExchange(port: number, tlsOpts?: tls.ConnectionOptions): Promise<HttpResult> {
   return new Promise((resolve, reject) => {
-    const c = net.connect(port, '127.0.0.1');
+    const c = tlsOpts ? tls.connect({ ...tlsOpts, host: '127.0.0.1', port }) : net.connect(port, '127.0.0.1');
     const chunks: Buffer[] = [];
     c.setTimeout(10_000, () => c.destroy(new Error(`TCP exchange on ${port} timed out`)));
     c.on('data', (d: Buffer) => chunks.push(d));
