@@ -71,7 +71,7 @@ interface RequestSpec {
   name: string;
   listener?: 'service' | 'gateway' | 'gateway2';
   /** HTTPS: the SNI to send, the CA (of `certs`) to trust, and the client certificate to present. */
-  tls?: { sni?: string; ca: string; cert?: string };
+  tls?: { sni?: string; ca: string; cert?: string; maxVersion?: tls.SecureVersion; ciphers?: string };
   /** Before this request, config.yaml is replaced by this file of the case (placeholders filled). */
   edit?: string;
   /** After `edit`: the server must report issues matching these (the set is refused, the last good one stays). */
@@ -338,7 +338,10 @@ function tlsOptions(t: NonNullable<RequestSpec['tls']>, certs: Record<string, Te
     if (!certs[n]) throw new Error(`unknown certificate ${n}`);
     return certs[n]!;
   };
-  return { servername: t.sni, ca: cert(t.ca).cert, ...(t.cert ? { cert: cert(t.cert).cert, key: cert(t.cert).key } : {}) };
+  return {
+    servername: t.sni, ca: cert(t.ca).cert, ...(t.cert ? { cert: cert(t.cert).cert, key: cert(t.cert).key } : {}),
+    ...(t.maxVersion ? { maxVersion: t.maxVersion } : {}), ...(t.ciphers ? { ciphers: t.ciphers } : {}),
+  };
 }
 
 /** Connects (over TLS when given options), reads until the peer closes: the body is what it wrote. */

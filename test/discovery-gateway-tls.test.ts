@@ -210,6 +210,8 @@ spec:
     [{ 'g.yaml': gw('{mode: SIMPLE}', 'TCP') }, /field spec\.servers\[0\]\.tls: a TCP server has no tls/],
     [{ 'g.yaml': gw('{mode: SIMPLE, credentialName: x, minProtocolVersion: TLSV1_3, maxProtocolVersion: TLSV1_2}') }, /maxProtocolVersion: TLSV1_2 is below minProtocolVersion TLSV1_3/],
     [{ 'g.yaml': gw('{mode: SIMPLE, credentialName: nope}') }, /tls\.credentialName: no Secret "nope" in namespace test/],
+    [{ 'g.yaml': gw('{mode: SIMPLE, credentialName: x, cipherSuites: [AES128-SHA, RC4-MD5, AES128-SHA]}') }, /cipherSuites\[1\]: "RC4-MD5" is not a cipher suite Envoy supports/],
+    [{ 'g.yaml': gw('{mode: SIMPLE, credentialName: x, cipherSuites: [AES128-SHA, RC4-MD5, AES128-SHA]}') }, /cipherSuites\[2\]: "AES128-SHA" is listed twice/],
     [{ 'g.yaml': gw('{mode: MUTUAL, credentialName: a-cred}'), 's.yaml': secret('a-cred', 'a') }, /MUTUAL TLS needs a CA to verify the peer/],
     [{ 'g.yaml': gw('{httpsRedirect: true, mode: SIMPLE}', 'HTTP') }, /tls\.mode: is for HTTPS and TLS servers; a HTTP server takes only httpsRedirect/],
   ];

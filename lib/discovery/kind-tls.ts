@@ -7,6 +7,13 @@ import type { ClientTls, GatewayProtocol, RouteDestination, ServerTls, TlsRoute,
 import { HOST, type Path, type Reader } from './schema';
 
 const VERSIONS = ['TLS_AUTO', 'TLSV1_0', 'TLSV1_1', 'TLSV1_2', 'TLSV1_3'] as const;
+// The cipher suites istiod accepts (istio/istio 86c9f01f, pkg/config/security/security.go ValidCipherSuites: what
+// Envoy's BoringSSL knows). istiod drops others with a warning; here they are refused, so none is silently lost.
+const CIPHER_SUITES = new Set([
+  'ECDHE-ECDSA-AES128-GCM-SHA256', 'ECDHE-RSA-AES128-GCM-SHA256', 'ECDHE-ECDSA-AES256-GCM-SHA384', 'ECDHE-RSA-AES256-GCM-SHA384',
+  'ECDHE-ECDSA-CHACHA20-POLY1305', 'ECDHE-RSA-CHACHA20-POLY1305', 'ECDHE-ECDSA-AES128-SHA', 'ECDHE-RSA-AES128-SHA',
+  'ECDHE-ECDSA-AES256-SHA', 'ECDHE-RSA-AES256-SHA', 'AES128-GCM-SHA256', 'AES256-GCM-SHA384', 'AES128-SHA', 'AES256-SHA', 'DES-CBC3-SHA',
+]);
 
 export function readServerTls(r: Reader, v: unknown, path: Path, protocol: GatewayProtocol | undefined): ServerTls | undefined {
   const o = r.object(v, path, ['mode', 'httpsRedirect', 'credentialName', 'serverCertificate', 'privateKey', 'caCertificates', 'subjectAltNames', 'minProtocolVersion', 'maxProtocolVersion', 'cipherSuites']);
@@ -19,6 +26,11 @@ export function readServerTls(r: Reader, v: unknown, path: Path, protocol: Gatew
     subjectAltNames: strings(r, o.subjectAltNames, [...path, 'subjectAltNames']),
     cipherSuites: strings(r, o.cipherSuites, [...path, 'cipherSuites']),
   };
+  out.cipherSuites.forEach((c, i) => {
+    // As istiod, an expression ([a|b], -x, !x) is left to Envoy.
+    if (/^[A-Za-z0-9]/.test(c) && c !== 'ALL' && !CIPHER_SUITES.has(c)) r.fail([...path, 'cipherSuites', i], `"${c}" is not a cipher suite Envoy supports (${[...CIPHER_SUITES].join(', ')})`);
+    if (out.cipherSuites.indexOf(c) !== i) r.fail([...path, 'cipherSuites', i], `"${c}" is listed twice`);
+  });
   for (const k of ['credentialName', 'serverCertificate', 'privateKey', 'caCertificates'] as const) {
     const s = r.string(o[k], [...path, k], { required: o[k] !== undefined });
     if (s !== undefined) out[k] = s;
