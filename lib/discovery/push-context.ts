@@ -42,6 +42,8 @@ export class PushContext {
   readonly secrets: readonly Config<SecretSpec>[];
   /** Are Secrets' private keys sent to routers? Not over a plaintext connection that leaves the host. */
   readonly servePrivateKeys: boolean;
+  /** Does any DestinationRule originate TLS with a credentialName? */
+  private readonly credentialDrs: boolean;
   private readonly memo = new Map<string, unknown>();
 
   private constructor(
@@ -64,6 +66,8 @@ export class PushContext {
     this.peerAuthentications = Object.freeze(sortByKey(parts.pas));
     this.secrets = Object.freeze(sortByKey(parts.secrets ?? []));
     this.servePrivateKeys = parts.servePrivateKeys ?? true;
+    this.credentialDrs = parts.drs.some((d) => [d.spec.trafficPolicy, ...(d.spec.trafficPolicy?.portLevelSettings ?? []).map((p) => p.policy), ...d.spec.subsets.map((x) => x.trafficPolicy)]
+      .some((tp) => tp?.tls?.credentialName !== undefined));
     this.services = Object.freeze(parts.services.sort((a, b) => (a.hostname < b.hostname ? -1 : a.hostname > b.hostname ? 1 : 0)));
     this.serviceByHost = new Map(this.services.map((s) => [s.hostname, s]));
     this.instanceMap = parts.instances;
@@ -170,11 +174,13 @@ export class PushContext {
 
   scopeFor(proxy: Proxy): ProxyScope {
     const sc = this.sidecarFor(proxy);
-    const key = `${proxy.type === 'router' ? 'router|' : ''}${proxy.namespace}|${sc ? `${sc.meta.namespace}/${sc.meta.name}` : '-'}`;
+    // Routers see other clusters than sidecars only when a DestinationRule has a credentialName (gen-upstream-tls.ts).
+    const router = proxy.type === 'router' && this.credentialDrs;
+    const key = `${router ? 'router|' : ''}${proxy.namespace}|${sc ? `${sc.meta.namespace}/${sc.meta.name}` : '-'}`;
     return this.memoize(`scope|${key}`, () => Object.freeze({
       key,
       namespace: proxy.namespace,
-      router: proxy.type === 'router',
+      router,
       outboundTrafficPolicy: sc?.spec.outboundTrafficPolicy ?? this.mesh.outboundTrafficPolicy,
       services: Object.freeze(this.services.filter((svc) => exportedTo(svc.exportTo, svc.namespace, proxy.namespace)
         && (!sc || sc.spec.egressHosts.some((h) => egressAdmits(h, sc.meta.namespace, svc.hostname, svc.namespace))))),
