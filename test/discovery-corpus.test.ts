@@ -4,7 +4,7 @@
 //
 // Placeholders, replaced in both files: {{backend.NAME}} is the port of backend NAME, {{port.service}} a free
 // port for the service (the sidecar's listener), {{port.gateway}} and {{port.gateway2}} free ports for Gateway servers.
-// TLS cases list `certs` (made with openssl at run time, none committed): {{b64.cert.NAME}} and {{b64.key.NAME}} are
+// TLS cases list `certs` (made at run time by the tests' CA, none committed): {{b64.cert.NAME}} and {{b64.key.NAME}} are
 // the PEM certificate and key in base64 (a Secret's `data`), {{path.cert.NAME}} and {{path.key.NAME}} their files.
 
 import * as fs from 'node:fs';
@@ -166,7 +166,7 @@ async function runCase(dirName: string): Promise<void> {
   let envoy: TestEnvoy | undefined;
   try {
     const vars: Record<string, number | string> = { 'port.service': await freePort(), 'port.gateway': await freePort(), 'port.gateway2': await freePort() };
-    const certs = pre.certs ? makeCerts(dir.path, pre.certs) : {};
+    const certs = pre.certs ? await makeCerts(dir.path, pre.certs) : {};
     for (const [name, c] of Object.entries(certs)) {
       vars[`b64.cert.${name}`] = Buffer.from(c.cert).toString('base64');
       vars[`b64.key.${name}`] = Buffer.from(c.key).toString('base64');

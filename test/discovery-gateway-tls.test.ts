@@ -27,7 +27,9 @@ const OTHER_NS_ROUTER = proxyFromNode({ id: 'router~10.0.0.7~gw-0.other~other.sv
 
 let certs: Record<string, TestCert>;
 const certDir = tempDir('pa-gwtls-certs-');
-certs = makeCerts(certDir.path, { ca: {}, a: { ca: 'ca', hosts: ['a.example.com'] }, b: { ca: 'ca', hosts: ['b.example.com'] } });
+test.before(async () => {
+  certs = await makeCerts(certDir.path, { ca: {}, a: { ca: 'ca', hosts: ['a.example.com'] }, b: { ca: 'ca', hosts: ['b.example.com'] } });
+});
 
 const SE = `apiVersion: networking.istio.io/v1
 kind: ServiceEntry

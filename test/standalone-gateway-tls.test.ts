@@ -77,7 +77,7 @@ function fetchTls(port: number, sni: string, ca: string): Promise<{ fingerprint:
 
 test('a standalone gateway serves a Secret over ADS and file certificates over the agent SDS on one port, and rotates the Secret without restarting Envoy', async () => {
   const dir = tempDir('pa-gwtls-');
-  const certs = makeCerts(dir.path, { ca: {}, a1: { ca: 'ca', hosts: ['a.example.com'] }, a2: { ca: 'ca', hosts: ['a.example.com'] }, b: { ca: 'ca', hosts: ['b.example.com'] } });
+  const certs = await makeCerts(dir.path, { ca: {}, a1: { ca: 'ca', hosts: ['a.example.com'] }, a2: { ca: 'ca', hosts: ['a.example.com'] }, b: { ca: 'ca', hosts: ['b.example.com'] } });
   const fp = (n: string) => new X509Certificate(certs[n]!.cert).fingerprint256;
   const backend = http.createServer((req, res) => {
     req.resume();

@@ -48,7 +48,7 @@ export function readSecret(r: Reader, top: Record<string, unknown>): SecretSpec 
       r.fail(key.path, 'is not a PEM private key');
     }
     if (leaf && pk) {
-      if (!leaf.checkPrivateKey(pk)) r.fail(key.path, `does not match the certificate in ${cert.path.join('.')} (subject ${leaf.subject.replace(/\n/g, ', ')})`);
+      if (!leaf.checkPrivateKey(pk)) r.fail(key.path, `does not match the certificate in ${cert.path.join('.')} (${leaf.subject ? `subject ${leaf.subject.replace(/\n/g, ', ')}` : leaf.subjectAltName ?? 'no subject'})`);
     }
     out.cert = cert.text;
     out.key = key.text;
