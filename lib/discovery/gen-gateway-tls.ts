@@ -39,20 +39,20 @@ export function gatewayServerRouteName(gw: Config<GatewaySpec>, s: GatewayServer
 }
 
 export function routerListeners(push: PushContext, gws: readonly Config<GatewaySpec>[], proxyNs: string): Map<string, Resource> {
-  const byListener = new Map<string, { bind: string; port: number; entries: Entry[] }>();
+  // One listener per port, named by the first server's bind address (two binds of one port would not both bind).
+  const byPort = new Map<number, { bind: string; port: number; entries: Entry[] }>();
   for (const gw of gws) {
     for (const server of gw.spec.servers) {
-      const bind = server.bind ?? '0.0.0.0';
-      const name = `${bind}_${server.port.number}`;
-      const l = byListener.get(name) ?? { bind, port: server.port.number, entries: [] };
+      const l = byPort.get(server.port.number) ?? { bind: server.bind ?? '0.0.0.0', port: server.port.number, entries: [] };
       // One kind of server a port, as istiod: the first server's kind decides, the others are left out.
       if (l.entries.length && isPlainHttp(l.entries[0]!.server) !== isPlainHttp(server)) continue;
       l.entries.push({ gw, server });
-      byListener.set(name, l);
+      byPort.set(server.port.number, l);
     }
   }
   const out = new Map<string, Resource>();
-  for (const [name, l] of byListener) {
+  for (const l of byPort.values()) {
+    const name = `${l.bind}_${l.port}`;
     const chains = isPlainHttp(l.entries[0]!.server)
       ? [{ filters: [hcmFilter(name, `http.${l.port}`, true)] }]
       : tlsChains(push, l.entries, name, proxyNs);

@@ -51,7 +51,7 @@ function checkPorts(r: Reader, servers: readonly GatewayServer[], path: Path): v
   const first = new Map<string, { i: number; s: GatewayServer }>();
   const sni = new Map<string, number>();
   servers.forEach((s, i) => {
-    const key = `${s.bind ?? ''}:${s.port.number}`;
+    const key = String(s.port.number);
     const f = first.get(key);
     const pp = [...path, 'servers', i, 'port'];
     if (!f) first.set(key, { i, s });
