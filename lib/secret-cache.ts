@@ -188,7 +188,7 @@ export class SecretCache implements Component, SecretProvider {
     // Until Envoy asks for the workload certificate, nothing waits for it (mounted files that are missing or bad
     // included, as in Istio, where readiness never looks at certificates).
     if (!this.wanted) return { ready: true, reason: '' };
-    if (!this.o.signer && !this.o.mountedDir && !this.workload) return { ready: false, reason: 'Envoy asks for a workload certificate (ISTIO_MUTUAL), and there is no CA nor mounted certificates' };
+    if (!this.o.signer && !this.o.mountedDir && !this.workload) return { ready: false, reason: 'Envoy asks for a workload certificate (ISTIO_MUTUAL), and there is neither a CA nor mounted certificates' };
     return this.workload ? { ready: true, reason: '' } : { ready: false, reason: `no workload certificate yet${this.ca.lastError ? ` (${this.ca.lastError})` : ''}` };
   }
 

@@ -10,11 +10,12 @@ import { exportedTo } from './visibility';
 import { SIDECAR_BIND } from './gen-listeners';
 import { gatewayServerRouteName } from './gen-gateway-tls';
 import { serverHostAccepts } from './gateway-hosts';
-
-export { serverHostAccepts };
 import type { Proxy } from './proxy';
 import type { ProxyScope, PushContext } from './push-context';
 import { clusterName, dur, encodeResource, encodeRouteConfigSteps, type Resource, ROUTE } from './resources';
+
+// Moved to a leaf module the config checks can load without the generators; re-exported for existing importers.
+export { serverHostAccepts };
 
 export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
   if (proxy.type === 'sidecar') {
