@@ -128,7 +128,7 @@ export class SecretCache implements Component, SecretProvider {
     this.now = o.now ?? Date.now;
     this.rand = o.random ?? Math.random;
     this.wanted = !o.lazy;
-    if (!o.signer && !o.mountedDir) throw new AgentError('CONFIG_INVALID', 'the secret cache needs a CA or a directory of mounted certificates');
+    // Neither: only the certificate files the config names (file-cert:, file-root:) are served (standalone, no CA).
   }
 
   /** Called with the secret's name whenever a secret changes (or first exists). */
@@ -144,9 +144,11 @@ export class SecretCache implements Component, SecretProvider {
     if (this.o.mountedDir) {
       log.info(`workload certificate from mounted files in ${this.o.mountedDir}`);
       this.loadMounted();
-    } else {
-      log.info(`workload certificate for ${this.o.identity} from CA ${this.o.signer!.address}${this.wanted ? '' : ', once Envoy asks for it'}`);
+    } else if (this.o.signer) {
+      log.info(`workload certificate for ${this.o.identity} from CA ${this.o.signer.address}${this.wanted ? '' : ', once Envoy asks for it'}`);
       if (this.wanted) void this.fetch();
+    } else {
+      log.info('no CA and no mounted certificates: serving only the certificate files the config names, no workload certificate');
     }
     this.rewatch();
   }
@@ -186,6 +188,7 @@ export class SecretCache implements Component, SecretProvider {
     // Until Envoy asks for the workload certificate, nothing waits for it (mounted files that are missing or bad
     // included, as in Istio, where readiness never looks at certificates).
     if (!this.wanted) return { ready: true, reason: '' };
+    if (!this.o.signer && !this.o.mountedDir && !this.workload) return { ready: false, reason: 'Envoy asks for a workload certificate (ISTIO_MUTUAL), and there is neither a CA nor mounted certificates' };
     return this.workload ? { ready: true, reason: '' } : { ready: false, reason: `no workload certificate yet${this.ca.lastError ? ` (${this.ca.lastError})` : ''}` };
   }
 
@@ -198,7 +201,7 @@ export class SecretCache implements Component, SecretProvider {
     const iso = (t: number | undefined) => (t ? new Date(t).toISOString() : undefined);
     return {
       identity: this.o.identity,
-      source: this.o.mountedDir ? `files in ${this.o.mountedDir}` : `CA ${this.o.signer!.address}`,
+      source: this.o.mountedDir ? `files in ${this.o.mountedDir}` : this.o.signer ? `CA ${this.o.signer.address}` : 'none (file certificates only)',
       certificate: w && { identities: w.leaf.identities, serial: w.leaf.serial, notBefore: iso(w.leaf.notBefore), notAfter: iso(w.leaf.notAfter), source: w.source },
       nextRotation: iso(this.nextRotation),
       ca: this.o.signer && { address: this.o.signer.address, reachable: this.ca.reachable, lastSuccess: iso(this.ca.lastSuccess), lastFailure: iso(this.ca.lastFailure), lastError: this.ca.lastError || undefined },

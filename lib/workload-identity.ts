@@ -1,8 +1,9 @@
 // Chooses how the agent gets its workload identity, from the config, as Istio decides: mounted certificates when
 // present, else a CA (CA_ADDR or the discovery address; in standalone mode the embedded discovery server's CA
 // when the config directory declares identities). Returns the secret cache and the SDS server for agent.ts to
-// connect and start, or undefined when there is no source of certificates at all (standalone without a CA), or
-// when another SDS server (e.g. SPIRE's agent) already serves the socket: then Envoy uses that one, as in Istio.
+// connect and start; standalone without a CA, they serve only the certificate files the config names (a Gateway's
+// serverCertificate, a DestinationRule's caCertificates) and no workload certificate. Undefined when another SDS
+// server (e.g. SPIRE's agent) already serves the socket: then Envoy uses that one, as in Istio.
 
 import * as path from 'node:path';
 import { CaClient, caClientOptions } from './ca-client';
@@ -35,9 +36,10 @@ export async function workloadIdentity(cfg: AgentConfig, env: Env, standaloneSoc
   let signer: CaClient | undefined;
   if (!mounted) {
     if (standaloneSocket) {
-      if (!caDeclared(cfg.standaloneDir)) return undefined;
-      const o = caClientOptions(cfg, env);
-      signer = new CaClient({ ...o, address: `unix:${path.resolve(standaloneSocket)}`, tls: false, headers: { ClusterID: cfg.clusterId } });
+      if (caDeclared(cfg.standaloneDir)) {
+        const o = caClientOptions(cfg, env);
+        signer = new CaClient({ ...o, address: `unix:${path.resolve(standaloneSocket)}`, tls: false, headers: { ClusterID: cfg.clusterId } });
+      }
     } else {
       signer = new CaClient(caClientOptions(cfg, env));
     }
@@ -58,5 +60,5 @@ export async function workloadIdentity(cfg: AgentConfig, env: Env, standaloneSoc
     lazy: true,
   });
   const sds = new SdsServer({ socketPath: cfg.sdsSocket, provider: cache });
-  return { cache, sds, source: mounted ? `files in ${mounted}` : `CA ${signer!.address}` };
+  return { cache, sds, source: mounted ? `files in ${mounted}` : signer ? `CA ${signer.address}` : 'file certificates only (no CA)' };
 }

@@ -3,18 +3,24 @@
 // expectation comes from). Every case runs against a real Envoy fed by the embedded discovery server.
 //
 // Placeholders, replaced in both files: {{backend.NAME}} is the port of backend NAME, {{port.service}} a free
-// port for the service (the sidecar's listener), {{port.gateway}} a free port for a Gateway server.
+// port for the service (the sidecar's listener), {{port.gateway}} and {{port.gateway2}} free ports for Gateway servers.
+// TLS cases list `certs` (made at run time by the tests' CA, none committed): {{b64.cert.NAME}} and {{b64.key.NAME}} are
+// the PEM certificate and key in base64 (a Secret's `data`), {{path.cert.NAME}} and {{path.key.NAME}} their files.
 
 import * as fs from 'node:fs';
+import { X509Certificate } from 'node:crypto';
 import * as http from 'node:http';
+import * as https from 'node:https';
 import * as net from 'node:net';
 import * as path from 'node:path';
+import * as tls from 'node:tls';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { parse } from 'yaml';
 import { DiscoveryServer } from '../lib/discovery/index';
 import { startEnvoy, type TestEnvoy } from './helpers/discovery-envoy';
 import { freePort, httpRequest, type HttpResult, REPO, sleep, tempDir, waitFor } from './helpers/harness';
+import { type CertSpec, makeCerts, type TestCert } from './helpers/test-certs';
 
 const CORPUS = path.join(REPO, 'test/discovery-corpus');
 
@@ -25,6 +31,10 @@ interface BackendSpec {
   delayMs?: number;
   /** A TCP server that writes its name and closes, instead of HTTP. */
   tcp?: boolean;
+  /** HTTPS with this certificate (of `certs`) instead of plain HTTP. */
+  tls?: string;
+  /** With `tls`: require a client certificate issued by this CA (of `certs`). */
+  clientCa?: string;
 }
 
 interface Expect {
@@ -50,11 +60,24 @@ interface Expect {
   minMs?: number;
   /** Over `repeat` requests: exactly these backends answered. */
   backendsSeen?: string[];
+  /** The connection or TLS handshake fails (no HTTP answer at all), optionally with a matching error. */
+  fails?: boolean;
+  errorMatches?: string;
+  /** The certificate (of `certs`) the TLS server presented to the client. */
+  peerCert?: string;
 }
 
 interface RequestSpec {
   name: string;
-  listener?: 'service' | 'gateway';
+  listener?: 'service' | 'gateway' | 'gateway2';
+  /** HTTPS: the SNI to send, the CA (of `certs`) to trust, and the client certificate to present. */
+  tls?: { sni?: string; ca: string; cert?: string; maxVersion?: tls.SecureVersion; ciphers?: string };
+  /** Before this request, config.yaml is replaced by this file of the case (placeholders filled). */
+  edit?: string;
+  /** After `edit`: the server must report issues matching these (the set is refused, the last good one stays). */
+  editIssues?: string[];
+  /** Retry for a while until the expectation holds (a change still on its way to Envoy). */
+  eventually?: boolean;
   method?: string;
   path?: string;
   headers?: Record<string, string>;
@@ -72,6 +95,8 @@ interface CaseSpec {
   proxy: 'sidecar' | 'router';
   backends?: Record<string, BackendSpec>;
   mesh?: { outboundTrafficPolicy?: 'ALLOW_ANY' | 'REGISTRY_ONLY' };
+  /** Test certificates to make (see test/helpers/test-certs.ts). */
+  certs?: Record<string, CertSpec>;
   /** The config must be rejected at start, with messages matching these regular expressions. */
   rejected?: string[];
   requests?: RequestSpec[];
@@ -83,12 +108,8 @@ interface Backend {
   close(): Promise<void>;
 }
 
-async function startBackend(name: string, spec: BackendSpec): Promise<Backend> {
-  const server = spec.tcp ? net.createServer((c) => {
-    b.requests++;
-    c.on('error', () => undefined); // Envoy may reset a connection the test has finished with
-    c.end(name);
-  }) : http.createServer((req, res) => {
+async function startBackend(name: string, spec: BackendSpec, certs: Record<string, TestCert>): Promise<Backend> {
+  const handler = (req: http.IncomingMessage, res: http.ServerResponse) => {
     b.requests++;
     const n = b.requests;
     req.resume();
@@ -103,7 +124,15 @@ async function startBackend(name: string, spec: BackendSpec): Promise<Backend> {
     };
     if (spec.delayMs) setTimeout(answer, spec.delayMs);
     else answer();
-  });
+  };
+  const tlsCert = spec.tls ? certs[spec.tls] : undefined;
+  if (spec.tls && !tlsCert) throw new Error(`backend ${name}: unknown certificate ${spec.tls}`);
+  const clientCa = spec.clientCa ? { requestCert: true, rejectUnauthorized: true, ca: certs[spec.clientCa]!.cert } : {};
+  const server = tlsCert ? https.createServer({ cert: tlsCert.cert, key: tlsCert.key, ...clientCa }, handler) : spec.tcp ? net.createServer((c) => {
+    b.requests++;
+    c.on('error', () => undefined); // Envoy may reset a connection the test has finished with
+    c.end(name);
+  }) : http.createServer(handler);
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(0, '127.0.0.1', () => resolve());
@@ -112,14 +141,14 @@ async function startBackend(name: string, spec: BackendSpec): Promise<Backend> {
     requests: 0,
     port: (server.address() as net.AddressInfo).port,
     close: () => new Promise<void>((r) => {
-      if (server instanceof http.Server) server.closeAllConnections();
+      if (server instanceof http.Server || server instanceof https.Server) server.closeAllConnections();
       server.close(() => r());
     }),
   };
   return b;
 }
 
-function fill(text: string, vars: Record<string, number>): string {
+function fill(text: string, vars: Record<string, number | string>): string {
   return text.replace(/\{\{([a-z0-9.-]+)\}\}/g, (m, k: string) => {
     if (!(k in vars)) throw new Error(`unknown placeholder ${m}`);
     return String(vars[k]);
@@ -136,14 +165,23 @@ async function runCase(dirName: string): Promise<void> {
   let server: DiscoveryServer | undefined;
   let envoy: TestEnvoy | undefined;
   try {
-    const vars: Record<string, number> = { 'port.service': await freePort(), 'port.gateway': await freePort() };
+    const vars: Record<string, number | string> = { 'port.service': await freePort(), 'port.gateway': await freePort(), 'port.gateway2': await freePort() };
+    const certs = pre.certs ? await makeCerts(dir.path, pre.certs) : {};
+    for (const [name, c] of Object.entries(certs)) {
+      vars[`b64.cert.${name}`] = Buffer.from(c.cert).toString('base64');
+      vars[`b64.key.${name}`] = Buffer.from(c.key).toString('base64');
+      vars[`path.cert.${name}`] = c.certPath;
+      vars[`path.key.${name}`] = c.keyPath;
+    }
     for (const [name, b] of Object.entries(pre.backends ?? {})) {
-      backends[name] = await startBackend(name, b ?? {});
+      backends[name] = await startBackend(name, b ?? {}, certs);
       vars[`backend.${name}`] = backends[name]!.port;
     }
     const spec = parse(fill(rawSpec, vars)) as CaseSpec;
-    fs.writeFileSync(path.join(dir.path, 'config.yaml'), fill(fs.readFileSync(path.join(caseDir, 'config.yaml'), 'utf8'), vars));
-    server = new DiscoveryServer({ configDir: dir.path, listen: `unix:${path.join(dir.path, 'xds.sock')}`, mesh: spec.mesh ?? {} });
+    const configDir = path.join(dir.path, 'config');
+    fs.mkdirSync(configDir);
+    fs.writeFileSync(path.join(configDir, 'config.yaml'), fill(fs.readFileSync(path.join(caseDir, 'config.yaml'), 'utf8'), vars));
+    server = new DiscoveryServer({ configDir, listen: `unix:${path.join(dir.path, 'xds.sock')}`, mesh: spec.mesh ?? {} });
     if (spec.rejected) {
       const err = await server.start().then(() => undefined, (e: Error) => e);
       assert.ok(err, `${dirName}: the config is rejected`);
@@ -163,7 +201,10 @@ async function runCase(dirName: string): Promise<void> {
       // CDS, EDS, LDS (and RDS when there is an HTTP listener, which then binds only once it has its routes).
       return !!c && c.subscriptions.length >= 3 && c.subscriptions.every((x) => x.acked === st.version);
     });
-    for (const r of spec.requests ?? []) await runRequest(dirName, r, vars, backends);
+    for (const r of spec.requests ?? []) {
+      if (r.edit) await applyEdit(dirName, s, path.join(configDir, 'config.yaml'), fill(fs.readFileSync(path.join(caseDir, r.edit), 'utf8'), vars), r.editIssues);
+      await runRequest(dirName, r, vars, backends, certs);
+    }
     assert.equal(s.status().nacks, [], `${dirName}: no NACK`);
   } finally {
     await envoy?.stop();
@@ -173,11 +214,44 @@ async function runCase(dirName: string): Promise<void> {
   }
 }
 
-async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, number>, backends: Record<string, Backend>): Promise<void> {
+/** Replaces the config and waits until the server has either pushed it or reported the expected issues. */
+async function applyEdit(dirName: string, s: DiscoveryServer, file: string, text: string, issues: string[] | undefined): Promise<void> {
+  const before = s.status().version;
+  fs.writeFileSync(`${file}.tmp`, text);
+  fs.renameSync(`${file}.tmp`, file);
+  await s.reload();
+  if (issues) {
+    await waitFor(`${dirName}: the edit to be refused`, () => issues.every((re) => s.status().issues.some((i) => new RegExp(re).test(i))));
+    assert.is(s.status().version, before, `${dirName}: a refused edit pushes nothing`);
+  } else {
+    await waitFor(`${dirName}: the edit to be pushed and acked`, () => {
+      const st = s.status();
+      return st.version !== before && st.connections[0]?.subscriptions.some((x) => x.acked === st.version);
+    });
+  }
+}
+
+async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, number | string>, backends: Record<string, Backend>, certs: Record<string, TestCert>): Promise<void> {
+  if (!r.eventually) return checkRequest(dirName, r, vars, backends, certs);
+  let last: unknown;
+  for (const deadline = Date.now() + 15_000; Date.now() < deadline; await sleep(200)) {
+    try {
+      return await checkRequest(dirName, r, vars, backends, certs);
+    } catch (e) {
+      last = e;
+    }
+  }
+  throw last;
+}
+
+async function checkRequest(dirName: string, r: RequestSpec, vars: Record<string, number | string>, backends: Record<string, Backend>, certs: Record<string, TestCert>): Promise<void> {
   const what = `${dirName}: ${r.name}`;
-  const port = vars[`port.${r.listener ?? 'service'}`]!;
+  const port = Number(vars[`port.${r.listener ?? 'service'}`]);
   const url = `http://127.0.0.1:${port}${r.path ?? '/'}`;
-  const send = () => (r.tcp ? tcpExchange(port) : httpRequest(url, { method: r.method, headers: r.headers, timeoutMs: 10_000 }));
+  const attempt = () => (r.tcp ? tcpExchange(port, r.tls && tlsOptions(r.tls, certs))
+    : r.tls ? tlsRequest(port, r, certs)
+    : httpRequest(url, { method: r.method, headers: r.headers, timeoutMs: 10_000 }));
+  const send = (): Promise<HttpResult & { error?: string; peerFingerprint?: string }> => (r.expect.fails ? attempt().then((x) => x, (e: Error) => ({ status: 0, body: '', headers: {}, error: e.message })) : attempt());
   // The listener can lag the ack by a moment: wait until it accepts a connection.
   await waitFor(`${what}: listener ${port}`, () => new Promise<boolean>((resolve) => {
     const c = net.connect(port, '127.0.0.1', () => {
@@ -187,10 +261,10 @@ async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, 
     c.on('error', () => resolve(false));
   }));
   // On a TCP listener the probe is proxied to a backend too: count from zero only once it has landed there.
-  if (r.tcp) await waitFor(`${what}: the probe to reach a backend`, () => Object.values(backends).some((b) => b.requests > 0));
+  if (r.tcp && !r.tls) await waitFor(`${what}: the probe to reach a backend`, () => Object.values(backends).some((b) => b.requests > 0));
   for (const b of Object.values(backends)) b.requests = 0;
   const e = r.expect;
-  const results: HttpResult[] = [];
+  const results: (HttpResult & { error?: string; peerFingerprint?: string })[] = [];
   let elapsed = 0;
   if (r.parallel) results.push(...await Promise.all(Array.from({ length: r.repeat ?? 1 }, () => send())));
   else {
@@ -201,6 +275,13 @@ async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, 
     }
   }
   const first = results[0]!;
+  if (e.fails !== undefined) {
+    assert.is(first.error !== undefined, e.fails, `${what}: the connection fails (got ${first.error ?? `status ${first.status}`})`);
+    if (e.errorMatches) assert.match(first.error ?? '', new RegExp(e.errorMatches), `${what}: error`);
+  }
+  if (e.peerCert !== undefined) {
+    assert.is(first.peerFingerprint, new X509Certificate(certs[e.peerCert]!.cert).fingerprint256, `${what}: the server presented ${e.peerCert}`);
+  }
   const seen = () => JSON.parse(String(first.headers['x-seen-headers'] ?? '{}')) as Record<string, string>;
   if (e.status !== undefined) assert.is(first.status, e.status, `${what}: status (body ${first.body.slice(0, 200)})`);
   if (e.backend !== undefined) assert.is(first.body, e.backend, `${what}: backend`);
@@ -233,10 +314,40 @@ async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, 
   }
 }
 
-/** Connects, reads until the peer closes: the body is what it wrote. */
-function tcpExchange(port: number): Promise<HttpResult> {
+/** An HTTPS request with the SNI, trusted CA and client certificate the step names; remembers the server's certificate. */
+function tlsRequest(port: number, r: RequestSpec, certs: Record<string, TestCert>): Promise<HttpResult & { peerFingerprint?: string }> {
   return new Promise((resolve, reject) => {
-    const c = net.connect(port, '127.0.0.1');
+    const req = https.request({
+      host: '127.0.0.1', port, path: r.path ?? '/', method: r.method ?? 'GET', headers: r.headers, agent: false, timeout: 10_000,
+      ...tlsOptions(r.tls!, certs),
+    }, (res) => {
+      const peer = (res.socket as tls.TLSSocket).getPeerCertificate();
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8'), headers: res.headers, peerFingerprint: peer.fingerprint256 }));
+      res.on('error', reject);
+    });
+    req.on('timeout', () => req.destroy(new Error(`TLS request to ${port} timed out`)));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+function tlsOptions(t: NonNullable<RequestSpec['tls']>, certs: Record<string, TestCert>): tls.ConnectionOptions {
+  const cert = (n: string) => {
+    if (!certs[n]) throw new Error(`unknown certificate ${n}`);
+    return certs[n]!;
+  };
+  return {
+    servername: t.sni, ca: cert(t.ca).cert, ...(t.cert ? { cert: cert(t.cert).cert, key: cert(t.cert).key } : {}),
+    ...(t.maxVersion ? { maxVersion: t.maxVersion } : {}), ...(t.ciphers ? { ciphers: t.ciphers } : {}),
+  };
+}
+
+/** Connects (over TLS when given options), reads until the peer closes: the body is what it wrote. */
+function tcpExchange(port: number, tlsOpts?: tls.ConnectionOptions): Promise<HttpResult> {
+  return new Promise((resolve, reject) => {
+    const c = tlsOpts ? tls.connect({ ...tlsOpts, host: '127.0.0.1', port }) : net.connect(port, '127.0.0.1');
     const chunks: Buffer[] = [];
     c.setTimeout(10_000, () => c.destroy(new Error(`TCP exchange on ${port} timed out`)));
     c.on('data', (d: Buffer) => chunks.push(d));

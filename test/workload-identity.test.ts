@@ -1,5 +1,6 @@
 // Where the agent's workload identity comes from: mounted files, the CA (istiod or, standalone, the embedded
-// CA when identities are declared), or nobody (standalone without a CA); and no SDS server of its own when
+// CA when identities are declared), or only the certificate files the config names (standalone without a CA); and
+// no SDS server of its own when
 // another one (e.g. SPIRE's agent) already serves the socket, as in Istio.
 
 import * as fs from 'node:fs';
@@ -31,7 +32,7 @@ test('the CA by default (the discovery address), mounted files when present, the
   assert.is(ca!.source, 'CA istiod.istio-system.svc:15012');
   assert.is((ca!.cache.debug() as { identity: string }).identity, 'spiffe://cluster.local/ns/ns1/sa/sa1');
   fs.mkdirSync(path.join(dir, 'mesh'));
-  assert.is(await workloadIdentity(cfg(env, path.join(dir, 'mesh')), env, path.join(dir, 'discovery.sock')), undefined);
+  assert.is((await workloadIdentity(cfg(env, path.join(dir, 'mesh')), env, path.join(dir, 'discovery.sock')))!.source, 'file certificates only (no CA)');
   fs.mkdirSync(path.join(dir, 'mesh', 'ca', 'identities'), { recursive: true });
   const embedded = await workloadIdentity(cfg(env, path.join(dir, 'mesh')), env, path.join(dir, 'discovery.sock'));
   assert.is(embedded!.source, `CA unix:${path.join(dir, 'discovery.sock')}`);

@@ -3,6 +3,7 @@
 
 import { type Config, type DestinationRuleSpec, describe, type GatewaySpec, keyOf, qualifyHost, type ServiceEntrySpec, type VirtualServiceSpec } from './model';
 import { hostCovers } from './visibility';
+import { credentialIssues, tlsIssues } from './cross-check-tls';
 import { formatPath, type Path } from './schema';
 import type { ConfigIssue } from './yaml-file';
 
@@ -62,7 +63,9 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
     }
   }
 
-  const gateways = new Set(of<GatewaySpec>('Gateway').map((g) => `${g.meta.namespace}/${g.meta.name}`));
+  const gatewayConfigs = of<GatewaySpec>('Gateway');
+  const gateways = new Set(gatewayConfigs.map((g) => `${g.meta.namespace}/${g.meta.name}`));
+  for (const x of credentialIssues(unique)) issue(x.config, x.path, x.message);
   const meshHosts = new Map<string, Config<VirtualServiceSpec>>();
   for (const vs of of<VirtualServiceSpec>('VirtualService')) {
     const ns = vs.meta.namespace;
@@ -97,7 +100,8 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
       }),
       ...vs.spec.tcp.map((route, ri) => route.route.map((d, di) => ({ d, path: ['spec', 'tcp', ri, 'route', di, 'destination'] as Path }))),
     ];
-    if (vs.spec.tcp.length && !forMesh) issue(vs, ['spec', 'tcp'], 'tcp routes are supported for the mesh (sidecars) only, not on Gateways');
+    for (const x of tlsIssues(vs, gatewayConfigs)) issue(vs, x.path, x.message);
+    (vs.spec.tls ?? []).forEach((route, ri) => routes.push(route.route.map((d, di) => ({ d, path: ['spec', 'tls', ri, 'route', di, 'destination'] as Path }))));
     routes.forEach((dests) => {
       dests.forEach(({ d, path }) => {
         const se = lookup(d.host, ns);

@@ -5,6 +5,8 @@
 
 import { packAny } from '../envoy-protos';
 import { clusterLbFields, effectivePolicy } from './gen-lb-policy';
+import { originates, originationFields } from './gen-upstream-tls';
+import { SDS_SOURCE } from './gen-secrets';
 import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER } from './gen-routes';
 import { type Config, type DestinationRuleSpec, labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset, type TrafficPolicy } from './model';
 import type { ProxyScope, PushContext } from './push-context';
@@ -17,12 +19,8 @@ const UPSTREAM_TLS = 'envoy.extensions.transport_sockets.tls.v3.UpstreamTlsConte
 const RAW_BUFFER = 'envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer';
 /** The label Istio puts on workloads that run a sidecar: auto-mTLS sends them mTLS. */
 export const TLS_MODE_LABEL = 'security.istio.io/tlsMode';
-// The agent's SDS server, through the bootstrap's sds-grpc cluster.
-export const SDS_SOURCE = Object.freeze({
-  api_config_source: { api_type: 'GRPC', transport_api_version: 'V3', set_node_on_first_message_only: true, grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }] },
-  initial_fetch_timeout: { seconds: 0, nanos: 0 },
-  resource_api_version: 'V3',
-});
+// The agent's SDS server, through the bootstrap's sds-grpc cluster (defined with the other SDS names, ./gen-secrets.ts).
+export { SDS_SOURCE };
 // google.protobuf.Value: the descriptor's well-known types keep protobufjs' camelCase names.
 const str = (v: string) => ({ stringValue: v });
 
@@ -54,7 +52,7 @@ export function buildClusters(push: PushContext, scope: ProxyScope): Resource[] 
       // A cluster depends on its service, its DestinationRule and, for DNS services, its instances.
       const dr = push.destinationRule(c.service.hostname, scope.namespace);
       const inst = c.service.resolution === 'STATIC' ? mtlsInputs(selectInstances(push, c)) : JSON.stringify(selectInstances(push, c));
-      return push.cache.get(c.service, c.name, `${dr?.meta.resourceVersion ?? ''}|${inst}`, () => encodeResource(CLUSTER, c.name, clusterObject(push, c, dr)));
+      return push.cache.get(c.service, c.name, `${dr?.meta.resourceVersion ?? ''}|${inst}|${scope.router}`, () => encodeResource(CLUSTER, c.name, clusterObject(push, c, dr, scope.router)));
     }),
     PASSTHROUGH,
     BLACKHOLE,
@@ -139,7 +137,7 @@ function mtlsInputs(instances: readonly ServiceInstance[]): string {
  * and the peer's SPIFFE id checked: the DestinationRule's subjectAltNames, else the service accounts the
  * endpoints declare (any trust domain: the root already pins it), else only the root.
  */
-function istioMutual(c: ClusterSpec, instances: readonly ServiceInstance[], sans: readonly string[]): Record<string, unknown> {
+function istioMutual(c: ClusterSpec, instances: readonly ServiceInstance[], sans: readonly string[], sni?: string): Record<string, unknown> {
   const ids = new Set(instances.flatMap((i) => (i.identity ? [`${i.identity.namespace}/${i.identity.serviceAccount}`] : [])));
   const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
   const matchers = sans.length
@@ -151,7 +149,7 @@ function istioMutual(c: ClusterSpec, instances: readonly ServiceInstance[], sans
   return {
     name: 'envoy.transport_sockets.tls',
     typed_config: packAny(UPSTREAM_TLS, {
-      sni: `outbound_.${c.port.number}_.${c.subset?.name ?? ''}_.${c.service.hostname}`,
+      sni: sni ?? `outbound_.${c.port.number}_.${c.subset?.name ?? ''}_.${c.service.hostname}`,
       common_tls_context: {
         alpn_protocols: ['istio-peer-exchange', 'istio'],
         tls_certificate_sds_secret_configs: [{ name: 'default', sds_config: SDS_SOURCE }],
@@ -166,7 +164,7 @@ function istioMutual(c: ClusterSpec, instances: readonly ServiceInstance[], sans
 
 function transportSocket(push: PushContext, c: ClusterSpec, policy: TrafficPolicy): Record<string, unknown> {
   const instances = selectInstances(push, c);
-  if (policy.tls?.mode === 'ISTIO_MUTUAL') return { transport_socket: istioMutual(c, instances, policy.tls.subjectAltNames) };
+  if (policy.tls?.mode === 'ISTIO_MUTUAL') return { transport_socket: istioMutual(c, instances, policy.tls.subjectAltNames, policy.tls.sni) };
   if (policy.tls?.mode === 'DISABLE' || c.service.location !== 'MESH_INTERNAL') return {};
   // Auto-mTLS, as Istio: with no TLS setting, endpoints labelled as having a sidecar get mTLS, the rest plaintext.
   if (!instances.some((i) => i.labels[TLS_MODE_LABEL] === 'istio')) return {};
@@ -178,8 +176,10 @@ function transportSocket(push: PushContext, c: ClusterSpec, policy: TrafficPolic
   };
 }
 
-function clusterObject(push: PushContext, c: ClusterSpec, dr: Config<DestinationRuleSpec> | undefined): Record<string, unknown> {
+function clusterObject(push: PushContext, c: ClusterSpec, dr: Config<DestinationRuleSpec> | undefined, router: boolean): Record<string, unknown> {
   const policy = effectivePolicy(dr?.spec.trafficPolicy, c.subset?.trafficPolicy, c.port.number);
+  // TLS origination (DestinationRule tls SIMPLE/MUTUAL): ./gen-upstream-tls.ts.
+  const origination = originates(policy.tls) ? originationFields(policy.tls, router, c.port.protocol === 'HTTP2' || c.port.protocol === 'GRPC', SDS_SOURCE) : undefined;
   const tcp = policy.connectionPool?.tcp;
   const http = policy.connectionPool?.http;
   const out: Record<string, unknown> = {
@@ -205,12 +205,15 @@ function clusterObject(push: PushContext, c: ClusterSpec, dr: Config<Destination
     out.load_assignment = loadAssignment(c.name, selectInstances(push, c));
   }
   const h2 = c.port.protocol === 'HTTP2' || c.port.protocol === 'GRPC';
-  if (h2 || http?.maxRequestsPerConnection) {
+  if (h2 || http?.maxRequestsPerConnection || origination?.httpOptions) {
     const opts: Record<string, unknown> = { explicit_http_config: h2 ? { http2_protocol_options: {} } : { http_protocol_options: {} } };
+    if (origination?.httpOptions) opts.upstream_http_protocol_options = origination.httpOptions;
     if (http?.maxRequestsPerConnection) opts.common_http_protocol_options = { max_requests_per_connection: { value: http.maxRequestsPerConnection } };
     out.typed_extension_protocol_options = { 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': packAny(HTTP_OPTIONS, opts) };
   }
-  Object.assign(out, transportSocket(push, c, policy));
+  if (origination) {
+    if (origination.socket) out.transport_socket = origination.socket;
+  } else Object.assign(out, transportSocket(push, c, policy));
   const od = policy.outlierDetection;
   if (od) {
     const o: Record<string, unknown> = {};

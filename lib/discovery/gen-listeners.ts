@@ -10,9 +10,10 @@ import type { Proxy } from './proxy';
 import type { ProxyScope, PushContext } from './push-context';
 import { CORS_FILTER, FAULT_FILTER } from './gen-http-policy';
 import { ADS_SOURCE, dur, encodeResource, LISTENER, type Resource } from './resources';
-import { gatewayRouteName, sidecarRouteName } from './gen-routes';
+import { sidecarRouteName } from './gen-routes';
 import { captureListeners } from './gen-capture-listeners';
 import { inboundCaptureChains } from './gen-inbound';
+import { routerListeners } from './gen-gateway-tls';
 
 const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
 const ROUTER = 'envoy.extensions.filters.http.router.v3.Router';
@@ -35,21 +36,8 @@ export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<str
     return push.memoize(`lds|sidecar|${scope.key}`, () => sidecarListeners(push, scope));
   }
   const gws = push.gatewaysFor(proxy);
-  return push.memoize(`lds|router|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => {
-    const out = new Map<string, Resource>();
-    const ports = new Set<number>();
-    for (const gw of gws) {
-      for (const server of gw.spec.servers) {
-        const port = server.port.number;
-        if (ports.has(port)) continue; // one listener per port; the first server's bind address wins
-        ports.add(port);
-        const bind = server.bind ?? '0.0.0.0';
-        const name = `${bind}_${port}`;
-        out.set(name, encodeResource(LISTENER, name, listener(name, bind, port, hcmFilter(name, gatewayRouteName(port), true), 'OUTBOUND')));
-      }
-    }
-    return out;
-  });
+  // Plaintext, HTTPS, TLS and TCP servers: ./gen-gateway-tls.ts.
+  return push.memoize(`lds|router|${proxy.namespace}|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => routerListeners(push, gws, proxy.namespace));
 }
 
 function sidecarListeners(push: PushContext, scope: ProxyScope): Map<string, Resource> {

@@ -8,9 +8,14 @@ import type { Config, GatewaySpec, HttpMatch, HttpRoute, MeshConfig, RouteDestin
 import { isHttp } from './model';
 import { exportedTo } from './visibility';
 import { SIDECAR_BIND } from './gen-listeners';
+import { gatewayServerRouteName } from './gen-gateway-tls';
+import { serverHostAccepts } from './gateway-hosts';
 import type { Proxy } from './proxy';
 import type { ProxyScope, PushContext } from './push-context';
 import { clusterName, dur, encodeResource, encodeRouteConfigSteps, type Resource, ROUTE } from './resources';
+
+// Moved to a leaf module the config checks can load without the generators; re-exported for existing importers.
+export { serverHostAccepts };
 
 export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
   if (proxy.type === 'sidecar') {
@@ -105,20 +110,26 @@ function catchAllVirtualHost(policy: MeshConfig['outboundTrafficPolicy']): Recor
 }
 
 function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[], proxyNs: string): Map<string, Resource> {
-  // port -> host -> routes, in Gateway then VirtualService order
-  const byPort = new Map<number, Map<string, Record<string, unknown>[]>>();
+  // route name (`http.<port>`, or one per HTTPS server: ./gen-gateway-tls.ts) -> host -> routes, in Gateway then
+  // VirtualService order; hosts of servers with httpsRedirect get require_tls ALL (a 301 to https), as istiod.
+  const byRoute = new Map<string, { port: number; hosts: Map<string, Record<string, unknown>[]>; redirect: Set<string> }>();
   const added = new Set<string>();
   for (const gw of gateways) {
     const ref = `${gw.meta.namespace}/${gw.meta.name}`;
     for (const server of gw.spec.servers) {
+      const routeName = gatewayServerRouteName(gw, server);
+      if (!routeName) continue; // TCP, TLS and passthrough servers have no routes
       const port = server.port.number;
-      const hosts = byPort.get(port) ?? new Map<string, Record<string, unknown>[]>();
-      byPort.set(port, hosts);
+      const entry = byRoute.get(routeName) ?? { port, hosts: new Map<string, Record<string, unknown>[]>(), redirect: new Set<string>() };
+      byRoute.set(routeName, entry);
+      const hosts = entry.hosts;
+      const redirect = server.tls?.httpsRedirect === true;
       // As istiod, a gateway uses only the VirtualServices exported to its own namespace.
       for (const vs of push.virtualServicesForGateway(ref).filter((v) => exportedTo(v.spec.exportTo, v.meta.namespace, proxyNs))) {
         for (const h of vs.spec.hosts) {
           if (!server.hosts.some((sh) => serverHostAccepts(sh, gw.meta.namespace, h, vs.meta.namespace))) continue;
-          const once = `${port}|${h}|${vs.meta.namespace}/${vs.meta.name}`;
+          if (redirect) entry.redirect.add(h);
+          const once = `${routeName}|${h}|${vs.meta.namespace}/${vs.meta.name}`;
           if (added.has(once)) continue;
           added.add(once);
           const routes = hosts.get(h) ?? [];
@@ -126,39 +137,30 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
           hosts.set(h, routes);
         }
       }
+      // A redirecting server's own hosts answer the redirect even with no VirtualService.
+      if (redirect) {
+        for (const sh of server.hosts) {
+          const h = sh.includes('/') ? sh.slice(sh.indexOf('/') + 1) : sh;
+          entry.redirect.add(h);
+          if (!hosts.has(h)) hosts.set(h, []);
+        }
+      }
     }
   }
   const out = new Map<string, Resource>();
-  for (const [port, hosts] of byPort) {
-    const vhosts = [...hosts].map(([h, routes]) => ({
+  for (const [name, { port, hosts, redirect }] of byRoute) {
+    const vhosts: Record<string, unknown>[] = [...hosts].map(([h, routes]) => ({
       name: `${h}:${port}`,
       // As istiod: the host alone, the port being ignored by ignore_port_in_host_matching (`Host: h:8080` matches).
       domains: [h],
       routes,
+      ...(redirect.has(h) ? { require_tls: 'ALL' } : {}),
     }));
     // istiod's answer when no VirtualService binds to the port: a virtual host with no route (404).
     if (!vhosts.length) vhosts.push({ name: `blackhole:${port}`, domains: ['*'], routes: [] });
-    const name = gatewayRouteName(port);
     out.set(name, encodeResource(ROUTE, name, { name, virtual_hosts: vhosts, validate_clusters: { value: false }, ignore_port_in_host_matching: true }));
   }
   return out;
-}
-
-/** Does a Gateway server host (`[ns/]host`, wildcards allowed) accept a VirtualService host? */
-export function serverHostAccepts(serverHost: string, gwNs: string, vsHost: string, vsNs: string): boolean {
-  const slash = serverHost.indexOf('/');
-  const ns = slash < 0 ? '*' : serverHost.slice(0, slash);
-  const host = slash < 0 ? serverHost : serverHost.slice(slash + 1);
-  if (ns !== '*' && (ns === '.' ? gwNs : ns) !== vsNs) return false;
-  return hostsOverlap(host, vsHost);
-}
-
-function hostsOverlap(a: string, b: string): boolean {
-  if (a === '*' || b === '*' || a === b) return true;
-  if (a.startsWith('*.') && b.startsWith('*.')) return a.length < b.length ? b.endsWith(a.slice(1)) : a.endsWith(b.slice(1));
-  if (a.startsWith('*.')) return b.endsWith(a.slice(1));
-  if (b.startsWith('*.')) return a.endsWith(b.slice(1));
-  return false;
 }
 
 function defaultRoute(push: PushContext, hostname: string, port: number, namespace: string): Record<string, unknown> {

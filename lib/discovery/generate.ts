@@ -6,6 +6,7 @@ import { inboundClusters, inboundListeners } from './gen-inbound';
 import { buildListeners } from './gen-listeners';
 import { buildNameTableResources } from './gen-nametable';
 import { buildRoutes } from './gen-routes';
+import { buildSecrets } from './gen-secrets';
 import type { Proxy } from './proxy';
 import type { ProxyScope, PushContext } from './push-context';
 import { type Resource, TYPE_URLS } from './resources';
@@ -28,6 +29,8 @@ export function generate(push: PushContext, proxy: Proxy, typeUrl: string): Read
     }
     case TYPE_URLS.route:
       return buildRoutes(push, proxy);
+    case TYPE_URLS.secret:
+      return buildSecrets(push, proxy);
     case TYPE_URLS.nameTable:
       return buildNameTableResources(push);
     default:

@@ -97,7 +97,7 @@ export class DiscoveryServer implements Component {
       ...(o.maxDocuments !== undefined && { maxDocuments: o.maxDocuments }),
     });
     this.debouncer = new Debouncer({ quietMs: o.debounceMs ?? 100, maxDelayMs: o.maxDelayMs ?? 10_000, onFlush: (req) => this.onFlush(req) });
-    this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
+    this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, { servePrivateKeys: isLocalAddress(o.listen) });
     this.ads = new AdsServer({ current: () => this.push, onHealth: (p, e) => this.health.report(p, e) });
   }
 
@@ -144,6 +144,9 @@ export class DiscoveryServer implements Component {
       await this.ads.close();
       this.resolveClosed(e as Error);
       throw e instanceof AgentError ? e : new AgentError('IO', `failed to start the discovery server: ${errorMessage(e)}`, e);
+    }
+    if (!this.push.servePrivateKeys && this.push.secrets.some((x) => x.spec.key)) {
+      log.warn(`Secret private keys are not served: ${this.o.listen} is not a Unix socket or loopback address and the xDS stream is plaintext; gateways get only CA bundles (use certificate files on the gateway host)`);
     }
     this.files.start();
     this.state = 'running';
@@ -241,7 +244,7 @@ export class DiscoveryServer implements Component {
    * back every 10 ms (one RouteConfiguration of 10,000 virtual hosts took over a second to encode in one go).
    */
   private async buildPushContext(): Promise<PushContext> {
-    const push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh);
+    const push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, { servePrivateKeys: isLocalAddress(this.o.listen) });
     let sliceStart = performance.now();
     const breathe = async () => {
       if (performance.now() - sliceStart < 10) return;

@@ -3,6 +3,7 @@
 import type { ConsistentHash, DestinationRuleSpec, Subset, TrafficPolicy } from './model';
 import { readExportTo } from './visibility';
 import { HOST, type Path, type Reader } from './schema';
+import { readClientTls } from './kind-tls';
 
 export function readDestinationRule(r: Reader, v: unknown, path: Path): DestinationRuleSpec | undefined {
   const o = r.object(v, path, ['host', 'trafficPolicy', 'subsets', 'exportTo'], ['host']);
@@ -48,12 +49,8 @@ function readTrafficPolicy(r: Reader, v: unknown, path: Path, portLevel = false)
     });
     out.portLevelSettings = levels;
   }
-  const tls = r.object(o.tls, [...path, 'tls'], ['mode', 'subjectAltNames'], ['mode']);
-  if (tls) {
-    const mode = r.oneOf(tls.mode, [...path, 'tls', 'mode'], ['DISABLE', 'ISTIO_MUTUAL'] as const, { required: true, unsupported: ['SIMPLE', 'MUTUAL'] });
-    const sans = r.array(tls.subjectAltNames, [...path, 'tls', 'subjectAltNames']).map((s, i) => r.string(s, [...path, 'tls', 'subjectAltNames', i], { required: true }));
-    if (mode) out.tls = { mode, subjectAltNames: sans.filter((s): s is string => !!s) };
-  }
+  const tls = readClientTls(r, o.tls, [...path, 'tls']);
+  if (tls) out.tls = tls;
   const lp = [...path, 'loadBalancer'];
   const lb = r.object(o.loadBalancer, lp, ['simple', 'consistentHash']);
   if (lb) {

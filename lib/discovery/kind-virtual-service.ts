@@ -5,9 +5,10 @@ import { dict } from '../dict';
 import type { CorsPolicy, HeaderOperations, HttpFault, HttpMatch, HttpRoute, RouteDestination, StringMatch, TcpRoute, VirtualServiceSpec } from './model';
 import { readExportTo } from './visibility';
 import { HOST, type Path, type Reader, readHosts } from './schema';
+import { readTlsRoutes } from './kind-tls';
 
 export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualServiceSpec | undefined {
-  const o = r.object(v, path, ['hosts', 'gateways', 'http', 'tcp', 'exportTo'], ['hosts']);
+  const o = r.object(v, path, ['hosts', 'gateways', 'http', 'tcp', 'tls', 'exportTo'], ['hosts']);
   if (!o) return undefined;
   const exportTo = readExportTo(r, o.exportTo, [...path, 'exportTo']);
   const hosts = readHosts(r, o.hosts, [...path, 'hosts'], true);
@@ -34,8 +35,10 @@ export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualSe
     });
     tcp.push({ match, route: readDestinations(r, to.route, [...tp, 'route']) });
   });
-  if (!http.length && !tcp.length) r.fail(path, 'needs http or tcp routes');
+  const tls = readTlsRoutes(r, o.tls, [...path, 'tls'], readDestinations);
+  if (!http.length && !tcp.length && !tls.length) r.fail(path, 'needs http, tcp or tls routes');
   const out: VirtualServiceSpec = { hosts, gateways, http, tcp };
+  if (tls.length) out.tls = tls;
   if (exportTo) out.exportTo = exportTo;
   return out;
 }

@@ -4,6 +4,7 @@
 
 import { readDestinationRule } from './kind-destination-rule';
 import { readGateway } from './kind-gateway';
+import { readSecret, SECRET_TOP_KEYS } from './kind-secret';
 import { readServiceEntry, readWorkload } from './kind-service-entry';
 import { readSidecar } from './kind-sidecar';
 import { readVirtualService } from './kind-virtual-service';
@@ -22,14 +23,18 @@ export interface ReadResult {
 /** Reads one document. The config is returned only when there is no problem at all. */
 export function readDocument(doc: unknown): ReadResult {
   const r = new Reader();
-  const top = r.object(doc, [], ['apiVersion', 'kind', 'metadata', 'spec'], ['apiVersion', 'kind', 'metadata', 'spec']);
+  // A Secret is Kubernetes' core shape (type/data/stringData), not an Istio spec.
+  const secret = (doc as { kind?: unknown } | null)?.kind === 'Secret';
+  const top = secret
+    ? r.object(doc, [], SECRET_TOP_KEYS, ['apiVersion', 'kind', 'metadata'])
+    : r.object(doc, [], ['apiVersion', 'kind', 'metadata', 'spec'], ['apiVersion', 'kind', 'metadata', 'spec']);
   if (!top) return { problems: r.problems.length ? r.problems : [{ path: [], message: 'document is empty' }] };
   const kindText = r.string(top.kind, ['kind'], { required: true });
   if (kindText !== undefined && !(KINDS as readonly string[]).includes(kindText)) {
     r.fail(['kind'], `unknown or unsupported kind "${kindText}" (supported: ${KINDS.join(', ')})`);
   }
   const api = r.string(top.apiVersion, ['apiVersion'], { required: true });
-  const apis = kindText === 'PeerAuthentication' ? SECURITY_API_VERSIONS : API_VERSIONS;
+  const apis = kindText === 'PeerAuthentication' ? SECURITY_API_VERSIONS : kindText === 'Secret' ? ['v1'] : API_VERSIONS;
   if (api !== undefined && !apis.includes(api)) r.fail(['apiVersion'], `"${api}" is not one of ${apis.join(', ')}`);
   const md = r.object(top.metadata, ['metadata'], ['name', 'namespace', 'labels', 'annotations', 'resourceVersion', 'uid', 'generation', 'creationTimestamp'], ['name']);
   const name = r.string(md?.name, ['metadata', 'name'], { required: true, pattern: DNS_NAME, patternText: 'a lowercase DNS name' });
@@ -38,14 +43,14 @@ export function readDocument(doc: unknown): ReadResult {
   r.stringMap(md?.annotations, ['metadata', 'annotations']);
   if (!kindText || !(KINDS as readonly string[]).includes(kindText)) return { problems: r.problems };
   const kind = kindText as Kind;
-  const spec = SPEC_READERS[kind](r, top.spec, ['spec'], namespace);
+  const spec = kind === 'Secret' ? readSecret(r, top) : SPEC_READERS[kind](r, top.spec, ['spec'], namespace);
   if (r.problems.length || !name || spec === undefined) return { problems: r.problems };
   return { config: { meta: { kind, name, namespace, labels, resourceVersion: '' }, spec }, problems: [] };
 }
 
 type SpecReader = (r: Reader, v: unknown, path: Path, namespace: string) => Config['spec'] | undefined;
 
-const SPEC_READERS: Record<Kind, SpecReader> = {
+const SPEC_READERS: Record<Exclude<Kind, 'Secret'>, SpecReader> = {
   ServiceEntry: readServiceEntry,
   WorkloadEntry: (r, v, path) => readWorkload(r, v, path, 'STATIC', true),
   VirtualService: readVirtualService,

@@ -1,7 +1,7 @@
 // The discovery server's platform-neutral model: configs keyed by kind + namespace + name (the Istio kinds this
 // server accepts, already validated and normalised), and the service registry's Service and ServiceInstance.
 
-export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar', 'PeerAuthentication'] as const;
+export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar', 'PeerAuthentication', 'Secret'] as const;
 export type Kind = (typeof KINDS)[number];
 
 export type Event = 'add' | 'update' | 'delete';
@@ -30,7 +30,7 @@ export interface Config<S = Spec> {
   spec: S;
 }
 
-export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec | SidecarSpec | PeerAuthenticationSpec;
+export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec | SidecarSpec | PeerAuthenticationSpec | SecretSpec;
 
 /** meshConfig fields the server honours. */
 export interface MeshConfig {
@@ -157,6 +157,8 @@ export interface VirtualServiceSpec {
   gateways: string[];
   http: HttpRoute[];
   tcp: TcpRoute[];
+  /** `tls` routes: SNI-routed passthrough TLS (see ./kind-tls.ts). */
+  tls?: TlsRoute[];
   exportTo?: string[];
 }
 
@@ -170,8 +172,9 @@ export interface ConsistentHash {
 export interface TrafficPolicy {
   /** Per-port overrides of the other fields (not nested further). */
   portLevelSettings?: { port: number; policy: TrafficPolicy }[];
-  /** ISTIO_MUTUAL: mTLS with the workload certificate and ROOTCA from the agent's SDS; DISABLE: plaintext. */
-  tls?: { mode: 'DISABLE' | 'ISTIO_MUTUAL'; subjectAltNames: string[] };
+  /** ISTIO_MUTUAL: mTLS with the workload certificate and ROOTCA from the agent's SDS; DISABLE: plaintext;
+   * SIMPLE/MUTUAL: TLS origination (./gen-upstream-tls.ts). */
+  tls?: ClientTls;
   loadBalancer?: 'ROUND_ROBIN' | 'LEAST_REQUEST' | 'RANDOM';
   consistentHash?: ConsistentHash;
   connectionPool?: {
@@ -201,7 +204,8 @@ export interface DestinationRuleSpec {
 }
 
 export interface GatewayServer {
-  port: { number: number; name: string; protocol: 'HTTP' | 'HTTP2' };
+  port: { number: number; name: string; protocol: GatewayProtocol };
+  tls?: ServerTls;
   /** `host`, `*.suffix`, `*`, optionally prefixed `namespace/`. */
   hosts: string[];
   /** Address the router binds this port on; 0.0.0.0 when unset. */
@@ -266,4 +270,50 @@ export function qualifyHost(host: string, namespace: string): string {
 export function labelsMatch(selector: Readonly<Record<string, string>>, labels: Readonly<Record<string, string>>): boolean {
   for (const [k, v] of Object.entries(selector)) if (labels[k] !== v) return false;
   return true;
+}
+
+// ---- TLS (./kind-tls.ts, ./kind-secret.ts) ----
+
+export type GatewayProtocol = 'HTTP' | 'HTTP2' | 'GRPC' | 'HTTPS' | 'TLS' | 'TCP';
+export type TlsVersion = 'TLS_AUTO' | 'TLSV1_0' | 'TLSV1_1' | 'TLSV1_2' | 'TLSV1_3';
+
+/** A Gateway server's `tls`. */
+export interface ServerTls {
+  mode: 'SIMPLE' | 'MUTUAL' | 'PASSTHROUGH' | 'ISTIO_MUTUAL';
+  httpsRedirect: boolean;
+  credentialName?: string;
+  serverCertificate?: string;
+  privateKey?: string;
+  caCertificates?: string;
+  subjectAltNames: string[];
+  minProtocolVersion?: TlsVersion;
+  maxProtocolVersion?: TlsVersion;
+  cipherSuites: string[];
+}
+
+/** A DestinationRule's `trafficPolicy.tls`. */
+export interface ClientTls {
+  mode: 'DISABLE' | 'ISTIO_MUTUAL' | 'SIMPLE' | 'MUTUAL';
+  subjectAltNames: string[];
+  caCertificates?: string;
+  clientCertificate?: string;
+  privateKey?: string;
+  credentialName?: string;
+  sni?: string;
+  insecureSkipVerify?: boolean;
+}
+
+/** A VirtualService `tls` route: connections whose SNI (and port) match go, still encrypted, to the destinations. */
+export interface TlsRoute {
+  match: { sniHosts: string[]; port?: number; gateways: string[] }[];
+  route: RouteDestination[];
+}
+
+/** A `kind: Secret` (v1), as Istio reads gateway credentials: PEM text, checked at load. Never logged. */
+export interface SecretSpec {
+  /** Certificate chain and its private key (absent in a CA-only Secret). */
+  cert?: string;
+  key?: string;
+  /** Trust bundle for client or server verification (`ca.crt` / `cacert`). */
+  ca?: string;
 }

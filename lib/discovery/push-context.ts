@@ -6,7 +6,7 @@
 import type { ConfigStore } from './config-store';
 import {
   type Config, DEFAULT_MESH, type DestinationRuleSpec, type MeshConfig, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
-  type PeerAuthenticationSpec, type SidecarSpec, type VirtualServiceSpec,
+  type PeerAuthenticationSpec, type SecretSpec, type SidecarSpec, type VirtualServiceSpec,
 } from './model';
 import { egressAdmits, exportedTo, hostCovers } from './visibility';
 import type { Proxy } from './proxy';
@@ -18,6 +18,8 @@ import { ResourceCache } from './resources';
 export interface ProxyScope {
   readonly key: string;
   readonly namespace: string;
+  /** A router (gateway): DestinationRule credentialName applies to routers only, as in istiod. */
+  readonly router: boolean;
   readonly services: readonly Service[];
   /** The Sidecar's outboundTrafficPolicy, else meshConfig's. */
   readonly outboundTrafficPolicy: MeshConfig['outboundTrafficPolicy'];
@@ -36,6 +38,12 @@ export class PushContext {
   readonly gateways: readonly Config<GatewaySpec>[];
   private readonly sidecars: readonly Config<SidecarSpec>[];
   readonly peerAuthentications: readonly Config<PeerAuthenticationSpec>[];
+  /** credentialName Secrets (./gen-secrets.ts). */
+  readonly secrets: readonly Config<SecretSpec>[];
+  /** Are Secrets' private keys sent to routers? Not over a plaintext connection that leaves the host. */
+  readonly servePrivateKeys: boolean;
+  /** Does any DestinationRule originate TLS with a credentialName? */
+  private readonly credentialDrs: boolean;
   private readonly memo = new Map<string, unknown>();
 
   private constructor(
@@ -51,9 +59,15 @@ export class PushContext {
       gateways: Config<GatewaySpec>[];
       sidecars: Config<SidecarSpec>[];
       pas: Config<PeerAuthenticationSpec>[];
+      secrets?: Config<SecretSpec>[];
+      servePrivateKeys?: boolean;
     },
   ) {
     this.peerAuthentications = Object.freeze(sortByKey(parts.pas));
+    this.secrets = Object.freeze(sortByKey(parts.secrets ?? []));
+    this.servePrivateKeys = parts.servePrivateKeys ?? true;
+    this.credentialDrs = parts.drs.some((d) => [d.spec.trafficPolicy, ...(d.spec.trafficPolicy?.portLevelSettings ?? []).map((p) => p.policy), ...d.spec.subsets.map((x) => x.trafficPolicy)]
+      .some((tp) => tp?.tls?.credentialName !== undefined));
     this.services = Object.freeze(parts.services.sort((a, b) => (a.hostname < b.hostname ? -1 : a.hostname > b.hostname ? 1 : 0)));
     this.serviceByHost = new Map(this.services.map((s) => [s.hostname, s]));
     this.instanceMap = parts.instances;
@@ -108,7 +122,7 @@ export class PushContext {
     Object.freeze(this);
   }
 
-  static build(version: string, store: ConfigStore, registry: ServiceDiscovery, cache = new ResourceCache(), mesh: MeshConfig = DEFAULT_MESH): PushContext {
+  static build(version: string, store: ConfigStore, registry: ServiceDiscovery, cache = new ResourceCache(), mesh: MeshConfig = DEFAULT_MESH, opts: { servePrivateKeys?: boolean } = {}): PushContext {
     const services = registry.services();
     const instances = new Map<string, readonly ServiceInstance[]>();
     for (const s of services) {
@@ -122,6 +136,8 @@ export class PushContext {
       vss: store.list('VirtualService') as Config<VirtualServiceSpec>[],
       gateways: store.list('Gateway') as Config<GatewaySpec>[],
       sidecars: store.list('Sidecar') as Config<SidecarSpec>[],
+      secrets: store.list('Secret') as Config<SecretSpec>[],
+      servePrivateKeys: opts.servePrivateKeys,
     });
   }
 
@@ -158,10 +174,13 @@ export class PushContext {
 
   scopeFor(proxy: Proxy): ProxyScope {
     const sc = this.sidecarFor(proxy);
-    const key = `${proxy.namespace}|${sc ? `${sc.meta.namespace}/${sc.meta.name}` : '-'}`;
+    // Routers see other clusters than sidecars only when a DestinationRule has a credentialName (gen-upstream-tls.ts).
+    const router = proxy.type === 'router' && this.credentialDrs;
+    const key = `${router ? 'router|' : ''}${proxy.namespace}|${sc ? `${sc.meta.namespace}/${sc.meta.name}` : '-'}`;
     return this.memoize(`scope|${key}`, () => Object.freeze({
       key,
       namespace: proxy.namespace,
+      router,
       outboundTrafficPolicy: sc?.spec.outboundTrafficPolicy ?? this.mesh.outboundTrafficPolicy,
       services: Object.freeze(this.services.filter((svc) => exportedTo(svc.exportTo, svc.namespace, proxy.namespace)
         && (!sc || sc.spec.egressHosts.some((h) => egressAdmits(h, sc.meta.namespace, svc.hostname, svc.namespace))))),

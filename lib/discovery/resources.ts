@@ -9,18 +9,22 @@ export const CLUSTER = 'envoy.config.cluster.v3.Cluster';
 export const ENDPOINTS = 'envoy.config.endpoint.v3.ClusterLoadAssignment';
 export const LISTENER = 'envoy.config.listener.v3.Listener';
 export const ROUTE = 'envoy.config.route.v3.RouteConfiguration';
+export const SECRET = 'envoy.extensions.transport_sockets.tls.v3.Secret';
 
 export const TYPE_URLS = {
   cluster: typeUrl(CLUSTER),
   endpoint: typeUrl(ENDPOINTS),
   listener: typeUrl(LISTENER),
   route: typeUrl(ROUTE),
+  /** SDS over ADS: credentialName Secrets (./gen-secrets.ts). */
+  secret: typeUrl(SECRET),
   /** NDS, for the agent's DNS proxy (./gen-nametable.ts). */
   nameTable: NAME_TABLE_TYPE,
 } as const;
 
 /** Push order that lets Envoy warm clusters before endpoints and listeners before routes. */
-export const PUSH_ORDER: readonly string[] = [TYPE_URLS.cluster, TYPE_URLS.endpoint, TYPE_URLS.listener, TYPE_URLS.route, TYPE_URLS.nameTable];
+// Secrets last: Envoy asks for them while warming the clusters and listeners that name them.
+export const PUSH_ORDER: readonly string[] = [TYPE_URLS.cluster, TYPE_URLS.endpoint, TYPE_URLS.listener, TYPE_URLS.route, TYPE_URLS.secret, TYPE_URLS.nameTable];
 
 /** Types whose empty subscription means "everything" (wildcard). */
 export const WILDCARD_TYPES: ReadonlySet<string> = new Set([TYPE_URLS.cluster, TYPE_URLS.listener, TYPE_URLS.nameTable]);
