@@ -266,7 +266,6 @@ export async function main(args: string[]): Promise<number> {
     .command('proxy [type]', 'Run Envoy and the agent beside it', proxyOptions, (argv) => {
       setUpLogging(argv);
       // Envoy's message types (built into the startup snapshot) serve only the embedded discovery server.
-      if (argv.standalone === undefined) void import('./lib/envoy-protos').then((m) => m.releaseEnvoyRoot());
       result = proxyCommand(argv);
     })
     .command('bootstrap [type]', 'Print the bootstrap that `proxy` would write', proxyOptions, (argv) => {

@@ -7,7 +7,7 @@
 // outside its own file.
 
 import type { Registry } from 'prom-client';
-import type { Handler } from './status-server';
+import type { Handler, Reply } from './status-server';
 
 /** One readiness condition: `reason` says what is missing when `ready` is false. */
 export interface Condition {
@@ -23,6 +23,9 @@ export interface StatusRoute {
   /** Answer only loopback peers (lifecycle and debug endpoints). */
   localOnly?: boolean;
 }
+
+/** A JSON reply for a status route (debug endpoints). */
+export const json = (value: unknown, status = 200): Reply => ({ status, body: JSON.stringify(value, null, 2) + '\n', contentType: 'application/json' });
 
 export interface Component {
   /** Used in logs, in the 503 body and in "X closed: ..." when it ends the agent. */

@@ -2,7 +2,7 @@
 // config, and what Envoy contributes to the status server (lifecycle routes, readiness, metrics, its stats text).
 
 import type { Registry } from 'prom-client';
-import type { Component, Condition, StatusRoute } from './component';
+import { json, type Component, type Condition, type StatusRoute } from './component';
 import * as admin from './envoy-admin';
 import { binaryIdentity, makeDesiredConfig, RealEnvoyRuntime, removeStaleHotRestartState, sweepOrphanedShm, type EnvoyDesiredConfig } from './envoy-runtime';
 import type { Env } from './env';
@@ -11,9 +11,8 @@ import { AgentError } from './errors';
 import { fingerprint, referencedFiles } from './file-watcher';
 import { collectStartupGarbage } from './heap';
 import { scope } from './log';
-import { gaugeFrom, registerCounters, type MetricsSource } from './metrics';
+import type { MetricsSource } from './metrics';
 import type { Resolved } from './resolve';
-import { json } from './status-server';
 import { Supervisor, type SupervisorEnd } from './supervisor';
 
 const log = scope('agent');
@@ -215,6 +214,9 @@ export class EnvoyComponent implements Component {
   }
 
   registerMetrics(registry: Registry): void {
+    // Required here, after Envoy's spawn: starting Envoy does not need prom-client.
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const { gaugeFrom, registerCounters } = require('./metrics') as typeof import('./metrics');
     registerCounters(registry, 'istio_agent_envoy_', 'Envoy supervisor', () => this.supervisor.metrics() as unknown as Record<string, number>);
     gaugeFrom(registry, 'istio_agent_ready', 'Whether the newest Envoy epoch that went live is still live', () => (this.supervisor.ready() ? 1 : 0));
   }

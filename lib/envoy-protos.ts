@@ -13,11 +13,6 @@ export function envoyRoot(): protobuf.Root {
   return root;
 }
 
-/** Proxy mode without the embedded discovery server never encodes Envoy's messages: let the root go. */
-export function releaseEnvoyRoot(): void {
-  root = undefined;
-}
-
 export function messageType(fullName: string): protobuf.Type {
   return envoyRoot().lookupType(fullName.replace(/^type\.googleapis\.com\//, ''));
 }

@@ -50,7 +50,13 @@ function split(src: string): Piece[] {
   const out: Piece[] = [];
   let pos = 0;
   let trimNext = false;
-  const lineAt = (i: number) => src.slice(0, i).split('\n').length;
+  // Line numbers for errors, counted once over the text (positions only move forward).
+  let counted = 0;
+  let line = 1;
+  const lineAt = (i: number) => {
+    for (; counted < i; counted++) if (src.charCodeAt(counted) === 10) line++;
+    return line;
+  };
   for (;;) {
     const open = src.indexOf('{{', pos);
     let text = src.slice(pos, open < 0 ? undefined : open);

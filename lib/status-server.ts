@@ -39,7 +39,7 @@ export function isLoopback(addr: string | undefined): boolean {
   return a === '::1' || a.startsWith('127.');
 }
 
-export const json = (value: unknown, status = 200): Reply => ({ status, body: JSON.stringify(value, null, 2) + '\n', contentType: 'application/json' });
+export { json } from './component';
 
 export interface StatusServerOptions {
   port: number;

@@ -1,7 +1,7 @@
 // Istio's own xDS types that the agent handles (never forwarded to Envoy). The schema mirrors proto/istio/*.proto
 // (the readable source); it lives here as a descriptor so the single-file bundle needs no .proto files at run time.
 
-import * as protobuf from 'protobufjs';
+import type * as protobuf from 'protobufjs';
 import { unpackAnyBytes } from './xds-codec';
 
 export const NAME_TABLE_TYPE = 'type.googleapis.com/istio.networking.nds.v1.NameTable';
@@ -45,8 +45,10 @@ export const ISTIO_DESCRIPTOR = {
 };
 
 let root: protobuf.Root | undefined;
+/** protobufjs is loaded on first use: most agents never decode one of these (no DNS proxy, no health checks). */
 export function istioRoot(): protobuf.Root {
-  return (root ??= protobuf.Root.fromJSON(ISTIO_DESCRIPTOR));
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  return (root ??= (require('protobufjs') as typeof protobuf).Root.fromJSON(ISTIO_DESCRIPTOR));
 }
 
 export interface NameInfo {
