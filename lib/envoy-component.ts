@@ -191,6 +191,7 @@ export class EnvoyComponent implements Component {
    * Envoy is not ready), and, when its bootstrap asks for xDS, it has had its first CDS and LDS update.
    */
   async readiness(): Promise<Condition> {
+    if (!this.supervisor.ready()) await this.supervisor.checkStartingNow();
     if (!this.supervisor.ready()) return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
     const live = this.supervisor.newestLive();
     if (!live) return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };

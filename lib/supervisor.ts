@@ -102,6 +102,8 @@ export interface SupervisorOptions {
 
 interface Epoch {
   n: number;
+  /** The live check in flight, if any (the probe loop and readiness requests share it). */
+  liveCheck?: Promise<void>;
   config: DesiredConfig;
   proc: EnvoyProcess;
   file: string;
@@ -367,19 +369,35 @@ export class Supervisor {
       await sleep(every);
       if (e.state !== 'starting') return;
       if (this.startTimedOut(e)) return;
+      await this.checkLive(e);
+    }
+  }
+
+  /** One look at a starting epoch: marks it live once Envoy says LIVE and its workers have started. */
+  private checkLive(e: Epoch): Promise<void> {
+    e.liveCheck ??= (async () => {
       if (e.baseId === undefined) {
         const id = this.opts.runtime.readBaseId();
-        if (id !== undefined) e.baseId = this.baseId = id;
-        else continue; // epoch N+1 will need the base id epoch 0 chose
+        if (id === undefined) return; // epoch N+1 will need the base id epoch 0 chose
+        e.baseId = this.baseId = id;
       }
       const info = await this.opts.runtime.probe(e.config.admin).catch(() => undefined);
-      if (!info || info.epoch !== e.n || info.state !== 'LIVE') continue;
+      if (!info || info.epoch !== e.n || info.state !== 'LIVE') return;
       // LIVE in /server_info comes before the child clears INITIALIZING (after workers started).
-      if (this.opts.runtime.isInitializing(e.baseId) === true) continue;
+      if (this.opts.runtime.isInitializing(e.baseId) === true) return;
       if (e.state !== 'starting') return;
       this.markLive(e, info.hotRestartVersion);
-      return;
-    }
+    })().finally(() => (e.liveCheck = undefined));
+    return e.liveCheck;
+  }
+
+  /**
+   * Looks now, rather than at the next probe tick, whether the starting epochs went live: a readiness request
+   * asks, so the first ready answer does not wait up to a probe interval after Envoy is live.
+   */
+  async checkStartingNow(): Promise<void> {
+    if (this.killing || this.closing) return;
+    await Promise.all([...this.epochs.values()].filter((e) => e.state === 'starting').map((e) => this.checkLive(e)));
   }
 
   /**
