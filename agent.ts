@@ -16,7 +16,7 @@ import { mkdirs } from './lib/fs-atomic';
 import { configureLogging, journalPrefix, scope } from './lib/log';
 import { renderBootstrap } from './lib/bootstrap';
 import { readFileOrUndefined, resolveAll, type Resolved } from './lib/resolve';
-import { prebindUnixSocket } from './lib/unix-socket';
+import { prebindUnixSocket, socketInUse } from './lib/unix-socket';
 import { VERSION } from './lib/version';
 import { applyV8Flags } from './lib/heap';
 
@@ -153,24 +153,32 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const { cfg } = resolved;
     // proxyMetadata entries act as environment variables for the agent, as in Istio.
     const agentEnv = { ...cfg.proxy.proxyMetadata, ...env };
-    // Envoy is spawned before the rest of the agent loads (gRPC, the servers): its xDS socket is bound first and
-    // served by the xDS proxy once that has loaded; connections that arrive before wait in the socket.
-    const { EnvoyComponent } = await import('./lib/envoy-component');
-    const envoy = new EnvoyComponent({ resolved, env, startedAt });
-    await envoy.validateFirst();
-    log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
-    await prebindUnixSocket(cfg.xdsSocket);
-    const signalsOff = envoySignals(envoy);
-    await envoy.start();
-    const [{ composeReadiness }, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, appProbe, health, { Profiling }, appMetrics, { workloadIdentity }] = await Promise.all([
-      import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
-      import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/app-probe'), import('./lib/health-checker'),
-      import('./lib/profiling'), import('./lib/app-metrics'), import('./lib/workload-identity'),
+    // Settings read from the environment are checked before anything starts.
+    const [appProbe, health, appMetrics, { keyAlgorithm }] = await Promise.all([
+      import('./lib/app-probe'), import('./lib/health-checker'), import('./lib/app-metrics'), import('./lib/csr'),
     ]);
     const appProbers = appProbe.parseAppProbers(env);
     // Istio merges the app's metrics for sidecars only.
     const appTargets = cfg.proxyType === 'sidecar' ? appMetrics.parseAppMetricsConfig(env, cfg.proxy.statusPort) : [];
     const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
+    keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv));
+
+    // Envoy is spawned before the rest of the agent loads (gRPC, the servers): its xDS and SDS sockets are bound
+    // first and served once their servers have loaded; connections that arrive before wait in the socket. An SDS
+    // socket another server already serves (e.g. SPIRE's agent) is left to it.
+    const { EnvoyComponent } = await import('./lib/envoy-component');
+    const envoy = new EnvoyComponent({ resolved, env, startedAt });
+    await envoy.validateFirst();
+    log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
+    const sdsServedElsewhere = await socketInUse(cfg.sdsSocket);
+    await prebindUnixSocket(cfg.xdsSocket);
+    if (!sdsServedElsewhere) await prebindUnixSocket(cfg.sdsSocket);
+    const signalsOff = envoySignals(envoy);
+    await envoy.start();
+    const [{ composeReadiness }, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, { Profiling }, { workloadIdentity }] = await Promise.all([
+      import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
+      import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/profiling'), import('./lib/workload-identity'),
+    ]);
 
     let upstream = xdsMod.upstreamFromConfig(cfg, agentEnv);
     const discoverySock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
@@ -181,7 +189,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       upstream = { address: `unix://${discoverySock}`, tls: false };
       log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
     }
-    const identity = await workloadIdentity(cfg, agentEnv, cfg.standaloneDir ? discoverySock : undefined);
+    const identity = await workloadIdentity(cfg, agentEnv, cfg.standaloneDir ? discoverySock : undefined, sdsServedElsewhere);
     const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
     const dns = cfg.dnsEnabled ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, { readFile: readFileOrUndefined, uid: process.getuid?.() ?? -1 }))) : undefined;
     const registry = newRegistry();

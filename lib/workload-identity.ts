@@ -26,9 +26,12 @@ export interface WorkloadIdentity {
   source: string;
 }
 
-/** `standaloneSocket`: the embedded discovery server's socket, in `proxy --standalone`. */
-export async function workloadIdentity(cfg: AgentConfig, env: Env, standaloneSocket?: string): Promise<WorkloadIdentity | undefined> {
-  if (await socketInUse(cfg.sdsSocket)) {
+/**
+ * `standaloneSocket`: the embedded discovery server's socket, in `proxy --standalone`. `sdsServedElsewhere`: whether
+ * another server serves the SDS socket, when the caller looked already (agent.ts binds it before Envoy's spawn).
+ */
+export async function workloadIdentity(cfg: AgentConfig, env: Env, standaloneSocket?: string, sdsServedElsewhere?: boolean): Promise<WorkloadIdentity | undefined> {
+  if (sdsServedElsewhere ?? (await socketInUse(cfg.sdsSocket))) {
     log.info(`an SDS server already serves ${cfg.sdsSocket}; Envoy uses it and the agent serves no secrets`);
     return undefined;
   }

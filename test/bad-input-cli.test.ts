@@ -42,6 +42,11 @@ const CASES: Case[] = [
   { name: 'item 10: discoveryAddress garbage', proxyConfig: { discoveryAddress: 'garbage' }, want: /^error: invalid discoveryAddress \(from environment variable PROXY_CONFIG\): "garbage" is not an address/ },
   { name: 'item 10: discoveryAddress host:99999', proxyConfig: { discoveryAddress: 'host:99999' }, want: /^error: invalid discoveryAddress .*port "99999" is out of range/ },
   { name: 'item 10: discoveryAddress with a scheme', proxyConfig: { discoveryAddress: 'http://istiod:15012' }, want: /^error: invalid discoveryAddress .*has a URL scheme/ },
+  // Read by components that load after Envoy's spawn, but checked before it (issue 16 moved the spawn earlier).
+  { name: 'app probers that are not JSON', env: { ISTIO_KUBE_APP_PROBERS: '{bad' }, want: /^error: invalid ISTIO_KUBE_APP_PROBERS \(from environment variable ISTIO_KUBE_APP_PROBERS\): not JSON/ },
+  { name: 'app metrics annotations that are not JSON', env: { ISTIO_PROMETHEUS_ANNOTATIONS: '{x' }, want: /^error: invalid ISTIO_PROMETHEUS_ANNOTATIONS .*not JSON/ },
+  { name: 'an unknown key algorithm', env: { ECC_SIGNATURE_ALGORITHM: 'RSA2' }, want: /^error: invalid ECC_SIGNATURE_ALGORITHM "RSA2" \(want ECDSA or unset\)$/ },
+  { name: 'a readiness probe on port 0', proxyConfig: { readinessProbe: { httpGet: { port: 0 } } }, want: /^error: invalid readinessProbe\.httpGet\.port \(from environment variable PROXY_CONFIG\): 0 is not a port number$/ },
   // 100 KB: Linux limits one environment string to 128 KiB.
   { name: 'a 100 KB value is quoted short', proxyConfig: { discoveryAddress: 'x'.repeat(100_000) }, want: /^error: invalid discoveryAddress .*"x{200}"\.\.\. \(100000 characters\) is not an address/ },
 ];
