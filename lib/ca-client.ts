@@ -101,7 +101,7 @@ export class CaClient implements CertificateSigner {
       md.set('authorization', `Bearer ${token}`);
     }
     // Its own connection, closed with the client: a pooled one could outlive a rotated root or a CA restart.
-    const options: grpc.ChannelOptions = { 'grpc.enable_retries': 0, 'grpc.use_local_subchannel_pool': 1 };
+    const options: grpc.ChannelOptions = { 'grpc.enable_retries': 0, 'grpc.use_local_subchannel_pool': 1, 'grpc.enable_channelz': 0 };
     let creds: grpc.ChannelCredentials;
     if (o.tls) {
       let root: Buffer | null = null;

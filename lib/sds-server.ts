@@ -143,7 +143,7 @@ export class SdsServer implements Component {
     if (this.state !== 'new') throw new AgentError('INTERNAL', 'SDS server already started');
     this.state = 'starting';
     try {
-      const server = new grpc.Server();
+      const server = new grpc.Server({ 'grpc.enable_channelz': 0 });
       server.addService(SDS_DEFINITION, {
         StreamSecrets: (call: grpc.ServerDuplexStream<DiscoveryRequest, unknown>) => this.accept(call, 'sotw'),
         DeltaSecrets: (call: grpc.ServerDuplexStream<DeltaRequest, unknown>) => this.accept(call, 'delta'),

@@ -113,6 +113,7 @@ export class XdsProxy implements Component {
     try {
       const max = this.ctx.maxMessageBytes;
       const server = new grpc.Server({
+        'grpc.enable_channelz': 0,
         'grpc.max_receive_message_length': max,
         'grpc.max_send_message_length': max,
         interceptors: [this.recordStatus],
