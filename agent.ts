@@ -4,19 +4,15 @@
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import yargs from 'yargs';
+import type { Argv } from 'yargs';
 import type { Component, Condition } from './lib/component';
 import type { EnvoyComponent } from './lib/envoy-component';
 import type { AgentConfig, Flags } from './lib/config';
 import type { DiscoveryServer } from './lib/discovery/index';
 import * as envs from './lib/env';
-import { claimConfigPath } from './lib/config-path-lock';
 import { AgentError, errorMessage } from './lib/errors';
-import { mkdirs } from './lib/fs-atomic';
 import { configureLogging, journalPrefix, scope } from './lib/log';
-import { renderBootstrap } from './lib/bootstrap';
-import { readFileOrUndefined, resolveAll, type Resolved } from './lib/resolve';
-import { prebindUnixSocket, socketInUse } from './lib/unix-socket';
+import type { Resolved } from './lib/resolve';
 import { VERSION } from './lib/version';
 import { applyV8Flags } from './lib/heap';
 
@@ -68,6 +64,7 @@ function startupFailure(err: unknown): number {
 
 async function bootstrapCommand(argv: Record<string, unknown>): Promise<number> {
   try {
+    const [{ resolveAll }, { renderBootstrap }] = await Promise.all([import('./lib/resolve'), import('./lib/bootstrap')]);
     const r = resolveAll(proxyFlags(argv), process.env);
     process.stdout.write(renderBootstrap(r.bootstrap));
     return 0;
@@ -88,7 +85,7 @@ function checkEnvoyBinary(cfg: AgentConfig): void {
   }
 }
 
-function checkConfigPathWritable(cfg: AgentConfig): void {
+function checkConfigPathWritable(cfg: AgentConfig, mkdirs: (dir: string) => void): void {
   const dir = cfg.proxy.configPath;
   try {
     mkdirs(dir);
@@ -100,9 +97,11 @@ function checkConfigPathWritable(cfg: AgentConfig): void {
 
 /** Everything checked before anything starts; throws AgentError naming the field. Claims configPath last. */
 async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv): Promise<Resolved> {
+  // Loaded by the commands that need them: `version` and the others start faster without.
+  const [{ resolveAll }, { mkdirs }, { claimConfigPath }] = await Promise.all([import('./lib/resolve'), import('./lib/fs-atomic'), import('./lib/config-path-lock')]);
   const resolved = resolveAll(flags, env);
   checkEnvoyBinary(resolved.cfg);
-  checkConfigPathWritable(resolved.cfg);
+  checkConfigPathWritable(resolved.cfg, mkdirs);
   // Before anything touches configPath: a second agent there would wreck the first one's Envoy.
   const lock = await claimConfigPath(resolved.cfg.proxy.configPath);
   process.on('exit', () => lock.release());
@@ -170,6 +169,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const envoy = new EnvoyComponent({ resolved, env, startedAt });
     await envoy.validateFirst();
     log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
+    const { prebindUnixSocket, socketInUse } = await import('./lib/unix-socket');
     const sdsServedElsewhere = await socketInUse(cfg.sdsSocket);
     await prebindUnixSocket(cfg.xdsSocket);
     if (!sdsServedElsewhere) await prebindUnixSocket(cfg.sdsSocket);
@@ -191,6 +191,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     }
     const identity = await workloadIdentity(cfg, agentEnv, cfg.standaloneDir ? discoverySock : undefined, sdsServedElsewhere);
     const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
+    const { readFileOrUndefined } = await import('./lib/resolve');
     const dns = cfg.dnsEnabled ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, { readFile: readFileOrUndefined, uid: process.getuid?.() ?? -1 }))) : undefined;
     const registry = newRegistry();
     const status = new StatusServer({
@@ -246,11 +247,11 @@ export async function main(args: string[]): Promise<number> {
     return import('./lib/iptables-command').then((m) => (args[sub] === 'istio-iptables' ? m.runIstioIptables : m.runIstioCleanIptables)([...args.slice(0, sub), ...args.slice(sub + 1)]));
   }
   let result: Promise<number> = Promise.resolve(0);
-  const logFlags = (y: yargs.Argv) =>
+  const logFlags = (y: Argv) =>
     y
       .option('log_output_level', { type: 'string', describe: 'Per-scope log levels: scope:level,... (a bare level sets the default)' })
       .option('log_as_json', { type: 'boolean', default: false, describe: 'Log one JSON object per line' });
-  const proxyOptions = (y: yargs.Argv) =>
+  const proxyOptions = (y: Argv) =>
     logFlags(y)
       .positional('type', { type: 'string', default: 'sidecar', describe: 'sidecar, router, ingress or waypoint' })
       .option('domain', { type: 'string', requiresArg: true, describe: 'DNS domain suffix (default $POD_NAMESPACE.svc.cluster.local)' })
@@ -264,6 +265,12 @@ export async function main(args: string[]): Promise<number> {
       .option('standalone', { type: 'string', requiresArg: true, describe: 'Directory of mesh config YAML: run an embedded discovery server instead of using istiod' })
       .option('profiling', { type: 'boolean', default: true, describe: 'Serve /debug/pprof/ (heap snapshot, CPU and allocation profiles) on the status port, loopback only' });
 
+  // The most common call by scripts and image checks, answered without loading the command-line parser.
+  if (args.length === 1 && args[0] === 'version') {
+    process.stdout.write(versionText('', false));
+    return 0;
+  }
+  const { default: yargs } = await import('yargs');
   const parser = yargs(args)
     .scriptName('pilot-agent')
     .wrap(100)
