@@ -4,8 +4,8 @@
 // garbage-answering target costs its timeout and nothing else.
 
 import * as http from 'node:http';
-import * as http2 from 'node:http2';
-import * as https from 'node:https';
+import type * as http2 from 'node:http2';
+import type * as https from 'node:https';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import { errorMessage } from './errors';
@@ -81,7 +81,10 @@ function getOnce(url: URL, o: HttpProbeOptions, signal: AbortSignal): Promise<On
       const prev = headers[key];
       headers[key] = prev === undefined ? v : ([] as string[]).concat(prev, v);
     }
-    const mod = url.protocol === 'https:' ? https : http;
+    // node:https and node:http2 load on the first probe that needs them: most agents never make one, and loading
+    // them (TLS included) would be on the path to Envoy's spawn.
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const mod = url.protocol === 'https:' ? (require('node:https') as typeof https) : http;
     const req = mod.request(url, {
       method: 'GET',
       headers,
@@ -208,7 +211,8 @@ export function grpcProbe(o: { host: string; port: number; service: string; time
   const where = `grpc.health.v1.Health/Check on port ${o.port}`;
   return new Promise<ProbeResult>((resolve) => {
     const authority = `http://${net.isIPv6(o.host) ? `[${o.host}]` : o.host}:${o.port}`;
-    const client = http2.connect(authority, {
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const client = (require('node:http2') as typeof http2).connect(authority, {
       createConnection: () => net.connect({ host: o.host, port: o.port, localAddress: o.localAddress }),
     });
     let settled = false;
