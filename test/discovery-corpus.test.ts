@@ -3,7 +3,8 @@
 // expectation comes from). Every case runs against a real Envoy fed by the embedded discovery server.
 //
 // Placeholders, replaced in both files: {{backend.NAME}} is the port of backend NAME, {{port.service}} a free
-// port for the service (the sidecar's listener), {{port.gateway}} a free port for a Gateway server.
+// port for the service (the sidecar's listener), {{port.gateway}} a free port for a Gateway server, {{port.extra}}
+// one more (a second service's port).
 
 import * as fs from 'node:fs';
 import * as http from 'node:http';
@@ -13,6 +14,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { parse } from 'yaml';
 import { DiscoveryServer } from '../lib/discovery/index';
+import { readMeshTracing } from '../lib/discovery/mesh-tracing';
 import { startEnvoy, type TestEnvoy } from './helpers/discovery-envoy';
 import { freePort, httpRequest, type HttpResult, REPO, sleep, tempDir, waitFor } from './helpers/harness';
 
@@ -72,6 +74,8 @@ interface CaseSpec {
   proxy: 'sidecar' | 'router';
   backends?: Record<string, BackendSpec>;
   mesh?: { outboundTrafficPolicy?: 'ALLOW_ANY' | 'REGISTRY_ONLY' };
+  /** meshConfig as in the mesh file, for the fields read from it (tracing). */
+  meshConfig?: Record<string, unknown>;
   /** The config must be rejected at start, with messages matching these regular expressions. */
   rejected?: string[];
   requests?: RequestSpec[];
@@ -129,21 +133,21 @@ function fill(text: string, vars: Record<string, number>): string {
 async function runCase(dirName: string): Promise<void> {
   const caseDir = path.join(CORPUS, dirName);
   const rawSpec = fs.readFileSync(path.join(caseDir, 'requests.yaml'), 'utf8');
-  const pre = parse(rawSpec) as CaseSpec;
+  const pre = parse(rawSpec.replace(/\{\{[a-z0-9.-]+\}\}/g, '0')) as CaseSpec; // placeholders are filled in below
   assert.ok(pre.source, `${dirName}/requests.yaml names its source`);
   const dir = tempDir('pa-corpus-');
   const backends: Record<string, Backend> = {};
   let server: DiscoveryServer | undefined;
   let envoy: TestEnvoy | undefined;
   try {
-    const vars: Record<string, number> = { 'port.service': await freePort(), 'port.gateway': await freePort() };
+    const vars: Record<string, number> = { 'port.service': await freePort(), 'port.gateway': await freePort(), 'port.extra': await freePort() };
     for (const [name, b] of Object.entries(pre.backends ?? {})) {
       backends[name] = await startBackend(name, b ?? {});
       vars[`backend.${name}`] = backends[name]!.port;
     }
     const spec = parse(fill(rawSpec, vars)) as CaseSpec;
     fs.writeFileSync(path.join(dir.path, 'config.yaml'), fill(fs.readFileSync(path.join(caseDir, 'config.yaml'), 'utf8'), vars));
-    server = new DiscoveryServer({ configDir: dir.path, listen: `unix:${path.join(dir.path, 'xds.sock')}`, mesh: spec.mesh ?? {} });
+    server = new DiscoveryServer({ configDir: dir.path, listen: `unix:${path.join(dir.path, 'xds.sock')}`, mesh: { ...spec.mesh, ...(spec.meshConfig && { tracing: readMeshTracing(spec.meshConfig, `${dirName}/requests.yaml meshConfig`) }) } });
     if (spec.rejected) {
       const err = await server.start().then(() => undefined, (e: Error) => e);
       assert.ok(err, `${dirName}: the config is rejected`);

@@ -1,6 +1,8 @@
 // The discovery server's platform-neutral model: configs keyed by kind + namespace + name (the Istio kinds this
 // server accepts, already validated and normalised), and the service registry's Service and ServiceInstance.
 
+import type { MeshTracing } from './mesh-tracing';
+
 export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar', 'PeerAuthentication'] as const;
 export type Kind = (typeof KINDS)[number];
 
@@ -36,6 +38,8 @@ export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | D
 export interface MeshConfig {
   /** ALLOW_ANY: a sidecar passes unknown Hosts through (PassthroughCluster); REGISTRY_ONLY: it answers 502. */
   outboundTrafficPolicy: 'ALLOW_ANY' | 'REGISTRY_ONLY';
+  /** enableTracing, defaultProviders.tracing and defaultConfig.tracing (./mesh-tracing.ts); absent: no tracing. */
+  tracing?: MeshTracing;
 }
 
 export const DEFAULT_MESH: MeshConfig = Object.freeze({ outboundTrafficPolicy: 'ALLOW_ANY' });
