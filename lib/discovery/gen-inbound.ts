@@ -3,7 +3,7 @@
 // terminates Istio's mTLS (workload certificate and ROOTCA over SDS, the caller's SPIFFE id required) and
 // forwards to the app on 127.0.0.1:<port> (cluster `inbound|<port>||`). PeerAuthentication decides the mode:
 // STRICT accepts only mTLS; PERMISSIVE (the default) also plaintext, told apart by the TLS inspector; DISABLE
-// only plaintext. The caller's identity reaches the app in x-forwarded-client-cert.
+// only plaintext. The caller's identity reaches the app in x-forwarded-client-cert (APPEND_FORWARD, as istiod).
 
 import { packAny } from '../envoy-protos';
 import { isHttp, type ServiceInstance } from './model';
@@ -99,9 +99,12 @@ function filter(i: ServiceInstance, tracing: Record<string, unknown> | undefined
       codec_type: 'AUTO',
       route_config: { name: cluster, virtual_hosts: [{ name: 'inbound', domains: ['*'], routes: [{ match: { prefix: '/' }, route: { cluster, timeout: dur(0) } }] }] },
       http_filters: [{ name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) }],
-      // The caller's SPIFFE id for the app; a header a plaintext caller sent is dropped.
-      forward_client_cert_details: 'SANITIZE_SET',
-      set_current_client_cert_details: { uri: true },
+      // As istiod's inbound HCM (listener_inbound.go buildSidecarInboundHTTPOpts, util.GetProxyHeaders): the
+      // caller's certificate details (subject, SPIFFE URI, DNS SANs) are appended to any x-forwarded-client-cert
+      // already there, for the app.
+      forward_client_cert_details: 'APPEND_FORWARD',
+      set_current_client_cert_details: { subject: { value: true }, dns: true, uri: true },
+      server_name: 'istio-envoy',
       normalize_path: { value: true },
       ...(tracing && { tracing }),
     }),
