@@ -52,6 +52,8 @@ interface Expect {
   minMs?: number;
   /** Over `repeat` requests: exactly these backends answered. */
   backendsSeen?: string[];
+  /** Envoy counters (admin /stats) after this step, at least these values. */
+  envoyStatsAtLeast?: Record<string, number>;
 }
 
 interface RequestSpec {
@@ -72,6 +74,8 @@ interface CaseSpec {
   /** Where the expected answers come from (an Istio commit and file, or an istiod run). */
   source: string;
   proxy: 'sidecar' | 'router';
+  /** The proxy's labels (default: none for a sidecar, istio: ingressgateway for a router). */
+  labels?: Record<string, string>;
   backends?: Record<string, BackendSpec>;
   mesh?: { outboundTrafficPolicy?: 'ALLOW_ANY' | 'REGISTRY_ONLY' };
   /** meshConfig as in the mesh file, for the fields read from it (tracing). */
@@ -159,7 +163,7 @@ async function runCase(dirName: string): Promise<void> {
     envoy = await startEnvoy({
       xdsAddress: s.address,
       nodeId: `${spec.proxy}~127.0.0.1~${spec.proxy}-0.test~test.svc.cluster.local`,
-      labels: spec.proxy === 'router' ? { istio: 'ingressgateway' } : {},
+      labels: spec.labels ?? (spec.proxy === 'router' ? { istio: 'ingressgateway' } : {}),
     });
     await waitFor(`${dirName}: Envoy to ack every resource type`, () => {
       const st = s.status();
@@ -167,7 +171,7 @@ async function runCase(dirName: string): Promise<void> {
       // CDS, EDS, LDS (and RDS when there is an HTTP listener, which then binds only once it has its routes).
       return !!c && c.subscriptions.length >= 3 && c.subscriptions.every((x) => x.acked === st.version);
     });
-    for (const r of spec.requests ?? []) await runRequest(dirName, r, vars, backends);
+    for (const r of spec.requests ?? []) await runRequest(dirName, r, vars, backends, envoy.adminPort);
     assert.equal(s.status().nacks, [], `${dirName}: no NACK`);
   } finally {
     await envoy?.stop();
@@ -177,7 +181,7 @@ async function runCase(dirName: string): Promise<void> {
   }
 }
 
-async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, number>, backends: Record<string, Backend>): Promise<void> {
+async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, number>, backends: Record<string, Backend>, adminPort: number): Promise<void> {
   const what = `${dirName}: ${r.name}`;
   const port = vars[`port.${r.listener ?? 'service'}`]!;
   const url = `http://127.0.0.1:${port}${r.path ?? '/'}`;
@@ -227,6 +231,11 @@ async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, 
   }
   if (e.sameBackend) assert.equal(new Set(results.map((x) => x.body)).size, 1, `${what}: one backend answered every request`);
   if (e.minMs !== undefined) assert.ok(elapsed >= e.minMs, `${what}: took ${elapsed} ms, expected at least ${e.minMs}`);
+  for (const [name, n] of Object.entries(e.envoyStatsAtLeast ?? {})) {
+    const body = (await httpRequest(`http://127.0.0.1:${adminPort}/stats?filter=${encodeURIComponent(`^${name.replace(/[.]/g, '\\.')}$`)}`)).body;
+    const got = Number(/: (\d+)/.exec(body)?.[1] ?? -1);
+    assert.ok(got >= n, `${what}: Envoy stat ${name} is ${got}, expected at least ${n} (${body.trim() || 'absent'})`);
+  }
   if (e.backendRequests) {
     const want = e.backendRequests;
     const counts = () => Object.fromEntries(Object.keys(want).map((k) => [k, backends[k]!.requests]));

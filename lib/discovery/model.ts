@@ -100,6 +100,13 @@ export interface HttpMatch {
   scheme?: StringMatch;
   port?: number;
   ignoreUriCase: boolean;
+  /** The route applies only to proxies with these labels / in this namespace (istiod drops it for others). */
+  sourceLabels?: Readonly<Record<string, string>>;
+  sourceNamespace?: string;
+  /** `mesh` or `namespace/name` of Gateways: the route applies only to those; sourceLabels are then not looked at. */
+  gateways?: readonly string[];
+  /** The route's stat_prefix. */
+  statPrefix?: string;
 }
 
 export interface RouteDestination {
@@ -107,6 +114,8 @@ export interface RouteDestination {
   subset?: string;
   port?: number;
   weight: number;
+  /** Header manipulation when this destination is picked (HTTP routes only). */
+  headers?: { request?: HeaderOperations; response?: HeaderOperations };
 }
 
 /** Percent in [0, 100], fractions allowed (Istio's `Percent`). */
@@ -129,7 +138,7 @@ export interface CorsPolicy {
 
 export interface HttpFault {
   delay?: { fixedDelayMs: number; percentage?: Percent };
-  abort?: { httpStatus: number; percentage?: Percent };
+  abort?: { httpStatus?: number; grpcStatus?: number; percentage?: Percent };
 }
 
 export interface HttpRoute {
@@ -137,7 +146,7 @@ export interface HttpRoute {
   match: HttpMatch[];
   route: RouteDestination[];
   timeoutMs?: number;
-  retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string; ignorePreviousHosts?: boolean; backoffMs?: number };
+  retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string; ignorePreviousHosts?: boolean; backoffMs?: number; retryRemoteLocalities?: boolean };
   rewrite?: { uri?: string; authority?: string };
   fault?: HttpFault;
   corsPolicy?: CorsPolicy;
@@ -145,8 +154,9 @@ export interface HttpRoute {
   mirrorPercentage?: Percent;
   headers?: { request?: HeaderOperations; response?: HeaderOperations };
   /** Instead of `route`: an HTTP redirect, or a response from the proxy itself. */
-  redirect?: { uri?: string; authority?: string; port?: number; scheme?: 'http' | 'https'; redirectCode?: number };
-  directResponse?: { status: number; body?: string };
+  redirect?: { uri?: string; authority?: string; port?: number; derivePort?: 'FROM_PROTOCOL_DEFAULT' | 'FROM_REQUEST_PORT'; scheme?: 'http' | 'https'; redirectCode?: number };
+  /** `body` is text; `bodyBytes` base64, as body.bytes is written in YAML. */
+  directResponse?: { status: number; body?: string; bodyBytes?: string };
 }
 
 /** A `tcp` route: the first whose match (a port; none means any) fits a connection takes it. */
@@ -169,6 +179,8 @@ export interface ConsistentHash {
   key: { httpHeaderName: string } | { httpCookie: { name: string; path?: string; ttlMs?: number } } | { useSourceIp: true } | { httpQueryParameterName: string };
   maglev: boolean;
   minimumRingSize?: number;
+  /** maglev.tableSize: a prime. */
+  maglevTableSize?: number;
 }
 
 export interface TrafficPolicy {
@@ -178,6 +190,8 @@ export interface TrafficPolicy {
   tls?: { mode: 'DISABLE' | 'ISTIO_MUTUAL'; subjectAltNames: string[] };
   loadBalancer?: 'ROUND_ROBIN' | 'LEAST_REQUEST' | 'RANDOM';
   consistentHash?: ConsistentHash;
+  /** loadBalancer.warmupDurationSecs (a duration): slow start for ROUND_ROBIN and LEAST_REQUEST. */
+  warmupMs?: number;
   connectionPool?: {
     tcp?: { maxConnections?: number; connectTimeoutMs?: number };
     http?: { http1MaxPendingRequests?: number; http2MaxRequests?: number; maxRequestsPerConnection?: number; maxRetries?: number };

@@ -9,6 +9,7 @@ import {
   type PeerAuthenticationSpec, type SidecarSpec, type VirtualServiceSpec,
 } from './model';
 import { egressAdmits, exportedTo, hostCovers } from './visibility';
+import { usesSourceLabels } from './source-match';
 import type { Proxy } from './proxy';
 import type { ServiceDiscovery } from './registry';
 import { ResourceCache } from './resources';
@@ -36,6 +37,8 @@ export class PushContext {
   readonly gateways: readonly Config<GatewaySpec>[];
   private readonly sidecars: readonly Config<SidecarSpec>[];
   readonly peerAuthentications: readonly Config<PeerAuthenticationSpec>[];
+  /** Some VirtualService route matches sourceLabels: routes then depend on the proxy's labels. */
+  readonly sourceLabelRoutes: boolean;
   private readonly memo = new Map<string, unknown>();
 
   private constructor(
@@ -105,6 +108,7 @@ export class PushContext {
     this.vsByGateway = byGw;
     this.gateways = Object.freeze(sortByKey(parts.gateways));
     this.sidecars = Object.freeze(sortByKey(parts.sidecars));
+    this.sourceLabelRoutes = usesSourceLabels(parts.vss);
     Object.freeze(this);
   }
 
