@@ -4,7 +4,7 @@
 //
 // Placeholders, replaced in both files: {{backend.NAME}} is the port of backend NAME, {{port.service}} a free
 // port for the service (the sidecar's listener), {{port.gateway}} a free port for a Gateway server, {{port.extra}}
-// one more (a second service's port).
+// one more (a second service's port). In requests.yaml, {{vip.HOST}} is HOST's address in the name table.
 
 import * as fs from 'node:fs';
 import * as http from 'node:http';
@@ -15,6 +15,7 @@ import * as assert from 'uvu/assert';
 import { parse } from 'yaml';
 import { DiscoveryServer } from '../lib/discovery/index';
 import { readMeshTracing } from '../lib/discovery/mesh-tracing';
+import { buildNameTable } from '../lib/discovery/gen-nametable';
 import { startEnvoy, type TestEnvoy } from './helpers/discovery-envoy';
 import { freePort, httpRequest, type HttpResult, REPO, sleep, tempDir, waitFor } from './helpers/harness';
 
@@ -76,6 +77,8 @@ interface CaseSpec {
   proxy: 'sidecar' | 'router';
   /** The proxy's labels (default: none for a sidecar, istio: ingressgateway for a router). */
   labels?: Record<string, string>;
+  /** More node metadata (DNS_CAPTURE, ...). */
+  metadata?: Record<string, string>;
   backends?: Record<string, BackendSpec>;
   mesh?: { outboundTrafficPolicy?: 'ALLOW_ANY' | 'REGISTRY_ONLY' };
   /** meshConfig as in the mesh file, for the fields read from it (tracing). */
@@ -129,6 +132,7 @@ async function startBackend(name: string, spec: BackendSpec): Promise<Backend> {
 
 function fill(text: string, vars: Record<string, number>): string {
   return text.replace(/\{\{([a-z0-9.-]+)\}\}/g, (m, k: string) => {
+    if (k.startsWith('vip.')) return m; // filled in once the server runs
     if (!(k in vars)) throw new Error(`unknown placeholder ${m}`);
     return String(vars[k]);
   });
@@ -164,6 +168,7 @@ async function runCase(dirName: string): Promise<void> {
       xdsAddress: s.address,
       nodeId: `${spec.proxy}~127.0.0.1~${spec.proxy}-0.test~test.svc.cluster.local`,
       labels: spec.labels ?? (spec.proxy === 'router' ? { istio: 'ingressgateway' } : {}),
+      ...(spec.metadata && { metadata: spec.metadata }),
     });
     await waitFor(`${dirName}: Envoy to ack every resource type`, () => {
       const st = s.status();
@@ -171,7 +176,10 @@ async function runCase(dirName: string): Promise<void> {
       // CDS, EDS, LDS (and RDS when there is an HTTP listener, which then binds only once it has its routes).
       return !!c && c.subscriptions.length >= 3 && c.subscriptions.every((x) => x.acked === st.version);
     });
-    for (const r of spec.requests ?? []) await runRequest(dirName, r, vars, backends, envoy.adminPort);
+    // {{vip.HOST}}: the host's address in the name table (its auto-allocated VIP), known once the server runs.
+    const table = buildNameTable(s.pushContext).table;
+    const requests = JSON.parse(JSON.stringify(spec.requests ?? []).replace(/\{\{vip\.([a-z0-9.-]+)\}\}/g, (_, h: string) => table[h]?.ips[0] ?? `no-vip-for-${h}`)) as RequestSpec[];
+    for (const r of requests) await runRequest(dirName, r, vars, backends, envoy.adminPort);
     assert.equal(s.status().nacks, [], `${dirName}: no NACK`);
   } finally {
     await envoy?.stop();

@@ -4,6 +4,7 @@
 
 import { headerFields, mirrorPolicies, perFilterConfig, retryPolicy } from './gen-http-policy';
 import { hashPolicy } from './gen-lb-policy';
+import { allocateVips } from './auto-vip';
 import type { Config, GatewaySpec, HttpMatch, HttpRoute, MeshConfig, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
 import { isHttp } from './model';
 import { exportedTo } from './visibility';
@@ -18,7 +19,8 @@ export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string
   const labels = push.sourceLabelRoutes ? JSON.stringify(Object.entries(proxy.labels).sort()) : '';
   if (proxy.type === 'sidecar') {
     const scope = push.scopeFor(proxy);
-    return push.memoize(`rds|sidecar|${scope.key}${labels && `|${labels}`}`, () => sidecarRoutes(push, scope, proxy.labels));
+    const vips = !!proxy.dnsCapture;
+    return push.memoize(`rds|sidecar|${scope.key}${vips ? '|vips' : ''}${labels && `|${labels}`}`, () => sidecarRoutes(push, scope, proxy.labels, vips));
   }
   const gws = push.gatewaysFor(proxy);
   return push.memoize(`rds|router|${proxy.namespace}|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}|${labels}`, () => routerRoutes(push, gws, proxy));
@@ -28,8 +30,8 @@ export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string
 export const sidecarRouteName = (port: number) => String(port);
 export const gatewayRouteName = (port: number) => `http.${port}`;
 
-function sidecarRoutes(push: PushContext, scope: ProxyScope, labels: Readonly<Record<string, string>>): Map<string, Resource> {
-  const steps = sidecarRouteSteps(push, scope, labels);
+function sidecarRoutes(push: PushContext, scope: ProxyScope, labels: Readonly<Record<string, string>>, vips: boolean): Map<string, Resource> {
+  const steps = sidecarRouteSteps(push, scope, labels, vips);
   for (let r = steps.next(); ; r = steps.next()) if (r.done) return r.value;
 }
 
@@ -39,15 +41,17 @@ function sidecarRoutes(push: PushContext, scope: ProxyScope, labels: Readonly<Re
  */
 export async function warmSidecarRoutes(push: PushContext, scope: ProxyScope, breathe: () => Promise<void>): Promise<void> {
   if (push.sourceLabelRoutes) return; // built per proxy's labels, on demand
-  const steps = sidecarRouteSteps(push, scope, {});
+  const steps = sidecarRouteSteps(push, scope, {}, false);
   for (let r = steps.next(); ; r = steps.next()) {
     if (r.done) return push.prime(`rds|sidecar|${scope.key}`, r.value);
     await breathe();
   }
 }
 
-function* sidecarRouteSteps(push: PushContext, scope: ProxyScope, labels: Readonly<Record<string, string>>): Generator<void, Map<string, Resource>> {
+/** `vips`: the proxy uses auto-allocated VIPs (DNS capture), so a service's VIP is one of its domains. */
+function* sidecarRouteSteps(push: PushContext, scope: ProxyScope, labels: Readonly<Record<string, string>>, vips: boolean): Generator<void, Map<string, Resource>> {
   const src: RouteSource = { labels, namespace: scope.namespace, gateway: 'mesh' };
+  const autoVips = vips ? push.memoize('auto-vips', () => allocateVips(push.services)) : undefined;
   const byPort = new Map<number, Record<string, unknown>[]>();
   for (const svc of scope.services) {
     for (const port of svc.ports) {
@@ -58,8 +62,11 @@ function* sidecarRouteSteps(push: PushContext, scope: ProxyScope, labels: Readon
       const list = byPort.get(port.number) ?? [];
       // The port is ignored when matching (ignore_port_in_host_matching), so no `host:port` domains; the absolute
       // name `host.` is served too (istiod's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).
-      // The service's addresses too (IPs, not CIDRs), as istiod's generateVirtualHostDomains adds them.
-      const ips = svc.addresses.filter((x) => !x.includes('/')).map((x) => (x.includes(':') ? `[${x}]` : x));
+      // The service's addresses too (IPs, not CIDRs), as istiod's generateVirtualHostDomains adds them; without
+      // any, its auto-allocated VIP when the proxy uses those (istiod's getAllAddressesForProxy: DNS capture).
+      const own = svc.addresses.filter((x) => !x.includes('/'));
+      const vip = own.length || svc.addresses.length ? undefined : autoVips?.get(svc.hostname);
+      const ips = [...own, ...(vip ? [vip] : [])].map((x) => (x.includes(':') ? `[${x}]` : x));
       const domains = [svc.hostname, `${svc.hostname}.`, ...kubeAltHosts(svc.hostname, scope.namespace), ...ips];
       list.push({ name: `${svc.hostname}:${port.number}`, domains, routes });
       byPort.set(port.number, list);

@@ -20,6 +20,8 @@ export interface Proxy {
   readonly capture: boolean;
   /** Metadata PROXY_CONFIG, when sent: istiod then takes the proxy's ProxyConfig from it, not meshConfig's defaultConfig. */
   readonly proxyConfig?: { readonly tracing?: ProxyTracing };
+  /** Metadata DNS_CAPTURE=true: its DNS proxy answers the auto-allocated VIPs, so istiod routes them too. */
+  readonly dnsCapture?: boolean;
   /** Metadata MESH_ID and CLUSTER_ID (trace tags). */
   readonly meshId?: string;
   readonly clusterId?: string;
@@ -54,6 +56,7 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
     ...(typeof we === 'string' && we ? { workloadEntry: we } : {}),
     ...(pc && { proxyConfig: Object.freeze(tracing ? { tracing } : {}) }),
     ...str('MESH_ID'), ...str('CLUSTER_ID'),
+    ...((m.DNS_CAPTURE === true || m.DNS_CAPTURE === 'true') && { dnsCapture: true }),
   });
 }
 
