@@ -26,9 +26,11 @@ const DEFAULT_SAMPLING = 1;
 /** Which HTTP connection manager: a sidecar's outbound or inbound one, or a gateway's. */
 export type ListenerClass = 'outbound' | 'inbound' | 'gateway';
 
-/** The HCM `tracing` field for this proxy, or undefined when tracing is off (or its provider is not found). */
-/** `cls`: istiod picks the client spec (outbound, gateway) or the server spec (inbound); without Telemetry
- * resources both are the same, so the class does not change the block here. */
+/**
+ * The HCM `tracing` field for this proxy, or undefined when tracing is off (or its provider is not found).
+ * `cls`: istiod picks the client spec (outbound, gateway) or the server spec (inbound); without Telemetry
+ * resources both are the same, so the class does not change the block here.
+ */
 export function hcmTracing(push: PushContext, proxy: Proxy, _cls: ListenerClass): Record<string, unknown> | undefined {
   const mesh = push.mesh.tracing;
   if (!mesh) return undefined;
