@@ -85,6 +85,13 @@ test('the mesh config\'s outboundTrafficPolicy.mode reaches the embedded discove
   throwsMatching(() => cfg(mesh('outboundTrafficPolicy:\n  mode: DENY\n')), /outboundTrafficPolicy\.mode \(from mesh config .*\): "DENY" is not ALLOW_ANY or REGISTRY_ONLY/);
 });
 
+test('the mesh config\'s tracing fields reach the embedded discovery server; a bad one is named', () => {
+  const mesh = (t: string) => ({ files: { './etc/istio/config/mesh': t } });
+  assert.is(cfg().meshTracing, undefined);
+  assert.equal(cfg(mesh('enableTracing: true\ndefaultConfig:\n  tracing:\n    sampling: 50\n')).meshTracing, { enableTracing: true, defaultConfig: { sampling: 50, customTags: {} } });
+  throwsMatching(() => cfg(mesh('defaultProviders:\n  tracing: [x]\n')), /mesh config .*: defaultProviders\.tracing\[0\]: names no entry of extensionProviders/);
+});
+
 test('bad input names the field and its source', () => {
   throwsMatching(() => cfg({ env: { PROXY_CONFIG: '{"drainDuration": "forever"}' } }), /drainDuration \(from environment variable PROXY_CONFIG\)/);
   throwsMatching(() => cfg({ env: { PROXY_CONFIG: '{not json' } }), /PROXY_CONFIG/);

@@ -4,7 +4,9 @@
 // Data flow: FileConfigSource.sync() applies a validated set to the store; store and registry handlers feed the
 // Debouncer; each flush builds one immutable PushContext and asks every connection to push from it.
 
+import * as fs from 'node:fs';
 import * as path from 'node:path';
+import YAML from 'yaml';
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
 import { DISCOVERY_MAX_DOCUMENTS, DISCOVERY_MAX_FILE_BYTES, PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
@@ -15,6 +17,7 @@ import type { Nack } from './ads-connection';
 import { MemoryConfigStore } from './config-store';
 import { Debouncer, type PushRequest, pushRequest } from './debounce';
 import { FileConfigSource } from './file-source';
+import { readMeshTracing } from './mesh-tracing';
 import { DEFAULT_MESH, KINDS, type MeshConfig } from './model';
 import { warmEndpoints } from './gen-clusters';
 import { warmSidecarRoutes } from './gen-routes';
@@ -270,10 +273,11 @@ export class DiscoveryServer implements Component {
 
 /**
  * `pilot-agent discovery --config-dir DIR [--grpc-addr HOST:PORT | unix path]`: runs until SIGTERM or SIGINT.
+ * `meshConfigFile`: a meshConfig file whose tracing fields apply (./mesh-tracing.ts).
  * Returns 0 after a signal, 1 if the config is invalid or the server cannot start or fails.
  */
 export async function runDiscoveryCommand(
-  argv: { configDir: string; grpcAddr?: string; outboundTrafficPolicy?: MeshConfig['outboundTrafficPolicy'] },
+  argv: { configDir: string; grpcAddr?: string; outboundTrafficPolicy?: MeshConfig['outboundTrafficPolicy']; meshConfigFile?: string },
   env: Env = process.env,
 ): Promise<number> {
   let server: DiscoveryServer;
@@ -281,7 +285,10 @@ export async function runDiscoveryCommand(
     server = new DiscoveryServer({
       configDir: argv.configDir,
       listen: argv.grpcAddr ?? '127.0.0.1:15010',
-      mesh: argv.outboundTrafficPolicy ? { outboundTrafficPolicy: argv.outboundTrafficPolicy } : {},
+      mesh: {
+        ...(argv.outboundTrafficPolicy && { outboundTrafficPolicy: argv.outboundTrafficPolicy }),
+        ...(argv.meshConfigFile && { tracing: readMeshTracing(YAML.parse(fs.readFileSync(argv.meshConfigFile, 'utf8')), `mesh config ${argv.meshConfigFile}`) }),
+      },
       debounceMs: PILOT_DEBOUNCE_AFTER.get(env),
       maxDelayMs: PILOT_DEBOUNCE_MAX.get(env),
       ...fileLimitsFromEnv(env),
