@@ -146,7 +146,9 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
           if (added.has(once)) continue;
           added.add(once);
           const routes = hosts.get(h) ?? [];
-          for (const r of vsRoutes(push, vs, port, false, { labels: proxy.labels, namespace: proxyNs, gateway: ref })) routes.push(r); // not push(...): one VS may hold 100,000 routes
+          const src = { labels: proxy.labels, namespace: proxyNs, gateway: ref };
+          // istiod's IsTLS for redirects: any server `tls` (an httpsRedirect one too) makes https the default scheme.
+          for (const r of vsRoutes(push, vs, port, false, src, undefined, server.tls !== undefined)) routes.push(r); // not push(...): one VS may hold 100,000 routes
           hosts.set(h, routes);
         }
       }
@@ -183,13 +185,14 @@ function defaultRoute(push: PushContext, hostname: string, port: number, namespa
   return { name: 'default', match: { prefix: '/' }, route: action };
 }
 
-/** `namespace`: the sidecar's, whose visible DestinationRule decides consistent hashing (a router sees every one). */
-function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: number, mesh: boolean, src: RouteSource, namespace?: string): Record<string, unknown>[] {
+/** `namespace`: the sidecar's, whose visible DestinationRule decides consistent hashing (a router sees every one).
+ * `tls`: the routes serve a Gateway server with TLS settings (redirects then default to https). */
+function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: number, mesh: boolean, src: RouteSource, namespace?: string, tls = false): Record<string, unknown>[] {
   const out: Record<string, unknown>[] = [];
   for (const r of vs.spec.http) {
     const matches = r.match.length ? r.match.filter((m) => (m.port === undefined || m.port === port) && sourceMatches(m, vs, src)) : [undefined];
     if (!matches.length) continue;
-    const action = r.redirect ? { redirect: redirectAction(r.redirect, port) }
+    const action = r.redirect ? { redirect: redirectAction(r.redirect, port, tls) }
       : r.directResponse ? { direct_response: directResponse(r.directResponse) }
       : routeAction(push, vs, r, port, mesh, namespace);
     if (!action) continue;
@@ -231,13 +234,14 @@ function routeMatch(m: HttpMatch | undefined): Record<string, unknown> {
 const REDIRECT_CODE: Record<number, string> = { 301: 'MOVED_PERMANENTLY', 302: 'FOUND', 303: 'SEE_OTHER', 307: 'TEMPORARY_REDIRECT', 308: 'PERMANENT_REDIRECT' };
 
 /** `port`: the listener's, which derivePort FROM_REQUEST_PORT stands for (istiod's ApplyRedirect: Envoy cannot
- * derive it, and routes are built per port). A port that is the scheme's default is left out of the Location. */
-function redirectAction(rd: NonNullable<HttpRoute['redirect']>, port: number): Record<string, unknown> {
+ * derive it, and routes are built per port). A port that is the scheme's default (the redirect's scheme, else
+ * https on a TLS server and http elsewhere) is left out of the Location. */
+function redirectAction(rd: NonNullable<HttpRoute['redirect']>, port: number, tls: boolean): Record<string, unknown> {
   const out: Record<string, unknown> = { response_code: REDIRECT_CODE[rd.redirectCode ?? 301] };
   if (rd.uri !== undefined) out.path_redirect = rd.uri;
   if (rd.authority !== undefined) out.host_redirect = rd.authority;
   const p = rd.port ?? (rd.derivePort === 'FROM_REQUEST_PORT' ? port : undefined);
-  const scheme = rd.scheme ?? 'http'; // no TLS on these listeners
+  const scheme = rd.scheme ?? (tls ? 'https' : 'http');
   if (p !== undefined && !(p === 80 && scheme === 'http') && !(p === 443 && scheme === 'https')) out.port_redirect = p;
   if (rd.scheme !== undefined) out.scheme_redirect = rd.scheme;
   return out;
