@@ -154,7 +154,7 @@ test('enableTracing without a provider: the HCM samples, the bootstrap\'s zipkin
   });
 });
 
-test('the tracing block on outbound and gateway HCMs: routers spawn an upstream span; no mesh tracing, no block', async () => {
+test('the tracing block on outbound and gateway HCMs (plaintext and HTTPS servers): routers spawn an upstream span; no mesh tracing, no block', async () => {
   const dir = tempDir('pa-tracing-gen-');
   try {
     fs.writeFileSync(path.join(dir.path, 'c.yaml'), `${config(8080, 9080, 9411, 9411)}---
@@ -163,7 +163,9 @@ kind: Gateway
 metadata: { name: gw, namespace: test }
 spec:
   selector: { istio: ingressgateway }
-  servers: [{ port: { number: 8081, name: http, protocol: HTTP }, hosts: ["*"] }]
+  servers:
+  - { port: { number: 8081, name: http, protocol: HTTP }, hosts: ["*"] }
+  - { port: { number: 8443, name: https, protocol: HTTPS }, hosts: ["*"], tls: { mode: SIMPLE, serverCertificate: /etc/gw/cert.pem, privateKey: /etc/gw/key.pem } }
 ---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -195,6 +197,11 @@ spec:
       const router = proxyFromNode({ id: 'router~10.0.0.3~gw.test~test.svc.cluster.local', metadata: { fields: { LABELS: { structValue: { fields: { istio: { stringValue: 'ingressgateway' } } } } } } });
       const gw = hcmOf(listeners(router, push).find((l) => l.name === '0.0.0.0_8081'));
       assert.equal(gw.tracing.spawn_upstream_span, { value: true });
+      // An HTTPS server's filter chain (TLS terminated, its own route name) has the same block.
+      const https = listeners(router, push).find((l) => l.name === '0.0.0.0_8443')!;
+      assert.ok(https.filter_chains[0].transport_socket, 'the HTTPS chain terminates TLS');
+      assert.equal(hcmOf(https).tracing, gw.tracing);
+      assert.is(hcmOf(listeners(router, off).find((l) => l.name === '0.0.0.0_8443')).tracing, undefined);
       assert.is(hcmOf(listeners(sidecar, off).find((l) => l.name === '127.0.0.1_8080')).tracing, undefined);
       // The inbound HCM of a sidecar's own workload carries the same block.
       const own = proxyFromNode({ id: 'sidecar~10.0.0.7~own.test~test.svc.cluster.local' });
