@@ -56,7 +56,7 @@ export interface AgentConfig {
   meshConfigFile: string;
   /** The mesh config's outboundTrafficPolicy.mode, for the embedded discovery server (standalone mode). */
   outboundTrafficPolicy: OutboundTrafficPolicy;
-  /** The mesh config's tracing fields (enableTracing, defaultProviders.tracing, ...), for the embedded discovery server. */
+  /** The mesh config's tracing fields (enableTracing, defaultProviders.tracing, ...), for the embedded discovery server (read in standalone mode only). */
   meshTracing: MeshTracing | undefined;
   bootstrapOverrideFile: string;
   outlierLogPath: string;
@@ -190,7 +190,9 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
       }
       if (mode) outboundTrafficPolicy = mode;
     }
-    meshTracing = readMeshTracing(mesh, src);
+    // Only the embedded discovery server uses these, and it supports fewer providers than istiod: an agent fed
+    // by istiod must not refuse a mesh config whose tracing it never reads.
+    if (flags.standalone !== undefined) meshTracing = readMeshTracing(mesh, src);
   }
 
   const proxyConfigEnv = envs.PROXY_CONFIG.get(env);
