@@ -91,9 +91,10 @@ defaultConfig:
   }
 });
 
-test('discovery --meshConfig: the mesh file\'s tracing is read, and a bad provider reference stops it with the field named', async () => {
+/** Runs `pilot-agent discovery --meshConfig <mesh text>` with an empty config dir; its exit code and output. */
+async function discoveryWithMesh(meshText: string): Promise<{ code: number | null | string; out: string }> {
   const dir = tempDir('pa-discovery-mesh-');
-  fs.writeFileSync(path.join(dir.path, 'mesh.yaml'), 'defaultProviders: { tracing: [missing] }\n');
+  fs.writeFileSync(path.join(dir.path, 'mesh.yaml'), meshText);
   fs.mkdirSync(path.join(dir.path, 'config'));
   const proc = spawn(agentBin(), ['discovery', '--config-dir', path.join(dir.path, 'config'), '--grpc-addr', path.join(dir.path, 'xds.sock'), '--meshConfig', path.join(dir.path, 'mesh.yaml')], { stdio: ['ignore', 'pipe', 'pipe'] });
   const exited = new Promise<number | null>((r) => proc.once('exit', (c) => r(c)));
@@ -104,14 +105,22 @@ test('discovery --meshConfig: the mesh file\'s tracing is read, and a bad provid
     let timer: NodeJS.Timeout | undefined;
     const code = await Promise.race([exited, new Promise<string>((r) => (timer = setTimeout(() => r('still running'), 20_000)))]);
     clearTimeout(timer);
-    assert.is(code, 1, out);
-    assert.match(out, /mesh\.yaml: defaultProviders\.tracing\[0\]: names no entry of extensionProviders/);
+    return { code, out };
   } finally {
     // A server that did not read the mesh file runs until told to stop.
     if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
     await exited;
     dir.cleanup();
   }
+}
+
+test('discovery --meshConfig: the mesh file\'s tracing is read; a bad provider reference or bad YAML stops it with the file named', async () => {
+  const bad = await discoveryWithMesh('defaultProviders: { tracing: [missing] }\n');
+  assert.is(bad.code, 1, bad.out);
+  assert.match(bad.out, /mesh\.yaml: defaultProviders\.tracing\[0\]: names no entry of extensionProviders/);
+  const malformed = await discoveryWithMesh('enableTracing: [\n');
+  assert.is(malformed.code, 1, malformed.out);
+  assert.match(malformed.out, /mesh config \S*mesh\.yaml: /);
 });
 
 test.run();

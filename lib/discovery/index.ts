@@ -6,9 +6,9 @@
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import YAML from 'yaml';
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
+import { parseJsonOrYaml } from '../json-or-yaml';
 import { DISCOVERY_MAX_DOCUMENTS, DISCOVERY_MAX_FILE_BYTES, PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
 import { timestamp, scope } from '../log';
 import { AdsServer, type ConnectionStatus } from './ads-server';
@@ -271,6 +271,14 @@ export class DiscoveryServer implements Component {
   }
 }
 
+function readMeshFile(file: string): unknown {
+  try {
+    return parseJsonOrYaml(fs.readFileSync(file, 'utf8'));
+  } catch (e) {
+    throw new AgentError('CONFIG_INVALID', `mesh config ${file}: ${errorMessage(e).split('\n')[0]}`, e);
+  }
+}
+
 /**
  * `pilot-agent discovery --config-dir DIR [--grpc-addr HOST:PORT | unix path]`: runs until SIGTERM or SIGINT.
  * `meshConfigFile`: a meshConfig file whose tracing fields apply (./mesh-tracing.ts).
@@ -287,7 +295,7 @@ export async function runDiscoveryCommand(
       listen: argv.grpcAddr ?? '127.0.0.1:15010',
       mesh: {
         ...(argv.outboundTrafficPolicy && { outboundTrafficPolicy: argv.outboundTrafficPolicy }),
-        ...(argv.meshConfigFile && { tracing: readMeshTracing(YAML.parse(fs.readFileSync(argv.meshConfigFile, 'utf8')), `mesh config ${argv.meshConfigFile}`) }),
+        ...(argv.meshConfigFile && { tracing: readMeshTracing(readMeshFile(argv.meshConfigFile), `mesh config ${argv.meshConfigFile}`) }),
       },
       debounceMs: PILOT_DEBOUNCE_AFTER.get(env),
       maxDelayMs: PILOT_DEBOUNCE_MAX.get(env),
