@@ -185,7 +185,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     let discovery: DiscoveryServer | undefined;
     if (cfg.standaloneDir) {
       const { DiscoveryServer } = await import('./lib/discovery/index');
-      discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy }, trustDomain: cfg.trustDomain, ...cfg.discoveryLimits });
+      discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy, ...(cfg.meshTracing && { tracing: cfg.meshTracing }) }, trustDomain: cfg.trustDomain, ...cfg.discoveryLimits });
       upstream = { address: `unix://${discoverySock}`, tls: false };
       log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
     }
@@ -327,10 +327,11 @@ export async function main(args: string[]): Promise<number> {
         logFlags(y)
           .option('config-dir', { type: 'string', demandOption: true, describe: 'Directory of Istio-style YAML' })
           .option('grpc-addr', { type: 'string', describe: 'HOST:PORT or a unix socket path (default 127.0.0.1:15010)' })
-          .option('outbound-traffic-policy', { type: 'string', choices: ['ALLOW_ANY', 'REGISTRY_ONLY'], describe: 'What sidecars do with unknown hosts (default ALLOW_ANY)' }),
+          .option('outbound-traffic-policy', { type: 'string', choices: ['ALLOW_ANY', 'REGISTRY_ONLY'], describe: 'What sidecars do with unknown hosts (default ALLOW_ANY)' })
+          .option('meshConfig', { type: 'string', requiresArg: true, describe: 'Mesh config file whose tracing fields (enableTracing, defaultProviders.tracing) apply' }),
       (argv) => {
         setUpLogging(argv);
-        result = import('./lib/discovery/index').then((m) => m.runDiscoveryCommand({ configDir: argv['config-dir'], grpcAddr: argv['grpc-addr'], outboundTrafficPolicy: argv['outbound-traffic-policy'] as 'ALLOW_ANY' | 'REGISTRY_ONLY' | undefined }));
+        result = import('./lib/discovery/index').then((m) => m.runDiscoveryCommand({ configDir: argv['config-dir'], grpcAddr: argv['grpc-addr'], outboundTrafficPolicy: argv['outbound-traffic-policy'] as 'ALLOW_ANY' | 'REGISTRY_ONLY' | undefined, meshConfigFile: argv['meshConfig'] }));
       },
     )
     .command('istio-iptables', 'Set up traffic capture with iptables (Istio\'s flags; run before the proxy starts)')

@@ -407,7 +407,7 @@ function withHttpFilters(listener: Json, filters: Json[]): Json {
 
 // Fields of Istio's Tracing message that istiod consumes, not the bootstrap.
 // tlsSettings is read with the tracer.
-const TRACING_IGNORED = new Set(['sampling', 'customTags', 'maxPathTagLength', 'useRequestIdForTraceSampling', 'tlsSettings']);
+const TRACING_IGNORED = new Set(['sampling', 'customTags', 'maxPathTagLength', 'useRequestIdForTraceSampling', 'enableIstioTags', 'tlsSettings']);
 
 /** The tracer ProxyConfig.tracing names and its collector address, if any. */
 export function tracer(cfg: AgentConfig): { kind: 'zipkin' | 'datadog'; host: string; port: number } | undefined {

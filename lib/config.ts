@@ -10,6 +10,7 @@ import { configError, errorMessage } from './errors';
 import { asPort, concurrencyProblem, defaultProxyConfig, discoveryAddressProblem, parseProxyConfigLayer, type ProxyConfig, type ProxyConfigLayer } from './proxy-config';
 import { parseLevel } from './log';
 import { parseJsonOrYaml } from './json-or-yaml';
+import { type MeshTracing, readMeshTracing } from './discovery/mesh-tracing';
 
 export type ProxyType = 'sidecar' | 'router';
 
@@ -55,6 +56,8 @@ export interface AgentConfig {
   meshConfigFile: string;
   /** The mesh config's outboundTrafficPolicy.mode, for the embedded discovery server (standalone mode). */
   outboundTrafficPolicy: OutboundTrafficPolicy;
+  /** The mesh config's tracing fields (enableTracing, defaultProviders.tracing, ...), for the embedded discovery server (read in standalone mode only). */
+  meshTracing: MeshTracing | undefined;
   bootstrapOverrideFile: string;
   outlierLogPath: string;
   podName: string;
@@ -172,6 +175,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     throw configError('meshConfig', '--meshConfig', `file ${meshConfigFile} does not exist`);
   }
   let outboundTrafficPolicy: OutboundTrafficPolicy = 'ALLOW_ANY';
+  let meshTracing: MeshTracing | undefined;
   if (meshText !== undefined && meshText.trim() !== '') {
     const src = `mesh config ${meshConfigFile}`;
     const mesh = parseYamlOrJson(meshText, src);
@@ -186,6 +190,9 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
       }
       if (mode) outboundTrafficPolicy = mode;
     }
+    // Only the embedded discovery server uses these, and it supports fewer providers than istiod: an agent fed
+    // by istiod must not refuse a mesh config whose tracing it never reads.
+    if (flags.standalone !== undefined) meshTracing = readMeshTracing(mesh, src);
   }
 
   const proxyConfigEnv = envs.PROXY_CONFIG.get(env);
@@ -305,6 +312,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     templateFile,
     meshConfigFile,
     outboundTrafficPolicy,
+    meshTracing,
     bootstrapOverrideFile: envs.ISTIO_BOOTSTRAP_OVERRIDE.get(effEnv),
     outlierLogPath: flags.outlierLogPath ?? '',
     podName: envs.POD_NAME.get(effEnv),

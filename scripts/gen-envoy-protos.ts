@@ -34,6 +34,9 @@ const FILES = [
   'envoy/extensions/filters/http/grpc_stats/v3/config.proto',
   'envoy/extensions/request_id/uuid/v3/uuid.proto',
   'envoy/extensions/retry/host/previous_hosts/v3/previous_hosts.proto',
+  'envoy/extensions/retry/priority/previous_priorities/v3/previous_priorities_config.proto',
+  // tracing providers istiod configures on the HTTP connection manager
+  'envoy/config/trace/v3/zipkin.proto',
 ];
 
 const root = new protobuf.Root();

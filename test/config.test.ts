@@ -85,6 +85,19 @@ test('the mesh config\'s outboundTrafficPolicy.mode reaches the embedded discove
   throwsMatching(() => cfg(mesh('outboundTrafficPolicy:\n  mode: DENY\n')), /outboundTrafficPolicy\.mode \(from mesh config .*\): "DENY" is not ALLOW_ANY or REGISTRY_ONLY/);
 });
 
+test('the mesh config\'s tracing fields reach the embedded discovery server; a bad one is named', () => {
+  const mesh = (t: string) => ({ flags: { standalone: '/srv/mesh' }, files: { './etc/istio/config/mesh': t } });
+  assert.is(cfg().meshTracing, undefined);
+  assert.equal(cfg(mesh('enableTracing: true\ndefaultConfig:\n  tracing:\n    sampling: 50\n')).meshTracing, { enableTracing: true, defaultConfig: { sampling: 50, customTags: {} } });
+  throwsMatching(() => cfg(mesh('defaultProviders:\n  tracing: [x]\n')), /mesh config .*: defaultProviders\.tracing\[0\]: names no entry of extensionProviders/);
+});
+
+test('without --standalone the mesh config\'s tracing is not read: a provider istiod supports and the embedded server does not is no error', () => {
+  const otel = 'defaultProviders:\n  tracing: [otel]\nextensionProviders:\n- name: otel\n  opentelemetry: {service: otel.istio-system.svc.cluster.local, port: 4317}\n';
+  assert.is(cfg({ files: { './etc/istio/config/mesh': otel } }).meshTracing, undefined);
+  throwsMatching(() => cfg({ flags: { standalone: '/srv/mesh' }, files: { './etc/istio/config/mesh': otel } }), /tracing provider "opentelemetry" is not supported/);
+});
+
 test('bad input names the field and its source', () => {
   throwsMatching(() => cfg({ env: { PROXY_CONFIG: '{"drainDuration": "forever"}' } }), /drainDuration \(from environment variable PROXY_CONFIG\)/);
   throwsMatching(() => cfg({ env: { PROXY_CONFIG: '{not json' } }), /PROXY_CONFIG/);

@@ -3,7 +3,8 @@
 // expectation comes from). Every case runs against a real Envoy fed by the embedded discovery server.
 //
 // Placeholders, replaced in both files: {{backend.NAME}} is the port of backend NAME, {{port.service}} a free
-// port for the service (the sidecar's listener), {{port.gateway}} and {{port.gateway2}} free ports for Gateway servers.
+// port for the service (the sidecar's listener), {{port.gateway}} and {{port.gateway2}} free ports for Gateway servers,
+// {{port.extra}} one more (a second service's port). In requests.yaml, {{vip.HOST}} is HOST's address in the name table.
 // TLS cases list `certs` (made at run time by the tests' CA, none committed): {{b64.cert.NAME}} and {{b64.key.NAME}} are
 // the PEM certificate and key in base64 (a Secret's `data`), {{path.cert.NAME}} and {{path.key.NAME}} their files.
 
@@ -18,6 +19,8 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { parse } from 'yaml';
 import { DiscoveryServer } from '../lib/discovery/index';
+import { readMeshTracing } from '../lib/discovery/mesh-tracing';
+import { buildNameTable } from '../lib/discovery/gen-nametable';
 import { startEnvoy, type TestEnvoy } from './helpers/discovery-envoy';
 import { freePort, httpRequest, type HttpResult, REPO, sleep, tempDir, waitFor } from './helpers/harness';
 import { type CertSpec, makeCerts, type TestCert } from './helpers/test-certs';
@@ -65,6 +68,8 @@ interface Expect {
   errorMatches?: string;
   /** The certificate (of `certs`) the TLS server presented to the client. */
   peerCert?: string;
+  /** Envoy counters (admin /stats) after this step, at least these values. */
+  envoyStatsAtLeast?: Record<string, number>;
 }
 
 interface RequestSpec {
@@ -93,10 +98,16 @@ interface CaseSpec {
   /** Where the expected answers come from (an Istio commit and file, or an istiod run). */
   source: string;
   proxy: 'sidecar' | 'router';
+  /** The proxy's labels (default: none for a sidecar, istio: ingressgateway for a router). */
+  labels?: Record<string, string>;
+  /** More node metadata (DNS_CAPTURE, ...). */
+  metadata?: Record<string, string>;
   backends?: Record<string, BackendSpec>;
   mesh?: { outboundTrafficPolicy?: 'ALLOW_ANY' | 'REGISTRY_ONLY' };
   /** Test certificates to make (see test/helpers/test-certs.ts). */
   certs?: Record<string, CertSpec>;
+  /** meshConfig as in the mesh file, for the fields read from it (tracing). */
+  meshConfig?: Record<string, unknown>;
   /** The config must be rejected at start, with messages matching these regular expressions. */
   rejected?: string[];
   requests?: RequestSpec[];
@@ -150,6 +161,7 @@ async function startBackend(name: string, spec: BackendSpec, certs: Record<strin
 
 function fill(text: string, vars: Record<string, number | string>): string {
   return text.replace(/\{\{([a-z0-9.-]+)\}\}/g, (m, k: string) => {
+    if (k.startsWith('vip.')) return m; // filled in once the server runs
     if (!(k in vars)) throw new Error(`unknown placeholder ${m}`);
     return String(vars[k]);
   });
@@ -158,14 +170,16 @@ function fill(text: string, vars: Record<string, number | string>): string {
 async function runCase(dirName: string): Promise<void> {
   const caseDir = path.join(CORPUS, dirName);
   const rawSpec = fs.readFileSync(path.join(caseDir, 'requests.yaml'), 'utf8');
-  const pre = parse(rawSpec) as CaseSpec;
+  const pre = parse(rawSpec.replace(/\{\{[a-z0-9.-]+\}\}/g, '0')) as CaseSpec; // placeholders are filled in below
   assert.ok(pre.source, `${dirName}/requests.yaml names its source`);
   const dir = tempDir('pa-corpus-');
   const backends: Record<string, Backend> = {};
   let server: DiscoveryServer | undefined;
   let envoy: TestEnvoy | undefined;
   try {
-    const vars: Record<string, number | string> = { 'port.service': await freePort(), 'port.gateway': await freePort(), 'port.gateway2': await freePort() };
+    const vars: Record<string, number | string> = {
+      'port.service': await freePort(), 'port.gateway': await freePort(), 'port.gateway2': await freePort(), 'port.extra': await freePort(),
+    };
     const certs = pre.certs ? await makeCerts(dir.path, pre.certs) : {};
     for (const [name, c] of Object.entries(certs)) {
       vars[`b64.cert.${name}`] = Buffer.from(c.cert).toString('base64');
@@ -181,7 +195,8 @@ async function runCase(dirName: string): Promise<void> {
     const configDir = path.join(dir.path, 'config');
     fs.mkdirSync(configDir);
     fs.writeFileSync(path.join(configDir, 'config.yaml'), fill(fs.readFileSync(path.join(caseDir, 'config.yaml'), 'utf8'), vars));
-    server = new DiscoveryServer({ configDir, listen: `unix:${path.join(dir.path, 'xds.sock')}`, mesh: spec.mesh ?? {} });
+    const mesh = { ...spec.mesh, ...(spec.meshConfig && { tracing: readMeshTracing(spec.meshConfig, `${dirName}/requests.yaml meshConfig`) }) };
+    server = new DiscoveryServer({ configDir, listen: `unix:${path.join(dir.path, 'xds.sock')}`, mesh });
     if (spec.rejected) {
       const err = await server.start().then(() => undefined, (e: Error) => e);
       assert.ok(err, `${dirName}: the config is rejected`);
@@ -193,7 +208,8 @@ async function runCase(dirName: string): Promise<void> {
     envoy = await startEnvoy({
       xdsAddress: s.address,
       nodeId: `${spec.proxy}~127.0.0.1~${spec.proxy}-0.test~test.svc.cluster.local`,
-      labels: spec.proxy === 'router' ? { istio: 'ingressgateway' } : {},
+      labels: spec.labels ?? (spec.proxy === 'router' ? { istio: 'ingressgateway' } : {}),
+      ...(spec.metadata && { metadata: spec.metadata }),
     });
     await waitFor(`${dirName}: Envoy to ack every resource type`, () => {
       const st = s.status();
@@ -201,9 +217,12 @@ async function runCase(dirName: string): Promise<void> {
       // CDS, EDS, LDS (and RDS when there is an HTTP listener, which then binds only once it has its routes).
       return !!c && c.subscriptions.length >= 3 && c.subscriptions.every((x) => x.acked === st.version);
     });
-    for (const r of spec.requests ?? []) {
+    // {{vip.HOST}}: the host's address in the name table (its auto-allocated VIP), known once the server runs.
+    const table = buildNameTable(s.pushContext).table;
+    const requests = JSON.parse(JSON.stringify(spec.requests ?? []).replace(/\{\{vip\.([a-z0-9.-]+)\}\}/g, (_, h: string) => table[h]?.ips[0] ?? `no-vip-for-${h}`)) as RequestSpec[];
+    for (const r of requests) {
       if (r.edit) await applyEdit(dirName, s, path.join(configDir, 'config.yaml'), fill(fs.readFileSync(path.join(caseDir, r.edit), 'utf8'), vars), r.editIssues);
-      await runRequest(dirName, r, vars, backends, certs);
+      await runRequest(dirName, r, vars, backends, certs, envoy.adminPort);
     }
     assert.equal(s.status().nacks, [], `${dirName}: no NACK`);
   } finally {
@@ -231,12 +250,14 @@ async function applyEdit(dirName: string, s: DiscoveryServer, file: string, text
   }
 }
 
-async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, number | string>, backends: Record<string, Backend>, certs: Record<string, TestCert>): Promise<void> {
-  if (!r.eventually) return checkRequest(dirName, r, vars, backends, certs);
+type Vars = Record<string, number | string>;
+
+async function runRequest(dirName: string, r: RequestSpec, vars: Vars, backends: Record<string, Backend>, certs: Record<string, TestCert>, adminPort: number): Promise<void> {
+  if (!r.eventually) return checkRequest(dirName, r, vars, backends, certs, adminPort);
   let last: unknown;
   for (const deadline = Date.now() + 15_000; Date.now() < deadline; await sleep(200)) {
     try {
-      return await checkRequest(dirName, r, vars, backends, certs);
+      return await checkRequest(dirName, r, vars, backends, certs, adminPort);
     } catch (e) {
       last = e;
     }
@@ -244,7 +265,7 @@ async function runRequest(dirName: string, r: RequestSpec, vars: Record<string, 
   throw last;
 }
 
-async function checkRequest(dirName: string, r: RequestSpec, vars: Record<string, number | string>, backends: Record<string, Backend>, certs: Record<string, TestCert>): Promise<void> {
+async function checkRequest(dirName: string, r: RequestSpec, vars: Vars, backends: Record<string, Backend>, certs: Record<string, TestCert>, adminPort: number): Promise<void> {
   const what = `${dirName}: ${r.name}`;
   const port = Number(vars[`port.${r.listener ?? 'service'}`]);
   const url = `http://127.0.0.1:${port}${r.path ?? '/'}`;
@@ -304,6 +325,11 @@ async function checkRequest(dirName: string, r: RequestSpec, vars: Record<string
   }
   if (e.sameBackend) assert.equal(new Set(results.map((x) => x.body)).size, 1, `${what}: one backend answered every request`);
   if (e.minMs !== undefined) assert.ok(elapsed >= e.minMs, `${what}: took ${elapsed} ms, expected at least ${e.minMs}`);
+  for (const [name, n] of Object.entries(e.envoyStatsAtLeast ?? {})) {
+    const body = (await httpRequest(`http://127.0.0.1:${adminPort}/stats?filter=${encodeURIComponent(`^${name.replace(/[.]/g, '\\.')}$`)}`)).body;
+    const got = Number(/: (\d+)/.exec(body)?.[1] ?? -1);
+    assert.ok(got >= n, `${what}: Envoy stat ${name} is ${got}, expected at least ${n} (${body.trim() || 'absent'})`);
+  }
   if (e.backendRequests) {
     const want = e.backendRequests;
     const counts = () => Object.fromEntries(Object.keys(want).map((k) => [k, backends[k]!.requests]));

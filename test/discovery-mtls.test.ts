@@ -149,6 +149,11 @@ test('inbound for the sidecar\'s own workload: PERMISSIVE by default (TLS inspec
   assert.equal(tls.require_client_certificate, { value: true });
   assert.is(tls.common_tls_context.tls_certificate_sds_secret_configs[0].name, 'default');
   assert.is(l.filter_chains[1].transport_socket, undefined);
+  // istiod's inbound HCM: the caller's subject, SPIFFE URI and DNS SANs appended to any XFCC already there.
+  const hcm = unpackAny(l.filter_chains[0].filters[0].typed_config) as Record<string, any>;
+  assert.is(hcm.forward_client_cert_details, 'APPEND_FORWARD');
+  assert.equal(hcm.set_current_client_cert_details, { subject: { value: true }, dns: true, uri: true });
+  assert.is(hcm.server_name, 'istio-envoy');
   assert.equal(def.clusters.map((c) => [c.name, c.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address]), [['inbound|9080||', { address: '127.0.0.1', port_value: 9080 }]]);
   const strict = (await inbound({ 'se.yaml': SE, 'pa.yaml': PA('STRICT') }, '10.0.0.1')).listeners[0]!;
   assert.is(strict.filter_chains.length, 1);

@@ -155,6 +155,43 @@ spec:
   });
 });
 
+test('the name table holds only the hosts the proxy sees: exportTo and its Sidecar\'s egress hosts, as its clusters', async () => {
+  const dir = tempDir('pa-disc-nds-scope-');
+  const se = (name: string, ns: string, ip: string, exportTo = '') => `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ${name}, namespace: ${ns}}
+spec:
+  hosts: [${name}.example.com]
+  addresses: [${ip}]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  endpoints: [{address: ${ip}}]
+${exportTo}---
+`;
+  fs.writeFileSync(path.join(dir.path, 'c.yaml'), `${se('a', 'test', '10.1.0.1')}${se('b', 'other', '10.1.0.2')}${se('hidden', 'other', '10.1.0.3', '  exportTo: ["."]\n')}apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: narrow}
+spec:
+  egress:
+  - hosts: ["other/*"]
+`);
+  const s = new DiscoveryServer({ configDir: dir.path, listen: `unix:${path.join(dir.path, 'xds.sock')}` });
+  try {
+    await s.start();
+    const { generate } = await import('../lib/discovery/generate');
+    const { proxyFromNode } = await import('../lib/discovery/proxy');
+    const hosts = (ns: string) => {
+      const r = generate(s.pushContext, proxyFromNode({ id: `sidecar~10.0.0.1~app.${ns}~${ns}.svc.cluster.local` }), NAME_TABLE_TYPE).get('nametable')!;
+      return Object.keys((istioRoot().lookupType('istio.networking.nds.v1.NameTable').decode(r.any.value) as unknown as NameTable).table).sort();
+    };
+    assert.equal(hosts('test'), ['a.example.com', 'b.example.com'], 'exportTo "." keeps hidden in its namespace');
+    assert.equal(hosts('other'), ['a.example.com', 'b.example.com', 'hidden.example.com']);
+    assert.equal(hosts('narrow'), ['b.example.com'], 'the Sidecar admits only other/*');
+  } finally {
+    await s.close();
+    dir.cleanup();
+  }
+});
+
 test('a ServiceEntry address that is neither an IP nor a CIDR is a config error naming the field', async () => {
   const dir = tempDir('pa-disc-nds-bad-');
   configureLogging({ write: () => {} });

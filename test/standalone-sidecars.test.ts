@@ -113,6 +113,8 @@ test('two standalone sidecars in two network namespaces: mTLS between the apps w
     }, 30_000, 300).catch((e: Error) => { throw new Error(`${e.message}\n${agentLogs()}`); });
     assert.match(first, `URI=${CLIENT}`, 'the server app sees the client sidecar\'s SPIFFE id');
     assert.match(first, 'By=spiffe://cluster.local/ns/shop/sa/server');
+    // istiod's inbound XFCC: APPEND_FORWARD with the client certificate's subject, URI and DNS SANs.
+    assert.match(first, /^200 By=spiffe:\/\/cluster\.local\/ns\/shop\/sa\/server;Hash=[0-9a-f]+;Subject="[^"]*";URI=spiffe:\/\/cluster\.local\/ns\/shop\/sa\/client$/);
     for (let i = 0; i < 10; i++) assert.match(await viaSidecars(), `URI=${CLIENT}`);
     // (Istio's stats inclusion list in the agent's bootstrap keeps no ssl.* stats; XFCC is only set from a
     // verified client certificate, so it is the proof, with the server's id in By=.)

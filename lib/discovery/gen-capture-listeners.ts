@@ -40,12 +40,12 @@ const TLS_INSPECTOR = emptyFilter('envoy.filters.listener.tls_inspector', 'envoy
 /** Filter chains another generator adds to virtualInbound (e.g. per-port mTLS), matched before the passthrough. */
 export type InboundChains = readonly Record<string, unknown>[];
 
-export function captureListeners(push: PushContext, scope: ProxyScope, inbound: InboundChains = []): Map<string, Resource> {
+export function captureListeners(push: PushContext, scope: ProxyScope, inbound: InboundChains = [], tracing?: Record<string, unknown>): Map<string, Resource> {
   const out = new Map<string, Resource>();
   const add = (l: Record<string, unknown>) => out.set(l.name as string, encodeResource(LISTENER, l.name as string, l));
   add(virtualOutbound(scope.outboundTrafficPolicy));
   add(virtualInbound(inbound));
-  for (const l of outboundListeners(push, scope)) add(l);
+  for (const l of outboundListeners(push, scope, tracing)) add(l);
   return out;
 }
 
@@ -115,7 +115,7 @@ function prefixRange(addr: string): Record<string, unknown> {
   return { address_prefix: addr, prefix_len: { value: addr.includes(':') ? 128 : 32 } };
 }
 
-function outboundListeners(push: PushContext, scope: ProxyScope): Record<string, unknown>[] {
+function outboundListeners(push: PushContext, scope: ProxyScope, tracing?: Record<string, unknown>): Record<string, unknown>[] {
   const http = new Set<number>();
   const tcp = new Map<number, Service[]>();
   for (const svc of scope.services) {
@@ -131,7 +131,7 @@ function outboundListeners(push: PushContext, scope: ProxyScope): Record<string,
     const base = { name, address: { socket_address: { address: '0.0.0.0', port_value: port } }, bind_to_port: { value: false }, traffic_direction: 'OUTBOUND' };
     // A port with both HTTP and TCP services is served as HTTP, as in loopback mode.
     if (http.has(port)) {
-      out.push({ ...base, filter_chains: [{ filters: [hcmFilter(name, sidecarRouteName(port), false)] }] });
+      out.push({ ...base, filter_chains: [{ filters: [hcmFilter(name, sidecarRouteName(port), false, tracing)] }] });
       continue;
     }
     const used = new Set<string>(); // Envoy rejects two chains with the same match: the first service keeps an address

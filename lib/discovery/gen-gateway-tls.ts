@@ -38,7 +38,8 @@ export function gatewayServerRouteName(gw: Config<GatewaySpec>, s: GatewayServer
   return undefined;
 }
 
-export function routerListeners(push: PushContext, gws: readonly Config<GatewaySpec>[], proxyNs: string): Map<string, Resource> {
+/** `tracing`: the gateway HCMs' tracing block (./gen-tracing.ts), when tracing is configured. */
+export function routerListeners(push: PushContext, gws: readonly Config<GatewaySpec>[], proxyNs: string, tracing: Record<string, unknown> | undefined): Map<string, Resource> {
   // One listener per port, named by the first server's bind address (two binds of one port would not both bind).
   const byPort = new Map<number, { bind: string; port: number; entries: Entry[] }>();
   for (const gw of gws) {
@@ -54,8 +55,8 @@ export function routerListeners(push: PushContext, gws: readonly Config<GatewayS
   for (const l of byPort.values()) {
     const name = `${l.bind}_${l.port}`;
     const chains = isPlainHttp(l.entries[0]!.server)
-      ? [{ filters: [hcmFilter(name, `http.${l.port}`, true)] }]
-      : tlsChains(push, l.entries, name, proxyNs);
+      ? [{ filters: [hcmFilter(name, `http.${l.port}`, true, tracing)] }]
+      : tlsChains(push, l.entries, name, proxyNs, tracing);
     if (!chains.length) continue; // a TCP or TLS server no route binds: istiod leaves the listener out too
     const listener: Record<string, unknown> = {
       name,
@@ -77,7 +78,7 @@ interface Chain {
   filters: Record<string, unknown>[];
 }
 
-function tlsChains(push: PushContext, entries: readonly Entry[], listenerName: string, proxyNs: string): Chain[] {
+function tlsChains(push: PushContext, entries: readonly Entry[], listenerName: string, proxyNs: string, tracing: Record<string, unknown> | undefined): Chain[] {
   const chains: Chain[] = [];
   const sniSeen = new Set<string>();
   for (const { gw, server } of entries) {
@@ -86,7 +87,7 @@ function tlsChains(push: PushContext, entries: readonly Entry[], listenerName: s
     const sni = sniHosts(server);
     const match = sni.length ? { server_names: sni } : undefined;
     if (terminatesHttps(server)) {
-      const chain: Chain = { transport_socket: downstreamTls(tls!, false), filters: [hcmFilter(listenerName, gatewayServerRouteName(gw, server)!, true)] };
+      const chain: Chain = { transport_socket: downstreamTls(tls!, false), filters: [hcmFilter(listenerName, gatewayServerRouteName(gw, server)!, true, tracing)] };
       if (match) chain.filter_chain_match = match;
       chains.push(chain);
     } else if (!tls || tls.mode !== 'PASSTHROUGH') {

@@ -7,6 +7,7 @@ import type { CorsPolicy, HeaderOperations, HttpFault, HttpRoute, Percent, Strin
 import { dur } from './resources';
 
 const PREVIOUS_HOSTS = 'envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate';
+const PREVIOUS_PRIORITIES = 'envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig';
 const FAULT = 'envoy.extensions.filters.http.fault.v3.HTTPFault';
 const CORS_POLICY = 'envoy.extensions.filters.http.cors.v3.CorsPolicy';
 
@@ -44,6 +45,8 @@ export function retryPolicy(r: HttpRoute['retries'], hashPolicy = false): Record
   if (r?.ignorePreviousHosts === false) delete p.retry_host_predicate;
   if (r?.ignorePreviousHosts === true) p.retry_host_predicate = [{ name: 'envoy.retry_host_predicates.previous_hosts', typed_config: packAny(PREVIOUS_HOSTS, {}) }];
   if (r?.backoffMs !== undefined) p.retry_back_off = { base_interval: dur(r.backoffMs) };
+  // A retry prefers another priority (locality) than the one that failed.
+  if (r?.retryRemoteLocalities) p.retry_priority = { name: 'envoy.retry_priorities.previous_priorities', typed_config: packAny(PREVIOUS_PRIORITIES, { update_frequency: 2 }) };
   return p;
 }
 
@@ -55,7 +58,11 @@ export function fractionalPercent(p: Percent | undefined): Record<string, unknow
 function faultConfig(f: HttpFault): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   if (f.delay) out.delay = { fixed_delay: dur(f.delay.fixedDelayMs), percentage: fractionalPercent(f.delay.percentage) };
-  if (f.abort) out.abort = { http_status: f.abort.httpStatus, percentage: fractionalPercent(f.abort.percentage) };
+  if (f.abort) {
+    out.abort = f.abort.grpcStatus !== undefined
+      ? { grpc_status: f.abort.grpcStatus, percentage: fractionalPercent(f.abort.percentage) }
+      : { http_status: f.abort.httpStatus, percentage: fractionalPercent(f.abort.percentage) };
+  }
   return out;
 }
 

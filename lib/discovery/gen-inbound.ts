@@ -3,7 +3,7 @@
 // terminates Istio's mTLS (workload certificate and ROOTCA over SDS, the caller's SPIFFE id required) and
 // forwards to the app on 127.0.0.1:<port> (cluster `inbound|<port>||`). PeerAuthentication decides the mode:
 // STRICT accepts only mTLS; PERMISSIVE (the default) also plaintext, told apart by the TLS inspector; DISABLE
-// only plaintext. The caller's identity reaches the app in x-forwarded-client-cert.
+// only plaintext. The caller's identity reaches the app in x-forwarded-client-cert (APPEND_FORWARD, as istiod).
 
 import { packAny } from '../envoy-protos';
 import { isHttp, type ServiceInstance } from './model';
@@ -11,6 +11,7 @@ import type { Proxy } from './proxy';
 import type { PushContext } from './push-context';
 import { CLUSTER, dur, encodeResource, LISTENER, type Resource } from './resources';
 import { SDS_SOURCE } from './gen-clusters';
+import { hcmTracing, tracingKey } from './gen-tracing';
 
 const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
 const ROUTER = 'envoy.extensions.filters.http.router.v3.Router';
@@ -54,14 +55,14 @@ export function inboundListeners(push: PushContext, proxy: Proxy): Resource[] {
   // connection to 15006, and the app keeps its own port on the host's address.
   if (proxy.capture) return [];
   const mode = push.peerAuthenticationMode(proxy);
-  return push.memoize(`inbound-lds|${proxy.ip}|${proxy.type}|${mode}`, () => ownPorts(push, proxy).map((i) => {
+  return push.memoize(`inbound-lds|${proxy.ip}|${proxy.type}|${mode}|${tracingKey(push, proxy)}`, () => ownPorts(push, proxy).map((i) => {
     const name = `inbound_${proxy.ip}_${i.port}`;
     return encodeResource(LISTENER, name, {
       name,
       address: { socket_address: { address: proxy.ip, port_value: i.port } },
       traffic_direction: 'INBOUND',
       listener_filters: mode === 'PERMISSIVE' ? [{ name: 'envoy.filters.listener.tls_inspector', typed_config: packAny(TLS_INSPECTOR, {}) }] : [],
-      filter_chains: portChains(i, mode),
+      filter_chains: portChains(i, mode, hcmTracing(push, proxy, 'inbound')),
     });
   }));
 }
@@ -69,7 +70,8 @@ export function inboundListeners(push: PushContext, proxy: Proxy): Resource[] {
 /** Capture mode: each workload port's chains for virtualInbound, matched by the original destination port. */
 export function inboundCaptureChains(push: PushContext, proxy: Proxy): Record<string, unknown>[] {
   const mode = push.peerAuthenticationMode(proxy);
-  return ownPorts(push, proxy).flatMap((i) => portChains(i, mode).map((c) => ({
+  const tracing = hcmTracing(push, proxy, 'inbound');
+  return ownPorts(push, proxy).flatMap((i) => portChains(i, mode, tracing).map((c) => ({
     ...c,
     name: `${inboundClusterName(i.port)}${c.transport_socket ? 'mtls' : ''}`,
     filter_chain_match: { destination_port: { value: i.port }, ...(c.filter_chain_match as object | undefined) },
@@ -77,15 +79,15 @@ export function inboundCaptureChains(push: PushContext, proxy: Proxy): Record<st
 }
 
 /** STRICT accepts only mTLS; DISABLE only plaintext; PERMISSIVE both, told apart by the TLS inspector. */
-function portChains(i: ServiceInstance, mode: string): Record<string, unknown>[] {
-  const filters = [filter(i)];
+function portChains(i: ServiceInstance, mode: string, tracing: Record<string, unknown> | undefined): Record<string, unknown>[] {
+  const filters = [filter(i, tracing)];
   const mtls = { filters, transport_socket: downstreamTls() };
   if (mode === 'STRICT') return [mtls];
   if (mode === 'DISABLE') return [{ filters }];
   return [{ ...mtls, filter_chain_match: { transport_protocol: 'tls' } }, { filters }];
 }
 
-function filter(i: ServiceInstance): Record<string, unknown> {
+function filter(i: ServiceInstance, tracing: Record<string, unknown> | undefined): Record<string, unknown> {
   const cluster = inboundClusterName(i.port);
   if (!isHttp(i.servicePort.protocol)) {
     return { name: 'envoy.filters.network.tcp_proxy', typed_config: packAny(TCP_PROXY, { stat_prefix: cluster, cluster }) };
@@ -97,10 +99,14 @@ function filter(i: ServiceInstance): Record<string, unknown> {
       codec_type: 'AUTO',
       route_config: { name: cluster, virtual_hosts: [{ name: 'inbound', domains: ['*'], routes: [{ match: { prefix: '/' }, route: { cluster, timeout: dur(0) } }] }] },
       http_filters: [{ name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) }],
-      // The caller's SPIFFE id for the app; a header a plaintext caller sent is dropped.
-      forward_client_cert_details: 'SANITIZE_SET',
-      set_current_client_cert_details: { uri: true },
+      // As istiod's inbound HCM (listener_inbound.go buildSidecarInboundHTTPOpts, util.GetProxyHeaders): the
+      // caller's certificate details (subject, SPIFFE URI, DNS SANs) are appended to any x-forwarded-client-cert
+      // already there, for the app.
+      forward_client_cert_details: 'APPEND_FORWARD',
+      set_current_client_cert_details: { subject: { value: true }, dns: true, uri: true },
+      server_name: 'istio-envoy',
       normalize_path: { value: true },
+      ...(tracing && { tracing }),
     }),
   };
 }

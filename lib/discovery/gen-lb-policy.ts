@@ -19,9 +19,10 @@ export function effectivePolicy(top: TrafficPolicy | undefined, sub: TrafficPoli
 /** `over`'s fields replace `base`'s, field by field. */
 export function mergePolicy(base: TrafficPolicy | undefined, over: TrafficPolicy | undefined): TrafficPolicy {
   const out: TrafficPolicy = { ...base, ...over };
-  // loadBalancer.simple and loadBalancer.consistentHash are one field in Istio: the overriding choice replaces both.
-  if (over?.loadBalancer) delete out.consistentHash;
-  if (over?.consistentHash) delete out.loadBalancer;
+  // simple, consistentHash and warmupDurationSecs are one field in Istio (loadBalancer): an override replaces all.
+  if (over?.loadBalancer || over?.consistentHash || over?.warmupMs !== undefined) {
+    for (const k of ['loadBalancer', 'consistentHash', 'warmupMs'] as const) if (over[k] === undefined) delete out[k];
+  }
   return out;
 }
 
@@ -50,7 +51,14 @@ export function hashPolicy(push: PushContext, hostname: string, subset: string |
 /** Cluster fields for the load balancer: lb_policy, and the ring hash or Maglev config. */
 export function clusterLbFields(policy: TrafficPolicy): Record<string, unknown> {
   const ch = policy.consistentHash;
-  if (!ch) return { lb_policy: policy.loadBalancer ?? 'LEAST_REQUEST' };
-  if (ch.maglev) return { lb_policy: 'MAGLEV' };
+  if (!ch) {
+    const lb = policy.loadBalancer ?? 'LEAST_REQUEST';
+    // warmupDurationSecs: slow start for round robin and least request only (RANDOM has none in istiod either).
+    const slow = policy.warmupMs === undefined ? undefined : { slow_start_config: { slow_start_window: dur(policy.warmupMs) } };
+    if (slow && lb === 'ROUND_ROBIN') return { lb_policy: lb, round_robin_lb_config: slow };
+    if (slow && lb === 'LEAST_REQUEST') return { lb_policy: lb, least_request_lb_config: slow };
+    return { lb_policy: lb };
+  }
+  if (ch.maglev) return ch.maglevTableSize ? { lb_policy: 'MAGLEV', maglev_lb_config: { table_size: { value: ch.maglevTableSize } } } : { lb_policy: 'MAGLEV' };
   return { lb_policy: 'RING_HASH', ring_hash_lb_config: { minimum_ring_size: { value: ch.minimumRingSize ?? 1024 } } };
 }

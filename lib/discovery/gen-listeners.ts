@@ -14,6 +14,7 @@ import { sidecarRouteName } from './gen-routes';
 import { captureListeners } from './gen-capture-listeners';
 import { inboundCaptureChains } from './gen-inbound';
 import { routerListeners } from './gen-gateway-tls';
+import { hcmTracing, tracingKey } from './gen-tracing';
 
 const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
 const ROUTER = 'envoy.extensions.filters.http.router.v3.Router';
@@ -28,19 +29,21 @@ export const SIDECAR_BIND = '127.0.0.1';
 export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
   if (proxy.type === 'sidecar') {
     const scope = push.scopeFor(proxy);
+    const tk = tracingKey(push, proxy);
     if (proxy.capture) {
       // The workload's own ports (inbound mTLS) depend on the proxy's address and PeerAuthentication mode.
-      const key = `lds|sidecar-capture|${scope.key}|${proxy.ip}|${push.peerAuthenticationMode(proxy)}`;
-      return push.memoize(key, () => captureListeners(push, scope, inboundCaptureChains(push, proxy)));
+      const key = `lds|sidecar-capture|${scope.key}|${proxy.ip}|${push.peerAuthenticationMode(proxy)}|${tk}`;
+      return push.memoize(key, () => captureListeners(push, scope, inboundCaptureChains(push, proxy), hcmTracing(push, proxy, 'outbound')));
     }
-    return push.memoize(`lds|sidecar|${scope.key}`, () => sidecarListeners(push, scope));
+    return push.memoize(`lds|sidecar|${scope.key}|${tk}`, () => sidecarListeners(push, scope, hcmTracing(push, proxy, 'outbound')));
   }
   const gws = push.gatewaysFor(proxy);
   // Plaintext, HTTPS, TLS and TCP servers: ./gen-gateway-tls.ts.
-  return push.memoize(`lds|router|${proxy.namespace}|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => routerListeners(push, gws, proxy.namespace));
+  const key = `lds|router|${proxy.namespace}|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}|${tracingKey(push, proxy)}`;
+  return push.memoize(key, () => routerListeners(push, gws, proxy.namespace, hcmTracing(push, proxy, 'gateway')));
 }
 
-function sidecarListeners(push: PushContext, scope: ProxyScope): Map<string, Resource> {
+function sidecarListeners(push: PushContext, scope: ProxyScope, tracing: Record<string, unknown> | undefined): Map<string, Resource> {
   const http = new Set<number>();
   const tcp = new Map<number, Service>(); // port -> the first service with a TCP port there
   for (const svc of scope.services) {
@@ -54,7 +57,7 @@ function sidecarListeners(push: PushContext, scope: ProxyScope): Map<string, Res
     const name = `${SIDECAR_BIND}_${port}`;
     // A port with both HTTP and TCP services is served as HTTP: Host is the only way to tell them apart.
     const filter = http.has(port)
-      ? hcmFilter(name, sidecarRouteName(port), false)
+      ? hcmFilter(name, sidecarRouteName(port), false, tracing)
       : tcpProxyFilter(push, tcp.get(port)!, port, scope.namespace);
     out.set(name, encodeResource(LISTENER, name, listener(name, SIDECAR_BIND, port, filter, 'OUTBOUND')));
   }
@@ -70,7 +73,8 @@ function listener(name: string, address: string, port: number, filter: Record<st
   };
 }
 
-export function hcmFilter(statPrefix: string, routeName: string, edge: boolean): Record<string, unknown> {
+/** `tracing`: the HCM's tracing block (./gen-tracing.ts), when tracing is configured. */
+export function hcmFilter(statPrefix: string, routeName: string, edge: boolean, tracing?: Record<string, unknown>): Record<string, unknown> {
   // The settings istiod puts on every HTTP connection manager (istio/istio 86c9f01f,
   // pilot/pkg/networking/core/listener_builder.go buildHTTPConnectionManager). No mTLS here, so no client
   // certificate to forward: SANITIZE_SET drops any x-forwarded-client-cert a client sent.
@@ -92,6 +96,7 @@ export function hcmFilter(statPrefix: string, routeName: string, edge: boolean):
       set_current_client_cert_details: { subject: { value: true }, dns: true, uri: true },
       request_id_extension: { typed_config: packAny(UUID_REQUEST_ID, { use_request_id_for_trace_sampling: { value: true } }) },
       access_log: [],
+      ...(tracing && { tracing }),
     }),
   };
 }

@@ -4,6 +4,7 @@
 
 import { headerFields, mirrorPolicies, perFilterConfig, retryPolicy } from './gen-http-policy';
 import { hashPolicy } from './gen-lb-policy';
+import { allocateVips } from './auto-vip';
 import type { Config, GatewaySpec, HttpMatch, HttpRoute, MeshConfig, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
 import { isHttp } from './model';
 import { exportedTo } from './visibility';
@@ -11,6 +12,7 @@ import { SIDECAR_BIND } from './gen-listeners';
 import { gatewayServerRouteName } from './gen-gateway-tls';
 import { serverHostAccepts } from './gateway-hosts';
 import type { Proxy } from './proxy';
+import { type RouteSource, sourceMatches } from './source-match';
 import type { ProxyScope, PushContext } from './push-context';
 import { clusterName, dur, encodeResource, encodeRouteConfigSteps, type Resource, ROUTE } from './resources';
 
@@ -18,20 +20,23 @@ import { clusterName, dur, encodeResource, encodeRouteConfigSteps, type Resource
 export { serverHostAccepts };
 
 export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
+  // A sourceLabels match makes the routes depend on the proxy's labels too.
+  const labels = push.sourceLabelRoutes ? JSON.stringify(Object.entries(proxy.labels).sort()) : '';
   if (proxy.type === 'sidecar') {
     const scope = push.scopeFor(proxy);
-    return push.memoize(`rds|sidecar|${scope.key}`, () => sidecarRoutes(push, scope));
+    const vips = !!proxy.dnsCapture;
+    return push.memoize(`rds|sidecar|${scope.key}${vips ? '|vips' : ''}${labels && `|${labels}`}`, () => sidecarRoutes(push, scope, proxy.labels, vips));
   }
   const gws = push.gatewaysFor(proxy);
-  return push.memoize(`rds|router|${proxy.namespace}|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}`, () => routerRoutes(push, gws, proxy.namespace));
+  return push.memoize(`rds|router|${proxy.namespace}|${gws.map((g) => `${g.meta.namespace}/${g.meta.name}`).join(',')}|${labels}`, () => routerRoutes(push, gws, proxy));
 }
 
 /** Route configuration name of a sidecar port and of a gateway port. */
 export const sidecarRouteName = (port: number) => String(port);
 export const gatewayRouteName = (port: number) => `http.${port}`;
 
-function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resource> {
-  const steps = sidecarRouteSteps(push, scope);
+function sidecarRoutes(push: PushContext, scope: ProxyScope, labels: Readonly<Record<string, string>>, vips: boolean): Map<string, Resource> {
+  const steps = sidecarRouteSteps(push, scope, labels, vips);
   for (let r = steps.next(); ; r = steps.next()) if (r.done) return r.value;
 }
 
@@ -40,26 +45,33 @@ function sidecarRoutes(push: PushContext, scope: ProxyScope): Map<string, Resour
  * and memoised where buildRoutes() looks, so the connections then only look them up.
  */
 export async function warmSidecarRoutes(push: PushContext, scope: ProxyScope, breathe: () => Promise<void>): Promise<void> {
-  const steps = sidecarRouteSteps(push, scope);
+  if (push.sourceLabelRoutes) return; // built per proxy's labels, on demand
+  const steps = sidecarRouteSteps(push, scope, {}, false);
   for (let r = steps.next(); ; r = steps.next()) {
     if (r.done) return push.prime(`rds|sidecar|${scope.key}`, r.value);
     await breathe();
   }
 }
 
-function* sidecarRouteSteps(push: PushContext, scope: ProxyScope): Generator<void, Map<string, Resource>> {
+/** `vips`: the proxy uses auto-allocated VIPs (DNS capture), so a service's VIP is one of its domains. */
+function* sidecarRouteSteps(push: PushContext, scope: ProxyScope, labels: Readonly<Record<string, string>>, vips: boolean): Generator<void, Map<string, Resource>> {
+  const src: RouteSource = { labels, namespace: scope.namespace, gateway: 'mesh' };
+  const autoVips = vips ? push.memoize('auto-vips', () => allocateVips(push.services)) : undefined;
   const byPort = new Map<number, Record<string, unknown>[]>();
   for (const svc of scope.services) {
     for (const port of svc.ports) {
       if (!isHttp(port.protocol)) continue;
       const vs = push.meshVirtualService(svc.hostname, scope.namespace);
       // A VirtualService with only `tcp` routes leaves the service's HTTP ports on the default route.
-      const routes = vs?.spec.http.length ? vsRoutes(push, vs, port.number, true, scope.namespace) : [defaultRoute(push, svc.hostname, port.number, scope.namespace)];
+      const routes = vs?.spec.http.length ? vsRoutes(push, vs, port.number, true, src, scope.namespace) : [defaultRoute(push, svc.hostname, port.number, scope.namespace)];
       const list = byPort.get(port.number) ?? [];
       // The port is ignored when matching (ignore_port_in_host_matching), so no `host:port` domains; the absolute
       // name `host.` is served too (istiod's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).
-      // The service's addresses too (IPs, not CIDRs), as istiod's generateVirtualHostDomains adds them.
-      const ips = svc.addresses.filter((x) => !x.includes('/')).map((x) => (x.includes(':') ? `[${x}]` : x));
+      // The service's addresses too (IPs, not CIDRs), as istiod's generateVirtualHostDomains adds them; without
+      // any, its auto-allocated VIP when the proxy uses those (istiod's getAllAddressesForProxy: DNS capture).
+      const own = svc.addresses.filter((x) => !x.includes('/'));
+      const vip = own.length || svc.addresses.length ? undefined : autoVips?.get(svc.hostname);
+      const ips = [...own, ...(vip ? [vip] : [])].map((x) => (x.includes(':') ? `[${x}]` : x));
       const domains = [svc.hostname, `${svc.hostname}.`, ...kubeAltHosts(svc.hostname, scope.namespace), ...ips];
       list.push({ name: `${svc.hostname}:${port.number}`, domains, routes });
       byPort.set(port.number, list);
@@ -109,7 +121,8 @@ function catchAllVirtualHost(policy: MeshConfig['outboundTrafficPolicy']): Recor
   };
 }
 
-function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[], proxyNs: string): Map<string, Resource> {
+function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[], proxy: Proxy): Map<string, Resource> {
+  const proxyNs = proxy.namespace;
   // route name (`http.<port>`, or one per HTTPS server: ./gen-gateway-tls.ts) -> host -> routes, in Gateway then
   // VirtualService order; hosts of servers with httpsRedirect get require_tls ALL (a 301 to https), as istiod.
   const byRoute = new Map<string, { port: number; hosts: Map<string, Record<string, unknown>[]>; redirect: Set<string> }>();
@@ -133,7 +146,9 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
           if (added.has(once)) continue;
           added.add(once);
           const routes = hosts.get(h) ?? [];
-          for (const r of vsRoutes(push, vs, port, false)) routes.push(r); // not push(...): one VS may hold 100,000 routes
+          const src = { labels: proxy.labels, namespace: proxyNs, gateway: ref };
+          // istiod's IsTLS for redirects: any server `tls` (an httpsRedirect one too) makes https the default scheme.
+          for (const r of vsRoutes(push, vs, port, false, src, undefined, server.tls !== undefined)) routes.push(r); // not push(...): one VS may hold 100,000 routes
           hosts.set(h, routes);
         }
       }
@@ -170,21 +185,24 @@ function defaultRoute(push: PushContext, hostname: string, port: number, namespa
   return { name: 'default', match: { prefix: '/' }, route: action };
 }
 
-/** `namespace`: the sidecar's, whose visible DestinationRule decides consistent hashing (a router sees every one). */
-function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: number, mesh: boolean, namespace?: string): Record<string, unknown>[] {
+/** `namespace`: the sidecar's, whose visible DestinationRule decides consistent hashing (a router sees every one).
+ * `tls`: the routes serve a Gateway server with TLS settings (redirects then default to https). */
+function vsRoutes(push: PushContext, vs: Config<VirtualServiceSpec>, port: number, mesh: boolean, src: RouteSource, namespace?: string, tls = false): Record<string, unknown>[] {
   const out: Record<string, unknown>[] = [];
   for (const r of vs.spec.http) {
-    const matches = r.match.length ? r.match.filter((m) => m.port === undefined || m.port === port) : [undefined];
+    const matches = r.match.length ? r.match.filter((m) => (m.port === undefined || m.port === port) && sourceMatches(m, vs, src)) : [undefined];
     if (!matches.length) continue;
-    const action = r.redirect ? { redirect: redirectAction(r.redirect) }
+    const action = r.redirect ? { redirect: redirectAction(r.redirect, port, tls) }
       : r.directResponse ? { direct_response: directResponse(r.directResponse) }
       : routeAction(push, vs, r, port, mesh, namespace);
     if (!action) continue;
     const pfc = perFilterConfig(r);
-    const hdrs = headerFields(r.headers);
+    // One destination's headers join the route's (istiod's processDestination); weighted ones sit on each cluster.
+    const hdrs = mergeHeaderFields(headerFields(r.headers), r.route.length === 1 && !r.redirect && !r.directResponse ? headerFields(r.route[0]!.headers) : {});
     for (const m of matches) {
       const route: Record<string, unknown> = { match: routeMatch(m), ...('redirect' in action || 'direct_response' in action ? action : { route: action }), ...hdrs };
       if (r.name) route.name = r.name;
+      if (m?.statPrefix) route.stat_prefix = m.statPrefix;
       if (pfc) route.typed_per_filter_config = pfc;
       out.push(route);
     }
@@ -215,17 +233,29 @@ function routeMatch(m: HttpMatch | undefined): Record<string, unknown> {
 
 const REDIRECT_CODE: Record<number, string> = { 301: 'MOVED_PERMANENTLY', 302: 'FOUND', 303: 'SEE_OTHER', 307: 'TEMPORARY_REDIRECT', 308: 'PERMANENT_REDIRECT' };
 
-function redirectAction(rd: NonNullable<HttpRoute['redirect']>): Record<string, unknown> {
+/** `port`: the listener's, which derivePort FROM_REQUEST_PORT stands for (istiod's ApplyRedirect: Envoy cannot
+ * derive it, and routes are built per port). A port that is the scheme's default (the redirect's scheme, else
+ * https on a TLS server and http elsewhere) is left out of the Location. */
+function redirectAction(rd: NonNullable<HttpRoute['redirect']>, port: number, tls: boolean): Record<string, unknown> {
   const out: Record<string, unknown> = { response_code: REDIRECT_CODE[rd.redirectCode ?? 301] };
   if (rd.uri !== undefined) out.path_redirect = rd.uri;
   if (rd.authority !== undefined) out.host_redirect = rd.authority;
-  if (rd.port !== undefined) out.port_redirect = rd.port;
+  const p = rd.port ?? (rd.derivePort === 'FROM_REQUEST_PORT' ? port : undefined);
+  const scheme = rd.scheme ?? (tls ? 'https' : 'http');
+  if (p !== undefined && !(p === 80 && scheme === 'http') && !(p === 443 && scheme === 'https')) out.port_redirect = p;
   if (rd.scheme !== undefined) out.scheme_redirect = rd.scheme;
   return out;
 }
 
 function directResponse(d: NonNullable<HttpRoute['directResponse']>): Record<string, unknown> {
+  if (d.bodyBytes !== undefined) return { status: d.status, body: { inline_bytes: d.bodyBytes } };
   return d.body === undefined ? { status: d.status } : { status: d.status, body: { inline_string: d.body } };
+}
+
+function mergeHeaderFields(a: Record<string, unknown>, b: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...a };
+  for (const [k, v] of Object.entries(b)) out[k] = [...((a[k] as unknown[] | undefined) ?? []), ...(v as unknown[])];
+  return out;
 }
 
 function stringMatcher(sm: StringMatch): Record<string, unknown> {
@@ -244,12 +274,13 @@ function destinationCluster(push: PushContext, vs: Config<VirtualServiceSpec>, d
 function routeAction(push: PushContext, vs: Config<VirtualServiceSpec>, r: HttpRoute, port: number, mesh: boolean, namespace?: string): Record<string, unknown> | undefined {
   const dests = r.route
     .filter((d) => d.weight > 0 || r.route.length === 1)
-    .map((d) => ({ cluster: destinationCluster(push, vs, d, port, mesh), weight: d.weight }))
-    .filter((d): d is { cluster: string; weight: number } => d.cluster !== undefined);
+    .map((d) => ({ cluster: destinationCluster(push, vs, d, port, mesh), weight: d.weight, headers: d.headers }))
+    .filter((d): d is { cluster: string; weight: number; headers: RouteDestination['headers'] } => d.cluster !== undefined);
   if (!dests.length) return undefined;
-  const action: Record<string, unknown> = dests.length === 1
+  // As istiod: several destinations are weighted clusters even when only one has weight left.
+  const action: Record<string, unknown> = r.route.length === 1
     ? { cluster: dests[0]!.cluster }
-    : { weighted_clusters: { clusters: dests.map((d) => ({ name: d.cluster, weight: { value: d.weight } })) } };
+    : { weighted_clusters: { clusters: dests.map((d) => ({ name: d.cluster, weight: { value: d.weight }, ...headerFields(d.headers) })) } };
   action.timeout = dur(r.timeoutMs ?? 0);
   const first = push.lookupService(r.route[0]!.host, vs.meta.namespace);
   const hash = first ? hashPolicy(push, first.hostname, r.route[0]!.subset, namespace) : undefined;

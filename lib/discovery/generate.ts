@@ -32,7 +32,7 @@ export function generate(push: PushContext, proxy: Proxy, typeUrl: string): Read
     case TYPE_URLS.secret:
       return buildSecrets(push, proxy);
     case TYPE_URLS.nameTable:
-      return buildNameTableResources(push);
+      return buildNameTableResources(push, proxy);
     default:
       return new Map();
   }

@@ -4,9 +4,11 @@
 // Data flow: FileConfigSource.sync() applies a validated set to the store; store and registry handlers feed the
 // Debouncer; each flush builds one immutable PushContext and asks every connection to push from it.
 
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
+import { parseJsonOrYaml } from '../json-or-yaml';
 import { DISCOVERY_MAX_DOCUMENTS, DISCOVERY_MAX_FILE_BYTES, PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
 import { timestamp, scope } from '../log';
 import { AdsServer, type ConnectionStatus } from './ads-server';
@@ -15,6 +17,7 @@ import type { Nack } from './ads-connection';
 import { MemoryConfigStore } from './config-store';
 import { Debouncer, type PushRequest, pushRequest } from './debounce';
 import { FileConfigSource } from './file-source';
+import { readMeshTracing } from './mesh-tracing';
 import { DEFAULT_MESH, KINDS, type MeshConfig } from './model';
 import { warmEndpoints } from './gen-clusters';
 import { warmSidecarRoutes } from './gen-routes';
@@ -268,12 +271,21 @@ export class DiscoveryServer implements Component {
   }
 }
 
+function readMeshFile(file: string): unknown {
+  try {
+    return parseJsonOrYaml(fs.readFileSync(file, 'utf8'));
+  } catch (e) {
+    throw new AgentError('CONFIG_INVALID', `mesh config ${file}: ${errorMessage(e).split('\n')[0]}`, e);
+  }
+}
+
 /**
  * `pilot-agent discovery --config-dir DIR [--grpc-addr HOST:PORT | unix path]`: runs until SIGTERM or SIGINT.
+ * `meshConfigFile`: a meshConfig file whose tracing fields apply (./mesh-tracing.ts).
  * Returns 0 after a signal, 1 if the config is invalid or the server cannot start or fails.
  */
 export async function runDiscoveryCommand(
-  argv: { configDir: string; grpcAddr?: string; outboundTrafficPolicy?: MeshConfig['outboundTrafficPolicy'] },
+  argv: { configDir: string; grpcAddr?: string; outboundTrafficPolicy?: MeshConfig['outboundTrafficPolicy']; meshConfigFile?: string },
   env: Env = process.env,
 ): Promise<number> {
   let server: DiscoveryServer;
@@ -281,7 +293,10 @@ export async function runDiscoveryCommand(
     server = new DiscoveryServer({
       configDir: argv.configDir,
       listen: argv.grpcAddr ?? '127.0.0.1:15010',
-      mesh: argv.outboundTrafficPolicy ? { outboundTrafficPolicy: argv.outboundTrafficPolicy } : {},
+      mesh: {
+        ...(argv.outboundTrafficPolicy && { outboundTrafficPolicy: argv.outboundTrafficPolicy }),
+        ...(argv.meshConfigFile && { tracing: readMeshTracing(readMeshFile(argv.meshConfigFile), `mesh config ${argv.meshConfigFile}`) }),
+      },
       debounceMs: PILOT_DEBOUNCE_AFTER.get(env),
       maxDelayMs: PILOT_DEBOUNCE_MAX.get(env),
       ...fileLimitsFromEnv(env),

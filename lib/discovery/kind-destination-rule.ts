@@ -52,9 +52,12 @@ function readTrafficPolicy(r: Reader, v: unknown, path: Path, portLevel = false)
   const tls = readClientTls(r, o.tls, [...path, 'tls']);
   if (tls) out.tls = tls;
   const lp = [...path, 'loadBalancer'];
-  const lb = r.object(o.loadBalancer, lp, ['simple', 'consistentHash']);
+  const lb = r.object(o.loadBalancer, lp, ['simple', 'consistentHash', 'warmupDurationSecs']);
   if (lb) {
-    if ((lb.simple === undefined) === (lb.consistentHash === undefined)) r.fail(lp, 'needs exactly one of simple, consistentHash');
+    if (lb.simple !== undefined && lb.consistentHash !== undefined) r.fail(lp, 'simple and consistentHash are exclusive');
+    if (lb.simple === undefined && lb.consistentHash === undefined && lb.warmupDurationSecs === undefined) r.fail(lp, 'needs simple, consistentHash or warmupDurationSecs');
+    const warmup = r.duration(lb.warmupDurationSecs, [...lp, 'warmupDurationSecs']);
+    if (warmup !== undefined) out.warmupMs = warmup;
     const simple = r.oneOf(lb.simple, [...lp, 'simple'], ['ROUND_ROBIN', 'LEAST_REQUEST', 'RANDOM'] as const, { unsupported: ['PASSTHROUGH', 'LEAST_CONN', 'UNSPECIFIED'] });
     if (simple) out.loadBalancer = simple;
     const ch = readConsistentHash(r, lb.consistentHash, [...lp, 'consistentHash']);
@@ -127,10 +130,18 @@ function readConsistentHash(r: Reader, v: unknown, path: Path): ConsistentHash |
   if (o.ringHash !== undefined && o.maglev !== undefined) r.fail(path, 'ringHash and maglev are exclusive');
   const ring = r.object(o.ringHash, [...path, 'ringHash'], ['minimumRingSize']);
   const mag = r.object(o.maglev, [...path, 'maglev'], ['tableSize']);
-  if (mag?.tableSize !== undefined) r.fail([...path, 'maglev', 'tableSize'], 'is not supported (Envoy default 65537 is used)');
+  const tableSize = r.int(mag?.tableSize, [...path, 'maglev', 'tableSize'], { min: 1, max: 5000011 });
+  if (tableSize !== undefined && !isPrime(tableSize)) r.fail([...path, 'maglev', 'tableSize'], `${tableSize} is not a prime number (Envoy requires one)`);
   const min = r.int(ring?.minimumRingSize ?? o.minimumRingSize, [...path, ring ? 'ringHash' : 'minimumRingSize'], { min: 1 });
   if (!key) return undefined;
   const out: ConsistentHash = { key, maglev: mag !== undefined };
+  if (tableSize) out.maglevTableSize = tableSize;
   if (min !== undefined) out.minimumRingSize = min;
   return out;
+}
+
+function isPrime(n: number): boolean {
+  if (n < 2) return false;
+  for (let i = 2; i * i <= n; i++) if (n % i === 0) return false;
+  return true;
 }

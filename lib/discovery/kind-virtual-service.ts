@@ -1,11 +1,12 @@
-// VirtualService reader: HTTP routes with uri/header matches, weighted destinations, timeout, retries, rewrite,
-// fault injection, CORS, mirroring and header manipulation; TCP routes by port with weighted destinations.
+// VirtualService reader: HTTP routes with uri/header/source matches, weighted destinations, timeout, retries,
+// rewrite, fault injection, CORS, mirroring and header manipulation; TCP routes by port with weighted destinations.
 
 import { dict } from '../dict';
 import type { CorsPolicy, HeaderOperations, HttpFault, HttpMatch, HttpRoute, RouteDestination, StringMatch, TcpRoute, VirtualServiceSpec } from './model';
 import { readExportTo } from './visibility';
 import { HOST, type Path, type Reader, readHosts } from './schema';
 import { readTlsRoutes } from './kind-tls';
+import { readSourceMatch, SOURCE_MATCH_FIELDS } from './source-match';
 
 export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualServiceSpec | undefined {
   const o = r.object(v, path, ['hosts', 'gateways', 'http', 'tcp', 'tls', 'exportTo'], ['hosts']);
@@ -53,7 +54,7 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
   if (name !== undefined) out.name = name;
   r.array(o.match, [...path, 'match']).forEach((m, i) => {
     const mp = [...path, 'match', i];
-    const mo = r.object(m, mp, ['name', 'uri', 'headers', 'port', 'ignoreUriCase', 'method', 'authority', 'scheme', 'queryParams', 'withoutHeaders']);
+    const mo = r.object(m, mp, ['name', 'uri', 'headers', 'port', 'ignoreUriCase', 'method', 'authority', 'scheme', 'queryParams', 'withoutHeaders', ...SOURCE_MATCH_FIELDS]);
     if (!mo) return;
     r.string(mo.name, [...mp, 'name']);
     const match: HttpMatch = { headers: {}, ignoreUriCase: r.bool(mo.ignoreUriCase, [...mp, 'ignoreUriCase']) ?? false };
@@ -79,16 +80,20 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
     }
     const port = r.port(mo.port, [...mp, 'port']);
     if (port !== undefined) match.port = port;
+    readSourceMatch(r, mo, mp, match);
     out.match.push(match);
   });
-  if (o.route !== undefined || actions.length !== 1) out.route = readDestinations(r, o.route, [...path, 'route']);
-  const rd = r.object(o.redirect, [...path, 'redirect'], ['uri', 'authority', 'port', 'scheme', 'redirectCode']);
+  if (o.route !== undefined || actions.length !== 1) out.route = readDestinations(r, o.route, [...path, 'route'], true);
+  const rd = r.object(o.redirect, [...path, 'redirect'], ['uri', 'authority', 'port', 'derivePort', 'scheme', 'redirectCode']);
   if (rd) {
     const rp = [...path, 'redirect'];
     out.redirect = {};
     const uri = r.string(rd.uri, [...rp, 'uri']);
     const authority = r.string(rd.authority, [...rp, 'authority']);
     const port = r.port(rd.port, [...rp, 'port']);
+    if (rd.port !== undefined && rd.derivePort !== undefined) r.fail(rp, 'port and derivePort are exclusive');
+    const derivePort = r.oneOf(rd.derivePort, [...rp, 'derivePort'], ['FROM_PROTOCOL_DEFAULT', 'FROM_REQUEST_PORT'] as const);
+    if (derivePort !== undefined) out.redirect.derivePort = derivePort;
     const scheme = r.oneOf(rd.scheme, [...rp, 'scheme'], ['http', 'https'] as const);
     const code = r.int(rd.redirectCode, [...rp, 'redirectCode']);
     if (code !== undefined && !REDIRECT_CODES.includes(code)) r.fail([...rp, 'redirectCode'], `${code} is not one of ${REDIRECT_CODES.join(', ')}`);
@@ -101,16 +106,19 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
   const dr = r.object(o.directResponse, [...path, 'directResponse'], ['status', 'body'], ['status']);
   if (dr) {
     const status = r.int(dr.status, [...path, 'directResponse', 'status'], { required: true, min: 200, max: 599 });
-    const body = r.object(dr.body, [...path, 'directResponse', 'body'], ['string'], ['string']);
-    const text = r.string(body?.string, [...path, 'directResponse', 'body', 'string']);
-    if (status !== undefined) out.directResponse = text === undefined ? { status } : { status, body: text };
+    const bp = [...path, 'directResponse', 'body'];
+    const body = r.object(dr.body, bp, ['string', 'bytes']);
+    if (body && (body.string === undefined) === (body.bytes === undefined)) r.fail(bp, 'needs exactly one of string, bytes');
+    const text = r.string(body?.string, [...bp, 'string']);
+    const bytes = r.string(body?.bytes, [...bp, 'bytes'], { pattern: /^[A-Za-z0-9+/]*={0,2}$/, patternText: 'base64' });
+    if (status !== undefined) out.directResponse = { status, ...(text !== undefined && { body: text }), ...(bytes !== undefined && { bodyBytes: bytes }) };
   }
   for (const k of ['mirror', 'retries', 'timeout', 'rewrite'] as const) {
     if (!o.route && o[k] !== undefined) r.fail([...path, k], 'applies only to a route, not to a redirect or directResponse');
   }
   const timeoutMs = r.duration(o.timeout, [...path, 'timeout']);
   if (timeoutMs !== undefined) out.timeoutMs = timeoutMs;
-  const ro = r.object(o.retries, [...path, 'retries'], ['attempts', 'perTryTimeout', 'retryOn', 'retryIgnorePreviousHosts', 'backoff'], ['attempts']);
+  const ro = r.object(o.retries, [...path, 'retries'], ['attempts', 'perTryTimeout', 'retryOn', 'retryIgnorePreviousHosts', 'backoff', 'retryRemoteLocalities'], ['attempts']);
   if (ro) {
     const attempts = r.int(ro.attempts, [...path, 'retries', 'attempts'], { required: true, min: 0, max: 100 });
     const perTry = r.duration(ro.perTryTimeout, [...path, 'retries', 'perTryTimeout']);
@@ -123,6 +131,8 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
       if (ignore !== undefined) out.retries.ignorePreviousHosts = ignore;
       const backoff = r.duration(ro.backoff, [...path, 'retries', 'backoff']);
       if (backoff !== undefined) out.retries.backoffMs = backoff;
+      const remote = r.bool(ro.retryRemoteLocalities, [...path, 'retries', 'retryRemoteLocalities']);
+      if (remote !== undefined) out.retries.retryRemoteLocalities = remote;
     }
   }
   const rw = r.object(o.rewrite, [...path, 'rewrite'], ['uri', 'authority']);
@@ -168,13 +178,13 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
   return out;
 }
 
-/** `route` of an HTTP or TCP route: weighted destinations. */
-function readDestinations(r: Reader, v: unknown, path: Path): RouteDestination[] {
+/** `route` of an HTTP or TCP route: weighted destinations (with `headers` for HTTP). */
+function readDestinations(r: Reader, v: unknown, path: Path, http = false): RouteDestination[] {
   const out: RouteDestination[] = [];
   const dests = r.array(v, path, { required: true, nonEmpty: true });
   dests.forEach((d, i) => {
     const dp = [...path, i];
-    const dO = r.object(d, dp, ['destination', 'weight'], ['destination']); // destination-level `headers` is not supported
+    const dO = r.object(d, dp, http ? ['destination', 'weight', 'headers'] : ['destination', 'weight'], ['destination']);
     if (!dO) return;
     const de = r.object(dO.destination, [...dp, 'destination'], ['host', 'subset', 'port'], ['host']);
     const host = r.string(de?.host, [...dp, 'destination', 'host'], { required: true, pattern: HOST, patternText: 'a hostname' });
@@ -188,6 +198,12 @@ function readDestinations(r: Reader, v: unknown, path: Path): RouteDestination[]
     const rd: RouteDestination = { host, weight: weight ?? 100 };
     if (subset !== undefined) rd.subset = subset;
     if (port !== undefined) rd.port = port;
+    const ho = r.object(dO.headers, [...dp, 'headers'], ['request', 'response']);
+    if (ho) {
+      const req = readHeaderOps(r, ho.request, [...dp, 'headers', 'request']);
+      const res = readHeaderOps(r, ho.response, [...dp, 'headers', 'response']);
+      rd.headers = { ...(req && { request: req }), ...(res && { response: res }) };
+    }
     out.push(rd);
   });
   if (dests.length > 1 && out.length === dests.length) {
@@ -220,10 +236,14 @@ function readFault(r: Reader, v: unknown, path: Path): HttpFault | undefined {
   }
   const a = r.object(o.abort, [...path, 'abort'], ['httpStatus', 'percentage', 'grpcStatus', 'http2Error']);
   if (a) {
-    for (const k of ['grpcStatus', 'http2Error']) if (a[k] !== undefined) r.fail([...path, 'abort', k], 'is not supported; use httpStatus');
-    const status = r.int(a.httpStatus, [...path, 'abort', 'httpStatus'], { required: true, min: 200, max: 599 });
+    if (a.http2Error !== undefined) r.fail([...path, 'abort', 'http2Error'], 'is not supported (Istio does not implement it either); use httpStatus or grpcStatus');
+    if ((a.httpStatus === undefined) === (a.grpcStatus === undefined) && a.http2Error === undefined) r.fail([...path, 'abort'], 'needs exactly one of httpStatus, grpcStatus');
+    const status = r.int(a.httpStatus, [...path, 'abort', 'httpStatus'], { min: 200, max: 599 });
+    const grpc = r.oneOf(a.grpcStatus, [...path, 'abort', 'grpcStatus'], GRPC_CODES);
     const pct = readPercentage(r, a.percentage, [...path, 'abort', 'percentage']);
-    if (status !== undefined) out.abort = pct === undefined ? { httpStatus: status } : { httpStatus: status, percentage: pct };
+    if (status !== undefined || grpc !== undefined) {
+      out.abort = { ...(status !== undefined && { httpStatus: status }), ...(grpc !== undefined && { grpcStatus: GRPC_CODES.indexOf(grpc) }), ...(pct !== undefined && { percentage: pct }) };
+    }
   }
   if (!out.delay && !out.abort && !r.problems.length) r.fail(path, 'needs delay or abort');
   return out;
@@ -248,6 +268,11 @@ function readCors(r: Reader, v: unknown, path: Path): CorsPolicy | undefined {
 }
 
 const REDIRECT_CODES = [301, 302, 303, 307, 308];
+
+/** gRPC status names in code order (0 OK ... 16 UNAUTHENTICATED), as Istio's SupportedGRPCStatus. */
+const GRPC_CODES = ['OK', 'CANCELLED', 'UNKNOWN', 'INVALID_ARGUMENT', 'DEADLINE_EXCEEDED', 'NOT_FOUND', 'ALREADY_EXISTS', 'PERMISSION_DENIED',
+  'RESOURCE_EXHAUSTED', 'FAILED_PRECONDITION', 'ABORTED', 'OUT_OF_RANGE', 'UNIMPLEMENTED', 'INTERNAL', 'UNAVAILABLE', 'DATA_LOSS', 'UNAUTHENTICATED'] as const;
+
 
 const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/;
 

@@ -1,6 +1,8 @@
 // The discovery server's platform-neutral model: configs keyed by kind + namespace + name (the Istio kinds this
 // server accepts, already validated and normalised), and the service registry's Service and ServiceInstance.
 
+import type { MeshTracing } from './mesh-tracing';
+
 export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar', 'PeerAuthentication', 'Secret'] as const;
 export type Kind = (typeof KINDS)[number];
 
@@ -36,6 +38,8 @@ export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | D
 export interface MeshConfig {
   /** ALLOW_ANY: a sidecar passes unknown Hosts through (PassthroughCluster); REGISTRY_ONLY: it answers 502. */
   outboundTrafficPolicy: 'ALLOW_ANY' | 'REGISTRY_ONLY';
+  /** enableTracing, defaultProviders.tracing and defaultConfig.tracing (./mesh-tracing.ts); absent: no tracing. */
+  tracing?: MeshTracing;
 }
 
 export const DEFAULT_MESH: MeshConfig = Object.freeze({ outboundTrafficPolicy: 'ALLOW_ANY' });
@@ -96,6 +100,13 @@ export interface HttpMatch {
   scheme?: StringMatch;
   port?: number;
   ignoreUriCase: boolean;
+  /** The route applies only to proxies with these labels / in this namespace (istiod drops it for others). */
+  sourceLabels?: Readonly<Record<string, string>>;
+  sourceNamespace?: string;
+  /** `mesh` or `namespace/name` of Gateways: the route applies only to those; sourceLabels are then not looked at. */
+  gateways?: readonly string[];
+  /** The route's stat_prefix. */
+  statPrefix?: string;
 }
 
 export interface RouteDestination {
@@ -103,6 +114,8 @@ export interface RouteDestination {
   subset?: string;
   port?: number;
   weight: number;
+  /** Header manipulation when this destination is picked (HTTP routes only). */
+  headers?: { request?: HeaderOperations; response?: HeaderOperations };
 }
 
 /** Percent in [0, 100], fractions allowed (Istio's `Percent`). */
@@ -125,7 +138,7 @@ export interface CorsPolicy {
 
 export interface HttpFault {
   delay?: { fixedDelayMs: number; percentage?: Percent };
-  abort?: { httpStatus: number; percentage?: Percent };
+  abort?: { httpStatus?: number; grpcStatus?: number; percentage?: Percent };
 }
 
 export interface HttpRoute {
@@ -133,7 +146,7 @@ export interface HttpRoute {
   match: HttpMatch[];
   route: RouteDestination[];
   timeoutMs?: number;
-  retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string; ignorePreviousHosts?: boolean; backoffMs?: number };
+  retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string; ignorePreviousHosts?: boolean; backoffMs?: number; retryRemoteLocalities?: boolean };
   rewrite?: { uri?: string; authority?: string };
   fault?: HttpFault;
   corsPolicy?: CorsPolicy;
@@ -141,8 +154,9 @@ export interface HttpRoute {
   mirrorPercentage?: Percent;
   headers?: { request?: HeaderOperations; response?: HeaderOperations };
   /** Instead of `route`: an HTTP redirect, or a response from the proxy itself. */
-  redirect?: { uri?: string; authority?: string; port?: number; scheme?: 'http' | 'https'; redirectCode?: number };
-  directResponse?: { status: number; body?: string };
+  redirect?: { uri?: string; authority?: string; port?: number; derivePort?: 'FROM_PROTOCOL_DEFAULT' | 'FROM_REQUEST_PORT'; scheme?: 'http' | 'https'; redirectCode?: number };
+  /** `body` is text; `bodyBytes` base64, as body.bytes is written in YAML. */
+  directResponse?: { status: number; body?: string; bodyBytes?: string };
 }
 
 /** A `tcp` route: the first whose match (a port; none means any) fits a connection takes it. */
@@ -167,6 +181,8 @@ export interface ConsistentHash {
   key: { httpHeaderName: string } | { httpCookie: { name: string; path?: string; ttlMs?: number } } | { useSourceIp: true } | { httpQueryParameterName: string };
   maglev: boolean;
   minimumRingSize?: number;
+  /** maglev.tableSize: a prime. */
+  maglevTableSize?: number;
 }
 
 export interface TrafficPolicy {
@@ -177,6 +193,8 @@ export interface TrafficPolicy {
   tls?: ClientTls;
   loadBalancer?: 'ROUND_ROBIN' | 'LEAST_REQUEST' | 'RANDOM';
   consistentHash?: ConsistentHash;
+  /** loadBalancer.warmupDurationSecs (a duration): slow start for ROUND_ROBIN and LEAST_REQUEST. */
+  warmupMs?: number;
   connectionPool?: {
     tcp?: { maxConnections?: number; connectTimeoutMs?: number };
     http?: { http1MaxPendingRequests?: number; http2MaxRequests?: number; maxRequestsPerConnection?: number; maxRetries?: number };

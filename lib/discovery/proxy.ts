@@ -3,6 +3,7 @@
 
 import { dict } from '../dict';
 import { AgentError, quote } from '../errors';
+import { proxyTracingFromMetadata, type ProxyTracing } from './mesh-tracing';
 
 export type ProxyType = 'sidecar' | 'router';
 
@@ -17,6 +18,13 @@ export interface Proxy {
   /** Metadata STANDALONE_CAPTURE=true (env ISTIO_META_STANDALONE_CAPTURE): the host's traffic is captured by
    * istio-iptables, so the sidecar gets Istio's 15001/15006 listeners instead of loopback ones. */
   readonly capture: boolean;
+  /** Metadata PROXY_CONFIG, when sent: istiod then takes the proxy's ProxyConfig from it, not meshConfig's defaultConfig. */
+  readonly proxyConfig?: { readonly tracing?: ProxyTracing };
+  /** Metadata DNS_CAPTURE=true: its DNS proxy answers the auto-allocated VIPs, so istiod routes them too. */
+  readonly dnsCapture?: boolean;
+  /** Metadata MESH_ID and CLUSTER_ID (trace tags). */
+  readonly meshId?: string;
+  readonly clusterId?: string;
 }
 
 export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefined): Proxy {
@@ -39,7 +47,17 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
   }
   const we = meta && typeof meta === 'object' ? (meta as Record<string, unknown>).WORKLOAD_ENTRY : undefined;
   const capture = meta && typeof meta === 'object' ? (meta as Record<string, unknown>).STANDALONE_CAPTURE : undefined;
-  return Object.freeze({ id, type, ip, namespace, labels: Object.freeze(labels), capture: capture === true || capture === 'true', ...(typeof we === 'string' && we ? { workloadEntry: we } : {}) });
+  const m = meta && typeof meta === 'object' ? meta as Record<string, unknown> : {};
+  const pc = m.PROXY_CONFIG && typeof m.PROXY_CONFIG === 'object' ? m.PROXY_CONFIG as Record<string, unknown> : undefined;
+  const tracing = pc && proxyTracingFromMetadata(pc.tracing);
+  const str = (k: string) => (typeof m[k] === 'string' && m[k] ? { [k === 'MESH_ID' ? 'meshId' : 'clusterId']: m[k] as string } : {});
+  return Object.freeze({
+    id, type, ip, namespace, labels: Object.freeze(labels), capture: capture === true || capture === 'true',
+    ...(typeof we === 'string' && we ? { workloadEntry: we } : {}),
+    ...(pc && { proxyConfig: Object.freeze(tracing ? { tracing } : {}) }),
+    ...str('MESH_ID'), ...str('CLUSTER_ID'),
+    ...((m.DNS_CAPTURE === true || m.DNS_CAPTURE === 'true') && { dnsCapture: true }),
+  });
 }
 
 /** google.protobuf.Struct as protobufjs toObject gives it -> plain JSON. The descriptor's well-known types use

@@ -9,6 +9,7 @@ import {
   type PeerAuthenticationSpec, type SecretSpec, type SidecarSpec, type VirtualServiceSpec,
 } from './model';
 import { egressAdmits, exportedTo, hostCovers } from './visibility';
+import { usesSourceLabels } from './source-match';
 import type { Proxy } from './proxy';
 import type { ServiceDiscovery } from './registry';
 import { ResourceCache } from './resources';
@@ -44,6 +45,8 @@ export class PushContext {
   readonly servePrivateKeys: boolean;
   /** Does any DestinationRule originate TLS with a credentialName? */
   private readonly credentialDrs: boolean;
+  /** Some VirtualService route matches sourceLabels: routes then depend on the proxy's labels. */
+  readonly sourceLabelRoutes: boolean;
   private readonly memo = new Map<string, unknown>();
 
   private constructor(
@@ -119,6 +122,7 @@ export class PushContext {
     this.vsByGateway = byGw;
     this.gateways = Object.freeze(sortByKey(parts.gateways));
     this.sidecars = Object.freeze(sortByKey(parts.sidecars));
+    this.sourceLabelRoutes = usesSourceLabels(parts.vss);
     Object.freeze(this);
   }
 
