@@ -172,7 +172,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const { prebindUnixSocket, socketInUse } = await import('./lib/unix-socket');
     const sdsServedElsewhere = await socketInUse(cfg.sdsSocket);
     await prebindUnixSocket(cfg.xdsSocket);
-    if (!sdsServedElsewhere) await prebindUnixSocket(cfg.sdsSocket);
+    // A socket that cannot be bound fails the start only if the agent has certificates to serve (see lib/workload-identity.ts).
+    const sdsUnavailable = sdsServedElsewhere ? undefined : await prebindUnixSocket(cfg.sdsSocket).then(() => undefined, (err: Error) => err);
     const signalsOff = envoySignals(envoy);
     await envoy.start();
     const [{ composeReadiness }, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, { Profiling }, { workloadIdentity }] = await Promise.all([
@@ -189,7 +190,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       upstream = { address: `unix://${discoverySock}`, tls: false };
       log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
     }
-    const identity = await workloadIdentity(cfg, agentEnv, cfg.standaloneDir ? discoverySock : undefined, sdsServedElsewhere);
+    const identity = await workloadIdentity(cfg, agentEnv, cfg.standaloneDir ? discoverySock : undefined, { sdsServedElsewhere, sdsUnavailable });
     const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
     const { readFileOrUndefined } = await import('./lib/resolve');
     const dns = cfg.dnsEnabled ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, { readFile: readFileOrUndefined, uid: process.getuid?.() ?? -1 }))) : undefined;

@@ -27,11 +27,18 @@ export interface WorkloadIdentity {
 }
 
 /**
- * `standaloneSocket`: the embedded discovery server's socket, in `proxy --standalone`. `sdsServedElsewhere`: whether
- * another server serves the SDS socket, when the caller looked already (agent.ts binds it before Envoy's spawn).
+ * `standaloneSocket`: the embedded discovery server's socket, in `proxy --standalone`. What the caller (agent.ts binds
+ * the SDS socket before Envoy's spawn) found already: `sdsServedElsewhere`, whether another server serves the socket;
+ * `sdsUnavailable`, why the socket could not be bound (then the start fails, unless there is no CA and there are no
+ * mounted certificates: a standalone proxy without identities runs without SDS, as it did before file certificates).
  */
-export async function workloadIdentity(cfg: AgentConfig, env: Env, standaloneSocket?: string, sdsServedElsewhere?: boolean): Promise<WorkloadIdentity | undefined> {
-  if (sdsServedElsewhere ?? (await socketInUse(cfg.sdsSocket))) {
+export async function workloadIdentity(
+  cfg: AgentConfig,
+  env: Env,
+  standaloneSocket?: string,
+  seen: { sdsServedElsewhere?: boolean; sdsUnavailable?: Error } = {},
+): Promise<WorkloadIdentity | undefined> {
+  if (seen.sdsServedElsewhere ?? (await socketInUse(cfg.sdsSocket))) {
     log.info(`an SDS server already serves ${cfg.sdsSocket}; Envoy uses it and the agent serves no secrets`);
     return undefined;
   }
@@ -46,6 +53,11 @@ export async function workloadIdentity(cfg: AgentConfig, env: Env, standaloneSoc
     } else {
       signer = new CaClient(caClientOptions(cfg, env));
     }
+  }
+  if (seen.sdsUnavailable) {
+    if (mounted || signer) throw seen.sdsUnavailable;
+    log.warn(`no SDS server: ${seen.sdsUnavailable.message}; Envoy gets no file certificates (make ${path.dirname(cfg.sdsSocket)} writable to serve them)`);
+    return undefined;
   }
   const cache = new SecretCache({
     identity: spiffeId(cfg.trustDomain, cfg.podNamespace || 'default', cfg.serviceAccount || 'default'),

@@ -24,6 +24,12 @@ async function inDir<T>(fn: (dir: string) => Promise<T>): Promise<T> {
   }
 }
 
+async function rejects(fn: () => Promise<unknown>, re: RegExp): Promise<void> {
+  const err = await fn().then(() => undefined, (e: Error) => e);
+  assert.ok(err, `expected a rejection matching ${re}`);
+  assert.match(err.message, re);
+}
+
 const cfg = (env: Record<string, string>, standalone?: string) => buildConfig({ flags: standalone ? { standalone } : {}, env, readFile: () => undefined });
 
 test('the CA by default (the discovery address), mounted files when present, the embedded CA only when declared', () => inDir(async (dir) => {
@@ -52,6 +58,17 @@ test('another SDS server on the socket: the agent serves none', () => inDir(asyn
   } finally {
     await new Promise<void>((r) => server.close(() => r()));
   }
+}));
+
+test('an SDS socket that cannot be bound: fatal with a CA or mounted certificates, no SDS server otherwise', () => inDir(async (dir) => {
+  const env = { POD_NAMESPACE: 'ns1', SERVICE_ACCOUNT: 'sa1' };
+  const sdsUnavailable = new Error('cannot create directory /var/run/secrets/workload-spiffe-uds: EACCES');
+  await rejects(() => workloadIdentity(cfg(env), env, undefined, { sdsServedElsewhere: false, sdsUnavailable }), /EACCES/);
+  fs.mkdirSync(path.join(dir, 'mesh'));
+  // Standalone without a CA (e.g. the router image as uid 1337 with / read-only): runs without SDS.
+  assert.is(await workloadIdentity(cfg(env, path.join(dir, 'mesh')), env, path.join(dir, 'discovery.sock'), { sdsServedElsewhere: false, sdsUnavailable }), undefined);
+  fs.mkdirSync(path.join(dir, 'mesh', 'ca', 'identities'), { recursive: true });
+  await rejects(() => workloadIdentity(cfg(env, path.join(dir, 'mesh')), env, path.join(dir, 'discovery.sock'), { sdsServedElsewhere: false, sdsUnavailable }), /EACCES/);
 }));
 
 test.run();
