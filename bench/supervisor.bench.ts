@@ -5,6 +5,7 @@
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { removeShm } from '../lib/hot-restart-shm';
 import { envoyBin, freePort, httpRequest, tempDir, waitFor } from '../test/helpers/harness';
 import { debugEpochs, startAgent, waitLiveEpoch } from '../test/helpers/agent';
 import { staticBootstrap } from '../test/helpers/static-bootstrap';
@@ -25,13 +26,17 @@ async function envoyDirect(): Promise<number> {
   const file = path.join(dir.path, 'b.json');
   fs.writeFileSync(file, JSON.stringify(bootstrap(admin, await freePort(), 'x')));
   const t0 = performance.now();
-  const p = spawn(envoyBin(), ['-c', file, '--use-dynamic-base-id', '-l', 'error'], { stdio: 'ignore' });
+  const idFile = path.join(dir.path, 'base-id');
+  const p = spawn(envoyBin(), ['-c', file, '--use-dynamic-base-id', '--base-id-path', idFile, '-l', 'error'], { stdio: 'ignore' });
   try {
     await waitFor('envoy ready', async () => (await httpRequest(`http://127.0.0.1:${admin}/ready`, { timeoutMs: 500 })).status === 200, 20_000, 5);
     return performance.now() - t0;
   } finally {
     p.kill('SIGKILL');
     await new Promise((r) => p.once('exit', r));
+    // Envoy leaves its hot-restart shared memory behind however it exits; the agent removes it, so must this.
+    const id = fs.existsSync(idFile) ? Number(fs.readFileSync(idFile, 'utf8').trim()) : NaN;
+    if (Number.isInteger(id)) removeShm(id);
     dir.cleanup();
   }
 }
