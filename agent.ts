@@ -108,12 +108,30 @@ async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv): Promise<Reso
   return resolved;
 }
 
-/** SIGTERM/SIGINT drain Envoy; the agent's exit kills what is left of it. Set before Envoy's first spawn. */
-function envoySignals(envoy: EnvoyComponent): () => void {
-  const onTerm = (sig: NodeJS.Signals) => void envoy.shutdown(true, sig);
-  const killOnExit = () => envoy.killAllNow();
-  process.on('SIGTERM', onTerm).on('SIGINT', onTerm).on('exit', killOnExit);
-  return () => process.off('SIGTERM', onTerm).off('SIGINT', onTerm).off('exit', killOnExit);
+/**
+ * SIGTERM and SIGINT have one listener from the start of `proxy` to its end: a listener removed and another added can
+ * lose a signal that arrived in between (Node drops it with the old listener). Before Envoy is started they exit
+ * through the exit handlers (which release configPath and remove the sockets bound so far); `whenEnvoy` makes them
+ * drain Envoy, and makes the agent's exit kill what is left of it.
+ */
+function stopSignals(): { whenEnvoy(envoy: EnvoyComponent): void; off(): void } {
+  let onStop = (sig: NodeJS.Signals) => {
+    log.info(`${sig} before Envoy was started: exiting`);
+    exitAfterFlush(0);
+  };
+  let killOnExit: () => void = () => undefined;
+  const listener = (sig: NodeJS.Signals) => onStop(sig);
+  process.on('SIGTERM', listener).on('SIGINT', listener);
+  return {
+    whenEnvoy(envoy) {
+      onStop = (sig) => void envoy.shutdown(true, sig);
+      killOnExit = () => envoy.killAllNow();
+      process.on('exit', killOnExit);
+    },
+    off() {
+      process.off('SIGTERM', listener).off('SIGINT', listener).off('exit', killOnExit);
+    },
+  };
 }
 
 /**
@@ -147,6 +165,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   const flags = proxyFlags(argv);
   const env = process.env;
   const startedAt = Date.now();
+  const signals = stopSignals();
   try {
     const resolved = await startupChecks(flags, env);
     const { cfg } = resolved;
@@ -174,7 +193,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     await prebindUnixSocket(cfg.xdsSocket);
     // A socket that cannot be bound fails the start only if the agent has certificates to serve (see lib/workload-identity.ts).
     const sdsUnavailable = sdsServedElsewhere ? undefined : await prebindUnixSocket(cfg.sdsSocket).then(() => undefined, (err: Error) => err);
-    const signalsOff = envoySignals(envoy);
+    signals.whenEnvoy(envoy);
     await envoy.start();
     const [{ composeReadiness }, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, { Profiling }, { workloadIdentity }] = await Promise.all([
       import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
@@ -235,7 +254,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       // Pushed ProxyConfig (PCDS) is acknowledged and recorded, so the control plane sees a healthy subscriber.
       xds.registerHandler(istio.PROXY_CONFIG_TYPE, (resources, meta) => log.info(`proxy config from the control plane: version ${meta.version}, ${resources.length} resource(s)`));
     }
-    return await runComponents(components, envoy, signalsOff);
+    return await runComponents(components, envoy, () => signals.off());
   } catch (err) {
     return startupFailure(err);
   }

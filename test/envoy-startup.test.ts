@@ -127,4 +127,27 @@ test('a new epoch that panics is reported by its panic line, not a backtrace add
   }
 });
 
+test('SIGTERM at any moment of start-up: the agent exits, Envoy is gone, no socket is left behind', async () => {
+  // Envoy is spawned before gRPC and the servers load, with its sockets bound first: a signal in between must
+  // neither be lost (Node drops a signal whose listener was replaced) nor leave sockets or an Envoy behind.
+  for (let delay = 0; delay <= 300; delay += 10) {
+    let pids = '';
+    const r = await run({ binary: (d) => ((pids = path.join(d, 'pids')), script(d, `echo $$ >> ${path.join(d, 'pids')}\nexec ${envoyBin()} "$@"`)) });
+    try {
+      await new Promise((res) => setTimeout(res, delay));
+      r.agent.proc.kill('SIGTERM');
+      const exit = await waitFor(`agent exit after SIGTERM at ${delay} ms`, () => r.agent.exited, 15_000);
+      // Before `proxy` starts (Node and the parser loading) the signal's default action ends the process.
+      assert.ok(exit.code === 0 || exit.signal === 'SIGTERM', `SIGTERM at ${delay} ms: ${JSON.stringify(exit)}\n${r.agent.log()}`);
+      const envoys = fs.existsSync(pids) ? fs.readFileSync(pids, 'utf8').split(/\s+/).filter(Boolean).map(Number) : [];
+      await waitFor('Envoy gone', () => envoys.every((p) => !pidAlive(p)), 5_000);
+      // Sockets exist only once `proxy` has started, and then the signal is handled: none may be left either way.
+      const sockets = [path.join(r.dir.path, 'proxy', 'XDS'), path.join(r.dir.path, 'var/run/secrets/workload-spiffe-uds/socket')].filter((f) => fs.existsSync(f));
+      assert.equal(sockets, [], `SIGTERM at ${delay} ms (${JSON.stringify(exit)}) left sockets\n${r.agent.log()}`);
+    } finally {
+      await r.cleanup();
+    }
+  }
+});
+
 test.run();
