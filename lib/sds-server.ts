@@ -7,7 +7,6 @@
 // and the stream keeps its last accepted secret. Keys are never logged: only names, versions and nonces.
 
 import { createHash, randomBytes } from 'node:crypto';
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { Counter, type Registry } from 'prom-client';
@@ -15,7 +14,7 @@ import { closedSignal, type Component } from './component';
 import { messageType, packAny, type AnyMessage } from './envoy-protos';
 import { AgentError, wrap } from './errors';
 import { scope } from './log';
-import { bindUnixSocket } from './grpc-unix';
+import { bindUnixSocket, type BoundUnixServer } from './grpc-unix';
 
 const log = scope('sds');
 
@@ -127,7 +126,7 @@ export class SdsServer implements Component {
   readonly closed: Promise<Error | undefined>;
   private readonly signal = closedSignal();
   private server: grpc.Server | undefined;
-  private releaseSocket: () => void = () => undefined;
+  private bound: BoundUnixServer | undefined;
   private readonly streams = new Map<number, Stream>();
   private readonly socketPath: string;
   private nextId = 1;
@@ -149,19 +148,16 @@ export class SdsServer implements Component {
         DeltaSecrets: (call: grpc.ServerDuplexStream<DeltaRequest, unknown>) => this.accept(call, 'delta'),
       });
       this.server = server;
-      this.releaseSocket = await bindUnixSocket(server, this.socketPath);
+      this.bound = await bindUnixSocket(server, this.socketPath);
     } catch (e) {
       this.server?.forceShutdown();
-      this.releaseSocket();
       this.state = 'closed';
       const err = wrap(`failed to start SDS server on ${this.socketPath}`, e, e instanceof AgentError ? undefined : 'IO');
       this.signal.resolve(err);
       throw err;
     }
     if ((this.state as string) === 'closed') {
-      this.server?.forceShutdown();
-      this.releaseSocket();
-      fs.rmSync(this.socketPath, { force: true });
+      this.bound.stop();
       return;
     }
     this.state = 'serving';
@@ -173,13 +169,9 @@ export class SdsServer implements Component {
     this.state = 'closed';
     for (const s of this.streams.values()) s.call.end();
     this.streams.clear();
-    this.server?.forceShutdown();
-    this.releaseSocket();
-    try {
-      if (fs.lstatSync(this.socketPath).isSocket()) fs.unlinkSync(this.socketPath);
-    } catch {
-      // already gone
-    }
+    // While the socket is still being bound, start() stops the server once it is.
+    if (this.bound) this.bound.stop();
+    else this.server?.forceShutdown();
     this.signal.resolve(undefined);
   }
 

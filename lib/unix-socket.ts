@@ -68,7 +68,10 @@ export async function prebindUnixSocket(p: string, mode = AGENT_SOCKET_MODE): Pr
   entry.server.on('connection', (s) => {
     if (entry.serve) return entry.serve(s);
     entry.queue.push(s);
-    s.on('error', () => undefined).once('close', () => entry.queue.splice(entry.queue.indexOf(s) >>> 0, 1));
+    s.on('error', () => undefined).once('close', () => {
+      const i = entry.queue.indexOf(s);
+      if (i >= 0) entry.queue.splice(i, 1);
+    });
   });
   await new Promise<void>((resolve, reject) => {
     entry.server.once('error', reject);

@@ -23,7 +23,6 @@
 // Types for the agent (NDS name table, proxy config) are subscribed by the proxy after Envoy's first LDS request,
 // answered by handlers registered from agent.ts (which ACK or NACK), and never reach Envoy.
 
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import type { Registry } from 'prom-client';
@@ -32,7 +31,7 @@ import { AgentError, wrap } from './errors';
 import { counterFrom, registerCounters } from './metrics';
 import { json } from './status-server';
 import { scope } from './log';
-import { bindUnixSocket } from './grpc-unix';
+import { bindUnixSocket, type BoundUnixServer } from './grpc-unix';
 import { newCounters, Session, type AgentHandler, type AgentRequest, type Counters, type SessionContext } from './xds-session';
 import type { XdsKind } from './xds-state';
 import { ADS_PATHS, type Backoff, type UpstreamOptions } from './xds-upstream';
@@ -75,7 +74,7 @@ export class XdsProxy implements Component {
   readonly closed: Promise<Error | undefined>;
   private resolveClosed!: (e: Error | undefined) => void;
   private server: grpc.Server | undefined;
-  private releaseSocket: () => void = () => undefined;
+  private bound: BoundUnixServer | undefined;
   private readonly sessions = new Map<number, Session>();
   private readonly handlers = new Map<string, AgentHandler>();
   private readonly agentRequests = new Map<string, AgentRequest>();
@@ -123,10 +122,9 @@ export class XdsProxy implements Component {
         DeltaAggregatedResources: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => this.accept(call, 'delta'),
       });
       this.server = server;
-      this.releaseSocket = await bindUnixSocket(server, this.socketPath);
+      this.bound = await bindUnixSocket(server, this.socketPath);
     } catch (e) {
       this.server?.forceShutdown();
-      this.releaseSocket();
       this.state = 'closed';
       const err = wrap(`failed to start xDS proxy on ${this.socketPath}`, e, e instanceof AgentError ? undefined : 'IO');
       this.resolveClosed(err);
@@ -134,9 +132,7 @@ export class XdsProxy implements Component {
     }
     if ((this.state as string) === 'closed') {
       // close() ran while the socket was being bound.
-      this.server?.forceShutdown();
-      this.releaseSocket();
-      fs.rmSync(this.socketPath, { force: true });
+      this.bound.stop();
       return;
     }
     this.state = 'listening';
@@ -148,13 +144,9 @@ export class XdsProxy implements Component {
     if (this.state === 'closed') return;
     this.state = 'closed';
     for (const s of [...this.sessions.values()]) s.close('xDS proxy shutting down', true);
-    this.server?.forceShutdown();
-    this.releaseSocket();
-    try {
-      if (fs.lstatSync(this.socketPath).isSocket()) fs.unlinkSync(this.socketPath);
-    } catch {
-      // already gone
-    }
+    // While the socket is still being bound, start() stops the server once it is.
+    if (this.bound) this.bound.stop();
+    else this.server?.forceShutdown();
     this.resolveClosed(undefined);
   }
 

@@ -44,14 +44,14 @@ test('calls made before the server loads are answered once it adopts the pre-bou
     const early = clients.map((c, i) => call(c, `early${i}`));
     await sleep(300);
     const server = echoServer();
-    const release = await bindUnixSocket(server, sock);
+    const bound = await bindUnixSocket(server, sock);
     assert.equal(await Promise.all(early), ['early0!', 'early1!']);
     // And later connections are served by the same server.
     const late = new EchoClient(`unix://${sock}`, grpc.credentials.createInsecure());
     clients.push(late);
     assert.is(await call(late, 'late'), 'late!');
-    server.forceShutdown();
-    release();
+    bound.stop();
+    assert.not.ok(fs.existsSync(sock), 'stopping the server removes its socket');
   } finally {
     for (const c of clients) c.close();
     dir.cleanup();
