@@ -11,6 +11,7 @@ import type { AgentConfig, Flags } from './lib/config';
 import type { DiscoveryServer } from './lib/discovery/index';
 import * as envs from './lib/env';
 import { AgentError, errorMessage } from './lib/errors';
+import { mkdirs } from './lib/fs-atomic';
 import { configureLogging, journalPrefix, scope } from './lib/log';
 import type { Resolved } from './lib/resolve';
 import { VERSION } from './lib/version';
@@ -85,7 +86,7 @@ function checkEnvoyBinary(cfg: AgentConfig): void {
   }
 }
 
-function checkConfigPathWritable(cfg: AgentConfig, mkdirs: (dir: string) => void): void {
+function checkConfigPathWritable(cfg: AgentConfig): void {
   const dir = cfg.proxy.configPath;
   try {
     mkdirs(dir);
@@ -98,10 +99,10 @@ function checkConfigPathWritable(cfg: AgentConfig, mkdirs: (dir: string) => void
 /** Everything checked before anything starts; throws AgentError naming the field. Claims configPath last. */
 async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv): Promise<Resolved> {
   // Loaded by the commands that need them: `version` and the others start faster without.
-  const [{ resolveAll }, { mkdirs }, { claimConfigPath }] = await Promise.all([import('./lib/resolve'), import('./lib/fs-atomic'), import('./lib/config-path-lock')]);
+  const [{ resolveAll }, { claimConfigPath }] = await Promise.all([import('./lib/resolve'), import('./lib/config-path-lock')]);
   const resolved = resolveAll(flags, env);
   checkEnvoyBinary(resolved.cfg);
-  checkConfigPathWritable(resolved.cfg, mkdirs);
+  checkConfigPathWritable(resolved.cfg);
   // Before anything touches configPath: a second agent there would wreck the first one's Envoy.
   const lock = await claimConfigPath(resolved.cfg.proxy.configPath);
   process.on('exit', () => lock.release());
@@ -156,10 +157,11 @@ async function runComponents(components: Component[], envoy: EnvoyComponent, sig
 }
 
 /**
- * `proxy`: the components, in start order: status server, app probes, profiling, (embedded discovery server),
- * (SDS server and secret cache), xDS proxy, (DNS proxy), Envoy, (health checker), config watcher. The agent ends
- * when the first of them ends: Envoy's supervisor ends as listed in lib/supervisor.ts (exit 0 or 1); any other
- * component ending shuts Envoy down and exits 1. Anything wrong before the start is one line and exit 1.
+ * `proxy`: Envoy first (its xDS and SDS sockets bound before it), then the other components, in start order:
+ * status server, app probes, profiling, (embedded discovery server), (SDS server and secret cache), xDS proxy, (DNS
+ * proxy), (health checker), config watcher. The agent ends when the first of them ends: Envoy's supervisor ends as
+ * listed in lib/supervisor.ts (exit 0 or 1); any other component ending shuts Envoy down and exits 1. Anything wrong
+ * in the settings is one line and exit 1 before Envoy is spawned.
  */
 async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   const flags = proxyFlags(argv);
@@ -261,6 +263,11 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
 }
 
 export async function main(args: string[]): Promise<number> {
+  // The most common call by scripts and image checks, answered without loading the command-line parser.
+  if (args.length === 1 && args[0] === 'version') {
+    process.stdout.write(versionText('', false));
+    return 0;
+  }
   // istio-iptables keeps Istio's own flag syntax (pflag: -p 15001, -x "", grouped shorthands), so it bypasses yargs.
   const sub = args.findIndex((a) => !a.startsWith('-'));
   if (args[sub] === 'istio-iptables' || args[sub] === 'istio-clean-iptables') {
@@ -285,11 +292,6 @@ export async function main(args: string[]): Promise<number> {
       .option('standalone', { type: 'string', requiresArg: true, describe: 'Directory of mesh config YAML: run an embedded discovery server instead of using istiod' })
       .option('profiling', { type: 'boolean', default: true, describe: 'Serve /debug/pprof/ (heap snapshot, CPU and allocation profiles) on the status port, loopback only' });
 
-  // The most common call by scripts and image checks, answered without loading the command-line parser.
-  if (args.length === 1 && args[0] === 'version') {
-    process.stdout.write(versionText('', false));
-    return 0;
-  }
   const { default: yargs } = await import('yargs');
   const parser = yargs(args)
     .scriptName('pilot-agent')
@@ -300,7 +302,6 @@ export async function main(args: string[]): Promise<number> {
     .help()
     .command('proxy [type]', 'Run Envoy and the agent beside it', proxyOptions, (argv) => {
       setUpLogging(argv);
-      // Envoy's message types (built into the startup snapshot) serve only the embedded discovery server.
       result = proxyCommand(argv);
     })
     .command('bootstrap [type]', 'Print the bootstrap that `proxy` would write', proxyOptions, (argv) => {
