@@ -17,6 +17,11 @@ export interface EnvoyArgsInputs {
   baseId: BaseId;
   ipv6: boolean;
   coreDump?: boolean;
+  /**
+   * A file path for Envoy's hot-restart sockets. Envoy's default is the abstract namespace, which has no
+   * permissions: any uid in the network namespace could send it Terminate or take its listen sockets.
+   */
+  hotRestartSocket?: string;
 }
 
 export function bootstrapFileName(epoch: number): string {
@@ -57,6 +62,8 @@ export function envoyArgs(i: EnvoyArgsInputs): string[] {
   if (cfg.concurrency !== undefined && cfg.concurrency > 0) args.push('--concurrency', String(cfg.concurrency));
   if (cfg.skipDeprecatedLogs) args.push('--skip-deprecated-logs');
   if (i.coreDump) args.push('--enable-core-dump');
+  // 600: only Envoy's own uid (every epoch runs as the same user) may connect.
+  if (i.hotRestartSocket) args.push('--socket-path', i.hotRestartSocket, '--socket-mode', '600');
   if (p.fileFlushMinSize > 0) args.push('--file-flush-min-size-kb', String(p.fileFlushMinSize));
   return args;
 }

@@ -40,6 +40,23 @@ export function baseIdFile(cfg: AgentConfig): string {
   return path.join(cfg.proxy.configPath, 'envoy-base-id');
 }
 
+/** The directory of Envoy's hot-restart sockets: 0700, owned by Envoy's user. */
+export function hotRestartDir(cfg: AgentConfig): string {
+  return path.join(path.resolve(cfg.proxy.configPath), 'envoy-hot-restart');
+}
+
+// Envoy appends `_udp_parent_<base id x 10 + epoch % 3>`; sun_path holds 107 bytes and a NUL.
+const SOCKET_SUFFIX_MAX = '_udp_parent_'.length + 11;
+
+/**
+ * Envoy's hot-restart socket path in configPath, or undefined when configPath is too long for a Unix socket
+ * (then Envoy keeps its abstract default, and the agent says so once).
+ */
+export function hotRestartSocket(cfg: AgentConfig): string | undefined {
+  const p = path.join(hotRestartDir(cfg), 's');
+  return Buffer.byteLength(p) + SOCKET_SUFFIX_MAX <= 107 ? p : undefined;
+}
+
 /** The bootstrap's admin address (custom bootstraps choose their own). */
 export function adminAddressOf(bootstrap: Record<string, unknown>, fallbackPort: number): AdminAddress {
   const sa = ((bootstrap.admin as Record<string, unknown> | undefined)?.address as Record<string, unknown> | undefined)?.socket_address as
@@ -53,8 +70,12 @@ export function adminAddressOf(bootstrap: Record<string, unknown>, fallbackPort:
 
 export function makeDesiredConfig(i: DesiredInputs): EnvoyDesiredConfig {
   const { cfg } = i;
+  const hotRestart = hotRestartSocket(cfg);
   const argsFor = (epoch: number, file: string, baseId: number | undefined) =>
-    envoyArgs({ cfg, configFile: file, epoch, ipv6: i.ipv6, coreDump: i.coreDump, baseId: baseId === undefined ? { dynamic: true, path: baseIdFile(cfg) } : { id: baseId } });
+    envoyArgs({
+      cfg, configFile: file, epoch, ipv6: i.ipv6, coreDump: i.coreDump, hotRestartSocket: hotRestart,
+      baseId: baseId === undefined ? { dynamic: true, path: baseIdFile(cfg) } : { id: baseId },
+    });
   const text = renderBootstrap(i.bootstrap);
   const hash = createHash('sha256')
     .update(text)
@@ -127,6 +148,24 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     }
   }
 
+  private warnedLongPath = false;
+
+  /** Envoy binds its hot-restart sockets here: only its own user may enter, so no other uid can connect. */
+  private prepareHotRestartDir(): void {
+    if (!hotRestartSocket(this.cfg)) {
+      if (!this.warnedLongPath) {
+        log.warn(`configPath ${this.cfg.proxy.configPath} is too long for Envoy's hot-restart socket path: Envoy ` +
+          `uses its abstract socket, which any process in this network namespace can reach`);
+      }
+      this.warnedLongPath = true;
+      return;
+    }
+    const dir = hotRestartDir(this.cfg);
+    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    fs.chmodSync(dir, 0o700);
+    this.giveToEnvoy(dir);
+  }
+
   removeBootstrap(file: string): void {
     fs.rmSync(file, { force: true });
   }
@@ -158,6 +197,7 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
   spawn(epoch: number, desired: DesiredConfig, file: string, baseId: number | undefined): EnvoyProcess {
     const args = (desired as EnvoyDesiredConfig).argsFor(epoch, file, baseId);
     const credentials = this.credentials;
+    this.prepareHotRestartDir();
     if (credentials) {
       this.prepareForEnvoyUser(baseId);
       if (epoch === 0) log.info(`starting Envoy as uid ${credentials.uid ?? process.getuid?.()} gid ${credentials.gid}: ${credentials.reason}`);
@@ -192,8 +232,10 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     return id;
   }
 
+  /** With the base id go Envoy's hot-restart sockets (Envoy leaves them behind). */
   clearBaseId(): void {
     fs.rmSync(baseIdFile(this.cfg), { force: true });
+    fs.rmSync(hotRestartDir(this.cfg), { recursive: true, force: true });
   }
 
   isInitializing(baseId: number): boolean | undefined {
