@@ -1,12 +1,13 @@
 // A workload key and its certificate signing request: URI SAN spiffe://<trust domain>/ns/<ns>/sa/<sa>, empty
 // subject (no CN), as Istio's CA expects. Pure: values in, values out (no files, clock or environment).
 //
-// X.509 and PKCS#10 come from @peculiar/x509 on Node's WebCrypto: it builds CSRs and certificates from typed
-// ASN.1 schemas, so none is hand-encoded here; Node's own crypto has no CSR or certificate builder.
+// The PKCS#10 request is DER-encoded here (RFC 2986: about a dozen fixed structures) and signed with node:crypto:
+// loading a general ASN.1/X.509 library cost more than the rest of the first certificate's path (hundreds of ms
+// at start-up), and the key pair is made on libuv's thread pool, so the event loop never waits for an RSA prime.
 
-import { KeyObject, webcrypto } from 'node:crypto';
+import { generateKeyPair, sign, type KeyObject } from 'node:crypto';
+import { promisify } from 'node:util';
 import { AgentError } from './errors';
-import { x509 } from './x509';
 
 export type KeyAlgorithm = { kind: 'ECDSA' } | { kind: 'RSA'; bits: number };
 
@@ -29,21 +30,62 @@ export function keyAlgorithm(eccSignatureAlgorithm: string, rsaBits: number): Ke
   return { kind: 'RSA', bits: rsaBits };
 }
 
-export function webcryptoAlgorithm(a: KeyAlgorithm): webcrypto.RsaHashedKeyGenParams | (webcrypto.EcKeyGenParams & { hash: string }) {
-  return a.kind === 'ECDSA'
-    ? { name: 'ECDSA', namedCurve: 'P-256', hash: 'SHA-256' }
-    : { name: 'RSASSA-PKCS1-v1_5', modulusLength: a.bits, publicExponent: new Uint8Array([1, 0, 1]), hash: 'SHA-256' };
+// DER: tag, length (short or long form), contents.
+function der(tag: number, ...parts: Buffer[]): Buffer {
+  const body = Buffer.concat(parts);
+  const n = body.length;
+  const len = n < 0x80 ? Buffer.from([n]) : n < 0x100 ? Buffer.from([0x81, n]) : Buffer.from([0x82, n >> 8, n & 0xff]);
+  if (n > 0xffff) throw new AgentError('INTERNAL', 'CSR field over 64 KiB');
+  return Buffer.concat([Buffer.from([tag]), len, body]);
 }
 
+function oid(dotted: string): Buffer {
+  const [a, b, ...rest] = dotted.split('.').map(Number) as [number, number, ...number[]];
+  const bytes = [40 * a + b];
+  for (const v of rest) {
+    const groups: number[] = [];
+    let x = v;
+    do {
+      groups.unshift(x & 0x7f);
+      x = Math.floor(x / 128);
+    } while (x > 0);
+    bytes.push(...groups.map((g, i) => (i < groups.length - 1 ? g | 0x80 : g)));
+  }
+  return der(0x06, Buffer.from(bytes));
+}
+
+const SEQ = 0x30;
+const SET = 0x31;
+const OID_EXTENSION_REQUEST = '1.2.840.113549.1.9.14';
+const OID_SUBJECT_ALT_NAME = '2.5.29.17';
+const SIGNATURE = {
+  RSA: der(SEQ, oid('1.2.840.113549.1.1.11'), Buffer.from([0x05, 0x00])), // sha256WithRSAEncryption, NULL
+  ECDSA: der(SEQ, oid('1.2.840.10045.4.3.2')), // ecdsa-with-SHA256, no parameters
+};
+
+/** PKCS#10 with an empty subject and one critical SAN extension holding the URI, signed with SHA-256. */
+export function csrDer(identity: string, publicKeyDer: Buffer, privateKey: KeyObject, kind: KeyAlgorithm['kind']): Buffer {
+  const uri = der(0x86, Buffer.from(identity, 'ascii')); // GeneralName uniformResourceIdentifier [6] IA5String
+  const san = der(SEQ, oid(OID_SUBJECT_ALT_NAME), der(0x01, Buffer.from([0xff])), der(0x04, der(SEQ, uri)));
+  const attributes = der(0xa0, der(SEQ, oid(OID_EXTENSION_REQUEST), der(SET, der(SEQ, san))));
+  const info = der(SEQ, der(0x02, Buffer.from([0])), der(SEQ), publicKeyDer, attributes);
+  const signature = sign('sha256', info, privateKey); // ECDSA: DER (r, s), as X.509 wants
+  return der(SEQ, info, SIGNATURE[kind], der(0x03, Buffer.from([0]), signature));
+}
+
+const generate = promisify(generateKeyPair);
+
 export async function generateKeyAndCsr(o: { identity: string; algorithm: KeyAlgorithm; pkcs8?: boolean }): Promise<KeyAndCsr> {
-  const alg = webcryptoAlgorithm(o.algorithm);
-  const keys = (await webcrypto.subtle.generateKey(alg, true, ['sign', 'verify'])) as webcrypto.CryptoKeyPair;
-  const csr = await x509().Pkcs10CertificateRequestGenerator.create({
-    keys: keys as never,
-    signingAlgorithm: alg,
-    extensions: [new (x509().SubjectAlternativeNameExtension)([{ type: 'url', value: o.identity }], true)],
-  });
-  const key = KeyObject.from(keys.privateKey);
+  if (!/^[\x21-\x7e]+$/.test(o.identity)) throw new AgentError('INTERNAL', `identity ${JSON.stringify(o.identity)} is not an IA5 URI`);
+  const { publicKey, privateKey } = o.algorithm.kind === 'ECDSA'
+    ? await generate('ec', { namedCurve: 'prime256v1' })
+    : await generate('rsa', { modulusLength: o.algorithm.bits, publicExponent: 0x10001 });
+  const spki = publicKey.export({ type: 'spki', format: 'der' });
+  const csr = csrDer(o.identity, spki, privateKey, o.algorithm.kind);
   const type = o.pkcs8 ? 'pkcs8' : o.algorithm.kind === 'ECDSA' ? 'sec1' : 'pkcs1';
-  return { keyPem: key.export({ type, format: 'pem' }) as string, csrPem: csr.toString('pem') };
+  const b64 = csr.toString('base64').replace(/.{64}/g, '$&\n').replace(/\n$/, '');
+  return {
+    keyPem: privateKey.export({ type, format: 'pem' }) as string,
+    csrPem: `-----BEGIN CERTIFICATE REQUEST-----\n${b64}\n-----END CERTIFICATE REQUEST-----\n`,
+  };
 }

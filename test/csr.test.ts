@@ -1,6 +1,7 @@
 // Workload keys and CSRs (ECDSA P-256 or RSA, URI SAN only, no CN), and the chain checks every certificate passes
 // before Envoy may see it: our key, our identity, a chain that verifies to the root, inside its validity window.
 
+import { spawnSync } from 'node:child_process';
 import { X509Certificate } from 'node:crypto';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
@@ -32,6 +33,19 @@ test('RSA by default, of WORKLOAD_RSA_KEY_SIZE bits; PKCS#8 when asked', async (
   assert.match(keyPem, /BEGIN PRIVATE KEY/);
   assert.throws(() => keyAlgorithm('ED25519', 2048), /ECC_SIGNATURE_ALGORITHM/);
   assert.throws(() => keyAlgorithm('', 1000), /WORKLOAD_RSA_KEY_SIZE/);
+});
+
+test('OpenSSL reads and verifies the CSR as Istio\'s CA would: SHA-256 signature, critical URI SAN, empty subject', async () => {
+  for (const algorithm of [{ kind: 'ECDSA' }, { kind: 'RSA', bits: 3072 }] as const) {
+    const { csrPem } = await generateKeyAndCsr({ identity: ID, algorithm });
+    const r = spawnSync('openssl', ['req', '-noout', '-verify', '-text'], { input: csrPem, encoding: 'utf8' });
+    assert.is(r.status, 0, r.stderr);
+    assert.match(r.stderr + r.stdout, /verify OK|Certificate request self-signature verify OK/);
+    assert.match(r.stdout, /Subject:\s*\n/);
+    assert.match(r.stdout, /X509v3 Subject Alternative Name: critical\s+URI:spiffe:\/\/cluster\.local\/ns\/ns1\/sa\/sa1/);
+    assert.match(r.stdout, algorithm.kind === 'ECDSA' ? /ecdsa-with-SHA256/ : /sha256WithRSAEncryption/);
+    if (algorithm.kind === 'RSA') assert.match(r.stdout, /Public-Key: \(3072 bit\)/);
+  }
 });
 
 test('a good chain passes; the root is split off as ROOTCA', async () => {
