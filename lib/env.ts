@@ -172,6 +172,7 @@ export const REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = bool('REWRITE_PROBE_LE
 export const ISTIO_PROMETHEUS_ANNOTATIONS = str('ISTIO_PROMETHEUS_ANNOTATIONS', '', 'Where the app serves metrics for the merged /stats/prometheus: JSON {scrape, path, port} (or {targets: [{port, path}]})');
 
 // ---- Go agent parity (issue 13) ----
+export const ENVOY_ADMIN_MODE = str('ENVOY_ADMIN_MODE', 'tcp', 'Envoy\'s admin API on loopback proxyAdminPort (tcp, as Istio) or on a 0600 Unix socket under configPath (uds): the agent only');
 export const ENVOY_SKIP_DEPRECATED_LOGS = bool('ENVOY_SKIP_DEPRECATED_LOGS', true, 'Pass --skip-deprecated-logs to Envoy (false: show deprecation warnings)');
 export const PEER_METADATA_DISCOVERY = bool('PEER_METADATA_DISCOVERY', false, 'Reported as node metadata METADATA_DISCOVERY (unset: follows ISTIO_META_ENABLE_HBONE)');
 export const WORKLOAD_IDENTITY_SOCKET_FILE = str('WORKLOAD_IDENTITY_SOCKET_FILE', 'socket', 'File name of the workload SDS socket in ./var/run/secrets/workload-spiffe-uds (node metadata)');

@@ -53,7 +53,7 @@ export class EnvoyComponent implements Component {
     // start is the check, and only when it fails is the config diagnosed, ending the agent if Envoy rejects it.
     const firstRejected = new Promise<SupervisorEnd>((r) => (this.endRejected = r));
     // The supervisor may end on a repeated failure while the diagnosis runs: its verdict names the cause better.
-    this.done = Promise.race([this.supervisor.done.then(async (end) => (await this.diagnosis) ?? end), firstRejected]);
+    this.done = Promise.race([this.supervisor.done.then(async (end) => (await this.diagnosis) ?? end), firstRejected]).finally(() => this.runtime.removeAdminSocket());
     this.supervisor.onFailedStart((_n, config) => {
       if (config === this.first && !this.announcedLive) this.diagnoseFirst();
     });
@@ -199,9 +199,9 @@ export class EnvoyComponent implements Component {
     // A hot-restart child that fails after the parent closed its admin listener (Envoy's protocol asks the parent to
     // close it) leaves the serving parent without one until the supervisor restores it: it still serves traffic, so
     // that is not unreadiness. A stopped or hung Envoy still accepts the connection and never answers: that is.
-    const adminGone = 'code' in r && r.code === 'ECONNREFUSED' && this.supervisor.debugState().lastFailure !== null;
+    const adminGone = 'code' in r && admin.adminAbsent(r) && this.supervisor.debugState().lastFailure !== null;
     if (r.status !== 200 && !adminGone) {
-      return { ready: false, reason: r.status === 0 ? `Envoy does not answer on its admin port: ${r.body}` : `Envoy's /ready answered ${r.status} ${r.body.trim()}` };
+      return { ready: false, reason: r.status === 0 ? `Envoy does not answer on its admin ${admin.describeAdmin(live.config.admin)}: ${r.body}` : `Envoy's /ready answered ${r.status} ${r.body.trim()}` };
     }
     if (!this.xdsConfigSeen && needsXdsConfig(live.config.bootstrap)) {
       const [cds, lds] = await Promise.all([

@@ -40,11 +40,12 @@ export function baseIdFile(cfg: AgentConfig): string {
   return path.join(cfg.proxy.configPath, 'envoy-base-id');
 }
 
-/** The bootstrap's admin address (custom bootstraps choose their own). */
+/** The bootstrap's admin address (custom bootstraps choose their own): a TCP address, or a Unix socket. */
 export function adminAddressOf(bootstrap: Record<string, unknown>, fallbackPort: number): AdminAddress {
-  const sa = ((bootstrap.admin as Record<string, unknown> | undefined)?.address as Record<string, unknown> | undefined)?.socket_address as
-    | { address?: string; port_value?: number }
-    | undefined;
+  const address = (bootstrap.admin as Record<string, unknown> | undefined)?.address as Record<string, unknown> | undefined;
+  const pipe = address?.pipe as { path?: string } | undefined;
+  if (typeof pipe?.path === 'string' && pipe.path !== '') return { socketPath: pipe.path };
+  const sa = address?.socket_address as { address?: string; port_value?: number } | undefined;
   let host = sa?.address ?? '127.0.0.1';
   if (host === '0.0.0.0') host = '127.0.0.1';
   if (host === '::') host = '::1';
@@ -127,6 +128,28 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     }
   }
 
+  /**
+   * ENVOY_ADMIN_MODE=uds: the admin socket's directory, 0700 and owned by the user Envoy runs as, which must be able
+   * to create the socket there; nobody else can reach into it, not even in the moment between Envoy's bind and its
+   * chmod to 0600. The agent (root, when Envoy is another user) still connects.
+   */
+  private prepareAdminSocketDir(): void {
+    const socket = this.cfg.envoyAdminSocket;
+    if (!socket) return;
+    const dir = path.dirname(socket);
+    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    const st = fs.lstatSync(dir);
+    if (!st.isDirectory()) throw new Error(`${dir}, the directory of Envoy's admin socket, is not a directory`);
+    fs.chmodSync(dir, 0o700);
+    const uid = this.credentials?.uid;
+    if (uid !== undefined && st.uid !== uid) fs.chownSync(dir, uid, this.credentials!.gid);
+  }
+
+  /** The admin socket Envoy leaves behind (it does not remove it when it exits). */
+  removeAdminSocket(): void {
+    if (this.cfg.envoyAdminSocket) fs.rmSync(this.cfg.envoyAdminSocket, { force: true });
+  }
+
   removeBootstrap(file: string): void {
     fs.rmSync(file, { force: true });
   }
@@ -158,6 +181,7 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
   spawn(epoch: number, desired: DesiredConfig, file: string, baseId: number | undefined): EnvoyProcess {
     const args = (desired as EnvoyDesiredConfig).argsFor(epoch, file, baseId);
     const credentials = this.credentials;
+    this.prepareAdminSocketDir();
     if (credentials) {
       this.prepareForEnvoyUser(baseId);
       if (epoch === 0) log.info(`starting Envoy as uid ${credentials.uid ?? process.getuid?.()} gid ${credentials.gid}: ${credentials.reason}`);
