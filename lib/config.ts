@@ -280,7 +280,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   const envoyPrometheusPort = portFromEnv(epp);
   const dnsEnabled = (envs.ISTIO_META_DNS_CAPTURE.get(effEnv) && proxyType === 'sidecar') || envs.ISTIO_META_ENABLE_DNS_SERVER.get(effEnv);
   const dnsProxyAddr = envs.DNS_PROXY_ADDR.get(effEnv);
-  const envoyAdminSocket = adminSocketFor(proxy.configPath, effEnv, envSource, sources.configPath!);
+  const envoyAdminSocket = adminSocketFor(proxy.configPath, effEnv, envSource, sources);
   const listeners: PortUse[] = [
     ...(envoyAdminSocket ? [] : [{ field: 'proxyAdminPort', what: "Envoy's admin", port: proxy.proxyAdminPort, source: sources.proxyAdminPort! }]),
     { field: 'statusPort', what: "the agent's status server", port: proxy.statusPort, source: sources.statusPort! },
@@ -365,14 +365,15 @@ export function adminSocketPath(configPath: string): string {
  */
 export const ADMIN_SOCKET_DIR = 'admin';
 
-function adminSocketFor(configPath: string, env: Env, envSource: (name: string) => string, configPathSource: string): string {
+function adminSocketFor(configPath: string, env: Env, envSource: (name: string) => string, sources: Record<string, string>): string {
   const mode = envs.ENVOY_ADMIN_MODE.get(env).trim().toLowerCase();
   if (mode === 'tcp') return '';
+  sources[envs.ENVOY_ADMIN_MODE.name] = envSource(envs.ENVOY_ADMIN_MODE.name);
   if (mode !== 'uds') throw configError(envs.ENVOY_ADMIN_MODE.name, envSource(envs.ENVOY_ADMIN_MODE.name), `${JSON.stringify(mode)} is not tcp or uds`);
   const socket = adminSocketPath(configPath);
   // sun_path holds 108 bytes with its terminating NUL.
   if (Buffer.byteLength(socket) > 107) {
-    throw configError('configPath', configPathSource, `with ENVOY_ADMIN_MODE=uds Envoy's admin socket would be ${socket}, longer than the 107 bytes a Unix socket path can hold`);
+    throw configError('configPath', sources.configPath!, `with ENVOY_ADMIN_MODE=uds Envoy's admin socket would be ${socket}, longer than the 107 bytes a Unix socket path can hold`);
   }
   return socket;
 }

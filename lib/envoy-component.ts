@@ -7,7 +7,8 @@ import * as admin from './envoy-admin';
 import { binaryIdentity, makeDesiredConfig, RealEnvoyRuntime, removeStaleHotRestartState, sweepOrphanedShm, type EnvoyDesiredConfig } from './envoy-runtime';
 import type { Env } from './env';
 import * as envs from './env';
-import { AgentError } from './errors';
+import { AgentError, configError } from './errors';
+import { adminSocketUnreachable } from './envoy-process';
 import { fingerprint, referencedFiles } from './file-watcher';
 import { collectStartupGarbage } from './heap';
 import { scope } from './log';
@@ -38,6 +39,8 @@ export class EnvoyComponent implements Component {
   constructor(private readonly o: { resolved: Resolved; env: Env; startedAt: number }) {
     const { cfg } = o.resolved;
     this.runtime = new RealEnvoyRuntime(cfg, o.env as NodeJS.ProcessEnv);
+    const blind = cfg.envoyAdminSocket ? adminSocketUnreachable(this.runtime.credentials, process.getuid?.() ?? -1) : undefined;
+    if (blind) throw configError(envs.ENVOY_ADMIN_MODE.name, cfg.sources[envs.ENVOY_ADMIN_MODE.name] ?? 'environment', blind);
     this.supervisor = new Supervisor({
       runtime: this.runtime,
       validate: envs.ENVOY_VALIDATE_BEFORE_RESTART.get(o.env),

@@ -10,6 +10,7 @@ import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
+import { adminSocketUnreachable, hasCapability } from '../lib/envoy-process';
 import { agentBin, debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
 import { envoyBin, freePort, httpRequest, pidAlive, tempDir, waitFor, type TempDir } from './helpers/harness';
 
@@ -205,6 +206,34 @@ test('ENVOY_ADMIN_MODE=uds with Envoy as uid 1337 (ENVOY_UID): the socket and it
     await servesThroughListeners(s, 'epoch 1 as 1337');
   } finally {
     await s.cleanup();
+  }
+});
+
+test('ENVOY_ADMIN_MODE=uds, Envoy as another uid: an agent without CAP_DAC_OVERRIDE could not reach the socket, and says so before starting', async () => {
+  const c = { uid: 1337, gid: 1337, reason: 'ENVOY_UID' };
+  assert.is(adminSocketUnreachable(c, 0, () => true), undefined, 'root with CAP_DAC_OVERRIDE connects');
+  assert.is(adminSocketUnreachable(undefined, 0, () => false), undefined, 'Envoy as the agent\'s own uid: its socket');
+  assert.is(adminSocketUnreachable({ gid: 1337, reason: 'ENVOY_GID' }, 0, () => false), undefined, 'only the group changes: still root\'s socket');
+  assert.match(adminSocketUnreachable(c, 0, () => false) ?? '', /Envoy runs as uid 1337 \(ENVOY_UID\).*CAP_DAC_OVERRIDE/);
+  assert.ok(hasCapability(1, () => 'CapEff:\t0000000000000002\n'));
+  assert.not.ok(hasCapability(1, () => 'CapEff:\t00000000a80425fd\n'), 'Docker\'s default set minus dac_override');
+
+  // The real agent, as root with dac_override dropped from its bounding set (so from its effective set).
+  const dir = tempDir('pa-admin-uds-nodac-');
+  try {
+    const configPath = path.join(dir.path, 'proxy');
+    const env = {
+      PATH: process.env.PATH ?? '/usr/bin:/bin',
+      PROXY_CONFIG: JSON.stringify({ configPath, binaryPath: envoyBin(), statusPort: await freePort(), proxyAdminPort: await freePort() }),
+      ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+      POD_NAME: 'nodac', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1', ENVOY_ADMIN_MODE: 'uds', ENVOY_UID: '1337',
+    };
+    const r = spawnSync('setpriv', ['--bounding-set', '-dac_override', agentBin(), 'proxy', 'sidecar'], { cwd: dir.path, env, encoding: 'utf8', timeout: 20_000 });
+    assert.is(r.status, 1, r.stderr);
+    assert.match(r.stderr, /error: invalid ENVOY_ADMIN_MODE \(from environment variable ENVOY_ADMIN_MODE\): Envoy runs as uid 1337 .*CAP_DAC_OVERRIDE/);
+    assert.not.ok(fs.existsSync(path.join(configPath, 'admin')), 'nothing was started');
+  } finally {
+    dir.cleanup();
   }
 });
 
