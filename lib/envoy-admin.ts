@@ -5,11 +5,6 @@ import * as http from 'node:http';
 
 export type AdminAddress = { host: string; port: number } | { socketPath: string };
 
-/** For messages: `127.0.0.1:15000` or the socket's path. */
-export function describeAdmin(addr: AdminAddress): string {
-  return 'socketPath' in addr ? addr.socketPath : `${addr.host.includes(':') ? `[${addr.host}]` : addr.host}:${addr.port}`;
-}
-
 /** The errors of an admin that is not there (closed by a hot restart, or not yet bound), as opposed to a hung one. */
 export function adminAbsent(err: { code?: string } | undefined): boolean {
   return err?.code === 'ECONNREFUSED' || err?.code === 'ENOENT';

@@ -204,7 +204,7 @@ export class EnvoyComponent implements Component {
     // that is not unreadiness. A stopped or hung Envoy still accepts the connection and never answers: that is.
     const adminGone = 'code' in r && admin.adminAbsent(r) && this.supervisor.debugState().lastFailure !== null;
     if (r.status !== 200 && !adminGone) {
-      return { ready: false, reason: r.status === 0 ? `Envoy does not answer on its admin ${admin.describeAdmin(live.config.admin)}: ${r.body}` : `Envoy's /ready answered ${r.status} ${r.body.trim()}` };
+      return { ready: false, reason: r.status === 0 ? `Envoy does not answer on its admin ${'socketPath' in live.config.admin ? `socket ${live.config.admin.socketPath}` : 'port'}: ${r.body}` : `Envoy's /ready answered ${r.status} ${r.body.trim()}` };
     }
     if (!this.xdsConfigSeen && needsXdsConfig(live.config.bootstrap)) {
       const [cds, lds] = await Promise.all([

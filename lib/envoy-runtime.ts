@@ -21,6 +21,8 @@ const log = scope('envoy');
 /** A DesiredConfig that also knows how to build Envoy's arguments for any epoch. */
 export interface EnvoyDesiredConfig extends DesiredConfig {
   argsFor(epoch: number, file: string, baseId: number | undefined): string[];
+  /** ENVOY_ADMIN_MODE=uds: the admin socket, whose directory the agent prepares before each epoch. */
+  adminSocket: string;
 }
 
 export interface DesiredInputs {
@@ -71,6 +73,7 @@ export function makeDesiredConfig(i: DesiredInputs): EnvoyDesiredConfig {
     admin: adminAddressOf(i.bootstrap, cfg.proxy.proxyAdminPort),
     inboundOnlyDrain: cfg.proxyType === 'sidecar',
     argsFor,
+    adminSocket: cfg.envoyAdminSocket,
   };
 }
 
@@ -133,9 +136,9 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
    * to create the socket there; nobody else can reach into it, not even in the moment between Envoy's bind and its
    * chmod to 0600. The agent (root, when Envoy is another user) still connects.
    */
-  private prepareAdminSocketDir(): void {
-    const socket = this.cfg.envoyAdminSocket;
+  private prepareAdminSocketDir(socket: string): void {
     if (!socket) return;
+    this.adminSocket = socket;
     const dir = path.dirname(socket);
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     const st = fs.lstatSync(dir);
@@ -145,9 +148,11 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     if (uid !== undefined && st.uid !== uid) fs.chownSync(dir, uid, this.credentials!.gid);
   }
 
+  private adminSocket = '';
+
   /** The admin socket Envoy leaves behind (it does not remove it when it exits). */
   removeAdminSocket(): void {
-    if (this.cfg.envoyAdminSocket) fs.rmSync(this.cfg.envoyAdminSocket, { force: true });
+    if (this.adminSocket) fs.rmSync(this.adminSocket, { force: true });
   }
 
   removeBootstrap(file: string): void {
@@ -181,7 +186,8 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
   spawn(epoch: number, desired: DesiredConfig, file: string, baseId: number | undefined): EnvoyProcess {
     const args = (desired as EnvoyDesiredConfig).argsFor(epoch, file, baseId);
     const credentials = this.credentials;
-    this.prepareAdminSocketDir();
+    // From the epoch's own config: ENVOY_ADMIN_MODE may change with a reload.
+    this.prepareAdminSocketDir((desired as EnvoyDesiredConfig).adminSocket);
     if (credentials) {
       this.prepareForEnvoyUser(baseId);
       if (epoch === 0) log.info(`starting Envoy as uid ${credentials.uid ?? process.getuid?.()} gid ${credentials.gid}: ${credentials.reason}`);

@@ -27,7 +27,7 @@ interface Setup {
 }
 
 /** A standalone agent (generated bootstrap, embedded discovery) with ENVOY_ADMIN_MODE=uds, ready. */
-async function startUdsAgent(extraEnv: Record<string, string> = {}): Promise<Setup> {
+async function startUdsAgent(extraEnv: Record<string, string | undefined> = {}, extraArgs: string[] = []): Promise<Setup> {
   const dir = tempDir('pa-admin-uds-');
   // Other users may walk down to configPath: only the admin socket's own directory and mode may stop them.
   fs.chmodSync(dir.path, 0o755);
@@ -35,15 +35,18 @@ async function startUdsAgent(extraEnv: Record<string, string> = {}): Promise<Set
   fs.mkdirSync(mesh, { mode: 0o755 });
   const configPath = path.join(dir.path, 'proxy');
   const ports = { status: await freePort(), admin: await freePort(), prom: await freePort(), ready: await freePort() };
-  const env = {
+  const env: Record<string, string> = {
     PROXY_CONFIG: JSON.stringify({ configPath, binaryPath: envoyBin(), statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
     POD_NAME: 'admin', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
     ENVOY_STATUS_PORT: String(ports.ready), ENVOY_PROMETHEUS_PORT: String(ports.prom),
     ENVOY_RESTART_INITIAL_BACKOFF: '100ms',
     ENVOY_ADMIN_MODE: 'uds',
-    ...extraEnv,
   };
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', mesh], env, dir.path);
+  for (const [k, v] of Object.entries(extraEnv)) {
+    if (v === undefined) delete env[k];
+    else env[k] = v;
+  }
+  const agent = startAgent(['proxy', 'sidecar', '--standalone', mesh, ...extraArgs], env, dir.path);
   const cleanup = async () => {
     const pids = await debugEpochs(ports.status).then((d) => d.epochs.map((e) => e.pid), () => [] as number[]);
     await agent.stop();
@@ -237,13 +240,27 @@ test('ENVOY_ADMIN_MODE=uds, Envoy as another uid: an agent without CAP_DAC_OVERR
   }
 });
 
-test('ENVOY_ADMIN_MODE unset: the admin stays on loopback proxyAdminPort, as in Istio, and no socket directory is made', async () => {
-  const s = await startUdsAgent({ ENVOY_ADMIN_MODE: '' });
+test('ENVOY_ADMIN_MODE unset: the admin stays on loopback proxyAdminPort, as in Istio; set later (mesh config proxyMetadata), a hot restart moves it to the socket', async () => {
+  const meshConfig = path.join(fs.mkdtempSync(path.join(require('node:os').tmpdir(), 'pa-admin-mesh-')), 'mesh.yaml');
+  fs.writeFileSync(meshConfig, 'defaultConfig:\n  proxyMetadata: {}\n');
+  const s = await startUdsAgent({ ENVOY_ADMIN_MODE: undefined }, ['--meshConfig', meshConfig]);
   try {
     assert.is(await connectTcp(s.ports.admin), 'connected');
-    assert.not.ok(fs.existsSync(path.dirname(s.socket)));
+    assert.not.ok(fs.existsSync(path.dirname(s.socket)), 'no socket directory');
+    fs.writeFileSync(meshConfig + '.tmp', 'defaultConfig:\n  proxyMetadata:\n    ENVOY_ADMIN_MODE: uds\n');
+    fs.renameSync(meshConfig + '.tmp', meshConfig);
+    await waitLiveEpoch(s.ports.status, 1, 30_000).catch((e: Error) => {
+      throw new Error(`${e.message}\nagent log:\n${s.agent.log()}`);
+    });
+    await waitFor('epoch 0 gone', async () => (await debugEpochs(s.ports.status)).epochs.length === 1, 15_000);
+    assert.is(fs.lstatSync(s.socket).mode & 0o777, 0o600);
+    assert.is(await connectTcp(s.ports.admin), 'ECONNREFUSED', 'the TCP admin went with epoch 0');
+    assert.is(connectUnixAs(NOBODY, s.socket), 'EACCES');
+    await waitFor('agent ready on epoch 1', async () => (await httpRequest(`http://127.0.0.1:${s.ports.status}/healthz/ready`)).status === 200, 10_000);
+    await servesThroughListeners(s, 'after the switch');
   } finally {
     await s.cleanup();
+    fs.rmSync(path.dirname(meshConfig), { recursive: true, force: true });
   }
 });
 
