@@ -212,6 +212,20 @@ test('ENVOY_ADMIN_MODE=uds with Envoy as uid 1337 (ENVOY_UID): the socket and it
   }
 });
 
+test('ENVOY_ADMIN_MODE=uds with Istio\'s stock bootstrap template (ISTIO_BOOTSTRAP): its admin and prometheus_stats move to the socket', async () => {
+  const s = await startUdsAgent({ ISTIO_BOOTSTRAP: path.join(__dirname, 'fixtures', 'istio', 'envoy_bootstrap.json') });
+  try {
+    const rev = JSON.parse(fs.readFileSync(path.join(s.configPath, 'envoy-rev0.json'), 'utf8'));
+    assert.equal(rev.admin.address, { pipe: { path: s.socket, mode: 0o600 } }, 'the template was used, its admin moved');
+    assert.is(fs.lstatSync(s.socket).mode & 0o777, 0o600);
+    assert.is(await connectTcp(s.ports.admin), 'ECONNREFUSED');
+    assert.is(connectUnixAs(NOBODY, s.socket), 'EACCES');
+    await servesThroughListeners(s, 'Istio\'s template');
+  } finally {
+    await s.cleanup();
+  }
+});
+
 test('ENVOY_ADMIN_MODE=uds, Envoy as another uid: an agent without CAP_DAC_OVERRIDE could not reach the socket, and says so before starting', async () => {
   const c = { uid: 1337, gid: 1337, reason: 'ENVOY_UID' };
   assert.is(adminSocketUnreachable(c, 0, () => true), undefined, 'root with CAP_DAC_OVERRIDE connects');
