@@ -152,7 +152,11 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
 
   /** The admin socket Envoy leaves behind (it does not remove it when it exits). */
   removeAdminSocket(): void {
-    if (this.adminSocket) fs.rmSync(this.adminSocket, { force: true });
+    try {
+      if (this.adminSocket) fs.rmSync(this.adminSocket, { force: true });
+    } catch (err) {
+      log.warn(`could not remove Envoy's admin socket ${this.adminSocket}: ${(err as Error).message}`);
+    }
   }
 
   removeBootstrap(file: string): void {
