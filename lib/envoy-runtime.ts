@@ -150,11 +150,14 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
 
   private adminSocket = '';
 
-  /** The admin socket Envoy leaves behind (it does not remove it when it exits). */
+  /** The admin socket Envoy leaves behind (it does not remove it when it exits), and its directory. */
   removeAdminSocket(): void {
+    if (!this.adminSocket) return;
     try {
-      if (this.adminSocket) fs.rmSync(this.adminSocket, { force: true });
+      fs.rmSync(this.adminSocket, { force: true });
+      fs.rmdirSync(path.dirname(this.adminSocket));
     } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOTEMPTY') return;
       log.warn(`could not remove Envoy's admin socket ${this.adminSocket}: ${(err as Error).message}`);
     }
   }

@@ -177,7 +177,7 @@ test('ENVOY_ADMIN_MODE=uds: no admin port, a 0600 socket uid 65534 cannot connec
     assert.match(s.agent.log(), /asked epoch 1 to drain its listeners/);
     assert.not.match(s.agent.log(), /could not drain/);
     assert.not.ok(pidAlive(e1.pid), 'Envoy ended');
-    assert.not.ok(fs.existsSync(s.socket), 'the admin socket is removed');
+    assert.not.ok(fs.existsSync(path.dirname(s.socket)), 'the admin socket and its directory are removed');
   } finally {
     await s.cleanup();
   }
@@ -207,6 +207,10 @@ test('ENVOY_ADMIN_MODE=uds with Envoy as uid 1337 (ENVOY_UID): the socket and it
     await waitFor('epoch 0 gone', async () => (await debugEpochs(s.ports.status)).epochs.length === 1, 15_000);
     assert.is(fs.lstatSync(s.socket).uid, 1337, 'epoch 1 (as 1337) rebound the socket');
     await servesThroughListeners(s, 'epoch 1 as 1337');
+    // The native sidecar's preStop hook (`pilot-agent request --debug-port=15020 POST drain`): the agent drains
+    // Envoy through the socket.
+    const drain = await httpRequest(`http://127.0.0.1:${s.ports.status}/drain`, { method: 'POST' });
+    assert.is(drain.status, 200, `POST /drain (answered 200 only when Envoy's /drain_listeners did): ${drain.body}`);
   } finally {
     await s.cleanup();
   }
