@@ -12,6 +12,7 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { adminSocketUnreachable, hasCapability } from '../lib/envoy-process';
 import { agentBin, debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { staticBootstrap } from './helpers/static-bootstrap';
 import { envoyBin, freePort, httpRequest, pidAlive, tempDir, waitFor, type TempDir } from './helpers/harness';
 
 const NOBODY = 65534;
@@ -227,6 +228,50 @@ test('ENVOY_ADMIN_MODE=uds with Istio\'s stock bootstrap template (ISTIO_BOOTSTR
     await servesThroughListeners(s, 'Istio\'s template');
   } finally {
     await s.cleanup();
+  }
+});
+
+test('ENVOY_ADMIN_MODE=uds, custom bootstrap: a hot-restart child that fails after taking the admin socket leaves the parent serving, and the agent restores the admin', async () => {
+  const dir = tempDir('pa-admin-uds-restore-');
+  const blocker = net.createServer();
+  const blocked = await freePort();
+  await new Promise<void>((r) => blocker.listen(blocked, '127.0.0.1', () => r()));
+  const ports = { admin: await freePort(), status: await freePort(), listen: await freePort() };
+  const custom = path.join(dir.path, 'custom.json');
+  const write = (b: Record<string, unknown>) => {
+    fs.writeFileSync(custom + '.tmp', JSON.stringify(b));
+    fs.renameSync(custom + '.tmp', custom);
+  };
+  write(staticBootstrap(ports, 'v0'));
+  const configPath = path.join(dir.path, 'proxy');
+  const socket = path.join(configPath, 'admin', 'envoy-admin.sock');
+  const agent = startAgent(['proxy', 'sidecar'], {
+    PROXY_CONFIG: JSON.stringify({ configPath, binaryPath: envoyBin(), customConfigFile: custom, statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
+    POD_NAME: 'restore', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
+    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+    FILE_DEBOUNCE_DURATION: '50ms', ENVOY_RESTART_INITIAL_BACKOFF: '5ms', ENVOY_ADMIN_MODE: 'uds',
+  }, dir.path);
+  try {
+    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${ports.status}/healthz/ready`).catch(() => ({ status: 0 }))).status === 200, 30_000);
+    assert.is((await overSocket(socket, 'GET', '/ready')).status, 200, 'the custom bootstrap\'s admin is on the socket');
+    assert.is(await connectTcp(ports.admin), 'ECONNREFUSED');
+    // Valid, but cannot bind at run time: each child takes the admin socket over from epoch 0, then exits.
+    write(staticBootstrap(ports, 'broken', { extraListenPort: blocked }));
+    await waitFor('budget spent', async () => /budget spent/.test((await debugEpochs(ports.status)).lastFailure?.reason ?? ''), 60_000);
+    await waitLiveEpoch(ports.status, 1, 20_000).catch((e: Error) => {
+      throw new Error(`${e.message}\nagent log:\n${agent.log()}`);
+    });
+    await waitFor('admin answers again', async () => (await overSocket(socket, 'GET', '/ready').catch(() => ({ status: 0 }))).status === 200, 10_000);
+    assert.match(agent.log(), /serves without its admin port/);
+    assert.is((await httpRequest(`http://127.0.0.1:${ports.status}/healthz/ready`)).status, 200);
+    assert.is((await httpRequest(`http://127.0.0.1:${ports.listen}/`)).body, 'v0', 'the last good config serves');
+    assert.is(fs.lstatSync(socket).mode & 0o777, 0o600);
+  } finally {
+    const pids = await debugEpochs(ports.status).then((d) => d.epochs.map((e) => e.pid), () => [] as number[]);
+    await agent.stop();
+    for (const pid of pids) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
+    blocker.close();
+    dir.cleanup();
   }
 });
 
