@@ -74,6 +74,25 @@ async function bootstrapCommand(argv: Record<string, unknown>): Promise<number> 
   }
 }
 
+/**
+ * `request`: to Envoy's admin port it goes to the admin socket when the agent's config (the same environment and
+ * files) says ENVOY_ADMIN_MODE=uds. A config that cannot be read is an error only when the environment asks for the
+ * socket; otherwise the request goes to the port, as before.
+ */
+async function requestCommand(o: { method: string; path: string; body?: string; port: number }): Promise<number> {
+  const client = await import('./lib/agent-client');
+  let adminSocket: string | undefined;
+  if (o.port === client.REQUEST_ADMIN_PORT) {
+    const [{ buildConfig }, { readFileOrUndefined }] = await Promise.all([import('./lib/config'), import('./lib/resolve')]);
+    try {
+      adminSocket = buildConfig({ flags: {}, env: process.env, readFile: readFileOrUndefined }).envoyAdminSocket || undefined;
+    } catch (err) {
+      if (envs.ENVOY_ADMIN_MODE.isSet(process.env)) return startupFailure(err);
+    }
+  }
+  return client.localRequest({ ...o, adminSocket });
+}
+
 function checkEnvoyBinary(cfg: AgentConfig): void {
   const bin = cfg.proxy.binaryPath;
   try {
@@ -338,7 +357,7 @@ export async function main(args: string[]): Promise<number> {
           .positional('body', { type: 'string' })
           .option('debug-port', { type: 'number', default: 15000 }),
       (argv) => {
-        result = import('./lib/agent-client').then((m) => m.localRequest({ method: argv.method, path: argv.path, body: argv.body, port: argv['debug-port'] }));
+        result = requestCommand({ method: argv.method, path: argv.path, body: argv.body, port: argv['debug-port'] });
       },
     )
     .command(

@@ -48,26 +48,35 @@ export async function waitReady(o: WaitOptions): Promise<number> {
 
 export const REQUEST_ALLOWED_PORTS = [15000, 15020, 15021, 15004];
 
-/** Sends one request to a local agent/Envoy port and writes the raw body; 0 on 2xx. */
-export async function localRequest(o: { method: string; path: string; body?: string; port: number; out?: NodeJS.WritableStream }): Promise<number> {
+/** Envoy's admin port as `pilot-agent request` knows it: with ENVOY_ADMIN_MODE=uds it means the admin socket. */
+export const REQUEST_ADMIN_PORT = 15000;
+
+/**
+ * Sends one request to a local agent/Envoy port and writes the raw body; 0 on 2xx. `adminSocket` (ENVOY_ADMIN_MODE=uds)
+ * replaces the admin port: nothing listens there then.
+ */
+export async function localRequest(o: { method: string; path: string; body?: string; port: number; adminSocket?: string; out?: NodeJS.WritableStream }): Promise<number> {
   if (!REQUEST_ALLOWED_PORTS.includes(o.port)) {
     process.stderr.write(`error: --debug-port ${o.port} is not allowed (allowed: ${REQUEST_ALLOWED_PORTS.join(', ')})\n`);
     return 1;
   }
   const path = o.path.startsWith('/') ? o.path : `/${o.path}`;
   const out = o.out ?? process.stdout;
+  const method = o.method.toUpperCase();
+  const socketPath = o.port === REQUEST_ADMIN_PORT ? o.adminSocket : undefined;
+  const where = socketPath ? { socketPath } : { host: 'localhost', port: o.port };
   return new Promise((resolve) => {
-    const req = http.request({ host: 'localhost', port: o.port, method: o.method.toUpperCase(), path, agent: false, timeout: 60_000 }, (res) => {
+    const req = http.request({ ...where, method, path, agent: false, timeout: 60_000 }, (res) => {
       res.pipe(out, { end: false });
       res.on('end', () => {
         const ok = (res.statusCode ?? 0) >= 200 && (res.statusCode ?? 0) < 300;
-        if (!ok) process.stderr.write(`error: ${o.method.toUpperCase()} ${path} answered ${res.statusCode}\n`);
+        if (!ok) process.stderr.write(`error: ${method} ${path} answered ${res.statusCode}\n`);
         resolve(ok ? 0 : 1);
       });
     });
     req.on('timeout', () => req.destroy(new Error('timed out')));
     req.on('error', (err) => {
-      process.stderr.write(`error: ${o.method.toUpperCase()} localhost:${o.port}${path}: ${err.message}\n`);
+      process.stderr.write(`error: ${method} ${socketPath ? `${socketPath} ` : `localhost:${o.port}`}${path}: ${err.message}\n`);
       resolve(1);
     });
     req.end(o.body);

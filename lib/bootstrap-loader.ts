@@ -6,7 +6,7 @@
 
 import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
-import { buildBootstrap, hardenPublicListeners, mergeBootstrapOverride } from './bootstrap';
+import { adminOnSocket, buildBootstrap, hardenPublicListeners, mergeBootstrapOverride } from './bootstrap';
 import { templateVariables } from './bootstrap-template';
 import { renderGoTemplate, TemplateError } from './go-template';
 import { configError, errorMessage } from './errors';
@@ -56,6 +56,8 @@ export function resolveBootstrap(cfg: AgentConfig, node: NodeIdentity, readFile:
     bootstrap = mergeBootstrapOverride(bootstrap, parsed);
     inputs.push(file);
   }
+  // Last, so that neither a template nor an override brings the admin back onto TCP.
+  if (cfg.envoyAdminSocket) bootstrap = adminOnSocket(bootstrap, cfg.envoyAdminSocket);
   return { bootstrap, inputs };
 }
 

@@ -351,6 +351,35 @@ export function hardenPublicListeners(bootstrap: Record<string, unknown>, ports:
   return copy;
 }
 
+const LOOPBACK_HOSTS = new Set(['127.0.0.1', '::1', 'localhost', '0.0.0.0', '::']);
+
+/**
+ * ENVOY_ADMIN_MODE=uds, for any bootstrap (generated, template or custom): Envoy's admin listens on `socket`, mode
+ * 0600, instead of its TCP port, and every static cluster endpoint that pointed at that port on loopback (the
+ * `prometheus_stats` cluster behind the 15090 listener, or a template's own) points at the socket, so the public
+ * listeners keep serving their one path. A bootstrap without an admin address is returned unchanged. Returns a copy.
+ */
+export function adminOnSocket(bootstrap: Record<string, unknown>, socket: string): Record<string, unknown> {
+  const copy = JSON.parse(JSON.stringify(bootstrap)) as Json;
+  const admin = copy.admin as Json | undefined;
+  const address = admin?.address as Json | undefined;
+  if (!admin || !address) return copy;
+  const sa = address.socket_address as Json | undefined;
+  const port = sa ? Number(sa.port_value) : undefined;
+  admin.address = { pipe: { path: socket, mode: 0o600 } };
+  if (port === undefined) return copy;
+  for (const c of (((copy.static_resources as Json | undefined)?.clusters ?? []) as Json[])) {
+    for (const group of ((((c.load_assignment as Json | undefined)?.endpoints ?? []) as Json[]))) {
+      for (const lb of ((group.lb_endpoints ?? []) as Json[])) {
+        const endpoint = lb.endpoint as Json | undefined;
+        const to = (endpoint?.address as Json | undefined)?.socket_address as Json | undefined;
+        if (to && LOOPBACK_HOSTS.has(String(to.address)) && Number(to.port_value) === port) endpoint!.address = { pipe: { path: socket } };
+      }
+    }
+  }
+  return copy;
+}
+
 function prometheusListener(cfg: AgentConfig, net: LocalNet): Json {
   return httpListener(net, cfg.envoyPrometheusPort, 'stats', '/stats/prometheus', 'prometheus_stats');
 }

@@ -76,6 +76,8 @@ export interface AgentConfig {
   maximumDrainDuration: number;
   xdsSocket: string;
   sdsSocket: string;
+  /** ENVOY_ADMIN_MODE=uds: Envoy's admin listens on this Unix socket instead of proxyAdminPort ('' for TCP). */
+  envoyAdminSocket: string;
   standaloneDir: string;
   /** Limits on the standalone directory's files (DISCOVERY_MAX_FILE_BYTES, DISCOVERY_MAX_DOCUMENTS). */
   discoveryLimits: { maxFileBytes: number; maxDocuments: number };
@@ -278,8 +280,9 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   const envoyPrometheusPort = portFromEnv(epp);
   const dnsEnabled = (envs.ISTIO_META_DNS_CAPTURE.get(effEnv) && proxyType === 'sidecar') || envs.ISTIO_META_ENABLE_DNS_SERVER.get(effEnv);
   const dnsProxyAddr = envs.DNS_PROXY_ADDR.get(effEnv);
+  const envoyAdminSocket = adminSocketFor(proxy.configPath, effEnv, envSource, sources);
   const listeners: PortUse[] = [
-    { field: 'proxyAdminPort', what: "Envoy's admin", port: proxy.proxyAdminPort, source: sources.proxyAdminPort! },
+    ...(envoyAdminSocket ? [] : [{ field: 'proxyAdminPort', what: "Envoy's admin", port: proxy.proxyAdminPort, source: sources.proxyAdminPort! }]),
     { field: 'statusPort', what: "the agent's status server", port: proxy.statusPort, source: sources.statusPort! },
     { field: ecp.name, what: "Envoy's readiness listener", port: envoyStatusPort, source: envSource(ecp.name) },
     { field: epp.name, what: "Envoy's Prometheus listener", port: envoyPrometheusPort, source: envSource(epp.name) },
@@ -331,6 +334,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     maximumDrainDuration: envs.MAXIMUM_DRAIN_DURATION.get(effEnv),
     xdsSocket: path.join(proxy.configPath, 'XDS'),
     sdsSocket: SDS_SOCKET,
+    envoyAdminSocket,
     standaloneDir: flags.standalone ?? '',
     discoveryLimits: { maxFileBytes: envs.DISCOVERY_MAX_FILE_BYTES.get(effEnv), maxDocuments: envs.DISCOVERY_MAX_DOCUMENTS.get(effEnv) },
     podLabels,
@@ -347,6 +351,31 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     sources,
   };
   return deepFreeze(cfg);
+}
+
+/** Where ENVOY_ADMIN_MODE=uds puts Envoy's admin socket, in a directory of its own (see ADMIN_SOCKET_DIR). */
+export function adminSocketPath(configPath: string): string {
+  return path.resolve(configPath, ADMIN_SOCKET_DIR, 'envoy-admin.sock');
+}
+
+/**
+ * The socket's own directory is 0700 and owned by Envoy's user: Envoy binds the socket before it applies mode
+ * 0600, so in between only that directory keeps other users out. The path is absolute so that the agent, Envoy
+ * and `pilot-agent request` agree on it whatever their working directory.
+ */
+export const ADMIN_SOCKET_DIR = 'admin';
+
+function adminSocketFor(configPath: string, env: Env, envSource: (name: string) => string, sources: Record<string, string>): string {
+  const mode = envs.ENVOY_ADMIN_MODE.get(env).trim().toLowerCase();
+  if (mode === 'tcp') return '';
+  sources[envs.ENVOY_ADMIN_MODE.name] = envSource(envs.ENVOY_ADMIN_MODE.name);
+  if (mode !== 'uds') throw configError(envs.ENVOY_ADMIN_MODE.name, envSource(envs.ENVOY_ADMIN_MODE.name), `${JSON.stringify(mode)} is not tcp or uds`);
+  const socket = adminSocketPath(configPath);
+  // sun_path holds 108 bytes with its terminating NUL.
+  if (Buffer.byteLength(socket) > 107) {
+    throw configError('configPath', sources.configPath!, `with ENVOY_ADMIN_MODE=uds Envoy's admin socket would be ${socket}, longer than the 107 bytes a Unix socket path can hold`);
+  }
+  return socket;
 }
 
 interface PortUse {

@@ -116,6 +116,7 @@ export const XDS_MAX_MESSAGE_BYTES = int('XDS_MAX_MESSAGE_BYTES', 256 * 1024 * 1
 export const PROXY_CONFIG_XDS_AGENT = bool('PROXY_CONFIG_XDS_AGENT', false, 'Subscribe to ProxyConfig over xDS (PCDS)');
 export const ENVOY_VALIDATE_BEFORE_RESTART = bool('ENVOY_VALIDATE_BEFORE_RESTART', true, 'Run envoy --mode validate on a new bootstrap before a hot restart');
 export const ENVOY_RESTART_INITIAL_BACKOFF = duration('ENVOY_RESTART_INITIAL_BACKOFF', '200ms', 'First delay before restarting a failed Envoy epoch; the n-th retry waits 2^n times this');
+export const ENVOY_ADMIN_MODE = str('ENVOY_ADMIN_MODE', 'tcp', 'Envoy\'s admin API on loopback proxyAdminPort (tcp, as Istio) or on a 0600 Unix socket under configPath (uds): the agent only');
 export const PILOT_DEBOUNCE_AFTER = duration('PILOT_DEBOUNCE_AFTER', '100ms', 'Discovery server: quiet period after a config change before a push');
 export const PILOT_DEBOUNCE_MAX = duration('PILOT_DEBOUNCE_MAX', '10s', 'Discovery server: longest a change waits for the quiet period');
 export const ENVOY_START_TIMEOUT = duration('ENVOY_START_TIMEOUT', '5m', 'A hot-restarted epoch not live after this long is aborted and retried while the old one serves (0: wait forever)');

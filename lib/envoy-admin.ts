@@ -1,10 +1,13 @@
-// A small client for Envoy's admin API, on the loopback address the bootstrap binds it to.
+// A small client for Envoy's admin API, on the loopback address or the Unix socket (ENVOY_ADMIN_MODE=uds) the
+// bootstrap binds it to.
 
 import * as http from 'node:http';
 
-export interface AdminAddress {
-  host: string;
-  port: number;
+export type AdminAddress = { host: string; port: number } | { socketPath: string };
+
+/** The errors of an admin that is not there (closed by a hot restart, or not yet bound), as opposed to a hung one. */
+export function adminAbsent(err: { code?: string } | undefined): boolean {
+  return err?.code === 'ECONNREFUSED' || err?.code === 'ENOENT';
 }
 
 export interface ServerInfo {
@@ -16,7 +19,8 @@ export interface ServerInfo {
 
 export function adminRequest(addr: AdminAddress, method: string, path: string, timeoutMs = 2000): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: addr.host, port: addr.port, method, path, agent: false, timeout: timeoutMs }, (res) => {
+    const where = 'socketPath' in addr ? { socketPath: addr.socketPath } : { host: addr.host, port: addr.port };
+    const req = http.request({ ...where, method, path, agent: false, timeout: timeoutMs }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));

@@ -7,7 +7,8 @@ import * as admin from './envoy-admin';
 import { binaryIdentity, makeDesiredConfig, RealEnvoyRuntime, removeStaleHotRestartState, sweepOrphanedShm, type EnvoyDesiredConfig } from './envoy-runtime';
 import type { Env } from './env';
 import * as envs from './env';
-import { AgentError } from './errors';
+import { AgentError, configError } from './errors';
+import { adminSocketUnreachable } from './envoy-process';
 import { fingerprint, referencedFiles } from './file-watcher';
 import { collectStartupGarbage } from './heap';
 import { scope } from './log';
@@ -38,6 +39,8 @@ export class EnvoyComponent implements Component {
   constructor(private readonly o: { resolved: Resolved; env: Env; startedAt: number }) {
     const { cfg } = o.resolved;
     this.runtime = new RealEnvoyRuntime(cfg, o.env as NodeJS.ProcessEnv);
+    const blind = cfg.envoyAdminSocket ? adminSocketUnreachable(this.runtime.credentials, process.getuid?.() ?? -1) : undefined;
+    if (blind) throw configError(envs.ENVOY_ADMIN_MODE.name, cfg.sources[envs.ENVOY_ADMIN_MODE.name] ?? 'environment', blind);
     this.supervisor = new Supervisor({
       runtime: this.runtime,
       validate: envs.ENVOY_VALIDATE_BEFORE_RESTART.get(o.env),
@@ -53,7 +56,7 @@ export class EnvoyComponent implements Component {
     // start is the check, and only when it fails is the config diagnosed, ending the agent if Envoy rejects it.
     const firstRejected = new Promise<SupervisorEnd>((r) => (this.endRejected = r));
     // The supervisor may end on a repeated failure while the diagnosis runs: its verdict names the cause better.
-    this.done = Promise.race([this.supervisor.done.then(async (end) => (await this.diagnosis) ?? end), firstRejected]);
+    this.done = Promise.race([this.supervisor.done.then(async (end) => (await this.diagnosis) ?? end), firstRejected]).finally(() => this.runtime.removeAdminSocket());
     this.supervisor.onFailedStart((_n, config) => {
       if (config === this.first && !this.announcedLive) this.diagnoseFirst();
     });
@@ -199,9 +202,9 @@ export class EnvoyComponent implements Component {
     // A hot-restart child that fails after the parent closed its admin listener (Envoy's protocol asks the parent to
     // close it) leaves the serving parent without one until the supervisor restores it: it still serves traffic, so
     // that is not unreadiness. A stopped or hung Envoy still accepts the connection and never answers: that is.
-    const adminGone = 'code' in r && r.code === 'ECONNREFUSED' && this.supervisor.debugState().lastFailure !== null;
+    const adminGone = 'code' in r && admin.adminAbsent(r) && this.supervisor.debugState().lastFailure !== null;
     if (r.status !== 200 && !adminGone) {
-      return { ready: false, reason: r.status === 0 ? `Envoy does not answer on its admin port: ${r.body}` : `Envoy's /ready answered ${r.status} ${r.body.trim()}` };
+      return { ready: false, reason: r.status === 0 ? `Envoy does not answer on its admin ${'socketPath' in live.config.admin ? `socket ${live.config.admin.socketPath}` : 'port'}: ${r.body}` : `Envoy's /ready answered ${r.status} ${r.body.trim()}` };
     }
     if (!this.xdsConfigSeen && needsXdsConfig(live.config.bootstrap)) {
       const [cds, lds] = await Promise.all([

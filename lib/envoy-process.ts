@@ -3,6 +3,7 @@
 // directly), and with hot restart enabled Envoy sets PR_SET_PDEATHSIG itself, so it dies with the agent.
 
 import { spawn as nodeSpawn, execFile } from 'node:child_process';
+import * as fs from 'node:fs';
 import * as readline from 'node:readline';
 import { DNS_PROXY_ADDR, ENVOY_GID, ENVOY_UID, type Env } from './env';
 import { configError } from './errors';
@@ -66,6 +67,31 @@ export function envoyCredentials(env: Env, agentUid: number, lookup: IdLookup = 
     return { uid: ISTIO_PROXY_ID, gid: ISTIO_PROXY_ID, reason: 'the agent runs as root with DNS_PROXY_ADDR on port 53 (Istio\'s rule)' };
   }
   return undefined;
+}
+
+const CAP_DAC_OVERRIDE = 1;
+
+/** Whether this process's effective capabilities include `bit` (Linux /proc/self/status; elsewhere assumed). */
+export function hasCapability(bit: number, status: () => string = () => fs.readFileSync('/proc/self/status', 'utf8')): boolean {
+  let text: string;
+  try {
+    text = status();
+  } catch {
+    return true;
+  }
+  const m = /^CapEff:\s*([0-9a-f]+)$/m.exec(text);
+  return !m || ((BigInt(`0x${m[1]}`) >> BigInt(bit)) & 1n) === 1n;
+}
+
+/**
+ * ENVOY_ADMIN_MODE=uds with Envoy as another uid: the socket is Envoy's and 0600, so the root agent reaches it only
+ * through CAP_DAC_OVERRIDE (a container that drops it would leave the agent blind: no readiness, no drain).
+ * Undefined when the agent can connect; otherwise why not.
+ */
+export function adminSocketUnreachable(credentials: EnvoyCredentials | undefined, agentUid: number, dacOverride = () => hasCapability(CAP_DAC_OVERRIDE)): string | undefined {
+  if (credentials?.uid === undefined || credentials.uid === agentUid || dacOverride()) return undefined;
+  return `Envoy runs as uid ${credentials.uid} (${credentials.reason}) and owns its 0600 admin socket, which the agent (uid ${agentUid}) ` +
+    'can reach only with CAP_DAC_OVERRIDE, and it does not have it';
 }
 
 function resolveId(text: string, name: string, byName: (n: string) => number | undefined): number {

@@ -21,6 +21,8 @@ const log = scope('envoy');
 /** A DesiredConfig that also knows how to build Envoy's arguments for any epoch. */
 export interface EnvoyDesiredConfig extends DesiredConfig {
   argsFor(epoch: number, file: string, baseId: number | undefined): string[];
+  /** ENVOY_ADMIN_MODE=uds: the admin socket, whose directory the agent prepares before each epoch. */
+  adminSocket: string;
 }
 
 export interface DesiredInputs {
@@ -57,11 +59,12 @@ export function hotRestartSocket(cfg: AgentConfig): string | undefined {
   return Buffer.byteLength(p) + SOCKET_SUFFIX_MAX <= 107 ? p : undefined;
 }
 
-/** The bootstrap's admin address (custom bootstraps choose their own). */
+/** The bootstrap's admin address (custom bootstraps choose their own): a TCP address, or a Unix socket. */
 export function adminAddressOf(bootstrap: Record<string, unknown>, fallbackPort: number): AdminAddress {
-  const sa = ((bootstrap.admin as Record<string, unknown> | undefined)?.address as Record<string, unknown> | undefined)?.socket_address as
-    | { address?: string; port_value?: number }
-    | undefined;
+  const address = (bootstrap.admin as Record<string, unknown> | undefined)?.address as Record<string, unknown> | undefined;
+  const pipe = address?.pipe as { path?: string } | undefined;
+  if (typeof pipe?.path === 'string' && pipe.path !== '') return { socketPath: pipe.path };
+  const sa = address?.socket_address as { address?: string; port_value?: number } | undefined;
   let host = sa?.address ?? '127.0.0.1';
   if (host === '0.0.0.0') host = '127.0.0.1';
   if (host === '::') host = '::1';
@@ -91,6 +94,7 @@ export function makeDesiredConfig(i: DesiredInputs): EnvoyDesiredConfig {
     admin: adminAddressOf(i.bootstrap, cfg.proxy.proxyAdminPort),
     inboundOnlyDrain: cfg.proxyType === 'sidecar',
     argsFor,
+    adminSocket: cfg.envoyAdminSocket,
   };
 }
 
@@ -166,6 +170,37 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     this.giveToEnvoy(dir);
   }
 
+  /**
+   * ENVOY_ADMIN_MODE=uds: the admin socket's directory, 0700 and owned by the user Envoy runs as, which must be able
+   * to create the socket there; nobody else can reach into it, not even in the moment between Envoy's bind and its
+   * chmod to 0600. The agent (root, when Envoy is another user) still connects.
+   */
+  private prepareAdminSocketDir(socket: string): void {
+    if (!socket) return;
+    this.adminSocket = socket;
+    const dir = path.dirname(socket);
+    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    const st = fs.lstatSync(dir);
+    if (!st.isDirectory()) throw new Error(`${dir}, the directory of Envoy's admin socket, is not a directory`);
+    fs.chmodSync(dir, 0o700);
+    const uid = this.credentials?.uid;
+    if (uid !== undefined && st.uid !== uid) fs.chownSync(dir, uid, this.credentials!.gid);
+  }
+
+  private adminSocket = '';
+
+  /** The admin socket Envoy leaves behind (it does not remove it when it exits), and its directory. */
+  removeAdminSocket(): void {
+    if (!this.adminSocket) return;
+    try {
+      fs.rmSync(this.adminSocket, { force: true });
+      fs.rmdirSync(path.dirname(this.adminSocket));
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOTEMPTY') return;
+      log.warn(`could not remove Envoy's admin socket ${this.adminSocket}: ${(err as Error).message}`);
+    }
+  }
+
   removeBootstrap(file: string): void {
     fs.rmSync(file, { force: true });
   }
@@ -198,6 +233,8 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     const args = (desired as EnvoyDesiredConfig).argsFor(epoch, file, baseId);
     const credentials = this.credentials;
     this.prepareHotRestartDir();
+    // From the epoch's own config: ENVOY_ADMIN_MODE may change with a reload.
+    this.prepareAdminSocketDir((desired as EnvoyDesiredConfig).adminSocket);
     if (credentials) {
       this.prepareForEnvoyUser(baseId);
       if (epoch === 0) log.info(`starting Envoy as uid ${credentials.uid ?? process.getuid?.()} gid ${credentials.gid}: ${credentials.reason}`);

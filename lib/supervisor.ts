@@ -577,7 +577,8 @@ export class Supervisor {
   private checkAdmin(serving: { n: number; config: DesiredConfig }): void {
     if (this.adminRestoreTried || !this.lastGood) return;
     this.opts.runtime.probe(serving.config.admin).then(() => undefined, (err: NodeJS.ErrnoException) => {
-      if (err?.code !== 'ECONNREFUSED' || this.closing || this.adminRestoreTried || !this.lastGood) return;
+      // Refused on TCP; on the admin's Unix socket (ENVOY_ADMIN_MODE=uds) also a socket file that is gone.
+      if ((err?.code !== 'ECONNREFUSED' && err?.code !== 'ENOENT') || this.closing || this.adminRestoreTried || !this.lastGood) return;
       this.adminRestoreTried = true;
       log.warn(`epoch ${serving.n} serves without its admin port (a failed hot restart closed it); starting the last good config as a new epoch to restore it`);
       this.adminRestore = { ...this.lastGood, hash: `${this.lastGood.hash}+admin` };

@@ -330,7 +330,7 @@ test('mergeBootstrapOverride: objects merge, lists append, scalars and typed con
 
 // ---- loader ----
 
-function loader(opts: { env?: Record<string, string>; flags?: Flags; files: Record<string, string> }) {
+function loader(opts: { env?: Record<string, string>; flags?: Flags; files: Record<string, string>; hosts?: HostAddress[] }) {
   const { cfg, node } = fixture(opts);
   return resolveBootstrap(cfg, node, (f) => opts.files[f]);
 }
@@ -490,3 +490,71 @@ test('writeFileAtomic: an unwritable or missing directory gives a clear error an
 });
 
 test.run();
+
+// ---- ENVOY_ADMIN_MODE=uds: Envoy's admin on a Unix socket ----
+
+/** Every endpoint (cluster name -> addresses) of the static clusters. */
+function endpointsOf(b: Json): Record<string, Json[]> {
+  const out: Record<string, Json[]> = {};
+  for (const c of b.static_resources?.clusters ?? []) {
+    out[c.name] = (c.load_assignment?.endpoints ?? []).flatMap((g: Json) => (g.lb_endpoints ?? []).map((lb: Json) => lb.endpoint.address));
+  }
+  return out;
+}
+
+const ADMIN_SOCKET = path.resolve('etc/istio/proxy/admin/envoy-admin.sock');
+
+test('ENVOY_ADMIN_MODE unset or tcp: the bootstrap is the one Istio writes (admin on loopback proxyAdminPort)', () => {
+  const tcp = loader({ env: { ENVOY_ADMIN_MODE: 'tcp' }, files: {} }).bootstrap;
+  assert.equal(tcp, loader({ files: {} }).bootstrap);
+  assert.equal((tcp as Json).admin.address, { socket_address: { address: '127.0.0.1', port_value: 15000 } });
+});
+
+test('ENVOY_ADMIN_MODE=uds: admin on a 0600 socket under configPath; prometheus_stats (15090) follows it, agent (15020) does not', () => {
+  const b = loader({ env: { ENVOY_ADMIN_MODE: 'uds' }, files: {} }).bootstrap as Json;
+  assert.equal(b.admin.address, { pipe: { path: ADMIN_SOCKET, mode: 0o600 } });
+  const eps = endpointsOf(b);
+  assert.equal(eps.prometheus_stats, [{ pipe: { path: ADMIN_SOCKET } }]);
+  assert.equal(eps.agent, [{ socket_address: { protocol: 'TCP', address: '127.0.0.1', port_value: 15020 } }]);
+  assert.not.match(renderBootstrap(b), /"port_value": 15000\b/, 'nothing is left on the admin port');
+  // Everything else is the TCP bootstrap.
+  const tcp = loader({ files: {} }).bootstrap as Json;
+  assert.equal({ ...b, admin: undefined, static_resources: undefined }, { ...tcp, admin: undefined, static_resources: undefined });
+  // An IPv6 pod, and a custom admin port, the same.
+  const v6 = loader({ env: { ENVOY_ADMIN_MODE: 'UDS', INSTANCE_IP: 'fd00::7', PROXY_CONFIG: '{"proxyAdminPort": 16000}' }, files: {}, hosts: [] }).bootstrap as Json;
+  assert.equal(endpointsOf(v6).prometheus_stats, [{ pipe: { path: ADMIN_SOCKET } }]);
+  assert.equal(endpointsOf(loader({ env: { INSTANCE_IP: 'fd00::7', PROXY_CONFIG: '{"proxyAdminPort": 16000}' }, files: {}, hosts: [] }).bootstrap as Json).prometheus_stats,
+    [{ socket_address: { protocol: 'TCP', address: '::1', port_value: 16000 } }], 'that is, the IPv6 loopback cluster it replaced');
+  assert.not.match(renderBootstrap(v6), /"port_value": 16000\b/);
+});
+
+test('ENVOY_ADMIN_MODE=uds also moves a template\'s, a custom bootstrap\'s and an override\'s admin (Istio\'s own template)', () => {
+  const istio = fs.readFileSync(path.join(__dirname, 'fixtures', 'istio', 'envoy_bootstrap.json'), 'utf8');
+  const t = loader({ env: { ENVOY_ADMIN_MODE: 'uds' }, flags: { templateFile: '/t.json' }, files: { '/t.json': istio } }).bootstrap as Json;
+  assert.equal(t.admin.address, { pipe: { path: ADMIN_SOCKET, mode: 0o600 } });
+  assert.equal(endpointsOf(t).prometheus_stats, [{ pipe: { path: ADMIN_SOCKET } }]);
+  assert.not.match(renderBootstrap(t), /"port_value": 15000\b/);
+  // A custom bootstrap on its own admin port: that port's loopback clusters follow, other ports stay.
+  const custom = {
+    admin: { address: { socket_address: { address: '0.0.0.0', port_value: 9901 } } },
+    static_resources: { clusters: [
+      { name: 'self', load_assignment: { endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: '127.0.0.1', port_value: 9901 } } } }] }] } },
+      { name: 'remote', load_assignment: { endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: '10.0.0.1', port_value: 9901 } } } }] }] } },
+    ] },
+  };
+  const c = loader({ env: { ENVOY_ADMIN_MODE: 'uds', PROXY_CONFIG: '{"customConfigFile": "/c.json"}' }, files: { '/c.json': JSON.stringify(custom) } }).bootstrap as Json;
+  assert.equal(c.admin.address, { pipe: { path: ADMIN_SOCKET, mode: 0o600 } });
+  assert.equal(endpointsOf(c), { self: [{ pipe: { path: ADMIN_SOCKET } }], remote: [{ socket_address: { address: '10.0.0.1', port_value: 9901 } }] });
+  // An override that names a TCP admin address does not bring it back.
+  const o = loader({ env: { ENVOY_ADMIN_MODE: 'uds', ISTIO_BOOTSTRAP_OVERRIDE: '/o.json' }, files: { '/o.json': '{"admin": {"address": {"socket_address": {"port_value": 16000}}}}' } }).bootstrap as Json;
+  assert.equal(o.admin.address, { pipe: { path: ADMIN_SOCKET, mode: 0o600 } });
+});
+
+test('ENVOY_ADMIN_MODE: a bad value or a socket path too long for sun_path is a config error naming the setting', () => {
+  throwsConfig(() => fixture({ env: { ENVOY_ADMIN_MODE: 'unix' } }), /^invalid ENVOY_ADMIN_MODE \(from environment variable ENVOY_ADMIN_MODE\): "unix" is not tcp or uds/);
+  throwsConfig(() => fixture({ env: { PROXY_CONFIG: '{"proxyMetadata": {"ENVOY_ADMIN_MODE": "x"}}' } }), /^invalid ENVOY_ADMIN_MODE \(from proxyMetadata\.ENVOY_ADMIN_MODE/);
+  const long = `/${'d'.repeat(100)}`;
+  throwsConfig(() => fixture({ env: { ENVOY_ADMIN_MODE: 'uds', PROXY_CONFIG: JSON.stringify({ configPath: long }) } }), /^invalid configPath \(from environment variable PROXY_CONFIG\): with ENVOY_ADMIN_MODE=uds .* longer than the 107 bytes/);
+  // With the admin on a socket, proxyAdminPort is free for another listener.
+  assert.is(fixture({ env: { ENVOY_ADMIN_MODE: 'uds', PROXY_CONFIG: '{"statusPort": 15000}' } }).cfg.envoyAdminSocket, ADMIN_SOCKET);
+});
