@@ -175,7 +175,8 @@ export class AppProbes implements Component {
     if (p.httpGet) {
       const g = p.httpGet;
       const t = probeTarget(g.host ?? this.o.destination);
-      return httpProbe({ scheme: g.scheme, ...t, port: g.port, path: g.path, headers: this.headers(req, g.port, g.httpHeaders), refusedPorts: this.refusedPorts, timeoutMs, signal });
+      const headers = this.headers(req, g.port, g.httpHeaders);
+      return httpProbe({ scheme: g.scheme, ...t, port: g.port, path: g.path, headers, refusedPorts: this.refusedPorts, timeoutMs, signal });
     }
     if (p.tcpSocket) {
       return tcpProbe({ ...probeTarget(p.tcpSocket.host ?? this.o.destination), port: p.tcpSocket.port, timeoutMs, signal });

@@ -37,7 +37,7 @@ export function yamlErrorText(message: string): string {
   const line = message.split('\n', 1)[0]!.replace(/ at line \d+, column \d+:?$/, '');
   const said = line
     .replace(/"(?:[^"\\]|\\.)*"/g, '')
-    // `: in flow map` is the parser's own wording (`Missing space after : in flow map`); any other ': ' is followed by text.
+    // Any ': ' but the parser's own `Missing space after : in flow map` is followed by the text.
     .replace(/: (?!in ).*$/, '')
     .replace(/\S{32,}/g, '...')
     .trim();

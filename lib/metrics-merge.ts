@@ -310,7 +310,10 @@ export function mergeExpositions(sources: readonly MetricsSource[], format: Metr
       fams = [];
       for (const f of all) {
         if (!owned.has(f.name) && !RESERVED_PREFIX.test(f.name)) fams.push(f);
-        else problems.push({ source: src.name, ownedFamily: f.name, problem: `${f.name} is a family of Envoy or the agent; the ${f.samples.length} sample(s) given for it left out` });
+        else {
+          const problem = `${f.name} is a family of Envoy or the agent; the ${f.samples.length} sample(s) given for it left out`;
+          problems.push({ source: src.name, ownedFamily: f.name, problem });
+        }
       }
     }
     let dupSeries = 0;

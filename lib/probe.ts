@@ -140,7 +140,8 @@ export async function httpProbe(o: HttpProbeOptions): Promise<ProbeResult> {
         const next = new URL(r.location, url);
         if (next.hostname !== first) return { status: 200, body: '' };
         if (o.refusedPorts?.has(portOf(next))) {
-          return { status: 200, body: '', warning: `redirect to port ${portOf(next)} (the agent's or Envoy's own) not followed` };
+          const warning = `redirect to port ${portOf(next)} (the agent's or Envoy's own) not followed`;
+          return { status: 200, body: '', warning };
         }
         if (redirects + 1 > MAX_REDIRECTS) return fail(`stopped after ${MAX_REDIRECTS} redirects (last to ${next.pathname})`);
         url = next;

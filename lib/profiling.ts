@@ -88,7 +88,8 @@ export class Profiling implements Component {
 
   private async snapshot(): Promise<Reply> {
     if (!this.opts.heapSnapshots) {
-      return { status: 403, body: 'heap snapshots hold every key the agent has and are off; an operator can turn them on with PILOT_AGENT_HEAP_SNAPSHOTS=true\n' };
+      const body = 'heap snapshots hold every key the agent has and are off; PILOT_AGENT_HEAP_SNAPSHOTS=true turns them on\n';
+      return { status: 403, body };
     }
     if (this.stopped) return { status: 503, body: 'the agent is shutting down\n' };
     if (this.running.has('snapshot')) return busy('heap snapshot');
@@ -132,7 +133,9 @@ export class Profiling implements Component {
         await session.post('HeapProfiler.enable');
         // allocs counts every allocation, as Go's allocs profile; heap only what is still live at the end (in use).
         const all = what === 'allocation profile';
-        await session.post('HeapProfiler.startSampling', { samplingInterval: 32 * 1024, includeObjectsCollectedByMajorGC: all, includeObjectsCollectedByMinorGC: all });
+        await session.post('HeapProfiler.startSampling', {
+          samplingInterval: 32 * 1024, includeObjectsCollectedByMajorGC: all, includeObjectsCollectedByMinorGC: all,
+        });
         await slept;
         profile = (await session.post('HeapProfiler.stopSampling')).profile;
       }

@@ -87,7 +87,9 @@ function* parseSteps(file: string, text: string, limits: ParseLimits, out: FileR
 
   function readOne(doc: YAML.Document.Parsed, docNo: number): void {
     if (doc.errors.length) {
-      for (const e of doc.errors) issues.push({ file, doc: docNo, message: `invalid YAML: ${yamlErrorText(e.message)}`, ...pos(lineCounter, e.pos[0]) });
+      for (const e of doc.errors) {
+        issues.push({ file, doc: docNo, message: `invalid YAML: ${yamlErrorText(e.message)}`, ...pos(lineCounter, e.pos[0]) });
+      }
       return;
     }
     if (doc.contents === null) return; // an empty document, e.g. after a trailing `---`
@@ -151,10 +153,13 @@ function notAConfig(js: unknown): { field?: string; message: string } | undefine
     return { message: `is not a config: must be a mapping with apiVersion and kind, not ${what}` };
   }
   const kind = (js as { kind?: unknown }).kind;
-  if (kind === undefined || kind === null) return { field: 'kind', message: `is required; without it the document is not read further (${supported})` };
+  if (kind === undefined || kind === null) {
+    return { field: 'kind', message: `is required; without it the document is not read further (${supported})` };
+  }
   if (typeof kind !== 'string') return { field: 'kind', message: `must be a kind name (${supported})` };
   if (!(KINDS as readonly string[]).includes(kind)) {
-    return { field: 'kind', message: `unknown or unsupported kind${KIND_NAME.test(kind) ? ` "${kind}"` : ''} (${supported})` };
+    const named = KIND_NAME.test(kind) ? ` "${kind}"` : '';
+    return { field: 'kind', message: `unknown or unsupported kind${named} (${supported})` };
   }
   return undefined;
 }
