@@ -55,6 +55,7 @@ function yamlError(e: unknown, text: string): Error {
     const line = before.split('\n').length;
     where = ` at line ${line}, column ${at - before.lastIndexOf('\n')}`;
   }
+  // No cause: the parser's own error is the one that quotes the text.
   const out = new Error(`${yamlErrorText(err.message)}${where}`);
   out.name = err.name!;
   Object.assign(out, { code: err.code });
