@@ -251,8 +251,11 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     });
     const optional: Array<Component | undefined> = [
       status,
-      appProbers.size ? new appProbe.AppProbes({ probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort }) : undefined,
-      argv.profiling === false ? undefined : new Profiling(),
+      appProbers.size ? new appProbe.AppProbes({
+        probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort,
+        ownPorts: [cfg.proxy.proxyAdminPort, cfg.envoyStatusPort, cfg.envoyPrometheusPort],
+      }) : undefined,
+      argv.profiling === false ? undefined : new Profiling({ heapSnapshots: envs.PILOT_AGENT_HEAP_SNAPSHOTS.get(env) }),
       discovery, identity?.cache, identity?.sds, xds, dns, envoy, healthChecker,
       new ConfigReloader({ flags, env, resolved, onChange: (r, generation) => envoy.setDesired(r, generation) }),
     ];

@@ -5,7 +5,8 @@
 //   from that address is not captured);
 // - HTTP: the incoming request's headers are passed on (with the probe's httpHeaders), its Host keeps its name with
 //   the app's port, HTTPS is not verified, kubelet's redirect rules apply, at most 10 KB of the body is read;
-//   a 3xx answers 200, anything else the app's own code; failures answer 500;
+//   a 3xx answers 200, anything else the app's own code; failures answer 500; a redirect to a port of the agent or
+//   Envoy is never followed (the answer goes to the status port's caller, who may be remote);
 // - TCP: a connect; gRPC: grpc.health.v1.Health/Check, SERVING -> 200, else 500.
 // Each probe gets its timeoutSeconds (1 s when unset, kubelet's default).
 
@@ -117,15 +118,25 @@ export interface AppProbesOptions {
   destination: string;
   /** The status port, replaced by the app's port in a forwarded Host header. */
   statusPort: number;
+  /** The agent's and Envoy's other ports (admin, readiness, Prometheus): app redirects to them are not followed. */
+  ownPorts?: readonly number[];
 }
+
+// Istio's fixed sidecar ports (admin, capture, tunnel, status, readiness, DNS, Prometheus...), refused as redirect
+// targets beside the configured ones: a redirect answered by the agent or Envoy would reach a remote caller.
+const ISTIO_PORTS = [15000, 15001, 15004, 15006, 15008, 15009, 15010, 15012, 15014, 15017, 15020, 15021, 15053, 15090];
 
 export class AppProbes implements Component {
   readonly name = 'app probes';
   private readonly sig = closedSignal();
   readonly closed = this.sig.closed;
   private readonly stop = new AbortController();
+  private readonly refusedPorts: ReadonlySet<number>;
+  private readonly warned = new Set<string>();
 
-  constructor(private readonly o: AppProbesOptions) {}
+  constructor(private readonly o: AppProbesOptions) {
+    this.refusedPorts = new Set([...ISTIO_PORTS, o.statusPort, ...(o.ownPorts ?? [])]);
+  }
 
   async start(): Promise<void> {
     if (this.o.probers.size) log.info(`app probes: ${[...this.o.probers.keys()].join(', ')} -> ${this.o.destination}`);
@@ -151,6 +162,10 @@ export class AppProbes implements Component {
     if (!p) return { status: 400, body: `app prober config does not exists for ${path}` };
     const r = await this.run(p, req);
     if (r.reason) log.warn(`app probe ${path} failed: ${r.reason}`);
+    else if (r.warning && !this.warned.has(path)) {
+      this.warned.add(path);
+      log.warn(`app probe ${path}: ${r.warning}`);
+    }
     return { status: r.status, body: r.body };
   }
 
@@ -160,7 +175,8 @@ export class AppProbes implements Component {
     if (p.httpGet) {
       const g = p.httpGet;
       const t = probeTarget(g.host ?? this.o.destination);
-      return httpProbe({ scheme: g.scheme, ...t, port: g.port, path: g.path, headers: this.headers(req, g.port, g.httpHeaders), timeoutMs, signal });
+      const headers = this.headers(req, g.port, g.httpHeaders);
+      return httpProbe({ scheme: g.scheme, ...t, port: g.port, path: g.path, headers, refusedPorts: this.refusedPorts, timeoutMs, signal });
     }
     if (p.tcpSocket) {
       return tcpProbe({ ...probeTarget(p.tcpSocket.host ?? this.o.destination), port: p.tcpSocket.port, timeoutMs, signal });

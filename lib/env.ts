@@ -200,6 +200,7 @@ export const DISCOVERY_MAX_DOCUMENTS = positiveInt('DISCOVERY_MAX_DOCUMENTS', 10
 // ---- start-up and memory (issue 16) ----
 export const ENVOY_VALIDATE_FIRST_BOOTSTRAP = bool('ENVOY_VALIDATE_FIRST_BOOTSTRAP', false, 'Run envoy --mode validate on the first bootstrap before Envoy is spawned (costs a whole Envoy start-up; by default a rejected first bootstrap is diagnosed after Envoy fails)');
 export const PILOT_AGENT_CPU_PROFILE = str('PILOT_AGENT_CPU_PROFILE', '', 'Diagnostics: write a CPU profile (.cpuprofile) of the agent from start to exit to this file');
+export const PILOT_AGENT_HEAP_SNAPSHOTS = bool('PILOT_AGENT_HEAP_SNAPSHOTS', false, 'Serve full V8 heap snapshots on the status port (/debug/pprof/heapsnapshot) to loopback peers; they hold every private key the agent has');
 export const PILOT_AGENT_V8_FLAGS = str('PILOT_AGENT_V8_FLAGS', '--semi-space-growth-factor=1', 'V8 flags the agent sets on itself at start (run-time settable ones only; empty: none). The default keeps the young generation at 2-4 MiB instead of up to 32');
 
 // ---- capture-mode sidecars in standalone mode (issue 11 part 4) ----

@@ -2,7 +2,8 @@
 // what the injector and Istio's templates produce, is read by JSON.parse; only other text loads the YAML parser,
 // whose module set-up is a large share of the agent's start-up before Envoy's spawn. YAML also reports the errors,
 // with their line and column, so invalid JSON is explained the same way as before, and so is a key given twice
-// (JSON.parse would keep the last one silently).
+// (JSON.parse would keep the last one silently). Its errors never quote the text: a file may be a key symlinked in
+// by mistake (or by someone who cannot read it), and the error goes to a log others read.
 
 import type * as Yaml from 'yaml';
 
@@ -19,7 +20,46 @@ export function parseJsonOrYaml(text: string): unknown {
   }
   // eslint-disable-next-line @typescript-eslint/no-require-imports
   const YAML = require('yaml') as typeof Yaml;
-  return YAML.parse(text, { uniqueKeys: true });
+  try {
+    // Not prettyErrors: those append the offending lines of the text to the message. No warnings on stderr either
+    // (an unresolved tag is quoted there).
+    return YAML.parse(text, { uniqueKeys: true, prettyErrors: false, logLevel: 'error' });
+  } catch (e) {
+    throw yamlError(e, text);
+  }
+}
+
+/**
+ * What a YAML parser message says, without the text it quotes: some end in the offending source (`Block scalar
+ * header includes extra characters: <text>`, `Unresolved tag: <tag>`), the lexer's quote it in JSON.
+ */
+export function yamlErrorText(message: string): string {
+  const line = message.split('\n', 1)[0]!.replace(/ at line \d+, column \d+:?$/, '');
+  const said = line
+    .replace(/"(?:[^"\\]|\\.)*"/g, '')
+    // Any ': ' but the parser's own `Missing space after : in flow map` is followed by the text.
+    .replace(/: (?!in ).*$/, '')
+    .replace(/\S{32,}/g, '...')
+    .trim();
+  return said.length > 200 ? `${said.slice(0, 200)}...` : said || 'invalid YAML';
+}
+
+function yamlError(e: unknown, text: string): Error {
+  // Every error of the parser, not only YAMLParseError: resolving an alias throws a ReferenceError naming it.
+  const err = e as { name?: string; message?: string; code?: string; pos?: [number, number] };
+  if (typeof err?.message !== 'string') return e as Error;
+  let where = '';
+  const at = err.pos?.[0];
+  if (typeof at === 'number' && at >= 0) {
+    const before = text.slice(0, at);
+    const line = before.split('\n').length;
+    where = ` at line ${line}, column ${at - before.lastIndexOf('\n')}`;
+  }
+  // No cause: the parser's own error is the one that quotes the text.
+  const out = new Error(`${yamlErrorText(err.message)}${where}`);
+  out.name = err.name!;
+  Object.assign(out, { code: err.code });
+  return out;
 }
 
 /** Does an object in this text (valid JSON) name a key twice? One pass over the text. */

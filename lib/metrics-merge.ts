@@ -10,6 +10,10 @@
 // OpenMetrics exposition exactly once. A source with a line that is not Prometheus text is left out whole, and
 // a family that clashes with an earlier one (another type, or a sample name already taken) is left out of the
 // later source: each such problem is returned, so the caller can log and count it.
+//
+// The app must not speak for Envoy or the agent: a family a trusted source gives (or any envoy_* / istio_agent_*
+// family) takes no samples from an untrusted source, whatever their labels or spelling; those are left out and
+// reported. Series are compared parsed (name and sorted, unescaped labels), so `x{} 1` and `x 0` are one series.
 
 export type MetricsFormat = 'text' | 'openmetrics';
 
@@ -24,12 +28,19 @@ export interface MetricsSource {
   text: string;
   /** How the source is written; detected from a `# EOF` line when not given. */
   format?: MetricsFormat;
+  /** The app's exposition: it cannot add to a trusted source's family, nor to an envoy_* or istio_agent_* one. */
+  untrusted?: boolean;
 }
 
 export interface MergeProblem {
   source: string;
   problem: string;
+  /** Set when an untrusted source gave samples of a family it does not own (they were left out). */
+  ownedFamily?: string;
 }
+
+// Envoy's and the agent's names: reserved even when their own scrape failed and cannot claim them by example.
+const RESERVED_PREFIX = /^(envoy_|istio_agent_)/;
 
 export interface MergeResult {
   body: string;
@@ -259,7 +270,19 @@ function sampleLine(name: string, s: Sample, format: MetricsFormat): string {
   return line;
 }
 
-const seriesKey = (s: Sample): string => (s.raw !== undefined ? s.raw.slice(0, s.raw.lastIndexOf(' ')) : s.name + s.labels);
+const LABEL = /([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"/g;
+
+/** A series as parsed: its name and its labels, sorted and unescaped (`x{}`, `x` and `x{b="",a="1"}` spellings). */
+function seriesKey(s: Sample): string {
+  const block = s.raw !== undefined ? s.raw.slice(s.name.length, s.raw.lastIndexOf(' ')) : s.labels;
+  const pairs: string[] = [];
+  for (const m of block.matchAll(LABEL)) {
+    const v = m[2]!.replace(/\\(.)/g, (_x, c: string) => (c === 'n' ? '\n' : c));
+    // An empty label is no label, as Prometheus reads it.
+    if (v !== '') pairs.push(`${m[1]}\u0000${v}`);
+  }
+  return `${s.name}\u0001${pairs.sort().join('\u0001')}`;
+}
 
 export function detectFormat(text: string): MetricsFormat {
   return /(^|\n)# EOF\s*$/.test(text) ? 'openmetrics' : 'text';
@@ -270,13 +293,28 @@ export function mergeExpositions(sources: readonly MetricsSource[], format: Metr
   const problems: MergeProblem[] = [];
   const merged = new Map<string, Family>();
   const sampleOwner = new Map<string, Family>(); // written sample name -> the family writing it
+  const parsed: Array<{ src: MetricsSource; fams: Family[] }> = [];
   for (const src of sources) {
-    let fams: Family[];
     try {
-      fams = parseSource(src.text, src.format ?? detectFormat(src.text));
+      parsed.push({ src, fams: parseSource(src.text, src.format ?? detectFormat(src.text)) });
     } catch (e) {
       problems.push({ source: src.name, problem: `not a Prometheus exposition, left out: ${(e as Error).message}` });
-      continue;
+    }
+  }
+  // Families the trusted sources give, whichever order the sources come in.
+  const owned = new Set<string>();
+  for (const { src, fams } of parsed) if (!src.untrusted) for (const f of fams) owned.add(f.name);
+  for (const { src, fams: all } of parsed) {
+    let fams = all;
+    if (src.untrusted) {
+      fams = [];
+      for (const f of all) {
+        if (!owned.has(f.name) && !RESERVED_PREFIX.test(f.name)) fams.push(f);
+        else {
+          const problem = `${f.name} is a family of Envoy or the agent; the ${f.samples.length} sample(s) given for it left out`;
+          problems.push({ source: src.name, ownedFamily: f.name, problem });
+        }
+      }
     }
     let dupSeries = 0;
     for (const f of fams) {
@@ -312,7 +350,7 @@ export function mergeExpositions(sources: readonly MetricsSource[], format: Metr
       } else if (!target.samples.length) {
         for (const s of f.samples) target.samples.push(s);
       } else {
-        // Series are compared as written (name and label block); a source repeating its own is not checked.
+        // Series are compared parsed (name and labels); a source repeating its own is not checked.
         const seen = new Set(target.samples.map(seriesKey));
         for (const s of f.samples) {
           if (seen.has(seriesKey(s))) dupSeries++;

@@ -91,14 +91,17 @@ export type MergedScrape = (accept: string | undefined) => Promise<{ body: strin
 export function mergedScrape(registry: Registry, sources: readonly MetricsSource[]): MergedScrape {
   const failures = new Counter({ name: 'istio_agent_scrape_failures_total', help: 'Metrics sources that could not be scraped or merged', labelNames: ['type'], registers: [registry] });
   const scrapes = new Counter({ name: 'istio_agent_scrapes_total', help: 'Scrapes of the merged metrics endpoint', registers: [registry] });
+  // The app's families that were Envoy's or the agent's, to warn once each; cleared if it ever grows large.
+  const spoofWarned = new Set<string>();
   return async (accept) => {
     scrapes.inc();
     const format = negotiateFormat(accept);
     const results = await Promise.all(sources.map((s) => s.scrape(accept).catch((err: Error) => ({ ok: false as const, reason: err.message }))));
-    const texts: Array<{ name: string; text: string; format?: MetricsFormat }> = [];
+    const texts: Array<{ name: string; text: string; format?: MetricsFormat; untrusted: boolean }> = [];
     results.forEach((r, i) => {
       const src = sources[i]!;
-      if (r.ok) texts.push({ name: src.name, text: r.text, format: r.format });
+      // The app cannot add to Envoy's or the agent's families (a spoofed envoy_server_live, say).
+      if (r.ok) texts.push({ name: src.name, text: r.text, format: r.format, untrusted: src.type === 'application' });
       else {
         failures.inc({ type: src.type });
         log.debug(`metrics from ${src.name} left out: ${r.reason}`);
@@ -109,7 +112,10 @@ export function mergedScrape(registry: Registry, sources: readonly MetricsSource
     for (const p of merged.problems) {
       const src = sources.find((s) => s.name === p.source);
       if (src) failures.inc({ type: src.type });
-      log.debug(`metrics from ${p.source}: ${p.problem}`);
+      const once = p.ownedFamily !== undefined && !spoofWarned.has(`${p.source} ${p.ownedFamily}`);
+      if (once && spoofWarned.add(`${p.source} ${p.ownedFamily}`).size > 1000) spoofWarned.clear();
+      if (once) log.warn(`metrics from ${p.source}: ${p.problem} (logged once per family)`);
+      else log.debug(`metrics from ${p.source}: ${p.problem}`);
     }
     return { body: merged.body, contentType: merged.contentType };
   };

@@ -16,6 +16,8 @@ export interface ProbeResult {
   body: string;
   /** Why a probe failed (for logs and the health event); absent on success. */
   reason?: string;
+  /** Something worth a warning on a success (a redirect that was not followed). */
+  warning?: string;
 }
 
 export interface HttpProbeOptions {
@@ -28,6 +30,11 @@ export interface HttpProbeOptions {
   timeoutMs: number;
   /** Source address of the connection (Istio's 127.0.0.6, so captured ports let the probe through). */
   localAddress?: string;
+  /**
+   * Ports a redirect is never followed to (the agent's and Envoy's own): the probe's answer goes back to whoever
+   * called the status port, so following one would hand a remote caller the agent's loopback-only pages.
+   */
+  refusedPorts?: ReadonlySet<number>;
   signal?: AbortSignal;
 }
 
@@ -115,7 +122,12 @@ function getOnce(url: URL, o: HttpProbeOptions, signal: AbortSignal): Promise<On
   });
 }
 
-/** GET with kubelet's redirect rules: same-host redirects followed (at most 10), an off-host one is a success. */
+const portOf = (u: URL): number => Number(u.port || (u.protocol === 'https:' ? 443 : 80));
+
+/**
+ * GET with kubelet's redirect rules: same-host redirects followed (at most 10), an off-host one is a success. A
+ * redirect to a refused port is not followed either, and counts as kubelet counts a redirect it does not follow.
+ */
 export async function httpProbe(o: HttpProbeOptions): Promise<ProbeResult> {
   const d = deadline(o.timeoutMs, o.signal);
   const host = net.isIPv6(o.host) ? `[${o.host}]` : o.host;
@@ -127,6 +139,10 @@ export async function httpProbe(o: HttpProbeOptions): Promise<ProbeResult> {
       if (FOLLOWED.has(r.status) && r.location) {
         const next = new URL(r.location, url);
         if (next.hostname !== first) return { status: 200, body: '' };
+        if (o.refusedPorts?.has(portOf(next))) {
+          const warning = `redirect to port ${portOf(next)} (the agent's or Envoy's own) not followed`;
+          return { status: 200, body: '', warning };
+        }
         if (redirects + 1 > MAX_REDIRECTS) return fail(`stopped after ${MAX_REDIRECTS} redirects (last to ${next.pathname})`);
         url = next;
         continue;

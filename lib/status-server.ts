@@ -2,7 +2,8 @@
 // It knows nothing about the components behind them: readiness is a function (the composition of every
 // component's condition), metrics are the agent's registry plus other sources (Envoy's text), and routes come
 // from each component. Endpoints that change the agent's lifecycle (/quitquitquit, /drain) and every /debug/
-// page answer only loopback peers (debug pages can be opened with STATUS_SERVER_REMOTE_DEBUG).
+// page answer only loopback peers (debug pages can be opened with STATUS_SERVER_REMOTE_DEBUG), and 127.0.0.6,
+// where probes and Envoy's inbound passthrough come from, is not one.
 
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -33,9 +34,14 @@ interface Route {
   localOnly: boolean;
 }
 
+/**
+ * A loopback peer, not counting 127.0.0.6 and ::6: the agent's app probes and Envoy's inbound passthrough connect
+ * from there on behalf of other callers (kubelet, a remote client), so it never counts as a local admin.
+ */
 export function isLoopback(addr: string | undefined): boolean {
   if (!addr) return false;
   const a = addr.startsWith('::ffff:') ? addr.slice(7) : addr;
+  if (a === '127.0.0.6' || a === '::6') return false;
   return a === '::1' || a.startsWith('127.');
 }
 

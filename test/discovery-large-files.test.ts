@@ -94,7 +94,8 @@ test('a 3 MB junk scalar gives a short message, not a 3 MB one', () =>
     await s.reload();
     const issues = s.status().issues;
     assert.is(issues.length, 1);
-    assert.match(issues[0]!, /junk\.yaml:1:1: document 1: must be a mapping, not string "j{200}"\.\.\. \(3000000 characters\)/);
+    // Not a word of it: a file in the directory may be a key (issue 20 item 9).
+    assert.match(issues[0]!, /junk\.yaml:1:1: document 1: is not a config: must be a mapping with apiVersion and kind, not a string \(3000000 characters\)/);
     assert.ok(lines.every((l) => l.length < 1000), `longest log line: ${Math.max(0, ...lines.map((l) => l.length))}`);
     fs.writeFileSync(path.join(dir, 'junk.yaml'), `kind: ServiceEntry\napiVersion: networking.istio.io/v1\nmetadata: {name: ${'n'.repeat(2_000_000)}}\nspec: {}\n`);
     await s.reload();

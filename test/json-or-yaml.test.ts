@@ -24,4 +24,16 @@ test('invalid text is explained by the YAML parser', () => {
   assert.throws(() => parseJsonOrYaml('{"a": [1}'), (e: Error) => e.name.startsWith('YAML'));
 });
 
+test('YAML errors say what and where, never the text (a key may have been given as the file)', () => {
+  const cases: Array<[string, RegExp]> = [
+    ['token: *s3cr3t-alias-value\n', /^Unresolved alias \(the anchor must be set before the alias\)$/],
+    ['key: |s3cr3t-header-value\n  x\n', /^Block scalar header includes extra characters at line 1, column 7$/],
+    ['a: "s3cr3t \\q"\n', /^Invalid escape sequence \\q at line 1, column 12$/],
+    ['a: b\n  c: "s3cr3t-value\n', /at line 1, column 4$/],
+  ];
+  for (const [text, want] of cases) {
+    assert.throws(() => parseJsonOrYaml(text), (e: Error) => want.test(e.message) && !/s3cr3t/.test(e.message), text);
+  }
+});
+
 test.run();

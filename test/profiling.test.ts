@@ -1,5 +1,6 @@
-// /debug/pprof on a real StatusServer: a heap snapshot, a CPU profile and an allocation profile of the running
-// process in V8's formats, one profile at a time, bad parameters refused, loopback peers only.
+// /debug/pprof on a real StatusServer: a sampling heap profile, a CPU profile and an allocation profile of the
+// running process in V8's formats, one profile at a time per profiler, heap snapshots only when turned on, bad
+// parameters refused, loopback peers only.
 
 import * as http from 'node:http';
 import * as os from 'node:os';
@@ -13,9 +14,14 @@ import { httpRequest } from './helpers/harness';
 let status: StatusServer;
 let prof: Profiling;
 let base: string;
+let withSnapshots: { prof: Profiling; status: StatusServer; base: string };
 
 test.before(async () => {
   configureLogging({ write: () => {} });
+  const p = new Profiling({ heapSnapshots: true });
+  const s = new StatusServer({ port: 0, host: '127.0.0.1' }).addRoutes(p.routes());
+  await s.start();
+  withSnapshots = { prof: p, status: s, base: `http://127.0.0.1:${s.port}` };
   prof = new Profiling();
   // All interfaces, so a peer on a non-loopback address can be shown the door.
   status = new StatusServer({ port: 0, host: '0.0.0.0' });
@@ -26,6 +32,8 @@ test.before(async () => {
 });
 
 test.after(async () => {
+  await withSnapshots.prof.close();
+  await withSnapshots.status.close();
   await prof.close();
   await status.close();
   resetLogging();
@@ -41,8 +49,28 @@ function getBuffer(url: string): Promise<{ status: number; body: Buffer }> {
   });
 }
 
-test('heap: a V8 heap snapshot of the agent', async () => {
-  const r = await getBuffer(`${base}/debug/pprof/heap`);
+test('heap: live allocations sampled over the window, no memory contents', async () => {
+  const marker = `held-by-the-test-${Date.now()}`;
+  const pending = getBuffer(`${base}/debug/pprof/heap?seconds=1`);
+  const held: Array<{ marker: string; i: number }> = [];
+  const t0 = Date.now();
+  while (Date.now() - t0 < 500) {
+    for (let i = 0; i < 10_000; i++) held.push({ marker: marker + i, i });
+    await new Promise((r) => setImmediate(r));
+  }
+  const r = await pending;
+  assert.is(r.status, 200);
+  assert.ok(held.length);
+  const p = JSON.parse(r.body.toString('utf8')) as { head: { children: unknown[] }; samples: unknown[] };
+  assert.ok(p.head.children.length > 0 && p.samples.length > 0, `${p.samples.length} samples`);
+  assert.not.ok(r.body.includes(marker), 'a string of the process is in the profile');
+});
+
+test('heapsnapshot: refused unless turned on', async () => {
+  const off = await getBuffer(`${base}/debug/pprof/heapsnapshot`);
+  assert.is(off.status, 403);
+  assert.match(off.body.toString(), /PILOT_AGENT_HEAP_SNAPSHOTS=true/);
+  const r = await getBuffer(`${withSnapshots.base}/debug/pprof/heapsnapshot`);
   assert.is(r.status, 200);
   const snap = JSON.parse(r.body.toString('utf8')) as { snapshot: { node_count: number }; nodes: number[]; strings: string[] };
   assert.ok(snap.snapshot.node_count > 1000);
@@ -52,9 +80,11 @@ test('heap: a V8 heap snapshot of the agent', async () => {
 test('profile: a CPU profile over the asked seconds; a second one meanwhile is refused', async () => {
   const pending = httpRequest(`${base}/debug/pprof/profile?seconds=1`, { timeoutMs: 20_000 });
   await new Promise((r) => setTimeout(r, 200));
-  const busy = await httpRequest(`${base}/debug/pprof/allocs?seconds=1`);
-  assert.is(busy.status, 409);
+  const busy = await httpRequest(`${base}/debug/pprof/profile?seconds=1`);
+  assert.is(busy.status, 429);
   assert.match(busy.body, /CPU profile is already running/);
+  // Another profiler is free meanwhile.
+  assert.is((await httpRequest(`${base}/debug/pprof/heap?seconds=0.1`)).status, 200);
   const r = await pending;
   assert.is(r.status, 200);
   const p = JSON.parse(r.body) as { nodes: Array<{ callFrame: { functionName: string } }>; startTime: number; endTime: number; samples: number[] };

@@ -1,9 +1,13 @@
 // One config file (multi-document YAML, or JSON) -> validated configs, or issues that name the file, the document,
 // the field and its line. A file is all-or-nothing: one bad document rejects the whole file.
+// Issues go to the log, and a file in the directory may be anything (a key or /etc/shadow symlinked in): a
+// document that does not name a supported kind is reported as not a config, without a word of its text, and
+// parser messages lose the text they quote. Only a document that is a config gets its values quoted.
 
 import * as YAML from 'yaml';
+import { yamlErrorText } from '../json-or-yaml';
 import { readDocument } from './kinds';
-import type { Config } from './model';
+import { type Config, KINDS } from './model';
 import { formatPath, type Path } from './schema';
 
 export interface ConfigIssue {
@@ -83,7 +87,9 @@ function* parseSteps(file: string, text: string, limits: ParseLimits, out: FileR
 
   function readOne(doc: YAML.Document.Parsed, docNo: number): void {
     if (doc.errors.length) {
-      for (const e of doc.errors) issues.push({ file, doc: docNo, message: `invalid YAML: ${firstLine(e.message)}`, ...pos(lineCounter, e.pos[0]) });
+      for (const e of doc.errors) {
+        issues.push({ file, doc: docNo, message: `invalid YAML: ${yamlErrorText(e.message)}`, ...pos(lineCounter, e.pos[0]) });
+      }
       return;
     }
     if (doc.contents === null) return; // an empty document, e.g. after a trailing `---`
@@ -91,10 +97,15 @@ function* parseSteps(file: string, text: string, limits: ParseLimits, out: FileR
     try {
       js = doc.toJS({ maxAliasCount: 100 });
     } catch (e) {
-      issues.push({ file, doc: docNo, message: `invalid YAML: ${firstLine((e as Error).message)}` });
+      issues.push({ file, doc: docNo, message: `invalid YAML: ${yamlErrorText((e as Error).message)}` });
       return;
     }
     if (js === null || js === undefined) return; // `---` followed by nothing, or only comments
+    const notConfig = notAConfig(js);
+    if (notConfig) {
+      issues.push({ file, doc: docNo, ...notConfig, ...pos(lineCounter, rangeStart(doc.contents)) });
+      return;
+    }
     const { config, problems } = readDocument(js);
     const subject = subjectOf(js);
     for (const p of problems) {
@@ -129,10 +140,28 @@ function lazyLocator(text: string): (docNo: number, path: Path) => { line?: numb
   };
 }
 
-/** The first line of a parser message, cut short: a message may quote the offending text. */
-function firstLine(s: string): string {
-  const line = s.split('\n', 1)[0]!;
-  return line.length > 300 ? `${line.slice(0, 300)}...` : line;
+const KIND_NAME = /^[A-Z][A-Za-z0-9]{0,62}$/;
+
+/**
+ * Why a document is not a config, in words that quote nothing of it (its kind only when that is a plain kind
+ * name); undefined for a mapping that names a supported kind, whose problems the kind's reader reports.
+ */
+function notAConfig(js: unknown): { field?: string; message: string } | undefined {
+  const supported = `supported: ${KINDS.join(', ')}`;
+  if (typeof js !== 'object' || js === null || Array.isArray(js)) {
+    const what = Array.isArray(js) ? 'a list' : typeof js === 'string' ? `a string (${js.length} characters)` : `a ${typeof js}`;
+    return { message: `is not a config: must be a mapping with apiVersion and kind, not ${what}` };
+  }
+  const kind = (js as { kind?: unknown }).kind;
+  if (kind === undefined || kind === null) {
+    return { field: 'kind', message: `is required; without it the document is not read further (${supported})` };
+  }
+  if (typeof kind !== 'string') return { field: 'kind', message: `must be a kind name (${supported})` };
+  if (!(KINDS as readonly string[]).includes(kind)) {
+    const named = KIND_NAME.test(kind) ? ` "${kind}"` : '';
+    return { field: 'kind', message: `unknown or unsupported kind${named} (${supported})` };
+  }
+  return undefined;
 }
 
 const short = (s: string) => (s.length > 100 ? `${s.slice(0, 100)}...` : s);
