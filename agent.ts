@@ -233,7 +233,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const identity = await workloadIdentity(cfg, agentEnv, cfg.standaloneDir ? discoverySock : undefined, { sdsServedElsewhere, sdsUnavailable });
     const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
     const { readFileOrUndefined } = await import('./lib/resolve');
-    const dns = cfg.dnsEnabled ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, { readFile: readFileOrUndefined, uid: process.getuid?.() ?? -1 }))) : undefined;
+    const { canBindPort } = await import('./lib/capabilities');
+    const dns = cfg.dnsEnabled ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, { readFile: readFileOrUndefined, canBind53: canBindPort(53) }))) : undefined;
     const registry = newRegistry();
     const status = new StatusServer({
       port: cfg.proxy.statusPort,

@@ -1,7 +1,7 @@
 // The agent's DNS proxy (Istio's pkg/dns/client), on DNS_PROXY_ADDR over UDP and TCP. A and AAAA questions for
 // names in the NDS name table are answered here (authoritative, TTL 30, addresses shuffled); everything else is
 // forwarded as is to the resolv.conf servers (./dns-upstream.ts), over the protocol the client used. Before the first name table
-// every question gets SERVFAIL, unless the proxy serves port 53 as root (then it forwards), as Istio does.
+// every question gets SERVFAIL, unless the proxy serves port 53 (then it forwards), as Istio does.
 //
 // Wire format: `dns-packet`; the header checks before it are Istio's (miekg/dns's accept rules): responses are
 // dropped, opcodes other than QUERY and NOTIFY get NOTIMP, anything but one question (or undecodable) gets FORMERR, and a
@@ -48,18 +48,19 @@ export interface DnsServerOptions {
 }
 
 /**
- * Istio's rules for the listen address and the resolv.conf to read: port 53 needs root (otherwise the default
- * address is used, with an error log); as root on 53, /var/lib/istio/resolv.conf is preferred when it exists
- * (the host's own resolv.conf then points at the proxy) and questions are forwarded before the first table.
+ * Istio's rules for the listen address and the resolv.conf to read: port 53 needs the right to bind it (Istio
+ * asks for uid 0; here CAP_NET_BIND_SERVICE, which a systemd unit can give a non-root user and root may lack;
+ * otherwise the default address is used, with an error log); on 53, /var/lib/istio/resolv.conf is preferred when
+ * it exists (the host's own resolv.conf then points at the proxy) and questions are forwarded before the first table.
  */
-export function dnsListenPlan(address: string, uid: number, altResolvConfExists: boolean): { address: string; resolvConf: string; forwardBeforeTable: boolean } {
+export function dnsListenPlan(address: string, canBind53: boolean, altResolvConfExists: boolean): { address: string; resolvConf: string; forwardBeforeTable: boolean } {
   const plan = { address: address || 'localhost:15053', resolvConf: '/etc/resolv.conf', forwardBeforeTable: false };
   if (plan.address.endsWith(':53')) {
-    if (uid === 0) {
+    if (canBind53) {
       plan.forwardBeforeTable = true;
       if (altResolvConfExists) plan.resolvConf = '/var/lib/istio/resolv.conf';
     } else {
-      log.error(`DNS address ${plan.address} needs root; listening on localhost:15053 instead`);
+      log.error(`DNS address ${plan.address} needs CAP_NET_BIND_SERVICE (or root); listening on localhost:15053 instead`);
       plan.address = 'localhost:15053';
     }
   }
@@ -73,9 +74,9 @@ export function dnsListenPlan(address: string, uid: number, altResolvConfExists:
 export function dnsOptionsFor(
   cfg: Pick<AgentConfig, 'dnsProxyAddr' | 'podNamespace' | 'domain'>,
   env: Env,
-  io: { readFile(path: string): string | undefined; uid: number },
+  io: { readFile(path: string): string | undefined; canBind53: boolean },
 ): DnsServerOptions {
-  const plan = dnsListenPlan(cfg.dnsProxyAddr, io.uid, io.uid === 0 && io.readFile('/var/lib/istio/resolv.conf') !== undefined);
+  const plan = dnsListenPlan(cfg.dnsProxyAddr, io.canBind53, io.canBind53 && io.readFile('/var/lib/istio/resolv.conf') !== undefined);
   const text = io.readFile(plan.resolvConf);
   if (text === undefined) log.warn(`${plan.resolvConf} does not exist: DNS questions not in the name table get SERVFAIL`);
   const rc = parseResolvConf(text ?? '');

@@ -59,7 +59,10 @@ function resolvConfServers(path: string): { v4: string[]; v6: string[] } {
     throw new AgentError('IO', `failed to load ${path}: ${errorMessage(e)}`);
   }
   const servers = text.split('\n').map((l) => l.trim().split(/\s+/)).filter((w) => w[0] === 'nameserver' && w[1]).map((w) => w[1]!);
-  return { v4: servers.filter((s) => net.isIPv4(s)), v6: servers.filter((s) => net.isIPv6(s)) };
+  // A scoped address (fe80::1%eth0) cannot be an iptables -d: leave it out rather than fail the whole restore.
+  for (const s of servers.filter((a) => a.includes('%'))) log.warn(`${path}: nameserver ${s} has a zone; its DNS is not captured`);
+  const plain = servers.filter((a) => !a.includes('%'));
+  return { v4: plain.filter((s) => net.isIPv4(s)), v6: plain.filter((s) => net.isIPv6(s)) };
 }
 
 /** Fills what Istio reads from the machine: the proxy uid, IPv6 or not, resolv.conf's servers. */

@@ -81,18 +81,27 @@ export function parseBool(v: string): boolean | undefined {
 }
 
 function checkValue(def: FlagDef, value: string, from: string): void {
-  if (def.kind === 'bool' && parseBool(value) === undefined) throw syntaxError(`invalid ${from}: "${value}" is not a boolean`);
-  if (def.kind === 'uint16' && !(/^\d+$/.test(value) && Number(value) <= 65535)) throw syntaxError(`invalid ${from}: "${value}" is not a port`);
-  if (def.kind === 'duration' && !/^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^0$/.test(value)) throw syntaxError(`invalid ${from}: "${value}" is not a duration`);
+  const v = JSON.stringify(value);
+  if (def.kind === 'bool' && parseBool(value) === undefined) throw syntaxError(`invalid ${from}: ${v} is not a boolean`);
+  if (def.kind === 'uint16' && !(/^\d+$/.test(value) && Number(value) <= 65535)) throw syntaxError(`invalid ${from}: ${v} is not a port`);
+  if (def.kind === 'duration' && !/^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^0$/.test(value)) throw syntaxError(`invalid ${from}: ${v} is not a duration`);
+}
+
+export interface ParsedFlags {
+  /** Every flag's value by its long name (its default when neither the command line nor a variable set it). */
+  values: Map<string, string>;
+  /** Where a value came from, for error messages: the variable's name when a variable set it. */
+  from: Map<string, string>;
 }
 
 /** pflag's syntax: --name=v, --name v, -x v, -xv, -x=v, grouped boolean shorthands; `--` ends the flags. */
-export function parseIptablesFlags(args: readonly string[], env: Env): Map<string, string> {
+export function parseIptablesFlags(args: readonly string[], env: Env): ParsedFlags {
   const byName = new Map(FLAGS.map((f) => [f.name, f]));
   const byShort = new Map(FLAGS.filter((f) => f.short).map((f) => [f.short!, f]));
   const values = new Map<string, string>();
-  const set = (def: FlagDef, value: string, from: string) => {
-    checkValue(def, value, from);
+  const from = new Map<string, string>();
+  const set = (def: FlagDef, value: string, flag: string) => {
+    checkValue(def, value, flag);
     values.set(def.name, def.kind === 'array' && values.has(def.name) ? `${values.get(def.name)},${value}` : value);
   };
   for (let i = 0; i < args.length; i++) {
@@ -144,6 +153,7 @@ export function parseIptablesFlags(args: readonly string[], env: Env): Map<strin
       try {
         checkValue(def, v, name);
         values.set(def.name, v);
+        from.set(def.name, name);
         break;
       } catch (e) {
         log.warn(`ignoring ${name}: ${errorMessage(e)}`);
@@ -151,7 +161,7 @@ export function parseIptablesFlags(args: readonly string[], env: Env): Map<strin
     }
   }
   for (const def of FLAGS) if (!values.has(def.name)) values.set(def.name, def.def);
-  return values;
+  return { values, from };
 }
 
 export interface IptablesCommand {
@@ -173,49 +183,105 @@ export interface IptablesCommand {
   help: boolean;
 }
 
+// ---- what may reach the iptables-restore text ----
+// Every value below becomes words of an iptables-restore line. One that held a newline, a blank or a quote would
+// add rules or options of its own choosing (seen: `-c $'x\n-I OUTPUT 1 -m owner --uid-owner 1000 -j RETURN'`
+// let uid 1000 escape capture), so each is checked against what it can legitimately be before anything runs.
+
+const q = (v: string) => JSON.stringify(v);
 const PORT = /^\d{1,5}(:\d{1,5})?$/;
-function checkPorts(list: string, flag: string, wildcard = false): void {
+const U32 = 0xffffffff;
+
+function checkPorts(list: string, where: string, wildcard = false): void {
   if (wildcard && list === '*') return;
   for (const p of splitList(list)) {
-    if (!PORT.test(p) || p.split(':').some((x) => Number(x) > 65535)) throw usageError(`invalid ${flag}: "${p}" is not a port (or a:b range)`);
+    const [lo, hi = lo] = p.split(':').map(Number) as [number, number?];
+    if (!PORT.test(p) || lo > 65535 || hi! > 65535 || lo > hi!) throw usageError(`invalid ${where}: ${q(p)} is not a port (or a:b range, a <= b)`);
   }
+}
+
+/**
+ * Why `name` cannot be an interface of -i/-o, or undefined when it can. Linux's rules (dev_valid_name: 1-15 bytes,
+ * not "." or "..", no '/', ':' or whitespace; a ':' alias such as eth0:1 is an address label, never a device, so
+ * a rule naming it would silently match nothing), iptables' trailing '+' wildcard, and what the restore text
+ * cannot carry: only printable ASCII, no quote or backslash (iptables-restore's quoting), no leading '-' or '!'
+ * (an option or a negation).
+ */
+export function interfaceNameProblem(name: string): string | undefined {
+  if (/\s/.test(name)) return 'it has whitespace';
+  if (Buffer.byteLength(name) > 15) return 'longer than 15 characters';
+  if (name === '.' || name === '..') return 'not a name Linux allows';
+  if (/[/:]/.test(name)) return `it has ${q(name.match(/[/:]/)![0])}, which Linux does not allow in a device name`;
+  if (!/^[!-~]+$/.test(name)) return 'only printable ASCII characters are accepted';
+  if (/["'\\]/.test(name)) return 'quotes and backslashes are not accepted';
+  if (/^[-!]/.test(name)) return 'it may not start with "-" or "!"';
+  if (name.slice(0, -1).includes('+')) return '"+" is only accepted last (iptables\' wildcard)';
+  return undefined;
+}
+
+function checkInterfaces(list: string, where: string): void {
+  for (const nic of splitList(list)) {
+    const why = interfaceNameProblem(nic);
+    if (why) throw usageError(`invalid ${where}: ${q(nic)} is not an interface name: ${why}`);
+  }
+}
+
+// --uid-owner / --gid-owner take a number, a min-max range or a user or group name.
+const ID_NAME = /^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$/;
+function checkIds(list: string, where: string, what: string): void {
+  for (const id of splitList(list)) {
+    const range = /^(\d{1,10})(?:-(\d{1,10}))?$/.exec(id);
+    const ok = range ? Number(range[1]) < U32 && Number(range[2] ?? range[1]) < U32 && Number(range[1]) <= Number(range[2] ?? range[1]) : ID_NAME.test(id);
+    if (!ok) throw usageError(`invalid ${where}: ${q(id)} is not a ${what} (a number, a min-max range or a name)`);
+  }
+}
+
+function checkU32(value: string, where: string): void {
+  if (!/^\d{1,10}$/.test(value) || Number(value) > U32) throw usageError(`invalid ${where} ${q(value)}: not a number from 0 to ${U32}`);
 }
 
 /** Flags and variables -> the command's settings, before anything is read from the machine. Throws on bad input. */
 export function iptablesCommandFromArgs(args: readonly string[], env: Env): IptablesCommand {
-  const v = parseIptablesFlags(args, env);
+  const { values: v, from } = parseIptablesFlags(args, env);
   const s = (name: string) => v.get(name)!;
   const b = (name: string) => parseBool(s(name)) === true;
+  const byName = new Map(FLAGS.map((f) => [f.name, f]));
+  // "-c/--istio-exclude-interfaces", or "ISTIO_EXCLUDE_INTERFACES (-c/--istio-exclude-interfaces)" when a variable set it.
+  const where = (name: string) => {
+    const f = byName.get(name)!;
+    const flag = `${f.short ? `-${f.short}/` : ''}--${name}`;
+    return from.has(name) ? `${from.get(name)} (${flag})` : flag;
+  };
 
   const mode = s('istio-inbound-interception-mode');
-  if (!['', 'REDIRECT', 'TPROXY'].includes(mode)) throw usageError(`invalid -m/--istio-inbound-interception-mode "${mode}": want REDIRECT or TPROXY`);
-  for (const [flag, name] of [['-p', 'envoy-port'], ['-z', 'inbound-capture-port'], ['-e', 'inbound-tunnel-port']] as const) {
+  if (!['', 'REDIRECT', 'TPROXY'].includes(mode)) throw usageError(`invalid ${where('istio-inbound-interception-mode')} ${q(mode)}: want REDIRECT or TPROXY`);
+  for (const name of ['envoy-port', 'inbound-capture-port', 'inbound-tunnel-port']) {
     const p = s(name);
-    if (!/^\d{1,5}$/.test(p) || Number(p) < 1 || Number(p) > 65535) throw usageError(`invalid ${flag}/--${name} "${p}": not a port`);
+    if (!/^\d{1,5}$/.test(p) || Number(p) < 1 || Number(p) > 65535) throw usageError(`invalid ${where(name)} ${q(p)}: not a port`);
   }
   if (s('envoy-port') === s('inbound-capture-port')) {
     throw usageError(`conflicting -p and -z: outbound and inbound capture cannot share port ${s('envoy-port')}`);
   }
-  checkPorts(s('istio-inbound-ports'), '-b/--istio-inbound-ports', true);
-  checkPorts(s('istio-local-exclude-ports'), '-d/--istio-local-exclude-ports');
-  checkPorts(s('istio-outbound-ports'), '-q/--istio-outbound-ports');
-  checkPorts(s('istio-local-outbound-ports-exclude'), '-o/--istio-local-outbound-ports-exclude');
-  for (const [flag, name] of [['-u', 'proxy-uid'], ['-g', 'proxy-gid']] as const) {
-    for (const id of splitList(s(name))) if (!/^[A-Za-z0-9_.-]+$/.test(id)) throw usageError(`invalid ${flag}/--${name}: "${id}" is not a user or group id`);
-  }
-  for (const [flag, name] of [['-i', 'istio-service-cidr'], ['-x', 'istio-service-exclude-cidr']] as const) {
+  checkPorts(s('istio-inbound-ports'), where('istio-inbound-ports'), true);
+  checkPorts(s('istio-local-exclude-ports'), where('istio-local-exclude-ports'));
+  checkPorts(s('istio-outbound-ports'), where('istio-outbound-ports'));
+  checkPorts(s('istio-local-outbound-ports-exclude'), where('istio-local-outbound-ports-exclude'));
+  checkIds(s('proxy-uid'), where('proxy-uid'), 'user id');
+  checkIds(s('proxy-gid'), where('proxy-gid'), 'group id');
+  checkInterfaces(s('istio-exclude-interfaces'), where('istio-exclude-interfaces'));
+  checkInterfaces(s('kube-virt-interfaces'), where('kube-virt-interfaces'));
+  for (const name of ['istio-service-cidr', 'istio-service-exclude-cidr']) {
     try {
       separateV4V6(s(name));
     } catch (e) {
-      throw usageError(`invalid ${flag}/--${name}: ${errorMessage(e)}`);
+      throw usageError(`invalid ${where(name)}: ${errorMessage(e)}`);
     }
   }
-  if (s('istio-service-exclude-cidr') === '*') throw usageError('invalid -x/--istio-service-exclude-cidr "*": exclude specific ranges, or capture nothing with -i ""');
-  for (const [flag, name] of [['-t', 'istio-inbound-tproxy-mark'], ['-r', 'istio-inbound-tproxy-route-table']] as const) {
-    if (!/^\d+$/.test(s(name))) throw usageError(`invalid ${flag}/--${name} "${s(name)}": not a number`);
-  }
+  if (s('istio-service-exclude-cidr') === '*') throw usageError(`invalid ${where('istio-service-exclude-cidr')} "*": exclude specific ranges, or capture nothing with -i ""`);
+  checkU32(s('istio-inbound-tproxy-mark'), where('istio-inbound-tproxy-mark'));
+  checkU32(s('istio-inbound-tproxy-route-table'), where('istio-inbound-tproxy-route-table'));
   const forceBinary = s('force-iptables-binary');
-  if (!['', 'legacy', 'nft'].includes(forceBinary)) throw usageError(`invalid --force-iptables-binary "${forceBinary}": want legacy or nft`);
+  if (!['', 'legacy', 'nft'].includes(forceBinary)) throw usageError(`invalid ${where('force-iptables-binary')} ${q(forceBinary)}: want legacy or nft`);
   if (b('native-nftables')) throw usageError('--native-nftables is not supported by this agent: it programs iptables (legacy or nft backend)');
   if (b('cleanup-only') && b('skip-rule-apply')) throw usageError('conflicting --cleanup-only and --skip-rule-apply');
   if (b('cleanup-only') && b('run-validation')) throw usageError('conflicting --cleanup-only and --run-validation');
@@ -234,12 +300,15 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
   const lp = parsePrefix(loopback);
   const bits = Number(loopback.split('/')[1]);
   if (!lp || lp.v6 || !lp.loopback || bits < 8) {
-    throw usageError(`invalid ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR "${loopback}": want an IPv4 loopback CIDR with a mask of 8 to 32 bits`);
+    throw usageError(`invalid ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR ${q(loopback)}: want an IPv4 loopback CIDR with a mask of 8 to 32 bits`);
   }
   const groupsInclude = E.ISTIO_OUTBOUND_OWNER_GROUPS.get(env);
   if (groupsInclude !== '*' && splitList(groupsInclude).length > 64) {
     throw usageError(`invalid ISTIO_OUTBOUND_OWNER_GROUPS: at most 64 groups, got ${splitList(groupsInclude).length}`);
   }
+  if (groupsInclude !== '*') checkIds(groupsInclude, 'ISTIO_OUTBOUND_OWNER_GROUPS', 'group id');
+  const groupsExclude = E.ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE.get(env);
+  checkIds(groupsExclude, 'ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE', 'group id');
 
   return {
     settings: {
@@ -254,7 +323,7 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
       inboundPortsInclude: s('istio-inbound-ports'),
       inboundPortsExclude: s('istio-local-exclude-ports'),
       ownerGroupsInclude: groupsInclude,
-      ownerGroupsExclude: E.ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE.get(env),
+      ownerGroupsExclude: groupsExclude,
       outboundPortsInclude: s('istio-outbound-ports'),
       outboundPortsExclude: s('istio-local-outbound-ports-exclude'),
       outboundIpRangesInclude: s('istio-service-cidr'),

@@ -63,6 +63,9 @@ export const DNS_LISTENER_PORT = '15053';
 const OUTBOUND_MARK = '1338';
 const BUILT_IN = new Set(['INPUT', 'OUTPUT', 'FORWARD', 'PREROUTING', 'POSTROUTING', 'ACCEPT', 'RETURN', 'DROP']);
 const IP = '\0ip'; // stands for the family's address in a rule built for both families
+// One word of an iptables-restore line: printable ASCII with no blank, quote or backslash (which would split it,
+// or join it with the next words, in iptables-restore's parser).
+const RESTORE_WORD = /^[!#-&(-[\]-~]+$/;
 
 export interface Rule {
   readonly table: string;
@@ -240,6 +243,11 @@ export function buildCaptureRules(c: CaptureSettings): RuleSet {
   outboundInclude(include.v6, c, b.appendV6.bind(b), b.insertV6.bind(b));
 
   if (tproxy) tproxyMarks(b, c);
+  for (const r of [...b.v4, ...b.v6]) {
+    // The command checks every setting first; this only keeps a future caller from writing a line of its own.
+    const bad = r.params.find((w) => !RESTORE_WORD.test(w));
+    if (bad !== undefined) throw new Error(`refusing ${JSON.stringify(bad)} as a word of an iptables rule`);
+  }
   return { v4: b.v4, v6: b.v6 };
 }
 

@@ -6,13 +6,20 @@
 #   install-vm.sh --istiod HOST:PORT --root-cert FILE --token FILE [options]
 #   install-vm.sh --uninstall [--purge]                            # --purge: config, state and the user too
 # Options: --binary FILE (default dist/pilot-agent), --envoy FILE (default: scripts/install-envoy.sh),
-#   --type sidecar|router|ingress|waypoint (default sidecar), --namespace NS (default vm), --no-start,
-#   --force-config (rewrite /etc/pilot-agent/pilot-agent.env and mesh.yaml).
+#   --type sidecar|router|ingress|waypoint (default sidecar), --namespace NS (default vm),
+#   --service-account SA (default default), --no-start, --force-config (rewrite /etc/pilot-agent/pilot-agent.env
+#   and mesh.yaml), --bind-low-ports / --no-bind-low-ports (CAP_NET_BIND_SERVICE for the agent and Envoy: the DNS
+#   proxy on :53, listeners below 1024; kept on later runs until --no-bind-low-ports).
 #
 # Installs: /usr/local/bin/pilot-agent, /usr/local/bin/envoy, /usr/local/lib/pilot-agent/pilot-agent-systemd (readiness, reload),
 # /etc/systemd/system/pilot-agent.service, /etc/pilot-agent/{pilot-agent.env,mesh.yaml}, /etc/pilot-agent/standalone/
 # (standalone) or /etc/pilot-agent/root-cert.pem and the token at
 # /var/lib/pilot-agent/var/run/secrets/tokens/istio-token (istiod); user and group istio-proxy (1337).
+# Standalone with DIR/ca/identities/<namespace>/<sa> (the embedded CA): the CA lives in the state directory,
+# /var/lib/pilot-agent/ca (the unit may write there: the root is created on first start; /etc stays read-only),
+# linked from /etc/pilot-agent/standalone/ca; identities are replaced as a set, tokens 0600 istio-proxy; a root
+# in DIR/ca (root-cert.pem + root-key.pem, to share one between hosts) replaces the installed one, else the
+# installed or first-start root is kept. This host's own token is DIR/ca/identities/NS/SA.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 UNIT=pilot-agent.service
@@ -21,7 +28,9 @@ STATE=/var/lib/pilot-agent
 UNIT_FILE=/etc/systemd/system/$UNIT
 HELPER=/usr/local/lib/pilot-agent/pilot-agent-systemd
 binary="$root/dist/pilot-agent" envoy="" standalone="" istiod="" root_cert="" token="" type=sidecar ns=vm
-start=1 force=0 uninstall=0 purge=0
+start=1 force=0 uninstall=0 purge=0 sa=default low_ports=""
+DROPIN_DIR=/etc/systemd/system/$UNIT.d
+LOW_PORTS_DROPIN=$DROPIN_DIR/bind-low-ports.conf
 
 say() { echo "install-vm: $*"; }
 die() { echo "install-vm: $*" >&2; exit 1; }
@@ -36,11 +45,14 @@ while [ $# -gt 0 ]; do
     --token) need_arg "$@"; token="$2"; shift 2 ;;
     --type) need_arg "$@"; type="$2"; shift 2 ;;
     --namespace) need_arg "$@"; ns="$2"; shift 2 ;;
+    --service-account) need_arg "$@"; sa="$2"; shift 2 ;;
+    --bind-low-ports) low_ports=1; shift ;;
+    --no-bind-low-ports) low_ports=0; shift ;;
     --no-start) start=0; shift ;;
     --force-config) force=1; shift ;;
     --uninstall) uninstall=1; shift ;;
     --purge) purge=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "install-vm: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -51,8 +63,8 @@ if [ "$uninstall" = 1 ]; then
   if systemd_running; then
     systemctl disable --now "$UNIT" 2>/dev/null || true
   fi
-  rm -f "$UNIT_FILE" /usr/local/bin/pilot-agent /usr/local/bin/envoy "$HELPER"
-  rmdir /usr/local/lib/pilot-agent 2>/dev/null || true
+  rm -f "$UNIT_FILE" /usr/local/bin/pilot-agent /usr/local/bin/envoy "$HELPER" "$LOW_PORTS_DROPIN"
+  rmdir /usr/local/lib/pilot-agent "$DROPIN_DIR" 2>/dev/null || true
   if systemd_running; then systemctl daemon-reload; systemctl reset-failed "$UNIT" 2>/dev/null || true; fi
   if [ "$purge" = 1 ]; then
     rm -rf "$ETC" "$STATE"
@@ -69,6 +81,33 @@ case "$type" in sidecar|router|ingress|waypoint) ;; *) die "--type: want sidecar
 if [ -n "$standalone" ] && [ -n "$istiod" ]; then die "give --standalone DIR or --istiod HOST:PORT, not both"; fi
 if [ -z "$standalone" ] && [ -z "$istiod" ] && [ ! -f "$ETC/mesh.yaml" ]; then die "first install: give --standalone DIR or --istiod HOST:PORT"; fi
 if [ -n "$standalone" ] && [ ! -d "$standalone" ]; then die "--standalone: $standalone is not a directory"; fi
+# The embedded CA's rule for a namespace or service account name (a DNS label).
+label='^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'
+printf '%s' "$ns" | grep -Eq "$label" || die "--namespace: $ns is not a DNS label (lower-case letters, digits, '-')"
+printf '%s' "$sa" | grep -Eq "$label" || die "--service-account: $sa is not a DNS label (lower-case letters, digits, '-')"
+ca_src=""
+if [ -n "$standalone" ] && [ -e "$standalone/ca" ]; then
+  ca_src="$standalone/ca"
+  [ -d "$ca_src/identities" ] || die "--standalone: $ca_src has no identities/ directory (the embedded CA needs identities/<namespace>/<sa> token files)"
+  # Everything in it is installed or refused here, never dropped: a CA that silently lost identities fails later.
+  for f in "$ca_src"/* "$ca_src"/.[!.]*; do
+    [ -e "$f" ] || continue
+    case "$(basename "$f")" in identities|root-cert.pem|root-key.pem) ;; *) die "--standalone: $f: only identities/, root-cert.pem and root-key.pem belong in ca/" ;; esac
+  done
+  if { [ -e "$ca_src/root-cert.pem" ] && [ ! -e "$ca_src/root-key.pem" ]; } || { [ ! -e "$ca_src/root-cert.pem" ] && [ -e "$ca_src/root-key.pem" ]; }; then
+    die "--standalone: $ca_src needs both root-cert.pem and root-key.pem, or neither (then the CA makes a root on first start)"
+  fi
+  for d in "$ca_src/identities"/* "$ca_src/identities"/.[!.]*; do
+    [ -e "$d" ] || continue
+    n="$(basename "$d")"
+    [ -d "$d" ] && printf '%s' "$n" | grep -Eq "$label" || die "--standalone: $d: identities/ holds one directory per namespace, named as a DNS label"
+    for t in "$d"/* "$d"/.[!.]*; do
+      [ -e "$t" ] || continue
+      [ -f "$t" ] && printf '%s' "$(basename "$t")" | grep -Eq "$label" || die "--standalone: $t: a namespace directory holds one token file per service account, named as a DNS label"
+      [ -s "$t" ] || die "--standalone: $t is empty (a token file holds that identity's token)"
+    done
+  done
+fi
 if [ -n "$istiod" ]; then
   [ -n "$root_cert" ] && [ -f "$root_cert" ] || die "--istiod needs --root-cert FILE (istiod's root certificate)"
   [ -n "$token" ] && [ -f "$token" ] || die "--istiod needs --token FILE (a service account token for istiod)"
@@ -96,21 +135,81 @@ put "$binary" /usr/local/bin/pilot-agent 0755
 put "$envoy" /usr/local/bin/envoy 0755
 put "$root/packaging/systemd/pilot-agent-systemd" "$HELPER" 0755
 put "$root/packaging/systemd/pilot-agent.service" "$UNIT_FILE" 0644
+if [ "$low_ports" = 1 ]; then
+  install -d -m 0755 "$DROPIN_DIR"
+  put "$root/packaging/systemd/bind-low-ports.conf" "$LOW_PORTS_DROPIN" 0644
+elif [ "$low_ports" = 0 ]; then
+  rm -f "$LOW_PORTS_DROPIN"; rmdir "$DROPIN_DIR" 2>/dev/null || true
+elif [ -f "$LOW_PORTS_DROPIN" ]; then
+  put "$root/packaging/systemd/bind-low-ports.conf" "$LOW_PORTS_DROPIN" 0644
+fi
 
 install -d -m 0750 -g istio-proxy "$ETC"
 install -d -m 0750 -o istio-proxy -g istio-proxy "$STATE"
+
+# The token the agent reads (./var/run/secrets/tokens/istio-token), 0600; the directories on the way are the
+# agent's too, since it creates its sockets beside them (./var/run/secrets/workload-spiffe-uds).
+install_token() {
+  local d="$STATE"
+  for part in var run secrets tokens; do d="$d/$part"; install -d -m 0750 -o istio-proxy -g istio-proxy "$d"; done
+  install -m 0600 -o istio-proxy -g istio-proxy "$1" "$d/istio-token.new" && mv -f "$d/istio-token.new" "$d/istio-token"
+}
+
+# The embedded CA's directory, owned by the agent's user, nobody else may read it: the tokens and the root key are
+# owner-only (the agent refuses token files others can read). Identities are swapped in as a whole.
+CA=$STATE/ca
+install_ca() {
+  local src="$1" d t
+  install -d -m 0700 -o istio-proxy -g istio-proxy "$CA"
+  rm -rf "$CA/identities.new" "$CA/identities.old"
+  install -d -m 0700 -o istio-proxy -g istio-proxy "$CA/identities.new"
+  for d in "$src/identities"/*/; do
+    [ -d "$d" ] || continue
+    install -d -m 0700 -o istio-proxy -g istio-proxy "$CA/identities.new/$(basename "$d")"
+    for t in "$d"*; do
+      [ -f "$t" ] && install -m 0600 -o istio-proxy -g istio-proxy "$t" "$CA/identities.new/$(basename "$d")/"
+    done
+  done
+  if [ -d "$CA/identities" ]; then mv "$CA/identities" "$CA/identities.old"; fi
+  mv "$CA/identities.new" "$CA/identities" && rm -rf "$CA/identities.old"
+  if [ -f "$src/root-key.pem" ]; then
+    if ! cmp -s "$src/root-key.pem" "$CA/root-key.pem" || ! cmp -s "$src/root-cert.pem" "$CA/root-cert.pem"; then
+      # The key first, as the CA writes it: a certificate without its key is never taken as complete.
+      install -m 0600 -o istio-proxy -g istio-proxy "$src/root-key.pem" "$CA/root-key.pem.new" && mv -f "$CA/root-key.pem.new" "$CA/root-key.pem"
+      install -m 0644 -o istio-proxy -g istio-proxy "$src/root-cert.pem" "$CA/root-cert.pem.new" && mv -f "$CA/root-cert.pem.new" "$CA/root-cert.pem"
+      say "installed the embedded CA root from $src"
+    fi
+  elif [ -f "$CA/root-cert.pem" ]; then
+    say "kept the embedded CA root in $CA"
+  fi
+  say "embedded CA: $(find "$CA/identities" -type f | wc -l) identities in $CA/identities"
+  # This host's own identity: its token, where the agent reads it (./var/run/secrets/tokens/istio-token).
+  if [ -f "$CA/identities/$ns/$sa" ]; then
+    install_token "$CA/identities/$ns/$sa"
+  else
+    say "WARNING: no identity $ns/$sa in $src/identities: this host's sidecar gets no certificate from the embedded CA (--namespace, --service-account)"
+  fi
+}
 args=""
 if [ -n "$standalone" ]; then
   # The directory is replaced as a whole; the agent watches it and applies edits while running.
   rm -rf "$ETC/standalone.new"
   install -d -m 0750 -g istio-proxy "$ETC/standalone.new"
   find "$standalone" -maxdepth 1 -type f \( -name '*.yaml' -o -name '*.yml' -o -name '*.json' \) -exec install -m 0640 -g istio-proxy {} "$ETC/standalone.new/" \;
+  if [ -n "$ca_src" ]; then
+    install_ca "$ca_src"
+    ln -s "$CA" "$ETC/standalone.new/ca"
+  elif [ -d "$CA/identities" ]; then
+    # No CA any more: its tokens are secrets, so they go; the root stays for a later CA.
+    rm -rf "$CA/identities"
+    say "removed the embedded CA's identities ($standalone has no ca/); kept its root in $CA"
+  fi
   rm -rf "$ETC/standalone" && mv "$ETC/standalone.new" "$ETC/standalone"
   args="--standalone $ETC/standalone"
 fi
 if [ -n "$istiod" ]; then
   install -m 0640 -g istio-proxy "$root_cert" "$ETC/root-cert.pem"
-  install -D -m 0600 -o istio-proxy -g istio-proxy "$token" "$STATE/var/run/secrets/tokens/istio-token"
+  install_token "$token"
 fi
 
 write_config() { # file, then content on stdin: written when absent or with --force-config
@@ -132,6 +231,7 @@ PILOT_AGENT_READY_PORT=15021
 PILOT_AGENT_STATUS_PORT=15020
 POD_NAME=$(hostname)
 POD_NAMESPACE=$ns
+SERVICE_ACCOUNT=$sa
 EOT
   if [ -n "$istiod" ]; then
     cat <<EOT

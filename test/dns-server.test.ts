@@ -7,6 +7,7 @@ import * as dnsPacket from 'dns-packet';
 import { Registry } from 'prom-client';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
+import { canBindPort, effectiveCapabilities } from '../lib/capabilities';
 import { DnsServer, type DnsServerOptions, dnsListenPlan, dnsOptionsFor } from '../lib/dns-server';
 import { parseResolvConf } from '../lib/dns-upstream';
 import type { NameTable } from '../lib/xds-istio';
@@ -67,11 +68,21 @@ test('before the first name table every question gets SERVFAIL and readiness nam
   assert.is((await dig(s.port, 'up.test')).status, 'NOERROR');
 });
 
-test('before the first table, a proxy on port 53 as root forwards (Istio), and port 53 without root falls back to 15053', () => {
-  assert.equal(dnsListenPlan('localhost:15053', 0, true), { address: 'localhost:15053', resolvConf: '/etc/resolv.conf', forwardBeforeTable: false });
-  assert.equal(dnsListenPlan('0.0.0.0:53', 0, true), { address: '0.0.0.0:53', resolvConf: '/var/lib/istio/resolv.conf', forwardBeforeTable: true });
-  assert.equal(dnsListenPlan('0.0.0.0:53', 0, false).resolvConf, '/etc/resolv.conf');
-  assert.equal(dnsListenPlan('0.0.0.0:53', 1000, true), { address: 'localhost:15053', resolvConf: '/etc/resolv.conf', forwardBeforeTable: false });
+test('before the first table, a proxy that may bind port 53 forwards (Istio), and port 53 without the right falls back to 15053', () => {
+  assert.equal(dnsListenPlan('localhost:15053', true, true), { address: 'localhost:15053', resolvConf: '/etc/resolv.conf', forwardBeforeTable: false });
+  assert.equal(dnsListenPlan('0.0.0.0:53', true, true), { address: '0.0.0.0:53', resolvConf: '/var/lib/istio/resolv.conf', forwardBeforeTable: true });
+  assert.equal(dnsListenPlan('0.0.0.0:53', true, false).resolvConf, '/etc/resolv.conf');
+  assert.equal(dnsListenPlan('0.0.0.0:53', false, true), { address: 'localhost:15053', resolvConf: '/etc/resolv.conf', forwardBeforeTable: false });
+});
+
+test('port 53 is allowed by CAP_NET_BIND_SERVICE in CapEff or a lowered ip_unprivileged_port_start, not by the uid', () => {
+  const proc = (capEff: string, start = '1024') => (f: string) => (f.endsWith('ip_unprivileged_port_start') ? `${start}\n` : `Name:\tnode\nCapEff:\t${capEff}\n`);
+  assert.is(canBindPort(53, proc('0000000000000400')), true, 'a user with the capability');
+  assert.is(canBindPort(53, proc('0000000000000000')), false, 'root under CapabilityBoundingSet= has none');
+  assert.is(canBindPort(53, proc('000001ffffffffff')), true, 'root with every capability');
+  assert.is(canBindPort(53, proc('0000000000000000', '0')), true, 'ip_unprivileged_port_start=0');
+  assert.is(canBindPort(15053, proc('0000000000000000')), true);
+  assert.is(effectiveCapabilities('CapInh:\t0\n'), undefined);
 });
 
 test('forwards before the first table when told to', async () => {
@@ -83,7 +94,7 @@ test('forwards before the first table when told to', async () => {
 
 test('options from the agent config: resolv.conf upstreams and search list, env knobs, the port 53 rules', () => {
   const files: Record<string, string> = { '/etc/resolv.conf': 'nameserver 10.0.0.10\nsearch ns1.svc.cluster.local svc.cluster.local\n', '/var/lib/istio/resolv.conf': 'nameserver 10.0.0.99\n' };
-  const io = (uid: number) => ({ readFile: (p: string) => files[p], uid });
+  const io = (uid: number) => ({ readFile: (p: string) => files[p], canBind53: uid === 0 });
   const cfg = { dnsProxyAddr: 'localhost:15053', podNamespace: 'ns1', domain: 'ns1.svc.cluster.local' };
   assert.equal(dnsOptionsFor(cfg, {}, io(1000)), {
     address: 'localhost:15053', upstreams: ['10.0.0.10:53'], searchDomains: ['ns1.svc.cluster.local', 'svc.cluster.local'],

@@ -192,17 +192,78 @@ test('rules from an earlier run with other arguments: refused without --reconcil
 
 test('a restore the kernel rejects leaves the previous rules exactly as they were', async () => {
   const a = byName('injector-default');
-  const tooLong = 'an-interface-name-far-too-long';
+  // Well-formed, so only iptables-restore can refuse it: it finds no such user.
+  const noUser = ['-u', 'no-such-user-x', '-g', '1337'];
   await withNetns('v4', async (ns) => {
-    const fresh = await run(a, [...a.args, '-c', tooLong], ns);
+    const fresh = await run(a, [...a.args, ...noUser], ns);
     assert.is(fresh.code, 1);
     assert.match(fresh.logs, /iptables-nft-restore failed/);
     assert.ok(noIstio(ns.save(4)), ns.save(4));
 
     assert.is((await run(a, a.args, ns)).code, 0);
-    const r = await run(byName('tproxy'), [...byName('tproxy').args, '-c', tooLong, '--reconcile'], ns);
+    const r = await run(byName('tproxy'), [...byName('tproxy').args, ...noUser, '--reconcile'], ns);
     assert.is(r.code, 1);
     assert.fixture(ns.save(4), golden(a.name, 'v4'));
+  });
+});
+
+test('a value that would add words to the iptables-restore text: one error line naming where it came from, no rule touched', async () => {
+  const a = byName('injector-default');
+  // Issue 20: this -c made the Go-compatible restore text carry a rule of the caller's own, so all TCP of uid 1000
+  // escaped capture, and clean-up with the same arguments left rules behind.
+  const inject = 'x\n-I OUTPUT 1 -p tcp -m owner --uid-owner 1000 -j RETURN\n-A OUTPUT -o x';
+  const escaped = /--uid-owner 1000|-o x\b|-i x\b/;
+  const bad: [string[], Record<string, string>, RegExp][] = [
+    [['-c', inject], {}, /invalid -c\/--istio-exclude-interfaces: "x\\n-I OUTPUT 1 .*" is not an interface name: it has whitespace$/],
+    [['-k', 'eth0 -p udp'], {}, /invalid -k\/--kube-virt-interfaces: "eth0 -p udp" is not an interface name: it has whitespace$/],
+    [[], { ISTIO_EXCLUDE_INTERFACES: inject }, /invalid ISTIO_EXCLUDE_INTERFACES \(-c\/--istio-exclude-interfaces\): "x\\n-I/],
+    [[], { KUBE_VIRT_INTERFACES: 'veth0,eth0\t-j' }, /invalid KUBE_VIRT_INTERFACES \(-k\/--kube-virt-interfaces\): "eth0\\t-j"/],
+    [['-c', 'eth0,an-interface-name-far-too-long'], {}, /"an-interface-name-far-too-long" is not an interface name: longer than 15 characters/],
+    [['-c', 'eth0:1'], {}, /"eth0:1" is not an interface name: it has ":", which Linux does not allow/],
+    [['-c', 'a/b'], {}, /"a\/b" is not an interface name: it has "\/"/],
+    [['-c', 'eth0"'], {}, /is not an interface name: quotes and backslashes are not accepted/],
+    [['-k', '-jDROP'], {}, /"-jDROP" is not an interface name: it may not start with "-" or "!"/],
+    [['-c', 'et+h0'], {}, /"\+" is only accepted last/],
+    [['-c', '..'], {}, /"\.\." is not an interface name/],
+    [['-u', '1337 -j ACCEPT'], {}, /invalid -u\/--proxy-uid: "1337 -j ACCEPT" is not a user id/],
+    [['-g', '-1'], {}, /invalid -g\/--proxy-gid: "-1" is not a group id/],
+    [[], { ISTIO_OUTBOUND_OWNER_GROUPS: '1000\n-I OUTPUT 1 -j RETURN' }, /invalid ISTIO_OUTBOUND_OWNER_GROUPS: "1000\\n-I OUTPUT 1 -j RETURN" is not a group id/],
+    [[], { ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE: '1 --gid-owner 2' }, /invalid ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE: "1 --gid-owner 2"/],
+    [['-m', 'TPROXY', '-t', '1337 -j DROP'], {}, /invalid -t\/--istio-inbound-tproxy-mark "1337 -j DROP": not a number/],
+    [['-m', 'TPROXY', '-t', '4294967296'], {}, /invalid -t\/--istio-inbound-tproxy-mark "4294967296"/],
+    [[], { ISTIO_INBOUND_TPROXY_ROUTE_TABLE: '133 x' }, /invalid ISTIO_INBOUND_TPROXY_ROUTE_TABLE \(-r\/--istio-inbound-tproxy-route-table\) "133 x"/],
+    [['-b', '90:80'], {}, /invalid -b\/--istio-inbound-ports: "90:80" is not a port \(or a:b range, a <= b\)/],
+  ];
+  const oneError = (logs: string, what: string) => {
+    const errors = logs.split('\n').filter((l) => /\terror\t/.test(l));
+    assert.is(errors.length, 1, `${what}: one error line\n${logs}`);
+    return errors[0]!;
+  };
+  await withNetns('v4', async (ns) => {
+    // Nothing in place yet: nothing is added.
+    const fresh = await run({}, [...a.args, '-c', inject], ns);
+    assert.is(fresh.code, 1, fresh.logs);
+    oneError(fresh.logs, '-c');
+    assert.ok(noIstio(ns.save(4)), ns.save(4));
+
+    // Rules in place: each bad value leaves them exactly as they were.
+    assert.is((await run(a, a.args, ns)).code, 0);
+    for (const [args, env, message] of bad) {
+      const what = `${args.join(' ')} ${JSON.stringify(env)}`;
+      // A later flag wins over the injector's; a variable counts where the injector's arguments set no flag.
+      const r = await run({ env }, [...a.args, ...args], ns);
+      assert.is(r.code, 1, `${what}\n${r.logs}`);
+      assert.match(oneError(r.logs, what), message, what);
+      assert.fixture(ns.save(4), golden(a.name, 'v4'));
+    }
+    // Clean-up with the same arguments is refused the same way and removes nothing; with good ones it removes all.
+    const cleanBad = await run({}, ['-c', inject], ns, true);
+    assert.is(cleanBad.code, 1, cleanBad.logs);
+    oneError(cleanBad.logs, 'clean -c');
+    assert.fixture(ns.save(4), golden(a.name, 'v4'));
+    assert.is((await run({}, ['--cleanup-only', '-c', 'x,eth0+'], ns)).code, 0);
+    assert.ok(noIstio(ns.save(4)), ns.save(4));
+    assert.not.match(ns.save(4), escaped);
   });
 });
 

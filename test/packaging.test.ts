@@ -1,18 +1,18 @@
 // Packaging, for real: the proxy image built from packaging/Dockerfile and run with podman, and the systemd unit
 // installed by scripts/install-vm.sh into a container that boots systemd 252, with the real agent and Envoy.
-// Settings that work on this machine kind (see the containers-and-systemd reference): runc, cgroupfs, the file
-// events logger, nofile no higher than `ulimit -Hn`, overlay storage in a temp dir; --network=host only to build.
+// Settings that work on this machine kind (test/packaging/podman.ts, from the containers-and-systemd reference):
+// runc, cgroupfs, the file events logger, nofile no higher than `ulimit -Hn`, overlay storage in a temp dir;
+// --network=host only to build.
 // Installs debootstrap, podman and runc with apt when missing. The bookworm root file system is cached in
 // $PACKAGING_CACHE (default /var/tmp/pilot-agent-packaging); everything else (storage, containers) is removed.
 // SKIP_PACKAGING_TESTS=1 skips them (for a developer's machine; CI never sets it).
 
-import { spawnSync } from 'node:child_process';
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { agentBin } from './helpers/agent';
 import { REPO, envoyBin } from './helpers/harness';
+import { cleanStaleRuns, installTools, MIN, newPodman, type Podman, type RunOptions, sleep, until } from './packaging/podman';
 
 const SKIP = process.env.SKIP_PACKAGING_TESTS === '1';
 const BASE = 'localhost/pilot-agent-base:bookworm';
@@ -20,52 +20,16 @@ const PROXY = 'localhost/pilot-agent-proxy:test';
 const SYSTEMD = 'localhost/pilot-agent-systemd:test';
 const PROXY_C = `pa-pkg-proxy-${process.pid}`;
 const SD_C = `pa-pkg-systemd-${process.pid}`;
-const MIN = 60_000;
 const t0 = Date.now();
 const phases: string[] = [];
 
-let work = '';
-let env: NodeJS.ProcessEnv = process.env;
-
-interface Result {
-  code: number;
-  out: string;
-  err: string;
-}
-
-/** Runs a command to completion; throws with its output unless it exits 0 (or `ok` accepts the code). */
-function run(cmd: string, args: string[], o: { timeoutMs?: number; ok?: (code: number) => boolean; input?: string } = {}): Result {
-  const r = spawnSync(cmd, args, { env, encoding: 'utf8', timeout: o.timeoutMs ?? 3 * MIN, killSignal: 'SIGKILL', maxBuffer: 64 * 1024 * 1024, input: o.input });
-  const res = { code: r.status ?? -1, out: r.stdout ?? '', err: r.stderr ?? '' };
-  const ok = o.ok ?? ((c: number) => c === 0);
-  if (r.error || !ok(res.code)) {
-    const why = r.error ? r.error.message : `exit code ${res.code}${r.signal ? ` (signal ${r.signal})` : ''}`;
-    throw new Error(`${cmd} ${args.join(' ')}: ${why}\n--- stdout (tail)\n${res.out.slice(-3000)}\n--- stderr (tail)\n${res.err.slice(-3000)}`);
-  }
-  return res;
-}
-
-const podman = (args: string[], o?: Parameters<typeof run>[2]) => run('podman', args, o);
+let p: Podman | undefined;
+const run = (cmd: string, args: string[], o?: RunOptions) => p!.run(cmd, args, o);
+const podman = (args: string[], o?: RunOptions) => p!.podman(args, o);
 /** A command inside a running container. */
-const inC = (c: string, args: string[], o?: Parameters<typeof run>[2]) => podman(['exec', c, ...args], o);
-const sh = (c: string, script: string, o?: Parameters<typeof run>[2]) => inC(c, ['sh', '-c', script], o);
+const inC = (c: string, args: string[], o?: RunOptions) => p!.inC(c, args, o);
+const sh = (c: string, script: string, o?: RunOptions) => p!.sh(c, script, o);
 const get = (c: string, url: string, ...hdrs: string[]) => inC(c, ['/opt/node/node', '/opt/test/get.js', url, ...hdrs], { ok: () => true }).out.trim();
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
-async function until<T>(what: string, fn: () => T | undefined | false, timeoutMs: number, diag: () => string = () => ''): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = fn();
-      if (v) return v;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${(last as Error).message}` : ''}\n${diag()}`);
-    await sleep(250);
-  }
-}
 
 function phase<T>(name: string, fn: () => T): T {
   const start = Date.now();
@@ -74,58 +38,6 @@ function phase<T>(name: string, fn: () => T): T {
   } finally {
     phases.push(`${name} ${((Date.now() - start) / 1000).toFixed(1)} s`);
   }
-}
-
-function installTools(): void {
-  if (process.getuid?.() !== 0) throw new Error('packaging tests need root (rootful podman, apt-get, debootstrap); CI runs them as root');
-  const missing = ['debootstrap', 'podman', 'runc'].filter((t) => spawnSync('sh', ['-c', `command -v ${t}`]).status !== 0);
-  if (missing.length === 0) return;
-  const apt = ['-o', 'DPkg::Lock::Timeout=600', '-q'];
-  run('apt-get', [...apt, 'update'], { timeoutMs: 15 * MIN });
-  run('apt-get', [...apt, 'install', '-y', ...missing], { timeoutMs: 20 * MIN });
-}
-
-/** Removes what a run that was killed left behind: its containers, storage and temp dir (its pid is gone). */
-function cleanStaleRuns(): void {
-  for (const name of fs.readdirSync('/var/tmp').filter((n) => n.startsWith('pa-packaging-'))) {
-    const dir = path.join('/var/tmp', name);
-    const pid = Number(fs.readFileSync(path.join(dir, 'pid'), 'utf8').trim() || 0) || 0;
-    if (pid > 0) {
-      try {
-        process.kill(pid, 0);
-        continue; // still running (another worktree's run)
-      } catch {
-        /* gone: clean up after it */
-      }
-    } else if (Date.now() - fs.statSync(dir).mtimeMs < 60 * MIN) continue;
-    console.log(`packaging tests: removing what an earlier run (pid ${pid}) left in ${dir}`);
-    cleanUp(dir, { ...process.env, CONTAINERS_CONF: path.join(dir, 'containers.conf'), CONTAINERS_STORAGE_CONF: path.join(dir, 'storage.conf') });
-  }
-}
-
-function cleanUp(dir: string, e: NodeJS.ProcessEnv): void {
-  if (fs.existsSync(path.join(dir, 'storage.conf'))) {
-    // Not `podman system reset`: it also clears state shared with other podman users (a concurrent build).
-    spawnSync('podman', ['rm', '-a', '-f', '-t', '0'], { env: e, timeout: 2 * MIN });
-    spawnSync('podman', ['rmi', '-a', '-f'], { env: e, timeout: 5 * MIN });
-  }
-  spawnSync('sh', ['-c', `grep -o " ${dir}/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l`], { timeout: MIN });
-  fs.rmSync(dir, { recursive: true, force: true });
-}
-
-/** podman's configuration and storage in a fresh temp dir (the settings that work here; see the header). */
-function podmanEnv(): void {
-  work = fs.mkdtempSync(path.join('/var/tmp', 'pa-packaging-'));
-  fs.writeFileSync(path.join(work, 'pid'), `${process.pid}\n`);
-  const nofile = run('sh', ['-c', 'ulimit -Hn']).out.trim();
-  fs.writeFileSync(path.join(work, 'containers.conf'), [
-    '[containers]', 'netns = "host"', 'log_driver = "k8s-file"', `default_ulimits = ["nofile=${nofile}:${nofile}", "nproc=32768:32768"]`,
-    '[engine]', 'cgroup_manager = "cgroupfs"', 'events_logger = "file"', 'runtime = "runc"', '',
-  ].join('\n'));
-  fs.writeFileSync(path.join(work, 'storage.conf'), ['[storage]', 'driver = "overlay"', `graphroot = "${work}/storage"`, `runroot = "${work}/run"`, ''].join('\n'));
-  fs.mkdirSync(path.join(work, 'tmp'));
-  // TMPDIR: podman build's scratch space, in this run's dir too.
-  env = { ...process.env, CONTAINERS_CONF: path.join(work, 'containers.conf'), CONTAINERS_STORAGE_CONF: path.join(work, 'storage.conf'), TMPDIR: path.join(work, 'tmp'), ENVOY_BIN: envoyBin() };
 }
 
 const mounts = () => [
@@ -190,7 +102,7 @@ if (SKIP) {
   test.before(loud(() => {
     phase('apt-get (debootstrap, podman, runc)', installTools);
     cleanStaleRuns();
-    podmanEnv();
+    p = newPodman({ ENVOY_BIN: envoyBin() });
     agentBin();
     phase('base image (cached debootstrap rootfs, import)', () => run('bash', [path.join(REPO, 'scripts/build-image.sh'), 'base', '--tag', BASE], { timeoutMs: 20 * MIN }));
     phase('proxy image build', () => run('bash', [path.join(REPO, 'scripts/build-image.sh'), '--tag', PROXY, '--', '-q'], { timeoutMs: 15 * MIN }));
@@ -199,8 +111,8 @@ if (SKIP) {
   }));
 
   test.after(() => {
-    if (!work) return;
-    cleanUp(work, env);
+    if (!p) return;
+    p.cleanUp();
     console.log(`packaging tests: ${phases.join(', ')}; total ${((Date.now() - t0) / 1000).toFixed(0)} s`);
   });
 
@@ -432,6 +344,8 @@ if (SKIP) {
     assert.match(inC(SD_C, ['cat', '/etc/pilot-agent/mesh.yaml']).out, /discoveryAddress: istiod\.example:15012/);
     assert.match(inC(SD_C, ['cat', '/etc/pilot-agent/pilot-agent.env']).out, /XDS_ROOT_CA=\/etc\/pilot-agent\/root-cert\.pem/);
     assert.is(inC(SD_C, ['stat', '-c', '%a %U', '/var/lib/pilot-agent/var/run/secrets/tokens/istio-token']).out.trim(), '600 istio-proxy');
+    // The agent creates its SDS and xDS sockets under ./var/run/secrets: the directories are its own, not root's.
+    assert.is(inC(SD_C, ['stat', '-c', '%U', '/var/lib/pilot-agent/var/run/secrets', '/var/lib/pilot-agent/var/run/secrets/tokens']).out.trim(), 'istio-proxy\nistio-proxy');
     // The agent resolves this config (the bootstrap it would write points xDS at istiod over TLS).
     const boot = inC(SD_C, ['sh', '-c', 'cd /var/lib/pilot-agent && set -a && . /etc/pilot-agent/pilot-agent.env && set +a && /usr/local/bin/pilot-agent bootstrap --meshConfig /etc/pilot-agent/mesh.yaml']).out;
     assert.match(boot, /istiod\.example/);
