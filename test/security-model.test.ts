@@ -131,6 +131,13 @@ test('every socket and port of the agent, tried by another uid and from another 
       ['GET', '/debug/pprof/heap'], ['GET', '/debug/pprof/profile?seconds=1'], ['GET', '/debug/xds'], ['GET', '/debug/ndsz']] as const) {
       assert.match(await curl(nsB, `http://${ipA}:15020${p}`, { method }), /^403/, `${method} ${p} from another host`);
     }
+    // Local uids reach the debug pages (as in Istio), but no page holds a key: the heap profile is a sampling
+    // profile (stacks and sizes), full heap snapshots are off unless the operator turns them on.
+    const heap = await curl(nsA, 'http://127.0.0.1:15020/debug/pprof/heap?seconds=1', { nobody: true });
+    assert.match(heap, /^200 /, 'the heap profile for a local uid');
+    assert.not.match(heap, /PRIVATE KEY|app-token/, 'no key and no token in the heap profile');
+    assert.match(await curl(nsA, 'http://127.0.0.1:15020/debug/pprof/heapsnapshot', { nobody: true }), /^403/, 'no heap snapshot');
+    assert.not.match(await curl(nsA, 'http://127.0.0.1:15020/debug/certs', { nobody: true }), /PRIVATE KEY/, '/debug/certs shows no key');
     // Envoy's readiness (15021) and Prometheus (15090) listeners are public; its admin (15000) is loopback only.
     assert.match(await curl(nsB, `http://${ipA}:15021/healthz/ready`), /^200/, '15021 from another host');
     assert.match(await curl(nsB, `http://${ipA}:15090/stats/prometheus`), /^200 [\s\S]*envoy_/, '15090 from another host');
