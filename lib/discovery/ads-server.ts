@@ -12,7 +12,8 @@ import { scope } from '../log';
 import { prepareSocket } from '../unix-socket';
 import { AdsConnection, type ConnectionHost, type DeltaRequest, type Nack, type SotwRequest } from './ads-connection';
 import { HEALTH_INFO_TYPE } from '../xds-istio';
-import { type Proxy, proxyFromNode } from './proxy';
+import { type Proxy, proxyFromNode, withIdentity } from './proxy';
+import type { AuthVerdict } from './xds-auth';
 import type { PushContext } from './push-context';
 import { PushLimiter } from './push-queue';
 
@@ -26,6 +27,10 @@ export interface AdsServerOptions {
   pushConcurrency?: number;
   /** A proxy's health event (istio.v1.HealthInformation): never a subscription, handed over here. */
   onHealth?: (proxy: Proxy, error: { code?: number; message?: string } | undefined) => void;
+  /** Who the stream's caller is, from its metadata and first node (./xds-auth.ts); unset: everyone is anonymous. */
+  authenticate?: (metadata: grpc.Metadata, proxy: Proxy) => AuthVerdict;
+  /** Told of each stream refused. */
+  onRefused?: (reason: string, fields: Record<string, unknown>) => void;
 }
 
 type Call = grpc.ServerDuplexStream<Record<string, unknown>, Record<string, unknown>>;
@@ -164,6 +169,12 @@ export class AdsServer {
       return;
     }
     let conn: AdsConnection | undefined;
+    let refused = false;
+    const refuse = (code: grpc.status, details: string) => {
+      refused = true;
+      call.emit('error', { code, details });
+      call.destroy();
+    };
     const host: ConnectionHost = {
       current: this.opts.current,
       write: (_c, msg) => this.write(call, msg),
@@ -172,18 +183,25 @@ export class AdsServer {
       onPushed: (c, v, ms) => this.onPushed(c, v, ms),
     };
     call.on('data', (req: Record<string, unknown>) => {
+      if (refused) return;
       if (!conn) {
+        let proxy: Proxy;
         try {
-          const proxy = proxyFromNode(req.node as { id?: string });
-          conn = new AdsConnection(proxy, delta, host);
+          proxy = proxyFromNode(req.node as { id?: string });
         } catch (e) {
           log.warn('rejecting an xDS stream', { error: errorMessage(e) });
-          call.emit('error', { code: grpc.status.INVALID_ARGUMENT, details: errorMessage(e) });
-          call.destroy();
-          return;
+          return refuse(grpc.status.INVALID_ARGUMENT, errorMessage(e));
         }
+        const verdict = this.opts.authenticate?.(call.metadata, proxy) ?? { ok: true };
+        if (!verdict.ok) {
+          this.opts.onRefused?.(verdict.reason, { proxy: proxy.id, peer: call.getPeer() });
+          return refuse(verdict.code, verdict.reason);
+        }
+        if (verdict.identity) proxy = withIdentity(proxy, verdict.identity);
+        conn = new AdsConnection(proxy, delta, host);
         this.calls.set(conn, call);
-        log.info('proxy connected', { proxy: conn.proxy.id, kind: conn.proxy.type, protocol: delta ? 'delta' : 'sotw', connections: this.calls.size });
+        const who = proxy.identity ? `${proxy.identity.namespace}/${proxy.identity.serviceAccount} (${proxy.identity.via})` : 'anonymous';
+        log.info('proxy connected', { proxy: conn.proxy.id, kind: conn.proxy.type, identity: who, protocol: delta ? 'delta' : 'sotw', connections: this.calls.size });
       }
       if (req.type_url === HEALTH_INFO_TYPE) return this.opts.onHealth?.(conn.proxy, req.error_detail as { message?: string } | undefined);
       if (delta) conn.onDeltaRequest(req as DeltaRequest);
