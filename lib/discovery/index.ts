@@ -6,11 +6,13 @@
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import type { Registry } from 'prom-client';
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
 import { parseJsonOrYaml } from '../json-or-yaml';
 import { DISCOVERY_MAX_DOCUMENTS, DISCOVERY_MAX_FILE_BYTES, PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
 import { timestamp, scope } from '../log';
+import { registerCounters } from '../metrics';
 import { AdsServer, type ConnectionStatus } from './ads-server';
 import { caDeclared, EmbeddedCa, isLocalAddress } from './ca';
 import type { Nack } from './ads-connection';
@@ -216,6 +218,14 @@ export class DiscoveryServer implements Component {
       ca: this.ca && { root: this.ca.rootSerial, ...this.ca.stats },
       refused: { ...this.refusals.counts },
     };
+  }
+
+  /** In `proxy --standalone`, on the agent's /stats/prometheus. */
+  registerMetrics(registry: Registry): void {
+    registerCounters(registry, 'istio_agent_discovery_', 'embedded discovery server', () => ({
+      refused_xds_streams_total: this.refusals.counts.xds_stream,
+      ignored_health_reports_total: this.refusals.counts.health_report,
+    }));
   }
 
   /** Called after each connection finishes a push. */
