@@ -65,10 +65,14 @@ function serviceDefinition(): grpc.ServiceDefinition {
 export interface ConnectionStatus {
   id: string;
   proxy: string;
+  /** `<ns>/<sa> (token|in-process)`, or `anonymous`. */
+  identity: string;
   type: string;
   delta: boolean;
   subscriptions: ReturnType<AdsConnection['subscriptions']>;
 }
+
+const identityOf = (p: Proxy) => (p.identity ? `${p.identity.namespace}/${p.identity.serviceAccount} (${p.identity.via})` : 'anonymous');
 
 export class AdsServer {
   private readonly server: grpc.Server;
@@ -137,7 +141,7 @@ export class AdsServer {
   }
 
   status(): { connections: ConnectionStatus[]; nacks: Nack[] } {
-    const connections = [...this.calls.keys()].map((c) => ({ id: c.id, proxy: c.proxy.id, type: c.proxy.type, delta: c.delta, subscriptions: c.subscriptions() }));
+    const connections = [...this.calls.keys()].map((c) => ({ id: c.id, proxy: c.proxy.id, identity: identityOf(c.proxy), type: c.proxy.type, delta: c.delta, subscriptions: c.subscriptions() }));
     return { connections, nacks: [...this.nackLog] };
   }
 
@@ -200,8 +204,7 @@ export class AdsServer {
         if (verdict.identity) proxy = withIdentity(proxy, verdict.identity);
         conn = new AdsConnection(proxy, delta, host);
         this.calls.set(conn, call);
-        const who = proxy.identity ? `${proxy.identity.namespace}/${proxy.identity.serviceAccount} (${proxy.identity.via})` : 'anonymous';
-        log.info('proxy connected', { proxy: conn.proxy.id, kind: conn.proxy.type, identity: who, protocol: delta ? 'delta' : 'sotw', connections: this.calls.size });
+        log.info('proxy connected', { proxy: conn.proxy.id, kind: conn.proxy.type, identity: identityOf(proxy), protocol: delta ? 'delta' : 'sotw', connections: this.calls.size });
       }
       if (req.type_url === HEALTH_INFO_TYPE) return this.opts.onHealth?.(conn.proxy, req.error_detail as { message?: string } | undefined);
       if (delta) conn.onDeltaRequest(req as DeltaRequest);
