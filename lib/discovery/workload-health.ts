@@ -30,17 +30,24 @@ export interface HealthReport {
 export class WorkloadHealth {
   private readonly reports = new Map<string, HealthReport>();
 
-  constructor(private readonly registry: ServiceEntryRegistry, private readonly store: ConfigStoreCache, private readonly refusals: Refusals) {}
+  constructor(
+    private readonly registry: ServiceEntryRegistry,
+    private readonly store: ConfigStoreCache,
+    private readonly refusals: Refusals,
+  ) {}
 
   report(proxy: Proxy, error: { message?: string } | undefined): void {
     const why = this.refusal(proxy);
     if (why) return this.refusals.refuse('health_report', why, { proxy: proxy.id });
     const healthy = !error;
     const key = `${proxy.namespace}/${proxy.workloadEntry}`;
-    this.reports.set(key, { workloadEntry: key, proxy: proxy.id, healthy, message: error?.message ?? '', at: new Date().toISOString() });
+    const message = error?.message ?? '';
+    this.reports.set(key, { workloadEntry: key, proxy: proxy.id, healthy, message, at: new Date().toISOString() });
     if (!this.registry.setWorkloadHealthy(proxy.namespace, proxy.workloadEntry!, healthy)) return;
     if (healthy) log.info(`WorkloadEntry ${key} is healthy again: its endpoints are back`, { proxy: proxy.id });
-    else log.warn(`WorkloadEntry ${key} is unhealthy: its endpoints are withdrawn`, { proxy: proxy.id, reason: error?.message ?? '' });
+    else log.warn(`WorkloadEntry ${key} is unhealthy: its endpoints are withdrawn`, {
+      proxy: proxy.id, reason: message,
+    });
   }
 
   /** Why this proxy may not report for the entry it names; undefined when it may. */
@@ -48,12 +55,18 @@ export class WorkloadHealth {
     if (!proxy.workloadEntry) return `proxy ${proxy.id} has no WORKLOAD_ENTRY metadata: it names no WorkloadEntry`;
     const key = `${proxy.namespace}/${proxy.workloadEntry}`;
     const id = proxy.identity;
-    if (!id) return `proxy ${proxy.id} reports for WorkloadEntry ${key} without authenticating (no token of ca/identities on its stream)`;
-    const we = this.store.get('WorkloadEntry', proxy.workloadEntry, proxy.namespace) as Config<WorkloadEntrySpec> | undefined;
+    if (!id) {
+      const why = 'without authenticating (no token of ca/identities on its stream)';
+      return `proxy ${proxy.id} reports for WorkloadEntry ${key} ${why}`;
+    }
+    const we = this.store.get('WorkloadEntry', proxy.workloadEntry, proxy.namespace) as
+      | Config<WorkloadEntrySpec>
+      | undefined;
     if (!we) return `proxy ${proxy.id} reports for WorkloadEntry ${key}, which does not exist`;
     const sa = we.spec.serviceAccount || 'default';
     if (id.namespace !== we.meta.namespace || id.serviceAccount !== sa) {
-      return `proxy ${proxy.id} is authenticated as ${id.namespace}/${id.serviceAccount}; WorkloadEntry ${key} runs as ${we.meta.namespace}/${sa}`;
+      const as = `${id.namespace}/${id.serviceAccount}`;
+      return `proxy ${proxy.id} is authenticated as ${as}; WorkloadEntry ${key} runs as ${we.meta.namespace}/${sa}`;
     }
     const address = we.spec.address;
     if (address && net.isIP(address) && !proxy.ips.includes(address)) {

@@ -34,7 +34,7 @@ export class XdsAuthenticator {
   /** Present it as `authorization: Bearer <inProcessToken>` (only when inProcess was given). */
   readonly inProcessToken: string | undefined;
   private readonly inProcessDigest: Buffer | undefined;
-  /** The token files, once the embedded CA has checked them; unset when none are declared or the address is not local. */
+  /** The token files, once the embedded CA has checked them; unset when none are declared or not on a local address. */
   identities: TokenIdentities | undefined;
 
   constructor(private readonly o: XdsAuthOptions) {
@@ -55,16 +55,20 @@ export class XdsAuthenticator {
     const token = /^Bearer\s+(.+)$/i.exec(String(values[0]))?.[1]?.trim();
     if (!token) return refuse(grpc.status.UNAUTHENTICATED, 'the authorization header is not "Bearer <token>"');
     let identity: VerifiedIdentity | undefined;
-    if (this.inProcessDigest && timingSafeEqual(digest(token), this.inProcessDigest)) identity = { ...this.o.inProcess!, via: 'in-process' };
-    else {
+    if (this.inProcessDigest && timingSafeEqual(digest(token), this.inProcessDigest)) {
+      identity = { ...this.o.inProcess!, via: 'in-process' };
+    } else {
       const who = this.identities?.identityForToken(token);
       if (who) identity = { ...who, via: 'token' };
     }
     if (!identity) {
-      return refuse(grpc.status.UNAUTHENTICATED, `the token matches no identity${this.identities ? ' under ca/identities' : ''}`);
+      const where = this.identities ? ' under ca/identities' : '';
+      return refuse(grpc.status.UNAUTHENTICATED, `the token matches no identity${where}`);
     }
     if (identity.namespace !== proxy.namespace) {
-      return refuse(grpc.status.PERMISSION_DENIED, `the token is for ${identity.namespace}/${identity.serviceAccount}; node id ${quote(proxy.id)} claims namespace ${quote(proxy.namespace)}`);
+      const who = `${identity.namespace}/${identity.serviceAccount}`;
+      const claim = `node id ${quote(proxy.id)} claims namespace ${quote(proxy.namespace)}`;
+      return refuse(grpc.status.PERMISSION_DENIED, `the token is for ${who}; ${claim}`);
     }
     return { ok: true, identity };
   }
