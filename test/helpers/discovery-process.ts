@@ -48,7 +48,9 @@ export function attack(uid: number, a: AdsAttack | CaAttack): Promise<AttackResu
   const node = [process.execPath, '--import', 'tsx', ATTACKER, JSON.stringify(a)];
   const [file, ...args] = uid === 0 ? node : ['setpriv', `--reuid=${uid}`, `--regid=${uid}`, '--clear-groups', ...node];
   return new Promise((resolve, reject) => {
-    execFile(file!, args, { cwd: path.join(__dirname, '..', '..'), timeout: 60_000 }, (err, stdout, stderr) => {
+    // No tsx cache: a peer run as another uid would leave its own cache directory behind in /tmp.
+    const env = { ...process.env, TSX_DISABLE_CACHE: '1' };
+    execFile(file!, args, { cwd: path.join(__dirname, '..', '..'), env, timeout: 60_000 }, (err, stdout, stderr) => {
       const line = stdout.trim().split('\n').pop() ?? '';
       try {
         const r = JSON.parse(line) as AttackResult & { error?: string };
