@@ -226,8 +226,13 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     let discovery: DiscoveryServer | undefined;
     if (cfg.standaloneDir) {
       const { DiscoveryServer } = await import('./lib/discovery/index');
-      discovery = new DiscoveryServer({ configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy, ...(cfg.meshTracing && { tracing: cfg.meshTracing }) }, trustDomain: cfg.trustDomain, ...cfg.discoveryLimits });
-      upstream = { address: `unix://${discoverySock}`, tls: false };
+      discovery = new DiscoveryServer({
+        configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy, ...(cfg.meshTracing && { tracing: cfg.meshTracing }) },
+        trustDomain: cfg.trustDomain, ...cfg.discoveryLimits,
+        // This agent is trusted as its own identity by a token only its memory holds (it reads the directory anyway).
+        inProcess: { namespace: cfg.podNamespace || 'default', serviceAccount: cfg.serviceAccount || 'default' },
+      });
+      upstream = { address: `unix://${discoverySock}`, tls: false, token: discovery.inProcessToken };
       log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
     }
     const identity = await workloadIdentity(cfg, agentEnv, cfg.standaloneDir ? discoverySock : undefined, { sdsServedElsewhere, sdsUnavailable });

@@ -1,6 +1,8 @@
 // The xDS proxy's side towards the control plane: how to reach it (decided from the config as Istio decides),
 // and one raw ADS call on a fresh channel. Credentials (root CA, client cert, token) are read from their files at
-// every connect, so rotated files take effect on the next reconnect without a restart.
+// every connect, so rotated files take effect on the next reconnect without a restart. The token authenticates the
+// stream (Istio's XDS_AUTH; the discovery server's gateway keys and health reports need it): sent over TLS, and in
+// plaintext only to a Unix socket or loopback address, as the CA client sends it, never across a network.
 
 import * as fs from 'node:fs';
 import * as net from 'node:net';
@@ -24,8 +26,10 @@ export interface UpstreamOptions {
   serverName?: string;
   /** Directory with cert-chain.pem and key.pem for a client certificate (PROV_CERT). */
   clientCertDir?: string;
-  /** JWT sent as `authorization: Bearer`, read at each connect; only over TLS. */
+  /** JWT sent as `authorization: Bearer`, read at each connect; over TLS or to a local address only. */
   tokenFile?: string;
+  /** A token held in memory instead (the in-process discovery server of `proxy --standalone`); wins over tokenFile. */
+  token?: string;
   /** Extra gRPC metadata (ClusterID, XDS_HEADER_*). */
   headers?: Record<string, string>;
   keepaliveTimeMs?: number;
@@ -76,6 +80,13 @@ export function upstreamFromConfig(cfg: AgentConfig, env: Env): UpstreamOptions 
   const prov = envs.PROV_CERT.get(env);
   if (prov) o.clientCertDir = prov;
   return o;
+}
+
+/** A Unix socket or a loopback address: a plaintext token sent there crosses no network. */
+export function isLocalAddress(address: string): boolean {
+  if (address.startsWith('unix:') || address.startsWith('/')) return true;
+  const { host } = splitHostPort(address);
+  return host === 'localhost' || host === '::1' || (net.isIPv4(host) && host.startsWith('127.'));
 }
 
 export interface Backoff {
@@ -162,6 +173,17 @@ export interface UpstreamCall {
 
 const FLOW_CONTROL_WINDOW = 16 * 1024 * 1024;
 
+/** The stream's metadata: the headers, and the token where it may go (TLS, or a Unix socket or loopback address). */
+export function upstreamMetadata(o: UpstreamOptions): grpc.Metadata {
+  const md = new grpc.Metadata();
+  for (const [k, v] of Object.entries(o.headers ?? {})) md.set(k, v);
+  if (o.tls || isLocalAddress(o.address)) {
+    const token = o.token ?? (o.tokenFile ? readIfExists(o.tokenFile)?.toString('utf8').trim() : undefined);
+    if (token) md.set('authorization', `Bearer ${token}`);
+  }
+  return md;
+}
+
 /** Opens one ADS call on a new channel with a connection of its own. Throws AgentError if credentials cannot be loaded. */
 export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes: number, listener: UpstreamListener): UpstreamCall {
   const options: grpc.ChannelOptions = {
@@ -179,16 +201,13 @@ export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes:
     // 256 MB). This is also the most the proxy holds unread when it stops reading because Envoy is behind.
     'grpc-node.flow_control_window': FLOW_CONTROL_WINDOW,
   };
-  const md = new grpc.Metadata();
-  for (const [k, v] of Object.entries(o.headers ?? {})) md.set(k, v);
+  const md = upstreamMetadata(o);
   let creds: grpc.ChannelCredentials;
   if (o.tls) {
     const cc = clientCert(o);
     creds = grpc.credentials.createSsl(rootCa(o), cc?.key ?? null, cc?.cert ?? null);
     const { host } = splitHostPort(o.address);
     if (o.serverName && o.serverName !== host && !net.isIP(o.serverName)) options['grpc.ssl_target_name_override'] = o.serverName;
-    const token = o.tokenFile ? readIfExists(o.tokenFile)?.toString('utf8').trim() : undefined;
-    if (token) md.set('authorization', `Bearer ${token}`);
   } else {
     creds = grpc.credentials.createInsecure();
   }

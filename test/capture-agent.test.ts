@@ -216,7 +216,7 @@ spec:
     // The embedded CA's identity for demo/vm, proven by the agent's token.
     prepare: (dir) => {
       fs.mkdirSync(path.join(dir, 'config/ca/identities/demo'), { recursive: true });
-      fs.writeFileSync(path.join(dir, 'config/ca/identities/demo/vm'), 'vm-token\n');
+      fs.writeFileSync(path.join(dir, 'config/ca/identities/demo/vm'), 'vm-token\n', { mode: 0o600 });
       fs.mkdirSync(path.join(dir, 'var/run/secrets/tokens'), { recursive: true });
       fs.writeFileSync(path.join(dir, 'var/run/secrets/tokens/istio-token'), 'vm-token');
     },

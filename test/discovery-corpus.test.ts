@@ -196,7 +196,9 @@ async function runCase(dirName: string): Promise<void> {
     fs.mkdirSync(configDir);
     fs.writeFileSync(path.join(configDir, 'config.yaml'), fill(fs.readFileSync(path.join(caseDir, 'config.yaml'), 'utf8'), vars));
     const mesh = { ...spec.mesh, ...(spec.meshConfig && { tracing: readMeshTracing(spec.meshConfig, `${dirName}/requests.yaml meshConfig`) }) };
-    server = new DiscoveryServer({ configDir, listen: `unix:${path.join(dir.path, 'xds.sock')}`, mesh });
+    // The test plays the agent of `proxy --standalone`: its Envoy presents the in-process token, so a gateway gets
+    // its Secrets' keys as the real agent's does.
+    server = new DiscoveryServer({ configDir, listen: `unix:${path.join(dir.path, 'xds.sock')}`, mesh, inProcess: { namespace: 'test', serviceAccount: 'default' } });
     if (spec.rejected) {
       const err = await server.start().then(() => undefined, (e: Error) => e);
       assert.ok(err, `${dirName}: the config is rejected`);
@@ -210,6 +212,7 @@ async function runCase(dirName: string): Promise<void> {
       nodeId: `${spec.proxy}~127.0.0.1~${spec.proxy}-0.test~test.svc.cluster.local`,
       labels: spec.labels ?? (spec.proxy === 'router' ? { istio: 'ingressgateway' } : {}),
       ...(spec.metadata && { metadata: spec.metadata }),
+      xdsToken: s.inProcessToken,
     });
     await waitFor(`${dirName}: Envoy to ack every resource type`, () => {
       const st = s.status();

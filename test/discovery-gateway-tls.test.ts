@@ -10,7 +10,7 @@ import * as assert from 'uvu/assert';
 import { MemoryConfigStore } from '../lib/discovery/config-store';
 import { FileConfigSource } from '../lib/discovery/file-source';
 import { generate } from '../lib/discovery/generate';
-import { proxyFromNode } from '../lib/discovery/proxy';
+import { proxyFromNode, withIdentity } from '../lib/discovery/proxy';
 import { PushContext } from '../lib/discovery/push-context';
 import { ServiceEntryRegistry } from '../lib/discovery/registry';
 import { TYPE_URLS } from '../lib/discovery/resources';
@@ -21,9 +21,11 @@ import { makeCerts, type TestCert } from './helpers/test-certs';
 
 type Obj = Record<string, any>;
 const b64 = (s: string) => Buffer.from(s).toString('base64');
-const ROUTER = proxyFromNode({ id: 'router~10.0.0.9~gw-0.test~test.svc.cluster.local' });
+const ANON_ROUTER = proxyFromNode({ id: 'router~10.0.0.9~gw-0.test~test.svc.cluster.local' });
+// As the ADS server leaves it once the stream's token proved an identity of the router's namespace.
+const ROUTER = withIdentity(ANON_ROUTER, { namespace: 'test', serviceAccount: 'ingress', via: 'token' });
 const SIDECAR = proxyFromNode({ id: 'sidecar~10.0.0.8~app-0.test~test.svc.cluster.local' });
-const OTHER_NS_ROUTER = proxyFromNode({ id: 'router~10.0.0.7~gw-0.other~other.svc.cluster.local' });
+const OTHER_NS_ROUTER = withIdentity(proxyFromNode({ id: 'router~10.0.0.7~gw-0.other~other.svc.cluster.local' }), { namespace: 'other', serviceAccount: 'ingress', via: 'token' });
 
 let certs: Record<string, TestCert>;
 const certDir = tempDir('pa-gwtls-certs-');
@@ -139,7 +141,7 @@ test('HTTPS servers on one port become SNI filter chains with their own routes a
   assert.is(routes.get('https.443.https-a.ingress.test')!.virtual_hosts[0].require_tls, undefined);
 });
 
-test('Secrets go to the routers of their namespace only (kubernetes://<name>, <name>-cacert), and keys only over a local address', async () => {
+test('Secrets go to the routers of their namespace only (kubernetes://<name>, <name>-cacert), keys only to an authenticated one over a local address', async () => {
   const files = { 'se.yaml': SE, 's.yaml': `${secret('a-cred', 'a', 'ca')}---\n${secret('b-cred', 'b')}---\n${secret('b-cred-cacert', undefined, 'ca')}` };
   const { push } = await load(files);
   const sds = resources(push!, ROUTER, TYPE_URLS.secret);
@@ -150,8 +152,11 @@ test('Secrets go to the routers of their namespace only (kubernetes://<name>, <n
   assert.is(Buffer.from(sds.get('kubernetes://b-cred-cacert')!.validation_context.trusted_ca.inline_bytes).toString(), certs.ca!.cert, 'the CA of the Secret named <name>-cacert');
   assert.equal(resources(push!, SIDECAR, TYPE_URLS.secret).size, 0, 'sidecars get no credentials');
   assert.equal(resources(push!, OTHER_NS_ROUTER, TYPE_URLS.secret).size, 0, 'nor routers of another namespace');
+  const caOnly = ['kubernetes://a-cred-cacert', 'kubernetes://b-cred-cacert', 'kubernetes://b-cred-cacert-cacert'];
+  assert.equal([...resources(push!, ANON_ROUTER, TYPE_URLS.secret).keys()].sort(), caOnly, 'an anonymous router gets the CA bundles only');
+  assert.equal(resources(push!, ROUTER, TYPE_URLS.secret).size, 5, 'and the authenticated one still its keys (no shared memo)');
   const remote = (await load(files, { servePrivateKeys: false })).push!;
-  assert.equal([...resources(remote, ROUTER, TYPE_URLS.secret).keys()].sort(), ['kubernetes://a-cred-cacert', 'kubernetes://b-cred-cacert', 'kubernetes://b-cred-cacert-cacert']);
+  assert.equal([...resources(remote, ROUTER, TYPE_URLS.secret).keys()].sort(), caOnly);
 });
 
 test('DestinationRule SIMPLE and MUTUAL originate TLS as istiod: files over the agent SDS, credentialName on routers only, auto SNI', async () => {

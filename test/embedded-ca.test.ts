@@ -20,8 +20,8 @@ function setup() {
   const dir = tempDir();
   const cfg = path.join(dir.path, 'config');
   fs.mkdirSync(path.join(cfg, 'ca', 'identities', 'shop'), { recursive: true });
-  fs.writeFileSync(path.join(cfg, 'ca', 'identities', 'shop', 'web'), 'web-token\n');
-  fs.writeFileSync(path.join(cfg, 'ca', 'identities', 'shop', 'db'), 'db-token\n');
+  fs.writeFileSync(path.join(cfg, 'ca', 'identities', 'shop', 'web'), 'web-token\n', { mode: 0o600 });
+  fs.writeFileSync(path.join(cfg, 'ca', 'identities', 'shop', 'db'), 'db-token\n', { mode: 0o600 });
   fs.writeFileSync(path.join(dir.path, 'token'), 'web-token');
   const sock = path.join(dir.path, 'discovery.sock');
   const client = (o: Partial<CaClientOptions> = {}) => new CaClient({ address: `unix:${sock}`, tls: false, rootCaFile: '', serverName: '', tokenFile: path.join(dir.path, 'token'), headers: {}, ...o });

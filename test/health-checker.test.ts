@@ -22,7 +22,7 @@ function config(servicePort: number, a: number, b: number): string {
   const we = (name: string, port: number) => `apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: ${name}, namespace: test}
-spec: {address: 127.0.0.1, labels: {app: vm}, ports: {http: ${port}}}
+spec: {address: 127.0.0.1, labels: {app: vm}, ports: {http: ${port}}, serviceAccount: vm}
 `;
   return `apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -81,6 +81,10 @@ test('an unhealthy VM leaves the other sidecar\'s endpoints, returns when health
     const cfgDir = path.join(dir.path, 'config');
     fs.mkdirSync(cfgDir);
     fs.writeFileSync(path.join(cfgDir, 'vm.yaml'), config(servicePort, a.port, b.port));
+    // The VM's identity: its agent authenticates its stream with this token, or its health events are ignored.
+    fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
+    fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'vm'), 'vm-token\n', { mode: 0o600 });
+    fs.writeFileSync(path.join(dir.path, 'vm-token'), 'vm-token\n', { mode: 0o600 });
     const listen = `127.0.0.1:${await freePort()}`;
     const startServer = async () => {
       const s = new DiscoveryServer({ configDir: cfgDir, listen, debounceMs: 50 });
@@ -91,7 +95,7 @@ test('an unhealthy VM leaves the other sidecar\'s endpoints, returns when health
     await startServer();
 
     // The VM: its Envoy talks ADS (Delta) to its agent's xDS proxy, which carries the health events upstream.
-    proxy = new XdsProxy({ socketPath: path.join(dir.path, 'XDS'), upstream: { address: listen, tls: false }, backoff: { initialMs: 100, maxMs: 500 } });
+    proxy = new XdsProxy({ socketPath: path.join(dir.path, 'XDS'), upstream: { address: listen, tls: false, tokenFile: path.join(dir.path, 'vm-token') }, backoff: { initialMs: 100, maxMs: 500 } });
     await proxy.start();
     envoys.push(await startEnvoy({ xdsAddress: path.join(dir.path, 'XDS'), nodeId: 'sidecar~127.0.0.1~vm-a.test~test.svc.cluster.local', delta: true, metadata: { WORKLOAD_ENTRY: 'vm-a' } }));
     const events: HealthEvent[] = [];

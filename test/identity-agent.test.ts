@@ -30,7 +30,7 @@ test('standalone agent: the embedded CA signs the declared identity, the SDS soc
   const dir = tempDir('pa-identity-');
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'web'), 'web-bootstrap-token\n');
+  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'web'), 'web-bootstrap-token\n', { mode: 0o600 });
   fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
   fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'web-bootstrap-token');
   const status = await freePort();

@@ -130,8 +130,8 @@ test('a standalone gateway ISTIO_MUTUAL server presents its workload certificate
   const dir = tempDir('pa-gwmtls-');
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'ingress'), 'gw-token\n');
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'client'), 'client-token\n');
+  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'ingress'), 'gw-token\n', { mode: 0o600 });
+  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'client'), 'client-token\n', { mode: 0o600 });
   fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
   fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'gw-token');
   fs.writeFileSync(path.join(dir.path, 'client-token'), 'client-token');

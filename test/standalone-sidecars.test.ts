@@ -69,8 +69,8 @@ test('two standalone sidecars in two network namespaces: mTLS between the apps w
   const dir = tempDir('pa-sidecars-');
   const cfgDir = path.join(dir.path, 'shared-config');
   fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'shop'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'shop', 'client'), 'client-token\n');
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'shop', 'server'), 'server-token\n');
+  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'shop', 'client'), 'client-token\n', { mode: 0o600 });
+  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'shop', 'server'), 'server-token\n', { mode: 0o600 });
   fs.writeFileSync(path.join(cfgDir, 'mesh.yaml'), yaml(ipB, 'STRICT'));
   const procs: { proc: ChildProcess; log: () => string; exited: Promise<number | null> }[] = [];
   const agentLogs = () => procs.map((p, i) => `--- process ${i}\n${p.log().slice(-2500)}`).join('\n');

@@ -18,7 +18,7 @@ function meshYaml(servicePort: number, a: number, b: number): string {
   const we = (name: string, port: number) => `apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: ${name}, namespace: test}
-spec: {address: 127.0.0.1, labels: {app: vm}, ports: {http: ${port}}}
+spec: {address: 127.0.0.1, labels: {app: vm}, ports: {http: ${port}}, serviceAccount: vm}
 `;
   return `apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -82,6 +82,9 @@ test('standalone fleet: an unhealthy VM leaves the other sidecar\'s endpoints, r
     const meshDir = path.join(dir.path, 'mesh');
     fs.mkdirSync(meshDir);
     fs.writeFileSync(path.join(meshDir, 'vm.yaml'), meshYaml(servicePort, a.port, b.port));
+    // The VM's identity: its agent sends this token on its xDS stream (as for the CA), or its health is ignored.
+    fs.mkdirSync(path.join(meshDir, 'ca', 'identities', 'test'), { recursive: true });
+    fs.writeFileSync(path.join(meshDir, 'ca', 'identities', 'test', 'vm'), 'vm-token\n', { mode: 0o600 });
     const discoveryAddr = `127.0.0.1:${await freePort()}`;
     discovery = startDiscovery(meshDir, discoveryAddr);
     await waitFor('the discovery server', () => discovery!.out().includes('discovery server listening'), 20_000);
@@ -89,6 +92,10 @@ test('standalone fleet: an unhealthy VM leaves the other sidecar\'s endpoints, r
     const agent = async (name: string, proxyConfig: Record<string, unknown>, env: Record<string, string>) => {
       const home = path.join(dir.path, name);
       fs.mkdirSync(home);
+      if (env.SERVICE_ACCOUNT === 'vm') {
+        fs.mkdirSync(path.join(home, 'var/run/secrets/tokens'), { recursive: true });
+        fs.writeFileSync(path.join(home, 'var/run/secrets/tokens/istio-token'), 'vm-token\n', { mode: 0o600 });
+      }
       const ports = { status: await freePort(), admin: await freePort() };
       const running = startAgent(['proxy', 'sidecar'], {
         PROXY_CONFIG: JSON.stringify({
@@ -105,7 +112,7 @@ test('standalone fleet: an unhealthy VM leaves the other sidecar\'s endpoints, r
         .catch((e: Error) => { throw new Error(`${e.message}\n${running.log()}`); });
       return { ...ports, running };
     };
-    await agent('vm-a', { readinessProbe: { httpGet: { path: '/healthz', port: appPort }, periodSeconds: 1, failureThreshold: 2 } }, { ISTIO_META_WORKLOAD_ENTRY: 'vm-a' });
+    await agent('vm-a', { readinessProbe: { httpGet: { path: '/healthz', port: appPort }, periodSeconds: 1, failureThreshold: 2 } }, { ISTIO_META_WORKLOAD_ENTRY: 'vm-a', SERVICE_ACCOUNT: 'vm' });
     const client = await agent('client', {}, {
       ISTIO_KUBE_APP_PROBERS: JSON.stringify({ '/app-health/client/readyz': { httpGet: { path: '/', port: b.port }, timeoutSeconds: 2 } }),
     });

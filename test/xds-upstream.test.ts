@@ -8,6 +8,7 @@ import * as assert from 'uvu/assert';
 import { buildConfig } from '../lib/config';
 import { configureLogging, resetLogging } from '../lib/log';
 import { upstreamFromConfig, XdsProxy, type UpstreamOptions } from '../lib/xds-proxy';
+import { upstreamMetadata } from '../lib/xds-upstream';
 import { CLUSTER, ControlPlane, edsCluster, FakeEnvoy } from './helpers/control-plane';
 import { tempDir, waitFor } from './helpers/harness';
 
@@ -141,7 +142,7 @@ test('TLS upstream: verifies the server name against the root, sends ClusterID, 
   }
 });
 
-test('TLS upstream with a client certificate from PROV_CERT; the token is never sent in plaintext', async () => {
+test('TLS upstream with a client certificate from PROV_CERT; in plaintext the token goes to a local address only', async () => {
   const dir = tempDir('pa-xds-mtls-');
   const cp = new ControlPlane({ tls: { key: Buffer.from(SERVER_KEY), cert: Buffer.from(SERVER_CERT), clientCa: Buffer.from(CA) } });
   const plain = new ControlPlane();
@@ -160,8 +161,13 @@ test('TLS upstream with a client certificate from PROV_CERT; the token is never 
     await plain.start(0);
     await withProxy({ address: plain.address, tls: false, tokenFile: path.join(dir.path, 'token') }, async (_p, env) => {
       await env.waitForResponse('CDS in plaintext', (x) => x.typeUrl === CLUSTER);
-      assert.is(plain.metadata[0]!.authorization, undefined);
+      assert.is(plain.metadata[0]!.authorization, 'Bearer secret', 'loopback: the stream is authenticated, as the CA call is');
     });
+    // Across a network in plaintext, never (the address is not dialled: only the metadata is built).
+    for (const address of ['10.0.0.1:15010', 'istiod.istio-system.svc:15010', '[fd00::1]:15010']) {
+      assert.is(upstreamMetadata({ address, tls: false, tokenFile: path.join(dir.path, 'token') }).get('authorization').length, 0, address);
+    }
+    assert.equal(upstreamMetadata({ address: 'unix:///x.sock', tls: false, token: 'mem', tokenFile: path.join(dir.path, 'token') }).get('authorization'), ['Bearer mem']);
   } finally {
     await cp.stop();
     await plain.stop();

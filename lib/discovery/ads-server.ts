@@ -12,7 +12,8 @@ import { scope } from '../log';
 import { prepareSocket } from '../unix-socket';
 import { AdsConnection, type ConnectionHost, type DeltaRequest, type Nack, type SotwRequest } from './ads-connection';
 import { HEALTH_INFO_TYPE } from '../xds-istio';
-import { type Proxy, proxyFromNode } from './proxy';
+import { type Proxy, proxyFromNode, withIdentity } from './proxy';
+import type { AuthVerdict } from './xds-auth';
 import type { PushContext } from './push-context';
 import { PushLimiter } from './push-queue';
 
@@ -26,6 +27,10 @@ export interface AdsServerOptions {
   pushConcurrency?: number;
   /** A proxy's health event (istio.v1.HealthInformation): never a subscription, handed over here. */
   onHealth?: (proxy: Proxy, error: { code?: number; message?: string } | undefined) => void;
+  /** Who the stream's caller is, from its metadata and first node (./xds-auth.ts); unset: everyone is anonymous. */
+  authenticate?: (metadata: grpc.Metadata, proxy: Proxy) => AuthVerdict;
+  /** Told of each stream refused. */
+  onRefused?: (reason: string, fields: Record<string, unknown>) => void;
 }
 
 type Call = grpc.ServerDuplexStream<Record<string, unknown>, Record<string, unknown>>;
@@ -60,10 +65,14 @@ function serviceDefinition(): grpc.ServiceDefinition {
 export interface ConnectionStatus {
   id: string;
   proxy: string;
+  /** `<ns>/<sa> (token|in-process)`, or `anonymous`. */
+  identity: string;
   type: string;
   delta: boolean;
   subscriptions: ReturnType<AdsConnection['subscriptions']>;
 }
+
+const identityOf = (p: Proxy) => (p.identity ? `${p.identity.namespace}/${p.identity.serviceAccount} (${p.identity.via})` : 'anonymous');
 
 export class AdsServer {
   private readonly server: grpc.Server;
@@ -132,7 +141,7 @@ export class AdsServer {
   }
 
   status(): { connections: ConnectionStatus[]; nacks: Nack[] } {
-    const connections = [...this.calls.keys()].map((c) => ({ id: c.id, proxy: c.proxy.id, type: c.proxy.type, delta: c.delta, subscriptions: c.subscriptions() }));
+    const connections = [...this.calls.keys()].map((c) => ({ id: c.id, proxy: c.proxy.id, identity: identityOf(c.proxy), type: c.proxy.type, delta: c.delta, subscriptions: c.subscriptions() }));
     return { connections, nacks: [...this.nackLog] };
   }
 
@@ -164,6 +173,12 @@ export class AdsServer {
       return;
     }
     let conn: AdsConnection | undefined;
+    let refused = false;
+    const refuse = (code: grpc.status, details: string) => {
+      refused = true;
+      call.emit('error', { code, details });
+      call.destroy();
+    };
     const host: ConnectionHost = {
       current: this.opts.current,
       write: (_c, msg) => this.write(call, msg),
@@ -172,18 +187,24 @@ export class AdsServer {
       onPushed: (c, v, ms) => this.onPushed(c, v, ms),
     };
     call.on('data', (req: Record<string, unknown>) => {
+      if (refused) return;
       if (!conn) {
+        let proxy: Proxy;
         try {
-          const proxy = proxyFromNode(req.node as { id?: string });
-          conn = new AdsConnection(proxy, delta, host);
+          proxy = proxyFromNode(req.node as { id?: string });
         } catch (e) {
           log.warn('rejecting an xDS stream', { error: errorMessage(e) });
-          call.emit('error', { code: grpc.status.INVALID_ARGUMENT, details: errorMessage(e) });
-          call.destroy();
-          return;
+          return refuse(grpc.status.INVALID_ARGUMENT, errorMessage(e));
         }
+        const verdict = this.opts.authenticate?.(call.metadata, proxy) ?? { ok: true };
+        if (!verdict.ok) {
+          this.opts.onRefused?.(verdict.reason, { proxy: proxy.id, peer: call.getPeer() });
+          return refuse(verdict.code, verdict.reason);
+        }
+        if (verdict.identity) proxy = withIdentity(proxy, verdict.identity);
+        conn = new AdsConnection(proxy, delta, host);
         this.calls.set(conn, call);
-        log.info('proxy connected', { proxy: conn.proxy.id, kind: conn.proxy.type, protocol: delta ? 'delta' : 'sotw', connections: this.calls.size });
+        log.info('proxy connected', { proxy: conn.proxy.id, kind: conn.proxy.type, identity: identityOf(proxy), protocol: delta ? 'delta' : 'sotw', connections: this.calls.size });
       }
       if (req.type_url === HEALTH_INFO_TYPE) return this.opts.onHealth?.(conn.proxy, req.error_detail as { message?: string } | undefined);
       if (delta) conn.onDeltaRequest(req as DeltaRequest);

@@ -4,14 +4,15 @@
 //   ca/root-cert.pem, ca/root-key.pem   the mesh root, created on first start (key 0600) and reused after; hosts
 //                                       that share the config directory share the root, so their sidecars
 //                                       trust each other
-//   ca/identities/<namespace>/<sa>      one file per identity the CA may sign: its bootstrap token
+//   ca/identities/<namespace>/<sa>      one file per identity the CA may sign: its bootstrap token, owner-only
+//                                       like the root key (./identities.ts)
 //
 // A caller proves who it is with `authorization: Bearer <token>`: the token must equal an identity's file, and
 // the CSR must ask for exactly that identity (spiffe://<trust domain>/ns/<namespace>/sa/<sa>). Nothing is signed
 // without a token, and the CA is only served on a Unix socket or a loopback address (the discovery port is
 // plaintext, so a token must not cross the network).
 
-import { createHash, createPrivateKey, KeyObject, randomBytes, timingSafeEqual, webcrypto } from 'node:crypto';
+import { createPrivateKey, KeyObject, randomBytes, webcrypto } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
@@ -19,6 +20,7 @@ import { CA_SERVICE_DEFINITION, type CertificateRequest, type CertificateRespons
 import { spiffeId } from '../csr';
 import { AgentError, errorMessage } from '../errors';
 import { writeFileAtomic } from '../fs-atomic';
+import { TokenIdentities } from './identities';
 import { scope } from '../log';
 import { x509, type X509 } from '../x509';
 
@@ -31,7 +33,6 @@ const DEFAULT_MAX_TTL_MS = 90 * DAY;
 const DEFAULT_TTL_MS = DAY;
 // Tolerates clocks a little behind ours.
 const BACKDATE_MS = 60_000;
-const LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 
 export interface EmbeddedCaOptions {
   /** The `ca` directory (root and identities). */
@@ -62,7 +63,14 @@ export class EmbeddedCa {
   readonly stats: CaStats = { signed: 0, refused: 0 };
   private readonly now: () => number;
 
-  private constructor(private readonly o: EmbeddedCaOptions, private readonly root: X509.X509Certificate, private readonly rootKey: webcrypto.CryptoKey, readonly rootPem: string) {
+  private constructor(
+    private readonly o: EmbeddedCaOptions,
+    private readonly root: X509.X509Certificate,
+    private readonly rootKey: webcrypto.CryptoKey,
+    readonly rootPem: string,
+    /** The token files; the ADS server authenticates proxies with the same ones. */
+    readonly identities: TokenIdentities,
+  ) {
     this.now = o.now ?? Date.now;
   }
 
@@ -73,6 +81,9 @@ export class EmbeddedCa {
   /** Loads the root, or creates it when there is none (one process wins if several start at once). */
   static async open(o: EmbeddedCaOptions): Promise<EmbeddedCa> {
     const X = x509();
+    // Token files first: a loose one is a start-up error naming it, before anything is created.
+    const identities = new TokenIdentities(path.join(o.dir, 'identities'));
+    identities.check();
     const certFile = path.join(o.dir, 'root-cert.pem');
     const keyFile = path.join(o.dir, 'root-key.pem');
     fs.mkdirSync(o.dir, { recursive: true, mode: 0o700 });
@@ -97,44 +108,14 @@ export class EmbeddedCa {
       throw new AgentError('CONFIG_INVALID', `embedded CA: root in ${o.dir} does not load: ${errorMessage(e)}`, e);
     }
     log.info(`embedded CA: root ${root.serialNumber} from ${certFile}, valid until ${root.notAfter.toISOString()}`);
-    return new EmbeddedCa(o, root, key, certPem.endsWith('\n') ? certPem : `${certPem}\n`);
-  }
-
-  /** The identity whose token this is, read from the identities directory at each call. */
-  identityForToken(token: string): { namespace: string; serviceAccount: string } | undefined {
-    const base = path.join(this.o.dir, 'identities');
-    const want = createHash('sha256').update(token).digest();
-    let namespaces: string[];
-    try {
-      namespaces = fs.readdirSync(base).filter((n) => LABEL.test(n));
-    } catch {
-      return undefined;
-    }
-    for (const namespace of namespaces) {
-      let accounts: string[];
-      try {
-        accounts = fs.readdirSync(path.join(base, namespace)).filter((n) => LABEL.test(n));
-      } catch {
-        continue;
-      }
-      for (const serviceAccount of accounts) {
-        let t: string;
-        try {
-          t = fs.readFileSync(path.join(base, namespace, serviceAccount), 'utf8').trim();
-        } catch {
-          continue;
-        }
-        if (t && timingSafeEqual(createHash('sha256').update(t).digest(), want)) return { namespace, serviceAccount };
-      }
-    }
-    return undefined;
+    return new EmbeddedCa(o, root, key, certPem.endsWith('\n') ? certPem : `${certPem}\n`, identities);
   }
 
   /** Signs the CSR for the identity the token proves; AgentError (code BAD_INPUT) with the reason otherwise. */
   async sign(req: CertificateRequest, token: string | undefined): Promise<string[]> {
     const X = x509();
     if (!token) throw new AgentError('BAD_INPUT', 'no bearer token: a caller proves its identity with the token file of that identity');
-    const who = this.identityForToken(token);
+    const who = this.identities.identityForToken(token);
     if (!who) throw new AgentError('BAD_INPUT', 'the token matches no identity under ca/identities');
     const id = spiffeId(this.o.trustDomain, who.namespace, who.serviceAccount);
     let csr: X509.Pkcs10CertificateRequest;

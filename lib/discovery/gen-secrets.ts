@@ -2,8 +2,10 @@
 // serves Kubernetes secrets (istio/istio 86c9f01f, pilot/pkg/xds/sds.go): `kubernetes://<name>` is the certificate
 // chain and key, `kubernetes://<name>-cacert` the trust bundle (the Secret's own ca.crt, else that of a Secret named
 // `<name>-cacert`). A proxy gets the Secrets of its own namespace, and only a router: istiod serves credentials to
-// gateways, not to sidecars. istiod sends keys over its authenticated TLS stream; this server's is plaintext, so keys
-// go only over a Unix socket or loopback (see PushContext.servePrivateKeys); CA bundles go anywhere.
+// gateways, not to sidecars. istiod sends keys only to a proxy whose authenticated identity may read the Secret, over
+// its TLS stream. This server's stream is plaintext, so a key goes only over a Unix socket or loopback (see
+// PushContext.servePrivateKeys) AND only to a router authenticated as an identity of the Secret's namespace
+// (./xds-auth.ts); an anonymous router of that namespace gets the CA bundles only.
 
 import type { Config, SecretSpec } from './model';
 import type { Proxy } from './proxy';
@@ -26,12 +28,13 @@ export const credentialCaResource = (name: string) => `${CREDENTIAL_PREFIX}${nam
 
 export function buildSecrets(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
   if (proxy.type !== 'router') return new Map();
-  return push.memoize(`sds|${proxy.namespace}`, () => {
+  const keys = push.servePrivateKeys && proxy.identity?.namespace === proxy.namespace;
+  return push.memoize(`sds|${proxy.namespace}|${keys ? 'keys' : 'ca'}`, () => {
     const secrets = push.secrets.filter((s) => s.meta.namespace === proxy.namespace);
     const byName = new Map(secrets.map((s) => [s.meta.name, s] as const));
     const out = new Map<string, Resource>();
     for (const s of secrets) {
-      if (s.spec.cert && s.spec.key && push.servePrivateKeys) {
+      if (s.spec.cert && s.spec.key && keys) {
         const name = credentialResource(s.meta.name);
         out.set(name, encodeResource(SECRET, name, {
           name,

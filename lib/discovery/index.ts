@@ -6,11 +6,13 @@
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import type { Registry } from 'prom-client';
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
 import { parseJsonOrYaml } from '../json-or-yaml';
 import { DISCOVERY_MAX_DOCUMENTS, DISCOVERY_MAX_FILE_BYTES, PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
 import { timestamp, scope } from '../log';
+import { registerCounters } from '../metrics';
 import { AdsServer, type ConnectionStatus } from './ads-server';
 import { caDeclared, EmbeddedCa, isLocalAddress } from './ca';
 import type { Nack } from './ads-connection';
@@ -24,7 +26,10 @@ import { warmSidecarRoutes } from './gen-routes';
 import { PushContext } from './push-context';
 import { ResourceCache } from './resources';
 import { ServiceEntryRegistry } from './registry';
+import type { Identity } from './identities';
+import { Refusals } from './refusals';
 import { WorkloadHealth, type HealthReport } from './workload-health';
+import { XdsAuthenticator } from './xds-auth';
 import { type ConfigIssue, formatIssue } from './yaml-file';
 
 const log = scope('discovery');
@@ -47,6 +52,8 @@ export interface DiscoveryOptions {
   maxDocuments?: number;
   /** SPIFFE trust domain of the embedded CA, served when <configDir>/ca/identities exists (default cluster.local). */
   trustDomain?: string;
+  /** `proxy --standalone`: the identity of the agent this server runs in. It connects with `inProcessToken`. */
+  inProcess?: Identity;
 }
 
 /** The file limits from the environment (DISCOVERY_MAX_FILE_BYTES, DISCOVERY_MAX_DOCUMENTS). */
@@ -65,13 +72,16 @@ export interface DiscoveryStatus {
   health: HealthReport[];
   /** The embedded CA, when served. */
   ca?: { root: string; signed: number; refused: number };
+  /** Streams refused (a bad token, another namespace) and health reports ignored (./workload-health.ts). */
+  refused: Refusals['counts'];
 }
 
 export class DiscoveryServer implements Component {
   readonly name = 'discovery server';
   readonly store = new MemoryConfigStore();
   readonly registry = new ServiceEntryRegistry(this.store);
-  readonly health = new WorkloadHealth(this.registry, this.store);
+  private readonly refusals = new Refusals();
+  readonly health = new WorkloadHealth(this.registry, this.store, this.refusals);
   readonly closed: Promise<Error | undefined>;
   private resolveClosed!: (e: Error | undefined) => void;
   private readonly files: FileConfigSource;
@@ -81,6 +91,7 @@ export class DiscoveryServer implements Component {
   private readonly mesh: MeshConfig;
   private push: PushContext;
   private ca: EmbeddedCa | undefined;
+  private readonly auth: XdsAuthenticator;
   private pushes = 0;
   private versionSeq = 0;
   private boundAddress = '';
@@ -101,7 +112,18 @@ export class DiscoveryServer implements Component {
     });
     this.debouncer = new Debouncer({ quietMs: o.debounceMs ?? 100, maxDelayMs: o.maxDelayMs ?? 10_000, onFlush: (req) => this.onFlush(req) });
     this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, { servePrivateKeys: isLocalAddress(o.listen) });
-    this.ads = new AdsServer({ current: () => this.push, onHealth: (p, e) => this.health.report(p, e) });
+    this.auth = new XdsAuthenticator({ ...(o.inProcess && { inProcess: o.inProcess }) });
+    this.ads = new AdsServer({
+      current: () => this.push,
+      onHealth: (p, e) => this.health.report(p, e),
+      authenticate: (md, p) => this.auth.authenticate(md, p),
+      onRefused: (reason, fields) => this.refusals.refuse('xds_stream', reason, fields),
+    });
+  }
+
+  /** The bearer token of the agent this server runs in (DiscoveryOptions.inProcess); never leaves the process. */
+  get inProcessToken(): string | undefined {
+    return this.auth.inProcessToken;
   }
 
   get address(): string {
@@ -150,6 +172,8 @@ export class DiscoveryServer implements Component {
     }
     if (!this.push.servePrivateKeys && this.push.secrets.some((x) => x.spec.key)) {
       log.warn(`Secret private keys are not served: ${this.o.listen} is not a Unix socket or loopback address and the xDS stream is plaintext; gateways get only CA bundles (use certificate files on the gateway host)`);
+    } else if (!this.auth.enabled && this.push.secrets.some((x) => x.spec.key)) {
+      log.warn(`Secret private keys are not served: they go only to a gateway authenticated with a token of its namespace, and ${path.join(this.o.configDir, 'ca', 'identities')} declares none; gateways get only CA bundles`);
     }
     this.files.start();
     this.state = 'running';
@@ -164,6 +188,8 @@ export class DiscoveryServer implements Component {
       return;
     }
     this.ca = await EmbeddedCa.open({ dir: path.join(this.o.configDir, 'ca'), trustDomain: this.o.trustDomain ?? 'cluster.local' });
+    // The same tokens authenticate xDS streams: a gateway's private keys and a VM's health reports need them.
+    this.auth.identities = this.ca.identities;
     const svc = this.ca.service();
     this.ads.addService(svc.definition, svc.implementation);
   }
@@ -190,7 +216,16 @@ export class DiscoveryServer implements Component {
       pushes: this.pushes,
       health: this.health.status(),
       ca: this.ca && { root: this.ca.rootSerial, ...this.ca.stats },
+      refused: { ...this.refusals.counts },
     };
+  }
+
+  /** In `proxy --standalone`, on the agent's /stats/prometheus. */
+  registerMetrics(registry: Registry): void {
+    registerCounters(registry, 'istio_agent_discovery_', 'embedded discovery server', () => ({
+      refused_xds_streams_total: this.refusals.counts.xds_stream,
+      ignored_health_reports_total: this.refusals.counts.health_report,
+    }));
   }
 
   /** Called after each connection finishes a push. */

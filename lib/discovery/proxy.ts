@@ -3,6 +3,7 @@
 
 import { dict } from '../dict';
 import { AgentError, quote } from '../errors';
+import type { Identity } from './identities';
 import { proxyTracingFromMetadata, type ProxyTracing } from './mesh-tracing';
 
 export type ProxyType = 'sidecar' | 'router';
@@ -11,7 +12,11 @@ export interface Proxy {
   readonly id: string;
   readonly type: ProxyType;
   readonly ip: string;
+  /** The node id's IP and metadata INSTANCE_IPS: the addresses the proxy claims. */
+  readonly ips: readonly string[];
   readonly namespace: string;
+  /** Who the proxy proved to be on its stream (./xds-auth.ts); its namespace is the node's. Absent: anonymous. */
+  readonly identity?: VerifiedIdentity;
   readonly labels: Readonly<Record<string, string>>;
   /** Metadata WORKLOAD_ENTRY: the WorkloadEntry this proxy runs for (its health events apply to it). */
   readonly workloadEntry?: string;
@@ -25,6 +30,16 @@ export interface Proxy {
   /** Metadata MESH_ID and CLUSTER_ID (trace tags). */
   readonly meshId?: string;
   readonly clusterId?: string;
+}
+
+export interface VerifiedIdentity extends Identity {
+  /** `token`: a ca/identities token; `in-process`: the agent that runs this server (proxy --standalone). */
+  readonly via: 'token' | 'in-process';
+}
+
+/** The proxy as authenticated on its stream. */
+export function withIdentity(p: Proxy, identity: VerifiedIdentity): Proxy {
+  return Object.freeze({ ...p, identity: Object.freeze({ ...identity }) });
 }
 
 export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefined): Proxy {
@@ -51,8 +66,9 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
   const pc = m.PROXY_CONFIG && typeof m.PROXY_CONFIG === 'object' ? m.PROXY_CONFIG as Record<string, unknown> : undefined;
   const tracing = pc && proxyTracingFromMetadata(pc.tracing);
   const str = (k: string) => (typeof m[k] === 'string' && m[k] ? { [k === 'MESH_ID' ? 'meshId' : 'clusterId']: m[k] as string } : {});
+  const ips = [ip, ...(typeof m.INSTANCE_IPS === 'string' ? m.INSTANCE_IPS.split(',').map((x) => x.trim()) : [])];
   return Object.freeze({
-    id, type, ip, namespace, labels: Object.freeze(labels), capture: capture === true || capture === 'true',
+    id, type, ip, ips: Object.freeze([...new Set(ips.filter(Boolean))]), namespace, labels: Object.freeze(labels), capture: capture === true || capture === 'true',
     ...(typeof we === 'string' && we ? { workloadEntry: we } : {}),
     ...(pc && { proxyConfig: Object.freeze(tracing ? { tracing } : {}) }),
     ...str('MESH_ID'), ...str('CLUSTER_ID'),

@@ -9,6 +9,8 @@ export interface AdsBootstrapOptions {
   /** `unix:/abs/path`, an absolute socket path, or `host:port`. */
   xdsAddress: string;
   metadata?: Record<string, unknown>;
+  /** Sent as `authorization: Bearer <token>` on the ADS stream (the discovery server authenticates callers). */
+  xdsToken?: string;
 }
 
 function address(xds: string): Record<string, unknown> {
@@ -26,7 +28,10 @@ export function adsBootstrap(o: AdsBootstrapOptions): Record<string, unknown> {
       ads_config: {
         api_type: o.delta ? 'DELTA_GRPC' : 'GRPC',
         transport_api_version: 'V3',
-        grpc_services: [{ envoy_grpc: { cluster_name: 'xds-grpc' } }],
+        grpc_services: [{
+          envoy_grpc: { cluster_name: 'xds-grpc' },
+          ...(o.xdsToken && { initial_metadata: [{ key: 'authorization', value: `Bearer ${o.xdsToken}` }] }),
+        }],
         set_node_on_first_message_only: true,
       },
       cds_config: ads,

@@ -32,14 +32,18 @@ export class AdsClient {
     });
   }
 
-  static connect(address: string, delta: boolean): AdsClient {
+  /** `metadata`: the stream's headers (e.g. authorization). */
+  static connect(address: string, delta: boolean, metadata: Record<string, string> = {}): AdsClient {
     const req = messageType(delta ? 'envoy.service.discovery.v3.DeltaDiscoveryRequest' : 'envoy.service.discovery.v3.DiscoveryRequest');
     const res = messageType(delta ? 'envoy.service.discovery.v3.DeltaDiscoveryResponse' : 'envoy.service.discovery.v3.DiscoveryResponse');
     const client = new grpc.Client(address, grpc.credentials.createInsecure(), { 'grpc.max_receive_message_length': -1 });
+    const md = new grpc.Metadata();
+    for (const [k, v] of Object.entries(metadata)) md.set(k, v);
     const call = client.makeBidiStreamRequest(
       `${SERVICE}/${delta ? 'DeltaAggregatedResources' : 'StreamAggregatedResources'}`,
       (o: Record<string, unknown>) => Buffer.from(req.encode(req.fromObject(o)).finish()),
       (b: Buffer) => res.toObject(res.decode(b), { longs: Number, enums: String, defaults: false, arrays: true }) as Response,
+      md,
     );
     return new AdsClient(client, call);
   }

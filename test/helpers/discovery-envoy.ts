@@ -50,9 +50,12 @@ export async function spawnTestEnvoy(bootstrap: Record<string, unknown>, adminPo
   return { proc, logs: () => out, stop };
 }
 
-export async function startEnvoy(opts: { xdsAddress: string; nodeId: string; delta?: boolean; labels?: Record<string, string>; metadata?: Record<string, unknown> }): Promise<TestEnvoy> {
+export async function startEnvoy(opts: { xdsAddress: string; nodeId: string; delta?: boolean; labels?: Record<string, string>; metadata?: Record<string, unknown>; xdsToken?: string }): Promise<TestEnvoy> {
   const adminPort = await freePort();
-  const bootstrap = adsBootstrap({ nodeId: opts.nodeId, adminPort, delta: !!opts.delta, xdsAddress: opts.xdsAddress, metadata: { ...(opts.labels ? { LABELS: opts.labels } : {}), ...opts.metadata } });
+  const bootstrap = adsBootstrap({
+    nodeId: opts.nodeId, adminPort, delta: !!opts.delta, xdsAddress: opts.xdsAddress, metadata: { ...(opts.labels ? { LABELS: opts.labels } : {}), ...opts.metadata },
+    ...(opts.xdsToken && { xdsToken: opts.xdsToken }),
+  });
   const envoy = await spawnTestEnvoy(bootstrap, adminPort, 'pa-disc-envoy-');
   return {
     adminPort,
