@@ -18,7 +18,7 @@ import type { Env } from './env';
 import * as envs from './env';
 import { scope } from './log';
 import { grpcProbe, httpProbe, probeTarget, tcpProbe, type ProbeResult } from './probe';
-import type { Reply } from './status-server';
+import type { Reply } from './component';
 
 const log = scope('probes');
 

@@ -7,7 +7,17 @@
 // outside its own file.
 
 import type { Registry } from 'prom-client';
-import type { Handler, Reply } from './status-server';
+import type * as http from 'node:http';
+
+/** An answer of the status server (lib/status-server.ts) to one request. */
+export interface Reply {
+  status: number;
+  body: string | Buffer;
+  contentType?: string;
+  headers?: Record<string, string>;
+}
+
+export type Handler = (req: http.IncomingMessage) => Promise<Reply> | Reply;
 
 /** One readiness condition: `reason` says what is missing when `ready` is false. */
 export interface Condition {

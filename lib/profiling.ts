@@ -17,7 +17,7 @@ import { Session } from 'node:inspector/promises';
 import * as v8 from 'node:v8';
 import { closedSignal, type Component, type StatusRoute } from './component';
 import { scope } from './log';
-import type { Reply } from './status-server';
+import type { Reply } from './component';
 
 const log = scope('profiling');
 

@@ -8,7 +8,9 @@
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Registry } from 'prom-client';
-import type { Component, Condition, StatusRoute } from './component';
+import type { Component, Condition, Handler, Reply, StatusRoute } from './component';
+
+export type { Handler, Reply };
 import { closedSignal } from './component';
 import { scope } from './log';
 import { gaugeFrom, mergedScrape, type MetricsSource } from './metrics';
@@ -19,14 +21,6 @@ const gzipAsync = promisify(gzip);
 
 const log = scope('status');
 
-export interface Reply {
-  status: number;
-  body: string | Buffer;
-  contentType?: string;
-  headers?: Record<string, string>;
-}
-
-export type Handler = (req: http.IncomingMessage) => Promise<Reply> | Reply;
 
 interface Route {
   method: string;

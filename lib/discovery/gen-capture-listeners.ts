@@ -16,8 +16,7 @@
 import { type AnyMessage, packAny, typeUrl } from '../envoy-protos';
 import { allocateVips } from './auto-vip';
 import { tcpProxyFilter } from './gen-tcp';
-import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER, sidecarRouteName } from './gen-routes';
-import { hcmFilter } from './gen-listeners';
+import { BLACKHOLE_CLUSTER, hcmFilter, PASSTHROUGH_CLUSTER, sidecarRouteName } from './gen-common';
 import { isHttp, type MeshConfig, type Service } from './model';
 import type { ProxyScope, PushContext } from './push-context';
 import { CLUSTER, dur, encodeResource, LISTENER, type Resource } from './resources';

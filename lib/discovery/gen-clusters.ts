@@ -7,7 +7,7 @@ import { packAny } from '../envoy-protos';
 import { clusterLbFields, effectivePolicy } from './gen-lb-policy';
 import { originates, originationFields } from './gen-upstream-tls';
 import { SDS_SOURCE } from './gen-secrets';
-import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER } from './gen-routes';
+import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER } from './gen-common';
 import { type Config, type DestinationRuleSpec, labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset, type TrafficPolicy } from './model';
 import type { ProxyScope, PushContext } from './push-context';
 import { ADS_SOURCE, CLUSTER, clusterName, dur, encodeResource, ENDPOINTS, type Resource } from './resources';

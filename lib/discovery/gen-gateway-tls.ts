@@ -12,7 +12,7 @@
 // (`file-cert:<cert>~<key>`, `file-root:<ca>`, and `default`/`ROOTCA` for ISTIO_MUTUAL) through `sds-grpc`.
 
 import { packAny } from '../envoy-protos';
-import { hcmFilter } from './gen-listeners';
+import { gatewayServerRouteName, hcmFilter, isPlainHttp, terminatesHttps } from './gen-common';
 import { serverHostAccepts } from './gateway-hosts';
 import { credentialCaResource, credentialResource, SDS_SOURCE } from './gen-secrets';
 import type { Config, GatewayServer, GatewaySpec, RouteDestination, ServerTls, TlsVersion, VirtualServiceSpec } from './model';
@@ -27,16 +27,6 @@ const ALPN_HTTP = ['h2', 'http/1.1'];
 const ALPN_ISTIO_TCP = ['istio-peer-exchange', 'istio', 'h2', 'http/1.1'];
 
 type Entry = { gw: Config<GatewaySpec>; server: GatewayServer };
-
-export const isPlainHttp = (s: GatewayServer) => s.port.protocol === 'HTTP' || s.port.protocol === 'HTTP2' || s.port.protocol === 'GRPC';
-export const terminatesHttps = (s: GatewayServer) => s.port.protocol === 'HTTPS' && s.tls !== undefined && s.tls.mode !== 'PASSTHROUGH';
-
-/** istiod's gatewayRDSRouteName: `http.<port>` for plaintext servers, one name per terminating HTTPS server. */
-export function gatewayServerRouteName(gw: Config<GatewaySpec>, s: GatewayServer): string | undefined {
-  if (isPlainHttp(s)) return `http.${s.port.number}`;
-  if (terminatesHttps(s)) return `https.${s.port.number}.${s.port.name}.${gw.meta.name}.${gw.meta.namespace}`;
-  return undefined;
-}
 
 /** `tracing`: the gateway HCMs' tracing block (./gen-tracing.ts), when tracing is configured. */
 export function routerListeners(push: PushContext, gws: readonly Config<GatewaySpec>[], proxyNs: string, tracing: Record<string, unknown> | undefined): Map<string, Resource> {

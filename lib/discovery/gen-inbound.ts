@@ -10,7 +10,7 @@ import { isHttp, type ServiceInstance } from './model';
 import type { Proxy } from './proxy';
 import type { PushContext } from './push-context';
 import { CLUSTER, dur, encodeResource, LISTENER, type Resource } from './resources';
-import { SDS_SOURCE } from './gen-clusters';
+import { SDS_SOURCE } from './gen-secrets';
 import { hcmTracing, tracingKey } from './gen-tracing';
 
 const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';

@@ -3,28 +3,16 @@
 // ports proxy to the one service on that port. A router binds the ports of the Gateways that select it.
 // If a port is taken on the host, Envoy NACKs that listener; the server reports it and does not retry it.
 
-import { packAny } from '../envoy-protos';
 import { isHttp, type Service } from './model';
 import { tcpProxyFilter } from './gen-tcp';
 import type { Proxy } from './proxy';
 import type { ProxyScope, PushContext } from './push-context';
-import { CORS_FILTER, FAULT_FILTER } from './gen-http-policy';
-import { ADS_SOURCE, dur, encodeResource, LISTENER, type Resource } from './resources';
-import { sidecarRouteName } from './gen-routes';
+import { encodeResource, LISTENER, type Resource } from './resources';
+import { hcmFilter, SIDECAR_BIND, sidecarRouteName } from './gen-common';
 import { captureListeners } from './gen-capture-listeners';
 import { inboundCaptureChains } from './gen-inbound';
 import { routerListeners } from './gen-gateway-tls';
 import { hcmTracing, tracingKey } from './gen-tracing';
-
-const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
-const ROUTER = 'envoy.extensions.filters.http.router.v3.Router';
-const GRPC_STATS = 'envoy.extensions.filters.http.grpc_stats.v3.FilterConfig';
-const FAULT = 'envoy.extensions.filters.http.fault.v3.HTTPFault';
-const CORS = 'envoy.extensions.filters.http.cors.v3.Cors';
-const UUID_REQUEST_ID = 'envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig';
-
-/** Where a sidecar's outbound listeners listen. */
-export const SIDECAR_BIND = '127.0.0.1';
 
 export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<string, Resource> {
   if (proxy.type === 'sidecar') {
@@ -73,38 +61,3 @@ function listener(name: string, address: string, port: number, filter: Record<st
   };
 }
 
-/** `tracing`: the HCM's tracing block (./gen-tracing.ts), when tracing is configured. */
-export function hcmFilter(statPrefix: string, routeName: string, edge: boolean, tracing?: Record<string, unknown>): Record<string, unknown> {
-  // The settings istiod puts on every HTTP connection manager (istio/istio 86c9f01f,
-  // pilot/pkg/networking/core/listener_builder.go buildHTTPConnectionManager). No mTLS here, so no client
-  // certificate to forward: SANITIZE_SET drops any x-forwarded-client-cert a client sent.
-  return {
-    name: 'envoy.filters.network.http_connection_manager',
-    typed_config: packAny(HCM, {
-      stat_prefix: statPrefix,
-      codec_type: 'AUTO',
-      rds: { config_source: { ...ADS_SOURCE, initial_fetch_timeout: dur(0) }, route_config_name: routeName },
-      http_filters: HTTP_FILTERS,
-      use_remote_address: { value: edge },
-      normalize_path: { value: true },
-      path_with_escaped_slashes_action: 'KEEP_UNCHANGED',
-      upgrade_configs: [{ upgrade_type: 'websocket' }],
-      stream_idle_timeout: dur(0),
-      proxy_100_continue: true,
-      server_name: 'istio-envoy',
-      forward_client_cert_details: 'SANITIZE_SET',
-      set_current_client_cert_details: { subject: { value: true }, dns: true, uri: true },
-      request_id_extension: { typed_config: packAny(UUID_REQUEST_ID, { use_request_id_for_trace_sampling: { value: true } }) },
-      access_log: [],
-      ...(tracing && { tracing }),
-    }),
-  };
-}
-
-// grpc_stats, then fault and cors (which read the routes' typed_per_filter_config), then the router: istiod's order.
-const HTTP_FILTERS = [
-  { name: 'envoy.filters.http.grpc_stats', typed_config: packAny(GRPC_STATS, { emit_filter_state: true, stats_for_all_methods: { value: false } }) },
-  { name: FAULT_FILTER, typed_config: packAny(FAULT, {}) },
-  { name: CORS_FILTER, typed_config: packAny(CORS, {}) },
-  { name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) },
-];

@@ -8,8 +8,7 @@ import { allocateVips } from './auto-vip';
 import type { Config, GatewaySpec, HttpMatch, HttpRoute, MeshConfig, RouteDestination, StringMatch, VirtualServiceSpec } from './model';
 import { isHttp } from './model';
 import { exportedTo } from './visibility';
-import { SIDECAR_BIND } from './gen-listeners';
-import { gatewayServerRouteName } from './gen-gateway-tls';
+import { gatewayServerRouteName, PASSTHROUGH_CLUSTER, SIDECAR_BIND, sidecarRouteName } from './gen-common';
 import { serverHostAccepts } from './gateway-hosts';
 import type { Proxy } from './proxy';
 import { type RouteSource, sourceMatches } from './source-match';
@@ -32,8 +31,6 @@ export function buildRoutes(push: PushContext, proxy: Proxy): ReadonlyMap<string
 }
 
 /** Route configuration name of a sidecar port and of a gateway port. */
-export const sidecarRouteName = (port: number) => String(port);
-export const gatewayRouteName = (port: number) => `http.${port}`;
 
 function sidecarRoutes(push: PushContext, scope: ProxyScope, labels: Readonly<Record<string, string>>, vips: boolean): Map<string, Resource> {
   const steps = sidecarRouteSteps(push, scope, labels, vips);
@@ -105,8 +102,6 @@ function kubeAltHosts(hostname: string, proxyNs: string): string[] {
   return hostname.slice(dot + 1, ih) === proxyNs ? [hostname.slice(0, dot), `${nsName}.svc`, nsName] : [nsName, `${nsName}.svc`];
 }
 
-export const PASSTHROUGH_CLUSTER = 'PassthroughCluster';
-export const BLACKHOLE_CLUSTER = 'BlackHoleCluster';
 /** istiod's last virtual host of a sidecar route: unknown Hosts pass through (ALLOW_ANY) or get 502 (REGISTRY_ONLY). */
 function catchAllVirtualHost(policy: MeshConfig['outboundTrafficPolicy']): Record<string, unknown> {
   if (policy === 'REGISTRY_ONLY') {
