@@ -430,9 +430,12 @@ export class SecretCache implements Component, SecretProvider {
       if (changed) this.emit(f.name);
     } catch (e) {
       if (this.fileSecrets.get(f.name) !== f || this.state !== 'running') return;
+      const again = f.error === errorMessage(e);
       f.error = errorMessage(e);
       this.failing.add(f);
-      this.fail('bad_file', `secret ${f.name}: ${f.error}${f.value ? '; keeping the last good one' : ''}`);
+      // Each secret's error is logged when it first appears or changes, not at every retry.
+      if (again) this.counts.failed.set('bad_file', (this.counts.failed.get('bad_file') ?? 0) + 1);
+      else this.fail('bad_file', `secret ${f.name}: ${f.error}${f.value ? '; keeping the last good one' : ''}`);
       this.scheduleFileRetry();
     } finally {
       f.loading = false;
