@@ -20,6 +20,14 @@ export interface WatchedFile {
   mode: 'content' | 'stat';
 }
 
+function statOrUndefined(file: string): fs.Stats | undefined {
+  try {
+    return fs.statSync(file);
+  } catch {
+    return undefined;
+  }
+}
+
 function statKey(st: fs.Stats | undefined): string {
   return st ? `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}:${st.ctimeMs}:${st.mode}` : 'missing';
 }
@@ -72,15 +80,26 @@ export class FileWatcher {
     for (const f of files) {
       if (!f.path || this.entries.has(f.path)) continue;
       const e = this.addEntry(f);
+      e.stat = statKey(statOrUndefined(f.path));
       e.hash = f.mode === 'content' ? fingerprint(f) : undefined;
     }
   }
 
-  /** Watches one more file (counted: remove() as often as add()). Changes after this call are reported. */
+  /**
+   * Watches one more file (counted: remove() as often as add()). Its stat is taken asynchronously (many files may be
+   * added at once), before the caller's own read of the file is likely to run; a later change is reported.
+   */
   add(f: WatchedFile): void {
     const e = this.entries.get(f.path);
-    if (e) e.refs++;
-    else if (f.path) this.addEntry(f);
+    if (e) {
+      e.refs++;
+      return;
+    }
+    if (!f.path) return;
+    const added = this.addEntry(f);
+    void fs.promises.stat(f.path).then((st) => st, () => undefined).then((st) => {
+      if (added.stat === '') added.stat = statKey(st);
+    });
   }
 
   remove(file: string): void {
@@ -94,14 +113,9 @@ export class FileWatcher {
   }
 
   private addEntry(f: WatchedFile): Entry {
-    let st: fs.Stats | undefined;
-    try {
-      st = fs.statSync(f.path);
-    } catch {
-      st = undefined;
-    }
     const dir = path.dirname(path.resolve(f.path));
-    const e: Entry = { file: f, dir, refs: 1, stat: statKey(st) };
+    // '' until the first stat: a check before it records the stat without reporting a change.
+    const e: Entry = { file: f, dir, refs: 1, stat: '' };
     this.entries.set(f.path, e);
     let d = this.dirs.get(dir);
     if (!d) {
@@ -190,7 +204,9 @@ export class FileWatcher {
     const st = await fs.promises.stat(e.file.path).catch(() => undefined);
     const key = statKey(st);
     if (key === e.stat) return false;
+    const first = e.stat === '';
     e.stat = key;
+    if (first) return false;
     if (e.file.mode === 'stat' || !st) {
       e.hash = undefined;
       return this.entries.get(e.file.path) === e;

@@ -240,6 +240,7 @@ export class SecretCache implements Component, SecretProvider {
       nextRotation: iso(this.nextRotation),
       ca: this.o.signer && { address: this.o.signer.address, reachable: this.ca.reachable, lastSuccess: iso(this.ca.lastSuccess), lastFailure: iso(this.ca.lastFailure), lastError: this.ca.lastError || undefined },
       fileSecrets: [...this.fileSecrets.values()].map((f) => ({ name: f.name, loaded: !!f.value, error: f.error })),
+      watchedFiles: this.watcher?.size ?? 0,
     };
   }
 

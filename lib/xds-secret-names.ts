@@ -34,12 +34,19 @@ const WRAPPERS: Record<string, Record<number, string>> = {
   'envoy.extensions.transport_sockets.starttls.v3.UpstreamStartTlsConfig': { 2: UTLS },
 };
 
+const types = new Map<string, protobuf.Type | undefined>();
+
 function lookup(name: string): protobuf.Type | undefined {
+  if (types.has(name)) return types.get(name);
+  let t: protobuf.Type | undefined;
   try {
-    return envoyRoot().lookupType(name);
+    t = envoyRoot().lookupType(name);
   } catch {
-    return undefined;
+    t = undefined;
   }
+  // Bounded: only type URLs that occur inside resources naming a file get here, and the descriptor is finite.
+  if (t || types.size < 1000) types.set(name, t);
+  return t;
 }
 
 /** The field's message type, or undefined for scalars, strings, bytes and enums. */
