@@ -22,6 +22,10 @@
 //
 // Types for the agent (NDS name table, proxy config) are subscribed by the proxy after Envoy's first LDS request,
 // answered by handlers registered from agent.ts (which ACK or NACK), and never reach Envoy.
+//
+// The one look inside resources: a listener or cluster response that contains `file-cert:`/`file-root:` at all is
+// walked for its SDS names (lib/xds-secret-names.ts) before Envoy gets it, and the names go to `secretReferences`:
+// the SDS server serves a file name only while the config that reaches Envoy references it.
 
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
