@@ -54,6 +54,8 @@ export interface SdsServerOptions {
 export const DEFAULT_MAX_NAMES_PER_STREAM = 5000;
 /** Refused names logged one by one; beyond that, only counted (a client cannot fill the log or the memory). */
 const MAX_LOGGED_REFUSALS = 1000;
+/** Names held but not served, over all streams: more are not even held (each stream is bounded, streams are not). */
+const MAX_WAITING = 10_000;
 /** SotW responses whose ACK is still awaited, per stream. */
 const MAX_PENDING = 16;
 
@@ -306,7 +308,7 @@ export class SdsServer implements Component {
     for (const n of asked) {
       if (names.has(n)) continue;
       if (names.size >= this.maxNames) over++;
-      else {
+      else if (this.mayHold(s, n)) {
         names.add(n);
         added.push(n);
       }
@@ -341,6 +343,7 @@ export class SdsServer implements Component {
         over++;
         continue;
       }
+      if (!this.mayHold(s, n)) continue;
       s.names.add(n);
       added.push(n);
       const known = req.initial_resource_versions?.[n];
@@ -374,6 +377,13 @@ export class SdsServer implements Component {
     if (s.overLimitLogged) return;
     s.overLimitLogged = true;
     log.warn(`SDS stream ${s.id}${s.node ? ` (${s.node})` : ''} asks for ${asked} secrets; one stream may hold ${this.maxNames} (SDS_MAX_NAMES_PER_STREAM): ${over} not served`);
+  }
+
+  /** Whether the stream may hold the name at all: a served name always, one that waits while few others do. */
+  private mayHold(s: Stream, name: string): boolean {
+    if (this.holders.has(name) || this.waiting.size < MAX_WAITING || !this.admit(name)) return true;
+    this.refused('too_many_names', `stream ${s.id}: ${MAX_WAITING} names already wait unserved; ${JSON.stringify(name.slice(0, 200))} is not held`, `waiting-full-${s.id}`);
+    return false;
   }
 
   /** A stream took a name: the first holder asks the provider for it, if it is admitted. */
