@@ -72,7 +72,10 @@ export class FileWatcher {
   private again = false;
   private closed = false;
 
-  constructor(private readonly onChange: (changed: string[]) => void, private readonly opts: { debounceMs: number; pollMs?: number }) {}
+  constructor(
+    private readonly onChange: (changed: string[]) => void,
+    private readonly opts: { debounceMs: number; pollMs?: number },
+  ) {}
 
   /** Replaces the watched set; the current content is the baseline (no event for it). */
   watch(files: WatchedFile[]): void {
@@ -195,7 +198,8 @@ export class FileWatcher {
       if (this.closed) return;
     }
     if (changed.length) {
-      log.info(`changed: ${changed.length > 20 ? `${changed.slice(0, 20).join(', ')} and ${changed.length - 20} more` : changed.join(', ')}`);
+      const some = changed.length > 20 ? `${changed.slice(0, 20).join(', ')} and ${changed.length - 20} more` : changed.join(', ');
+      log.info(`changed: ${some}`);
       this.onChange(changed);
     }
   }

@@ -66,7 +66,9 @@ function checkReader(file: string, fd: number, st: fs.Stats, r: Reader): void {
   }
   for (let dir = path.dirname(real); ; dir = path.dirname(dir)) {
     const d = fs.statSync(dir);
-    if (!permits(d, r, 1)) fail(file, `${dir} is not searchable by ${r.what} (mode ${octal(d.mode)}, owner ${d.uid}:${d.gid})`);
+    if (!permits(d, r, 1)) {
+      fail(file, `${dir} is not searchable by ${r.what} (mode ${octal(d.mode)}, owner ${d.uid}:${d.gid})`);
+    }
     if (dir === path.dirname(dir)) break;
   }
 }
@@ -100,7 +102,7 @@ export async function readNamedFile(file: string, o: { maxBytes?: number; reader
   }
 }
 
-/** The same checks, synchronously, for the few fixed files read at start-up (mounted certificates, bootstrap inputs). */
+/** The same checks, synchronously, for the few fixed files (mounted certificates, bootstrap inputs). */
 export function readNamedFileSync(file: string, o: { maxBytes?: number; reader?: Reader } = {}): Buffer {
   const max = o.maxBytes ?? MAX_NAMED_FILE_BYTES;
   let fd: number | undefined;

@@ -240,7 +240,8 @@ export class SdsServer implements Component {
       collect() { this.reset(); this.inc(counts.nacks); },
     }));
     registry.registerMetric(new Counter({
-      name: 'istio_agent_sds_refused_names_total', help: 'SDS names not served, by reason', labelNames: ['reason'], registers: [],
+      name: 'istio_agent_sds_refused_names_total', help: 'SDS names not served, by reason', labelNames: ['reason'],
+      registers: [],
       collect() { this.reset(); for (const [reason, n] of counts.refused) this.inc({ reason }, n); },
     }));
   }
@@ -250,7 +251,10 @@ export class SdsServer implements Component {
       call.emit('error', { code: grpc.status.UNAVAILABLE, details: 'SDS server shutting down' });
       return;
     }
-    const s: Stream = { id: this.nextId++, kind, node: '', names: new Set(), sent: new Map(), acked: new Map(), pending: new Map(), call, responses: 0, overLimitLogged: false };
+    const s: Stream = {
+      id: this.nextId++, kind, node: '', names: new Set(), sent: new Map(), acked: new Map(), pending: new Map(), call,
+      responses: 0, overLimitLogged: false,
+    };
     this.streams.set(s.id, s);
     const end = () => {
       if (!this.streams.delete(s.id)) return;
@@ -366,7 +370,9 @@ export class SdsServer implements Component {
   private refused(reason: Refusal, message: string, key: string): void {
     this.counts.refused.set(reason, (this.counts.refused.get(reason) ?? 0) + 1);
     if (this.loggedRefusals.has(key)) return;
-    if (this.loggedRefusals.size === MAX_LOGGED_REFUSALS) log.warn(`SDS: ${MAX_LOGGED_REFUSALS} names refused; further refusals are only counted (istio_agent_sds_refused_names_total)`);
+    if (this.loggedRefusals.size === MAX_LOGGED_REFUSALS) {
+      log.warn(`SDS: ${MAX_LOGGED_REFUSALS} names refused; further refusals are only counted (istio_agent_sds_refused_names_total)`);
+    }
     if (this.loggedRefusals.size >= MAX_LOGGED_REFUSALS) return;
     this.loggedRefusals.add(key);
     log.warn(`SDS: ${message}`);
@@ -376,13 +382,15 @@ export class SdsServer implements Component {
     this.counts.refused.set('too_many_names', (this.counts.refused.get('too_many_names') ?? 0) + over);
     if (s.overLimitLogged) return;
     s.overLimitLogged = true;
-    log.warn(`SDS stream ${s.id}${s.node ? ` (${s.node})` : ''} asks for ${asked} secrets; one stream may hold ${this.maxNames} (SDS_MAX_NAMES_PER_STREAM): ${over} not served`);
+    const who = `SDS stream ${s.id}${s.node ? ` (${s.node})` : ''}`;
+    log.warn(`${who} asks for ${asked} secrets; one stream may hold ${this.maxNames} (SDS_MAX_NAMES_PER_STREAM): ${over} not served`);
   }
 
   /** Whether the stream may hold the name at all: a served name always, one that waits while few others do. */
   private mayHold(s: Stream, name: string): boolean {
     if (this.holders.has(name) || this.waiting.size < MAX_WAITING || !this.admit(name)) return true;
-    this.refused('too_many_names', `stream ${s.id}: ${MAX_WAITING} names already wait unserved; ${JSON.stringify(name.slice(0, 200))} is not held`, `waiting-full-${s.id}`);
+    const what = `${MAX_WAITING} names already wait unserved; ${JSON.stringify(name.slice(0, 200))} is not held`;
+    this.refused('too_many_names', `stream ${s.id}: ${what}`, `waiting-full-${s.id}`);
     return false;
   }
 
@@ -398,9 +406,10 @@ export class SdsServer implements Component {
       return;
     }
     this.waiting.add(name);
+    const asked = `stream ${s.id} asks for ${JSON.stringify(name.slice(0, 200))}`;
     this.refused(why, why === 'unknown_name'
-      ? `stream ${s.id} asks for ${JSON.stringify(name.slice(0, 200))}, which is not a secret this agent serves`
-      : `stream ${s.id} asks for ${JSON.stringify(name.slice(0, 200))}, which this Envoy's configuration (bootstrap, listeners, clusters) does not reference: not served`, name);
+      ? `${asked}, which is not a secret this agent serves`
+      : `${asked}, which this Envoy's configuration (bootstrap, listeners, clusters) does not reference: not served`, name);
   }
 
   private release(name: string): void {
@@ -444,7 +453,8 @@ export class SdsServer implements Component {
     const nonce = randomBytes(8).toString('hex');
     if (s.kind === 'sotw') {
       const version = changed.length === 1 ? changed[0]!.version : `${s.id}.${++s.responses}`;
-      s.call.write({ version_info: version, resources: changed.map((r) => secretResource(r.name, r.value)), type_url: SECRET_TYPE, nonce });
+      const resources = changed.map((r) => secretResource(r.name, r.value));
+      s.call.write({ version_info: version, resources, type_url: SECRET_TYPE, nonce });
       s.pending.set(nonce, new Map(changed.map((r) => [r.name, r.version])));
       if (s.pending.size > MAX_PENDING) s.pending.delete(s.pending.keys().next().value as string);
       for (const r of changed) s.sent.set(r.name, r.version);

@@ -153,7 +153,8 @@ export class SecretCache implements Component, SecretProvider {
   async start(): Promise<void> {
     if (this.state !== 'new') throw new AgentError('INTERNAL', 'secret cache already started');
     this.state = 'running';
-    this.watcher = new FileWatcher((changed) => this.filesChanged(changed), { debounceMs: this.o.debounceMs ?? 100, pollMs: 2000 });
+    const debounceMs = this.o.debounceMs ?? 100;
+    this.watcher = new FileWatcher((changed) => this.filesChanged(changed), { debounceMs, pollMs: 2000 });
     if (this.o.mountedDir) {
       log.info(`workload certificate from mounted files in ${this.o.mountedDir}`);
       this.loadMounted();

@@ -30,7 +30,8 @@ export function parseSecretName(name: string): SecretName | undefined {
     return { kind: 'file-cert', cert: parts[0], key: parts[1] };
   }
   if (name === `${FILE_ROOT}system`) return { kind: 'system-root' };
-  if (name.startsWith(FILE_ROOT) && name.length > FILE_ROOT.length) return { kind: 'file-root', file: name.slice(FILE_ROOT.length) };
+  const file = name.startsWith(FILE_ROOT) ? name.slice(FILE_ROOT.length) : '';
+  if (file) return { kind: 'file-root', file };
   return undefined;
 }
 
