@@ -390,7 +390,14 @@ export class Session {
       return;
     }
     // Before Envoy sees the response: it may open SDS streams for the names at once.
-    if (SECRET_REFERENCING_TYPES.has(typeUrl)) this.noteSecretReferences(typeUrl, buf, delta);
+    if (SECRET_REFERENCING_TYPES.has(typeUrl)) {
+      try {
+        this.noteSecretReferences(typeUrl, buf, delta);
+      } catch (e) {
+        // The response still goes to Envoy; its file names are then not served (and refused, logged, by SDS).
+        log.warn(`cannot read the SDS names of ${shortType(typeUrl)} ${version}: ${errorMessage(e)}`);
+      }
+    }
     c.responses_to_envoy++;
     c.response_bytes_to_envoy += buf.length;
     // Envoy reads slower than the server pushes: stop reading upstream until Envoy has taken most of it, so
