@@ -54,6 +54,8 @@ export interface SdsServerOptions {
 export const DEFAULT_MAX_NAMES_PER_STREAM = 5000;
 /** Refused names logged one by one; beyond that, only counted (a client cannot fill the log or the memory). */
 const MAX_LOGGED_REFUSALS = 1000;
+/** Two paths of PATH_MAX and the prefix: longer is no name this agent serves (and is not kept). */
+const MAX_NAME_CHARS = 8200;
 /** Names held but not served, over all streams: more are not even held (each stream is bounded, streams are not). */
 const MAX_WAITING = 10_000;
 /** SotW responses whose ACK is still awaited, per stream. */
@@ -388,6 +390,11 @@ export class SdsServer implements Component {
 
   /** Whether the stream may hold the name at all: a served name always, one that waits while few others do. */
   private mayHold(s: Stream, name: string): boolean {
+    if (name.length > MAX_NAME_CHARS) {
+      const why = `a name of ${name.length} characters; none is longer than ${MAX_NAME_CHARS}`;
+      this.refused('unknown_name', `stream ${s.id} asks for ${why}`, `long-${s.id}`);
+      return false;
+    }
     if (this.holders.has(name) || this.waiting.size < MAX_WAITING || !this.admit(name)) return true;
     const what = `${MAX_WAITING} names already wait unserved; ${JSON.stringify(name.slice(0, 200))} is not held`;
     this.refused('too_many_names', `stream ${s.id}: ${what}`, `waiting-full-${s.id}`);
