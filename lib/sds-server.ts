@@ -371,13 +371,12 @@ export class SdsServer implements Component {
 
   private refused(reason: Refusal, message: string, key: string): void {
     this.counts.refused.set(reason, (this.counts.refused.get(reason) ?? 0) + 1);
-    if (this.loggedRefusals.has(key)) return;
+    if (this.loggedRefusals.has(key) || this.loggedRefusals.size >= MAX_LOGGED_REFUSALS) return;
+    this.loggedRefusals.add(key);
+    log.warn(`SDS: ${message}`);
     if (this.loggedRefusals.size === MAX_LOGGED_REFUSALS) {
       log.warn(`SDS: ${MAX_LOGGED_REFUSALS} names refused; further refusals are only counted (istio_agent_sds_refused_names_total)`);
     }
-    if (this.loggedRefusals.size >= MAX_LOGGED_REFUSALS) return;
-    this.loggedRefusals.add(key);
-    log.warn(`SDS: ${message}`);
   }
 
   private refuseOverLimit(s: Stream, asked: number, over: number): void {
@@ -396,8 +395,11 @@ export class SdsServer implements Component {
       return false;
     }
     if (this.holders.has(name) || this.waiting.size < MAX_WAITING || !this.admit(name)) return true;
-    const what = `${MAX_WAITING} names already wait unserved; ${JSON.stringify(name.slice(0, 200))} is not held`;
-    this.refused('too_many_names', `stream ${s.id}: ${what}`, `waiting-full-${s.id}`);
+    this.counts.refused.set('too_many_names', (this.counts.refused.get('too_many_names') ?? 0) + 1);
+    if (!s.overLimitLogged) {
+      s.overLimitLogged = true;
+      log.warn(`SDS stream ${s.id}: ${MAX_WAITING} names already wait unserved; its further unservable names are not held`);
+    }
     return false;
   }
 

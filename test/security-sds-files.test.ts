@@ -218,6 +218,38 @@ test('a thousand names asked for one by one are read and sent once each, and for
   }
 });
 
+test('names that can never be served are bounded: an overlong name is not kept, and past 10000 unserved names none more is held', async () => {
+  const dir = tempDir('pa-sds-junk-');
+  const socket = path.join(dir.path, 'socket');
+  const cache = newCache(socket);
+  const sds = new SdsServer({ socketPath: socket, provider: cache });
+  const logs: string[] = [];
+  configureLogging({ write: (l) => void logs.push(l) });
+  await cache.start();
+  await sds.start();
+  const streams = [0, 1, 2, 3].map(() => client(socket, 'Delta'));
+  try {
+    streams[0]!.call.write({ type_url: SECRET_TYPE, resource_names_subscribe: [`file-root:/${'x'.repeat(100_000)}`] });
+    await waitFor('the overlong name refused', () => logs.some((l) => /asks for a name of 100011 characters/.test(l)));
+    assert.equal(sds.heldNames(), { held: 0, waiting: 0 });
+    streams.forEach((c, i) => c.call.write({ type_url: SECRET_TYPE, resource_names_subscribe: Array.from({ length: 4000 }, (_, j) => `file-root:/junk/${i}/${j}`) }));
+    // Three streams fill the unserved names past the cap (a request's names are held together); the fourth gets none.
+    await waitFor('the requests', () => sds.streamStatus().filter((st) => st.names.length === 4000).length === 3);
+    await new Promise((r) => setTimeout(r, 200));
+    const held = sds.heldNames();
+    assert.ok(held.waiting <= 10_000 + 4000 && held.waiting >= 10_000, `unserved names held: ${held.waiting}`);
+    assert.is(held.held, held.waiting, 'none of them is served');
+    assert.match(logs.join('\n'), /10000 names already wait unserved/);
+    assert.equal(cache.fileSecretCount(), { secrets: 0, watchedFiles: 0 }, 'nothing read for them');
+  } finally {
+    for (const c of streams) c.close();
+    resetLogging();
+    await sds.close();
+    await cache.close();
+    dir.cleanup();
+  }
+});
+
 test.run();
 
 
