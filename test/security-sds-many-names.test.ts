@@ -113,6 +113,8 @@ spec:
     assert.is(failed, 0, `${failed} of ${requests} status requests failed or took more than 2 s`);
     for (const i of [0, 499, N - 1]) assert.is(await waitFor(`h${i} served`, () => get(gatewayPort, `h${i}.example.com`, certs.ca!.cert).catch(() => undefined), 30_000), 200);
     assert.is(await pushes(), N, 'each secret sent once');
+    const nacks = /^istio_agent_sds_nacks_total (\d+)/m.exec((await httpRequest(`http://127.0.0.1:${status}/stats/prometheus`, { timeoutMs: 5000 })).body)?.[1];
+    assert.is(nacks, '0', 'Envoy took every response that carried only new or changed secrets');
 
     // Down to one server: Envoy drops 999 subscriptions, and the agent forgets those names.
     fs.writeFileSync(path.join(cfgDir, 'gw.yaml'), config(1));
