@@ -236,7 +236,16 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
     }
     const identity = await workloadIdentity(cfg, agentEnv, cfg.standaloneDir ? discoverySock : undefined, { sdsServedElsewhere, sdsUnavailable });
-    const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
+    // The SDS server serves a file name only while this Envoy's config references it: the listeners and clusters the
+    // xDS proxy passes on, and the bootstrap (names of every epoch's bootstrap are kept: an old epoch may still drain).
+    const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env), secretReferences: identity?.sds.references });
+    const { sdsNamesInJson } = await import('./lib/secret-names');
+    const bootstrapSecrets = new Set<string>();
+    const noteBootstrapSecrets = (r: Resolved) => {
+      for (const n of sdsNamesInJson(r.bootstrap)) bootstrapSecrets.add(n);
+      identity?.sds.references.set('bootstrap', bootstrapSecrets);
+    };
+    noteBootstrapSecrets(resolved);
     const { readFileOrUndefined } = await import('./lib/resolve');
     const { canBindPort } = await import('./lib/capabilities');
     const dns = cfg.dnsEnabled ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, { readFile: readFileOrUndefined, canBind53: canBindPort(53) }))) : undefined;
@@ -263,7 +272,10 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       }) : undefined,
       argv.profiling === false ? undefined : new Profiling({ heapSnapshots: envs.PILOT_AGENT_HEAP_SNAPSHOTS.get(env) }),
       discovery, identity?.cache, identity?.sds, xds, dns, envoy, healthChecker,
-      new ConfigReloader({ flags, env, resolved, onChange: (r, generation) => envoy.setDesired(r, generation) }),
+      new ConfigReloader({ flags, env, resolved, onChange: (r, generation) => {
+        noteBootstrapSecrets(r);
+        envoy.setDesired(r, generation);
+      } }),
     ];
     const components = optional.filter((c): c is Component => c !== undefined);
     for (const c of components) {

@@ -104,6 +104,7 @@ export const ECC_SIGNATURE_ALGORITHM = str('ECC_SIGNATURE_ALGORITHM', '', 'ECDSA
 export const ECC_CURVE = str('ECC_CURVE', 'P256', 'ECDSA curve');
 export const PKCS8_KEY = bool('PKCS8_KEY', false, 'Write keys in PKCS#8');
 export const FILE_DEBOUNCE_DURATION = duration('FILE_DEBOUNCE_DURATION', '100ms', 'Quiet period before a changed watched file is acted on');
+export const SDS_MAX_NAMES_PER_STREAM = int('SDS_MAX_NAMES_PER_STREAM', 5000, 'Secrets one SDS stream may ask for; names beyond are not served (logged, counted)');
 export const EXIT_ON_ZERO_ACTIVE_CONNECTIONS = bool('EXIT_ON_ZERO_ACTIVE_CONNECTIONS', false, 'On shutdown, end the drain as soon as Envoy has no downstream connections');
 export const MINIMUM_DRAIN_DURATION = duration('MINIMUM_DRAIN_DURATION', '5s', 'With EXIT_ON_ZERO_ACTIVE_CONNECTIONS, drain at least this long');
 export const MAXIMUM_DRAIN_DURATION = duration('MAXIMUM_DRAIN_DURATION', '5m', 'With EXIT_ON_ZERO_ACTIVE_CONNECTIONS, never drain longer than this');

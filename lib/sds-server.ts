@@ -5,6 +5,14 @@
 // A secret Envoy asks for is answered as soon as it exists (a stream may wait for the first workload
 // certificate); push(name) re-sends it to every stream holding it when it changes. A NACK is logged and counted,
 // and the stream keeps its last accepted secret. Keys are never logged: only names, versions and nonces.
+//
+// What a client may ask for is decided here, before the provider sees a name (admit()): `default` and `ROOTCA`,
+// and a `file-cert:`/`file-root:` name only while this Envoy's configuration references it (`references`, fed by
+// agent.ts from the bootstrap and the xDS proxy); anything else waits unserved, logged once and counted. A name
+// held by no stream any more is released, so the provider stops watching its files; one stream holds at most
+// maxNamesPerStream names (the rest are refused, logged and counted), and a response carries only the secrets
+// that are new or changed for that stream (Envoy opens one state-of-the-world stream per secret, and the xDS
+// protocol lets a server send a subset for types other than listeners and clusters).
 
 import { createHash, randomBytes } from 'node:crypto';
 import * as path from 'node:path';
@@ -15,12 +23,12 @@ import { messageType, packAny, type AnyMessage } from './envoy-protos';
 import { AgentError, wrap } from './errors';
 import { scope } from './log';
 import { bindUnixSocket, type BoundUnixServer } from './grpc-unix';
+import { parseSecretName, SecretReferences, namesFile } from './secret-names';
 
 const log = scope('sds');
 
 export const SECRET_TYPE = 'type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret';
-export const WORKLOAD_SECRET = 'default';
-export const ROOT_SECRET = 'ROOTCA';
+export { ROOT_SECRET, WORKLOAD_SECRET } from './secret-names';
 const SDS_SERVICE = 'envoy.service.secret.v3.SecretDiscoveryService';
 
 export type SecretValue =
@@ -30,14 +38,30 @@ export type SecretValue =
 export interface SecretProvider {
   /** The secret's current value, or undefined while it does not exist (the stream waits for push(name)). */
   secret(name: string): SecretValue | undefined;
-  /** A stream asked for this name (a file-cert:/file-root: name may need a watch to be started). */
+  /** A stream asked for this admitted name (a file-cert:/file-root: name may need a watch to be started). */
   requested?(name: string): void;
+  /** No stream holds this name any more. */
+  released?(name: string): void;
 }
 
 export interface SdsServerOptions {
   socketPath: string;
   provider: SecretProvider;
+  /** Names one stream may hold (SDS_MAX_NAMES_PER_STREAM); more are refused. */
+  maxNamesPerStream?: number;
 }
+
+export const DEFAULT_MAX_NAMES_PER_STREAM = 5000;
+/** Refused names logged one by one; beyond that, only counted (a client cannot fill the log or the memory). */
+const MAX_LOGGED_REFUSALS = 1000;
+/** Two paths of PATH_MAX and the prefix: longer is no name this agent serves (and is not kept). */
+const MAX_NAME_CHARS = 8200;
+/** Names held but not served, over all streams: more are not even held (each stream is bounded, streams are not). */
+const MAX_WAITING = 10_000;
+/** SotW responses whose ACK is still awaited, per stream. */
+const MAX_PENDING = 16;
+
+type Refusal = 'unknown_name' | 'not_referenced' | 'too_many_names';
 
 export function secretVersion(v: SecretValue): string {
   const h = createHash('sha256');
@@ -111,6 +135,10 @@ interface Stream {
   /** nonce -> name -> version sent in that response (ACKs name the nonce). */
   pending: Map<string, Map<string, string>>;
   call: grpc.ServerDuplexStream<unknown, unknown>;
+  /** Sent on this stream: a version for state-of-the-world responses. */
+  responses: number;
+  /** The stream was told once that it asks for too many names. */
+  overLimitLogged: boolean;
 }
 
 export interface SdsStreamStatus {
@@ -131,11 +159,21 @@ export class SdsServer implements Component {
   private readonly socketPath: string;
   private nextId = 1;
   private state: 'new' | 'starting' | 'serving' | 'closed' = 'new';
-  private readonly counts = { pushes: 0, nacks: 0 };
+  private readonly counts = { pushes: 0, nacks: 0, refused: new Map<Refusal, number>() };
+  /** Name -> streams holding it. */
+  private readonly holders = new Map<string, number>();
+  /** Held names that are not served (not referenced, or unknown); an admitted one leaves this set. */
+  private readonly waiting = new Set<string>();
+  private readonly loggedRefusals = new Set<string>();
+  private readonly maxNames: number;
+  /** The file names this Envoy's configuration references; only these are served. */
+  readonly references = new SecretReferences();
 
   constructor(private readonly o: SdsServerOptions) {
     this.closed = this.signal.closed;
     this.socketPath = path.resolve(o.socketPath);
+    this.maxNames = o.maxNamesPerStream ?? DEFAULT_MAX_NAMES_PER_STREAM;
+    this.references.onAdded((names) => this.admitWaiting(names));
   }
 
   async start(): Promise<void> {
@@ -167,7 +205,10 @@ export class SdsServer implements Component {
   async close(): Promise<void> {
     if (this.state === 'closed') return;
     this.state = 'closed';
-    for (const s of this.streams.values()) s.call.end();
+    for (const s of this.streams.values()) {
+      s.call.end();
+      this.forgetStream(s);
+    }
     this.streams.clear();
     // While the socket is still being bound, start() stops the server once it is.
     if (this.bound) this.bound.stop();
@@ -177,7 +218,13 @@ export class SdsServer implements Component {
 
   /** The secret changed (or now exists): sends it to every stream holding it whose copy differs. */
   push(name: string): void {
+    if (!this.holders.has(name) || this.waiting.has(name)) return;
     for (const s of this.streams.values()) if (s.names.has(name)) this.respond(s, [name]);
+  }
+
+  /** Names held by some stream, and how many of them are not served (for /debug and tests). */
+  heldNames(): { held: number; waiting: number } {
+    return { held: this.holders.size, waiting: this.waiting.size };
   }
 
   streamStatus(): SdsStreamStatus[] {
@@ -194,6 +241,11 @@ export class SdsServer implements Component {
       name: 'istio_agent_sds_nacks_total', help: 'SDS responses Envoy rejected', registers: [],
       collect() { this.reset(); this.inc(counts.nacks); },
     }));
+    registry.registerMetric(new Counter({
+      name: 'istio_agent_sds_refused_names_total', help: 'SDS names not served, by reason', labelNames: ['reason'],
+      registers: [],
+      collect() { this.reset(); for (const [reason, n] of counts.refused) this.inc({ reason }, n); },
+    }));
   }
 
   private accept(call: grpc.ServerDuplexStream<DiscoveryRequest | DeltaRequest, unknown>, kind: 'sotw' | 'delta'): void {
@@ -201,10 +253,15 @@ export class SdsServer implements Component {
       call.emit('error', { code: grpc.status.UNAVAILABLE, details: 'SDS server shutting down' });
       return;
     }
-    const s: Stream = { id: this.nextId++, kind, node: '', names: new Set(), sent: new Map(), acked: new Map(), pending: new Map(), call };
+    const s: Stream = {
+      id: this.nextId++, kind, node: '', names: new Set(), sent: new Map(), acked: new Map(), pending: new Map(), call,
+      responses: 0, overLimitLogged: false,
+    };
     this.streams.set(s.id, s);
     const end = () => {
-      if (this.streams.delete(s.id)) log.debug(`SDS stream ${s.id} closed (${[...s.names].join(', ')})`);
+      if (!this.streams.delete(s.id)) return;
+      log.debug(`SDS stream ${s.id} closed (${s.names.size} names)`);
+      this.forgetStream(s);
     };
     call.on('data', (req: DiscoveryRequest | DeltaRequest) => {
       try {
@@ -249,16 +306,30 @@ export class SdsServer implements Component {
     const fresh = this.settle(s, req.response_nonce, req.error_detail);
     // A request naming an older nonce carries nothing new (Envoy sends the current one after it).
     if (!fresh && !req.error_detail) return;
-    const names = new Set(req.resource_names ?? []);
-    const added = [...names].filter((n) => !s.names.has(n));
-    s.names = names;
-    for (const n of [...s.sent.keys()]) if (!names.has(n)) s.sent.delete(n);
-    for (const n of added) {
-      log.debug(`SDS stream ${s.id} (${s.node}) asks for ${n}`);
-      this.o.provider.requested?.(n);
+    const asked = new Set(req.resource_names ?? []);
+    // Names the stream already holds keep their place under the limit; new ones are taken in request order.
+    const names = new Set([...s.names].filter((n) => asked.has(n)));
+    const added: string[] = [];
+    let over = 0;
+    for (const n of asked) {
+      if (names.has(n)) continue;
+      if (names.size >= this.maxNames) over++;
+      else if (this.mayHold(s, n)) {
+        names.add(n);
+        added.push(n);
+      }
     }
+    const removed = [...s.names].filter((n) => !names.has(n));
+    s.names = names;
+    for (const n of removed) {
+      s.sent.delete(n);
+      this.release(n);
+    }
+    if (over) this.refuseOverLimit(s, asked.size, over);
+    for (const n of added) this.hold(s, n);
     if (req.error_detail) return;
-    this.respond(s, [...names]);
+    // A request that adds nothing (an ACK, a name dropped) needs no answer: changes come through push().
+    if (added.length) this.respond(s, added);
   }
 
   private onDelta(s: Stream, req: DeltaRequest): void {
@@ -266,25 +337,121 @@ export class SdsServer implements Component {
     if (req.node?.id) s.node = req.node.id;
     this.settle(s, req.response_nonce, req.error_detail);
     for (const n of req.resource_names_unsubscribe ?? []) {
-      s.names.delete(n);
       s.sent.delete(n);
+      if (s.names.delete(n)) this.release(n);
     }
     const added: string[] = [];
-    for (const n of req.resource_names_subscribe ?? []) {
+    const subscribe = req.resource_names_subscribe ?? [];
+    let over = 0;
+    for (const n of subscribe) {
       if (s.names.has(n)) continue;
+      if (s.names.size >= this.maxNames) {
+        over++;
+        continue;
+      }
+      if (!this.mayHold(s, n)) continue;
       s.names.add(n);
       added.push(n);
       const known = req.initial_resource_versions?.[n];
       if (known) s.sent.set(n, known);
     }
-    for (const n of added) this.o.provider.requested?.(n);
+    if (over) this.refuseOverLimit(s, s.names.size + over, over);
+    for (const n of added) this.hold(s, n);
     if (added.length) this.respond(s, added);
+  }
+
+  // ---- which names are served ----
+
+  /** Whether a name may be served now: the workload's own, or a file name this Envoy's configuration references. */
+  private admit(name: string): Refusal | undefined {
+    if (!parseSecretName(name)) return 'unknown_name';
+    if (namesFile(name) && !this.references.has(name)) return 'not_referenced';
+    return undefined;
+  }
+
+  private refused(reason: Refusal, message: string, key: string): void {
+    this.counts.refused.set(reason, (this.counts.refused.get(reason) ?? 0) + 1);
+    if (this.loggedRefusals.has(key) || this.loggedRefusals.size >= MAX_LOGGED_REFUSALS) return;
+    this.loggedRefusals.add(key);
+    log.warn(`SDS: ${message}`);
+    if (this.loggedRefusals.size === MAX_LOGGED_REFUSALS) {
+      log.warn(`SDS: ${MAX_LOGGED_REFUSALS} names refused; further refusals are only counted (istio_agent_sds_refused_names_total)`);
+    }
+  }
+
+  private refuseOverLimit(s: Stream, asked: number, over: number): void {
+    this.counts.refused.set('too_many_names', (this.counts.refused.get('too_many_names') ?? 0) + over);
+    if (s.overLimitLogged) return;
+    s.overLimitLogged = true;
+    const who = `SDS stream ${s.id}${s.node ? ` (${s.node})` : ''}`;
+    log.warn(`${who} asks for ${asked} secrets; one stream may hold ${this.maxNames} (SDS_MAX_NAMES_PER_STREAM): ${over} not served`);
+  }
+
+  /** Whether the stream may hold the name at all: a served name always, one that waits while few others do. */
+  private mayHold(s: Stream, name: string): boolean {
+    if (name.length > MAX_NAME_CHARS) {
+      const why = `a name of ${name.length} characters; none is longer than ${MAX_NAME_CHARS}`;
+      this.refused('unknown_name', `stream ${s.id} asks for ${why}`, `long-${s.id}`);
+      return false;
+    }
+    if (this.holders.has(name) || this.waiting.size < MAX_WAITING || !this.admit(name)) return true;
+    this.counts.refused.set('too_many_names', (this.counts.refused.get('too_many_names') ?? 0) + 1);
+    if (!s.overLimitLogged) {
+      s.overLimitLogged = true;
+      log.warn(`SDS stream ${s.id}: ${MAX_WAITING} names already wait unserved; its further unservable names are not held`);
+    }
+    return false;
+  }
+
+  /** A stream took a name: the first holder asks the provider for it, if it is admitted. */
+  private hold(s: Stream, name: string): void {
+    const n = this.holders.get(name) ?? 0;
+    this.holders.set(name, n + 1);
+    if (n > 0) return;
+    const why = this.admit(name);
+    if (!why) {
+      log.debug(`SDS stream ${s.id} (${s.node}) asks for ${name}`);
+      this.o.provider.requested?.(name);
+      return;
+    }
+    this.waiting.add(name);
+    const asked = `stream ${s.id} asks for ${JSON.stringify(name.slice(0, 200))}`;
+    this.refused(why, why === 'unknown_name'
+      ? `${asked}, which is not a secret this agent serves`
+      : `${asked}, which this Envoy's configuration (bootstrap, listeners, clusters) does not reference: not served`, name);
+  }
+
+  private release(name: string): void {
+    const n = (this.holders.get(name) ?? 1) - 1;
+    if (n > 0) {
+      this.holders.set(name, n);
+      return;
+    }
+    this.holders.delete(name);
+    if (this.waiting.delete(name)) return;
+    this.o.provider.released?.(name);
+  }
+
+  private forgetStream(s: Stream): void {
+    for (const n of s.names) this.release(n);
+    s.names.clear();
+  }
+
+  /** Names the configuration references now: streams waiting for them get them. */
+  private admitWaiting(names: string[]): void {
+    for (const name of names) {
+      if (!this.waiting.has(name) || this.admit(name)) continue;
+      this.waiting.delete(name);
+      this.o.provider.requested?.(name);
+      this.push(name);
+    }
   }
 
   /** Sends the named secrets that exist and differ from what the stream has. */
   private respond(s: Stream, names: string[]): void {
     const changed: { name: string; value: SecretValue; version: string }[] = [];
     for (const name of names) {
+      if (this.waiting.has(name)) continue;
       const value = this.o.provider.secret(name);
       if (!value) continue;
       const version = secretVersion(value);
@@ -294,17 +461,12 @@ export class SdsServer implements Component {
     if (!changed.length) return;
     const nonce = randomBytes(8).toString('hex');
     if (s.kind === 'sotw') {
-      // State of the world: the response lists every requested secret that exists, not only the changed ones.
-      const all = [...s.names].flatMap((name) => {
-        const value = this.o.provider.secret(name);
-        return value ? [{ name, value, version: secretVersion(value) }] : [];
-      });
-      const version = all.map((r) => r.version).join('.');
-      s.call.write({ version_info: version, resources: all.map((r) => secretResource(r.name, r.value)), type_url: SECRET_TYPE, nonce });
-      // Only the latest response can be ACKed in state of the world.
-      s.pending.clear();
-      s.pending.set(nonce, new Map(all.map((r) => [r.name, r.version])));
-      for (const r of all) s.sent.set(r.name, r.version);
+      const version = changed.length === 1 ? changed[0]!.version : `${s.id}.${++s.responses}`;
+      const resources = changed.map((r) => secretResource(r.name, r.value));
+      s.call.write({ version_info: version, resources, type_url: SECRET_TYPE, nonce });
+      s.pending.set(nonce, new Map(changed.map((r) => [r.name, r.version])));
+      if (s.pending.size > MAX_PENDING) s.pending.delete(s.pending.keys().next().value as string);
+      for (const r of changed) s.sent.set(r.name, r.version);
     } else {
       s.call.write({
         system_version_info: changed.map((r) => r.version).join('.'),
@@ -313,9 +475,11 @@ export class SdsServer implements Component {
         nonce,
       });
       s.pending.set(nonce, new Map(changed.map((r) => [r.name, r.version])));
+      if (s.pending.size > MAX_PENDING) s.pending.delete(s.pending.keys().next().value as string);
       for (const r of changed) s.sent.set(r.name, r.version);
     }
     this.counts.pushes += changed.length;
-    log.info(`SDS: sent ${changed.map((r) => `${r.name}@${r.version}`).join(', ')} to stream ${s.id}${s.node ? ` (${s.node})` : ''}`);
+    const what = changed.length > 10 ? `${changed.length} secrets` : changed.map((r) => `${r.name}@${r.version}`).join(', ');
+    log.info(`SDS: sent ${what} to stream ${s.id}${s.node ? ` (${s.node})` : ''}`);
   }
 }

@@ -21,9 +21,11 @@ import { closedSignal, type Component, type Condition, type StatusRoute } from '
 import { generateKeyAndCsr, type KeyAlgorithm } from './csr';
 import { AgentError, errorMessage } from './errors';
 import { FileWatcher } from './file-watcher';
+import { readNamedFile, readNamedFileSync, socketReader, type Reader } from './named-file';
 import { writeFileAtomic } from './fs-atomic';
 import { scope } from './log';
 import { ROOT_SECRET, WORKLOAD_SECRET, type SecretProvider, type SecretValue } from './sds-server';
+import { parseSecretName } from './secret-names';
 import { json } from './status-server';
 import { backoffDelay } from './xds-upstream';
 
@@ -59,6 +61,11 @@ export interface SecretCacheOptions {
   backoff?: { initialMs: number; maxMs: number };
   /** Ask the CA only once a stream asks for `default` or `ROOTCA` (Istio's behaviour); until then ready. */
   lazy?: boolean;
+  /**
+   * The SDS socket: files behind `file-cert:`/`file-root:` names are served only if whoever can connect to it could
+   * read them itself (lib/named-file.ts socketReader). Without it, files are read with the agent's own rights.
+   */
+  sdsSocket?: string;
   now?: () => number;
   random?: () => number;
 }
@@ -95,7 +102,9 @@ interface FileSecret {
   files: string[];
   value?: SecretValue;
   error?: string;
-  retryUntil?: number;
+  /** A read is under way; `again`: a change came during it, read once more after. */
+  loading: boolean;
+  again: boolean;
 }
 
 type FailureReason = 'ca_unreachable' | 'ca_refused' | 'bad_chain' | 'bad_file' | 'credentials' | 'output';
@@ -106,6 +115,10 @@ export class SecretCache implements Component, SecretProvider {
   private readonly signal = closedSignal();
   private workload: Workload | undefined;
   private readonly fileSecrets = new Map<string, FileSecret>();
+  /** Watched file -> the file secrets reading it. */
+  private readonly fileUsers = new Map<string, Set<FileSecret>>();
+  /** File secrets whose last read failed, read again shortly (a half-written file). */
+  private readonly failing = new Set<FileSecret>();
   private readonly listeners: ((name: string) => void)[] = [];
   private rotateTimer: NodeJS.Timeout | undefined;
   private fileRetryTimer: NodeJS.Timeout | undefined;
@@ -140,7 +153,8 @@ export class SecretCache implements Component, SecretProvider {
   async start(): Promise<void> {
     if (this.state !== 'new') throw new AgentError('INTERNAL', 'secret cache already started');
     this.state = 'running';
-    this.watcher = new FileWatcher(() => this.filesChanged(), { debounceMs: this.o.debounceMs ?? 100, pollMs: 2000 });
+    const debounceMs = this.o.debounceMs ?? 100;
+    this.watcher = new FileWatcher((changed) => this.filesChanged(changed), { debounceMs, pollMs: 2000 });
     if (this.o.mountedDir) {
       log.info(`workload certificate from mounted files in ${this.o.mountedDir}`);
       this.loadMounted();
@@ -150,7 +164,8 @@ export class SecretCache implements Component, SecretProvider {
     } else {
       log.info('no CA and no mounted certificates: serving only the certificate files the config names, no workload certificate');
     }
-    this.rewatch();
+    for (const p of this.mountedFiles) this.watcher.add({ path: p, mode: 'content' });
+    for (const f of this.fileSecrets.values()) this.startFileSecret(f);
   }
 
   async close(): Promise<void> {
@@ -167,16 +182,36 @@ export class SecretCache implements Component, SecretProvider {
   secret(name: string): SecretValue | undefined {
     if (name === WORKLOAD_SECRET) return this.workload && { kind: 'tls', certChainPem: this.workload.chainPem, keyPem: this.workload.keyPem };
     if (name === ROOT_SECRET) return this.workload && { kind: 'root', rootPem: this.workload.rootPem };
-    return this.fileSecret(name)?.value;
+    return this.fileSecrets.get(name)?.value;
   }
 
+  /** The SDS server admitted this name (see lib/sds-server.ts): a file name is read, then watched. */
   requested(name: string): void {
     if (name !== WORKLOAD_SECRET && name !== ROOT_SECRET) {
-      this.fileSecret(name);
+      this.addFileSecret(name);
     } else if (!this.wanted) {
       this.wanted = true;
       if (this.o.signer && this.state === 'running') void this.fetch();
     }
+  }
+
+  /** No stream holds the name any more: its files are no longer watched, and it is forgotten. */
+  released(name: string): void {
+    const f = this.fileSecrets.get(name);
+    if (!f) return;
+    this.fileSecrets.delete(name);
+    this.failing.delete(f);
+    for (const file of f.files) {
+      const users = this.fileUsers.get(file);
+      users?.delete(f);
+      if (users && !users.size) this.fileUsers.delete(file);
+      this.watcher?.remove(file);
+    }
+  }
+
+  /** How many file secrets are held and how many files watched (for tests and /debug/certs). */
+  fileSecretCount(): { secrets: number; watchedFiles: number } {
+    return { secrets: this.fileSecrets.size, watchedFiles: this.watcher?.size ?? 0 };
   }
 
   /** The current workload certificate's facts (never the key). */
@@ -206,6 +241,7 @@ export class SecretCache implements Component, SecretProvider {
       nextRotation: iso(this.nextRotation),
       ca: this.o.signer && { address: this.o.signer.address, reachable: this.ca.reachable, lastSuccess: iso(this.ca.lastSuccess), lastFailure: iso(this.ca.lastFailure), lastError: this.ca.lastError || undefined },
       fileSecrets: [...this.fileSecrets.values()].map((f) => ({ name: f.name, loaded: !!f.value, error: f.error })),
+      watchedFiles: this.watcher?.size ?? 0,
     };
   }
 
@@ -350,92 +386,138 @@ export class SecretCache implements Component, SecretProvider {
     }
   }
 
-  private fileSecret(name: string): FileSecret | undefined {
-    let f = this.fileSecrets.get(name);
-    if (f) return f;
+  private addFileSecret(name: string): void {
+    if (this.fileSecrets.has(name)) return;
+    const parsed = parseSecretName(name);
     let files: string[];
-    if (name.startsWith('file-cert:')) {
-      const [cert, key] = name.slice('file-cert:'.length).split('~');
-      if (!cert || !key) return undefined;
-      files = [cert, key];
-    } else if (name === 'file-root:system') {
+    if (parsed?.kind === 'file-cert') files = [parsed.cert, parsed.key];
+    else if (parsed?.kind === 'file-root') files = [parsed.file];
+    else if (parsed?.kind === 'system-root') {
       const bundle = SYSTEM_BUNDLES.find((p) => fs.existsSync(p));
       files = bundle ? [bundle] : [];
-    } else if (name.startsWith('file-root:')) {
-      files = [name.slice('file-root:'.length)];
-    } else {
-      return undefined;
-    }
-    f = { name, files };
+    } else return;
+    const f: FileSecret = { name, files, loading: false, again: false };
     this.fileSecrets.set(name, f);
-    this.loadFileSecret(f);
-    this.rewatch();
-    return f;
+    if (this.state === 'running') this.startFileSecret(f);
   }
 
-  private loadFileSecret(f: FileSecret): boolean {
+  private startFileSecret(f: FileSecret): void {
+    for (const file of f.files) {
+      let users = this.fileUsers.get(file);
+      if (!users) this.fileUsers.set(file, (users = new Set()));
+      users.add(f);
+      this.watcher!.add({ path: file, mode: 'content' });
+    }
+    void this.loadFileSecret(f);
+  }
+
+  /** Reads the secret's files (asynchronously, one read at a time per secret); emits when the value changed. */
+  private async loadFileSecret(f: FileSecret): Promise<void> {
+    if (f.loading) {
+      f.again = true;
+      return;
+    }
+    f.loading = true;
     try {
-      let v: SecretValue;
-      if (!f.files.length) throw new AgentError('IO', `no system trust bundle found (looked in ${SYSTEM_BUNDLES.join(', ')})`);
-      if (f.name.startsWith('file-cert:')) {
-        const [certFile, keyFile] = f.files as [string, string];
-        const chainText = readText(certFile);
-        const keyPem = readText(keyFile);
-        const chain = parseCerts(chainText, certFile);
-        // Only the pair is checked here: who issued it is for the peer to verify.
-        checkKeyPair(chain[0]!, keyPem, `${certFile} with ${keyFile}`);
-        checkValidity(chain[0]!, this.now(), certFile);
-        v = { kind: 'tls', certChainPem: chainText, keyPem };
-      } else {
-        const text = readText(f.files[0]!);
-        parseCerts(text, f.files[0]!);
-        v = { kind: 'root', rootPem: text };
-      }
+      const v = await this.readFileSecret(f);
+      if (this.fileSecrets.get(f.name) !== f || this.state !== 'running') return;
       const changed = !f.value || JSON.stringify(f.value) !== JSON.stringify(v);
       f.value = v;
       f.error = undefined;
+      this.failing.delete(f);
+      if (!this.failing.size && !this.mountedFailing) {
+        this.fileRetryUntil = undefined;
+        this.lastFailure = '';
+      }
       if (changed) this.emit(f.name);
-      return true;
     } catch (e) {
+      if (this.fileSecrets.get(f.name) !== f || this.state !== 'running') return;
+      const again = f.error === errorMessage(e);
       f.error = errorMessage(e);
-      this.fail('bad_file', `secret ${f.name}: ${f.error}${f.value ? '; keeping the last good one' : ''}`);
-      return false;
+      this.failing.add(f);
+      // Each secret's error is logged when it first appears or changes, not at every retry.
+      if (again) this.counts.failed.set('bad_file', (this.counts.failed.get('bad_file') ?? 0) + 1);
+      else this.fail('bad_file', `secret ${f.name}: ${f.error}${f.value ? '; keeping the last good one' : ''}`);
+      this.scheduleFileRetry();
+    } finally {
+      f.loading = false;
+      if (f.again && this.fileSecrets.get(f.name) === f) {
+        f.again = false;
+        void this.loadFileSecret(f);
+      }
     }
   }
 
-  private rewatch(): void {
-    if (!this.watcher || this.state !== 'running') return;
-    const files = [...this.fileSecrets.values()].flatMap((f) => f.files);
-    if (this.o.mountedDir) files.push(...[CERT_CHAIN, KEY, ROOT_CERT].map((n) => path.join(this.o.mountedDir!, n)));
-    this.watcher.watch(files.map((p) => ({ path: p, mode: 'content' as const })));
+  private async readFileSecret(f: FileSecret): Promise<SecretValue> {
+    if (!f.files.length) throw new AgentError('IO', `no system trust bundle found (looked in ${SYSTEM_BUNDLES.join(', ')})`);
+    // Asked for by whoever can connect to the SDS socket: only what that uid could read itself.
+    const reader: Reader | undefined = this.o.sdsSocket ? socketReader(this.o.sdsSocket) : undefined;
+    const read = async (file: string) => (await readNamedFile(file, { reader })).toString('utf8');
+    if (f.name.startsWith('file-cert:')) {
+      const [certFile, keyFile] = f.files as [string, string];
+      const [chainText, keyPem] = await Promise.all([read(certFile), read(keyFile)]);
+      const chain = parseCerts(chainText, certFile);
+      // Only the pair is checked here: who issued it is for the peer to verify.
+      checkKeyPair(chain[0]!, keyPem, `${certFile} with ${keyFile}`);
+      checkValidity(chain[0]!, this.now(), certFile);
+      return { kind: 'tls', certChainPem: certificatesOnly(chainText), keyPem };
+    }
+    const text = await read(f.files[0]!);
+    parseCerts(text, f.files[0]!);
+    // A bundle that also holds a key (a combined cert+key file) gives only its certificates.
+    return { kind: 'root', rootPem: certificatesOnly(text) };
   }
 
-  private filesChanged(): void {
+  private filesChanged(changed: string[]): void {
     if (this.state !== 'running') return;
-    let ok = true;
-    if (this.o.mountedDir) ok = this.loadMounted() && ok;
-    for (const f of this.fileSecrets.values()) ok = this.loadFileSecret(f) && ok;
-    if (ok) {
+    if (changed.some((p) => this.mountedFiles.includes(p))) this.reloadMounted();
+    const affected = new Set<FileSecret>();
+    for (const p of changed) for (const f of this.fileUsers.get(p) ?? []) affected.add(f);
+    for (const f of affected) void this.loadFileSecret(f);
+  }
+
+  private mountedFailing = false;
+  private get mountedFiles(): string[] {
+    const dir = this.o.mountedDir;
+    return dir ? [CERT_CHAIN, KEY, ROOT_CERT].map((n) => path.join(dir, n)) : [];
+  }
+
+  private reloadMounted(): void {
+    this.mountedFailing = !this.loadMounted();
+    if (this.mountedFailing) this.scheduleFileRetry();
+    else if (!this.failing.size) {
       this.fileRetryUntil = undefined;
       this.lastFailure = '';
-      return;
     }
-    // A half-written file, or a key swapped before its certificate: read again shortly, for a while.
+  }
+
+  /** A half-written file, or a key swapped before its certificate: read the failing ones again shortly, for a while. */
+  private scheduleFileRetry(): void {
+    if (this.fileRetryTimer || this.state !== 'running') return;
     this.fileRetryUntil ??= this.now() + FILE_RETRY_FOR_MS;
     if (this.now() > this.fileRetryUntil) {
       this.fileRetryUntil = undefined;
       return;
     }
-    if (this.fileRetryTimer) clearTimeout(this.fileRetryTimer);
-    this.fileRetryTimer = setTimeout(() => this.filesChanged(), FILE_RETRY_MS);
+    this.fileRetryTimer = setTimeout(() => {
+      this.fileRetryTimer = undefined;
+      if (this.state !== 'running') return;
+      if (this.mountedFailing) this.reloadMounted();
+      for (const f of [...this.failing]) void this.loadFileSecret(f);
+      if (!this.mountedFailing && !this.failing.size) this.fileRetryUntil = undefined;
+    }, FILE_RETRY_MS);
     this.fileRetryTimer.unref();
   }
 }
 
+const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g;
+
+/** The certificate blocks of a PEM text, nothing else (no key that shares the file). */
+function certificatesOnly(pem: string): string {
+  return (pem.match(PEM_CERT) ?? []).join('\n') + '\n';
+}
+
+/** The mounted certificate files: fixed names, read synchronously, but still only regular files of bounded size. */
 function readText(file: string): string {
-  try {
-    return fs.readFileSync(file, 'utf8');
-  } catch (e) {
-    throw new AgentError('IO', `cannot read ${file}: ${errorMessage(e)}`, e);
-  }
+  return readNamedFileSync(file).toString('utf8');
 }

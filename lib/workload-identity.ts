@@ -70,10 +70,12 @@ export async function workloadIdentity(
     mountedDir: mounted,
     outputDir: envs.OUTPUT_CERTS.get(env) || undefined,
     debounceMs: envs.FILE_DEBOUNCE_DURATION.get(env),
+    // file-cert:/file-root: files are served only if the uid that can connect to the SDS socket could read them.
+    sdsSocket: cfg.sdsSocket,
     // As Istio: a certificate is first asked for when Envoy asks for a secret, so a proxy whose config uses no
     // mTLS never calls the CA and is not held unready by it.
     lazy: true,
   });
-  const sds = new SdsServer({ socketPath: cfg.sdsSocket, provider: cache });
+  const sds = new SdsServer({ socketPath: cfg.sdsSocket, provider: cache, maxNamesPerStream: envs.SDS_MAX_NAMES_PER_STREAM.get(env) });
   return { cache, sds, source: mounted ? `files in ${mounted}` : signer ? `CA ${signer.address}` : 'file certificates only (no CA)' };
 }

@@ -22,6 +22,10 @@
 //
 // Types for the agent (NDS name table, proxy config) are subscribed by the proxy after Envoy's first LDS request,
 // answered by handlers registered from agent.ts (which ACK or NACK), and never reach Envoy.
+//
+// The one look inside resources: a listener or cluster response that contains `file-cert:`/`file-root:` at all is
+// walked for its SDS names (lib/xds-secret-names.ts) before Envoy gets it, and the names go to `secretReferences`:
+// the SDS server serves a file name only while the config that reaches Envoy references it.
 
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
@@ -34,6 +38,7 @@ import { scope } from './log';
 import { bindUnixSocket, type BoundUnixServer } from './grpc-unix';
 import { newCounters, Session, type AgentHandler, type AgentRequest, type Counters, type SessionContext } from './xds-session';
 import type { XdsKind } from './xds-state';
+import type { SecretReferenceSink } from './secret-names';
 import { ADS_PATHS, type Backoff, type UpstreamOptions } from './xds-upstream';
 
 export { upstreamFromConfig, type UpstreamOptions } from './xds-upstream';
@@ -51,6 +56,8 @@ export interface XdsProxyOptions {
   backoff?: Backoff;
   /** How long one connect attempt may take before it is abandoned (default 5 s, as Istio dials). */
   dialTimeoutMs?: number;
+  /** Told the `file-cert:`/`file-root:` SDS names the listeners and clusters reference (the SDS server's references). */
+  secretReferences?: SecretReferenceSink;
 }
 
 const DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024;
@@ -102,6 +109,7 @@ export class XdsProxy implements Component {
       isPrimary: (s) => proxy.primary === s,
       agentRequests: () => [...proxy.agentRequests.values()],
       closed: (s) => proxy.sessionClosed(s),
+      secretReferences: o.secretReferences,
     };
   }
 

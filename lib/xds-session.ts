@@ -6,13 +6,15 @@ import type * as grpc from '@grpc/grpc-js';
 import { errorMessage } from './errors';
 import { scope } from './log';
 import {
-  encodeDeltaRequest, encodeSotwRequest, LISTENER_TYPE, nodeField, nodeId, parseDeltaRequest, parseDeltaResponse,
+  encodeDeltaRequest, encodeSotwRequest, LISTENER_TYPE, nodeField, TYPE_PREFIX, nodeId, parseDeltaRequest, parseDeltaResponse,
   parseSotwRequest, parseSotwResponse, sotwResources, withoutFields, type DeltaResponse, type ErrorDetail,
 } from './xds-codec';
 import {
   DeltaSubscriptions, IssuedNonces, namesKey, SotwSubscriptions, STRIP_STALE, type Subscriptions, type XdsKind,
 } from './xds-state';
 import { backoffDelay, openUpstream, type Backoff, type UpstreamCall, type UpstreamOptions } from './xds-upstream';
+import { mayNameFile, type SecretReferenceSink } from './secret-names';
+import { fileSecretNames } from './xds-secret-names';
 
 const log = scope('xdsproxy');
 
@@ -84,7 +86,12 @@ export interface SessionContext {
   isPrimary(s: Session): boolean;
   agentRequests(): AgentRequest[];
   closed(s: Session): void;
+  /** Told the file SDS names each listener and cluster references (the SDS server serves only those). */
+  readonly secretReferences?: SecretReferenceSink;
 }
+
+/** Types whose resources hold transport sockets, and so SDS names. */
+const SECRET_REFERENCING_TYPES = new Set([LISTENER_TYPE, `${TYPE_PREFIX}envoy.config.cluster.v3.Cluster`]);
 
 interface Upstream {
   gen: number;
@@ -140,6 +147,8 @@ export class Session {
   /** SotW: the last version the agent accepted per agent-handled type, re-sent on reconnect. */
   private readonly agentVersions = new Map<string, string>();
   private readonly agentChains = new Map<string, Promise<void>>();
+  /** Keys under which this stream's resources reference SDS names (dropped when the stream closes). */
+  private readonly secretSources = new Set<string>();
 
   constructor(
     readonly id: number,
@@ -380,6 +389,15 @@ export class Session {
       this.readNext(up);
       return;
     }
+    // Before Envoy sees the response: it may open SDS streams for the names at once.
+    if (SECRET_REFERENCING_TYPES.has(typeUrl)) {
+      try {
+        this.noteSecretReferences(typeUrl, buf, delta);
+      } catch (e) {
+        // The response still goes to Envoy; its file names are then not served (and refused, logged, by SDS).
+        log.warn(`cannot read the SDS names of ${shortType(typeUrl)} ${version}: ${errorMessage(e)}`);
+      }
+    }
     c.responses_to_envoy++;
     c.response_bytes_to_envoy += buf.length;
     // Envoy reads slower than the server pushes: stop reading upstream until Envoy has taken most of it, so
@@ -394,6 +412,25 @@ export class Session {
     });
     if (this.downstreamPending > DOWNSTREAM_HIGH_WATER) this.downstreamBlocked = true;
     this.readNext(up);
+  }
+
+  /** SotW: the response is every listener (cluster); Delta: each resource replaces or removes its own names. */
+  private noteSecretReferences(typeUrl: string, buf: Buffer, delta: DeltaResponse | undefined): void {
+    const sink = this.ctx.secretReferences;
+    if (!sink) return;
+    const set = (key: string, names: string[]) => {
+      if (!names.length && !this.secretSources.has(key)) return;
+      sink.set(key, names);
+      if (names.length) this.secretSources.add(key);
+      else this.secretSources.delete(key);
+    };
+    const prefix = `xds/${this.id}/${typeUrl}`;
+    if (!delta) {
+      set(prefix, mayNameFile(buf) ? sotwResources(buf).flatMap(fileSecretNames) : []);
+      return;
+    }
+    for (const r of delta.resources) set(`${prefix}/${r.name}`, r.any ? fileSecretNames(r.any) : []);
+    for (const name of delta.removed) set(`${prefix}/${name}`, []);
   }
 
   // ---- upstream lifecycle ----
@@ -510,6 +547,8 @@ export class Session {
         // already ended
       }
     }
+    for (const key of this.secretSources) this.ctx.secretReferences?.set(key, []);
+    this.secretSources.clear();
     (abnormal ? log.warn : log.info)(`Envoy's xDS stream ${this.id} closed: ${why}`);
     this.ctx.closed(this);
   }

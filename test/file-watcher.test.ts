@@ -1,5 +1,6 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
+import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { FileWatcher, referencedFiles } from '../lib/file-watcher';
@@ -63,6 +64,34 @@ test('a removed file is reported', async () => {
     w.watch([{ path: path.join(dir.path, 'x'), mode: 'stat' }]);
     fs.rmSync(f);
     await waitFor('removal seen', () => events.length > 0, 3000);
+  } finally {
+    w.close();
+    dir.cleanup();
+  }
+});
+
+test('add/remove are counted per file; a FIFO among the watched files is only stat()ed, never opened or read', async () => {
+  const dir = tempDir();
+  const events: string[][] = [];
+  const w = new FileWatcher((c) => events.push(c), { debounceMs: 10, pollMs: 50 });
+  try {
+    const fifo = path.join(dir.path, 'fifo');
+    execFileSync('mkfifo', [fifo]);
+    const f = path.join(dir.path, 'f');
+    fs.writeFileSync(f, '1');
+    w.add({ path: fifo, mode: 'content' });
+    w.add({ path: f, mode: 'content' });
+    w.add({ path: f, mode: 'content' });
+    assert.is(w.size, 2);
+    await sleep(300); // several polls over the FIFO
+    fs.writeFileSync(f, '2');
+    await waitFor('the change', () => events.some((e) => e.includes(f)), 3000);
+    assert.ok(events.every((e) => !e.includes(fifo)));
+    w.remove(f);
+    assert.is(w.size, 2, 'still added once more');
+    w.remove(f);
+    w.remove(fifo);
+    assert.is(w.size, 0);
   } finally {
     w.close();
     dir.cleanup();

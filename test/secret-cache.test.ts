@@ -111,17 +111,26 @@ test('file-cert:<cert>~<key> and file-root:<path> secrets are read, checked and 
   try {
     await c.start();
     const certName = `file-cert:${cert}~${key}`;
-    c.requested(certName);
+    const missing = `file-root:${path.join(dir.path, 'missing.pem')}`;
+    for (const n of [certName, `file-root:${ca}`, 'file-root:system', missing]) c.requested(n);
+    // Read without blocking: each one is pushed once it has been read.
+    await waitFor('the file secrets', () => [certName, `file-root:${ca}`, 'file-root:system'].every((n) => pushed.includes(n)));
     assert.equal(c.secret(certName), { kind: 'tls', certChainPem: a.certPem, keyPem: a.keyPem });
     assert.equal(c.secret(`file-root:${ca}`), { kind: 'root', rootPem: root.pem });
     const sys = c.secret('file-root:system');
     assert.ok(sys && sys.kind === 'root' && sys.rootPem.includes('BEGIN CERTIFICATE'));
-    assert.is(c.secret(`file-root:${path.join(dir.path, 'missing.pem')}`), undefined);
+    assert.is(c.secret(missing), undefined);
+    assert.is(c.secret('file-root:/never/asked'), undefined, 'a name nobody asked for is not read');
     const other = await makeRoot('rotated root');
     pushed.length = 0;
     fs.writeFileSync(ca, other.pem);
     await waitFor('the changed root to be pushed', () => pushed.includes(`file-root:${ca}`), 10_000);
     assert.equal(c.secret(`file-root:${ca}`), { kind: 'root', rootPem: other.pem });
+    // Released by every stream: forgotten, and its file no longer watched.
+    const before = c.fileSecretCount();
+    c.released(`file-root:${ca}`);
+    assert.equal(c.fileSecretCount(), { secrets: before.secrets - 1, watchedFiles: before.watchedFiles - 1 });
+    assert.is(c.secret(`file-root:${ca}`), undefined);
   } finally {
     await c.close();
     dir.cleanup();
