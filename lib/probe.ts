@@ -256,7 +256,7 @@ export function grpcProbe(o: { host: string; port: number; service: string; time
     const noteStatus = (h: http2.IncomingHttpHeaders) => {
       if (h['grpc-status'] !== undefined) {
         grpcStatus = String(h['grpc-status']);
-        grpcMessage = decodeURIComponent(String(h['grpc-message'] ?? ''));
+        grpcMessage = percentDecoded(String(h['grpc-message'] ?? ''));
       }
     };
     stream.on('response', (h) => {
@@ -284,4 +284,13 @@ export function grpcProbe(o: { host: string; port: number; service: string; time
     });
     stream.end(encodeCheckRequest(o.service));
   });
+}
+
+/** grpc-message is percent-encoded; the app's malformed escape is kept as sent (it must not throw in a listener). */
+function percentDecoded(text: string): string {
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    return text;
+  }
 }
