@@ -93,8 +93,21 @@ export function mergedScrape(registry: Registry, sources: readonly MetricsSource
   const scrapes = new Counter({ name: 'istio_agent_scrapes_total', help: 'Scrapes of the merged metrics endpoint', registers: [registry] });
   // The app's families that were Envoy's or the agent's, to warn once each; cleared if it ever grows large.
   const spoofWarned = new Set<string>();
-  return async (accept) => {
+  // One merge in flight per Accept header, shared by every scrape that arrives meanwhile: a flood of concurrent
+  // scrapes (any host reaches 15020) costs one fetch of Envoy's stats and one merge, not one each.
+  const inFlight = new Map<string, Promise<{ body: string; contentType: string }>>();
+  return (accept) => {
     scrapes.inc();
+    const key = accept ?? '';
+    let p = inFlight.get(key);
+    if (!p) {
+      p = merge(accept).finally(() => inFlight.delete(key));
+      inFlight.set(key, p);
+    }
+    return p;
+  };
+
+  async function merge(accept: string | undefined): Promise<{ body: string; contentType: string }> {
     const format = negotiateFormat(accept);
     const results = await Promise.all(sources.map((s) => s.scrape(accept).catch((err: Error) => ({ ok: false as const, reason: err.message }))));
     const texts: Array<{ name: string; text: string; format?: MetricsFormat; untrusted: boolean }> = [];
@@ -118,5 +131,5 @@ export function mergedScrape(registry: Registry, sources: readonly MetricsSource
       else log.debug(`metrics from ${p.source}: ${p.problem}`);
     }
     return { body: merged.body, contentType: merged.contentType };
-  };
+  }
 }

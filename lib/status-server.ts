@@ -74,11 +74,15 @@ export class StatusServer implements Component {
     if (metrics) {
       gaugeFrom(metrics.registry, 'istio_agent_startup_duration_seconds', 'Seconds from the agent\'s start to its first readiness', () => this.startupSeconds);
       const merged = mergedScrape(metrics.registry, metrics.sources);
+      // Scrapes that share one merge (lib/metrics.ts) share its compression too.
+      const zipped = new WeakMap<object, Promise<Buffer>>();
       const scrape = async (req: http.IncomingMessage): Promise<Reply> => {
         const m = await merged(req.headers.accept);
         // Envoy's stats compress about tenfold; Prometheus asks for gzip.
         if (/\bgzip\b/.test(String(req.headers['accept-encoding'] ?? ''))) {
-          return { status: 200, body: await gzipAsync(m.body), contentType: m.contentType, headers: { 'content-encoding': 'gzip', vary: 'accept-encoding' } };
+          let z = zipped.get(m);
+          if (!z) zipped.set(m, (z = gzipAsync(m.body)));
+          return { status: 200, body: await z, contentType: m.contentType, headers: { 'content-encoding': 'gzip', vary: 'accept-encoding' } };
         }
         return { status: 200, body: m.body, contentType: m.contentType };
       };
