@@ -561,7 +561,7 @@ async function attack(kind: Attack, t: Target): Promise<Tally> {
     }
     case 'many-streams': {
       if (t.proto === 'dns') {
-        if (t.udp) await udpBlast(t.port!, Array.from({ length: 3000 }, (_, i) => dnsQuery(i % 3 ? 'web.test.local' : `web.test.local.test.svc.cluster.local`)), tally, 1500);
+        if (t.udp) await udpBlast(t.port!, Array.from({ length: 1500 }, (_, i) => dnsQuery(i % 3 ? 'web.test.local' : `web.test.local.test.svc.cluster.local`)), tally, 1500);
         else {
           await pool(Array.from({ length: 40 }, (_, i) => i), 20, async () => {
             const s = await open(t, tally);
@@ -577,7 +577,7 @@ async function attack(kind: Attack, t: Target): Promise<Tally> {
         }
       } else if (t.proto === 'http1') {
         const agent = new http.Agent({ keepAlive: true, maxSockets: 100 });
-        await pool(Array.from({ length: 300 }, (_, i) => i), 100, (i) => new Promise<void>((r) => {
+        await pool(Array.from({ length: 200 }, (_, i) => i), 100, (i) => new Promise<void>((r) => {
           tally.connections++;
           // A big page one time in ten: 400 scrapes at once is the scrape flood's round.
           const p = i % 10 === 0 ? t.bigPath : i % 2 ? '/healthz/ready' : '/no/such/path';
@@ -592,7 +592,7 @@ async function attack(kind: Attack, t: Target): Promise<Tally> {
         }));
         agent.destroy();
       } else if (t.proto === 'grpc') {
-        const sessions = await Promise.all(Array.from({ length: 3 }, () => h2session(t, tally)));
+        const sessions = await Promise.all(Array.from({ length: 2 }, () => h2session(t, tally)));
         const streams: Promise<boolean>[] = [];
         sessions.forEach((c, si) => {
           if (!c) return;
@@ -709,7 +709,11 @@ function udpFromPortZero(port: number, packets: string[]): string {
     '    s.sendto(struct.pack("!HHHH", 0, int(sys.argv[1]), 8 + len(p), 0) + p, ("127.0.0.1", 0))',
     'print(len(sys.argv) - 2)',
   ].join('\n');
-  return execFileSync('python3', ['-c', py, String(port), ...packets], { encoding: 'utf8', timeout: 10_000 }).trim();
+  try {
+    return execFileSync('python3', ['-c', py, String(port), ...packets], { encoding: 'utf8', timeout: 10_000 }).trim();
+  } catch (e) {
+    throw new Error(`this round sends raw UDP with python3 (install python3): ${(e as Error).message}`);
+  }
 }
 
 function release(): number {
@@ -832,7 +836,7 @@ type Command =
   | { op: 'probe'; url: string; periodMs: number; timeoutMs: number }
   | { op: 'probe-stats' }
   | { op: 'probe-stop' }
-  | { op: 'attack'; kind: Attack; targets: Target[] }
+  | { op: 'attack'; kind: Attack; targets: Target[]; oneByOne?: boolean }
   | { op: 'sds-files'; target: Target; dir: string; count: number }
   | { op: 'ca'; target: Target }
   | { op: 'udp-port-zero'; port: number; packets: string[] }
@@ -875,7 +879,8 @@ async function run(cmd: Command): Promise<unknown> {
       return takeProbe();
     case 'attack': {
       const out: Record<string, Tally> = {};
-      await Promise.all(cmd.targets.map(async (t) => (out[t.name] = await attack(cmd.kind, t))));
+      if (cmd.oneByOne) for (const t of cmd.targets) out[t.name] = await attack(cmd.kind, t);
+      else await Promise.all(cmd.targets.map(async (t) => (out[t.name] = await attack(cmd.kind, t))));
       return out;
     }
     case 'sds-files':
