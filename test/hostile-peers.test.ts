@@ -55,22 +55,32 @@ async function ensureVm(): Promise<HostileVm> {
 
 const tail = (v: HostileVm) => v.log().split('\n').slice(-40).join('\n');
 
+function merge(a: ProbeStats, b: ProbeStats): ProbeStats {
+  return {
+    ...b, probes: a.probes + b.probes, failed: a.failed + b.failed, maxInARow: Math.max(a.maxInARow, b.maxInARow),
+    worstMs: Math.max(a.worstMs, b.worstMs), failures: [...a.failures, ...b.failures],
+  };
+}
+
 /** The round's invariants: same processes, no failed request, requests flowing, ready within 1 s. */
 async function check(v: HostileVm, round: string): Promise<void> {
   const gone = (p: typeof v.agent) => p.exitCode !== null || p.signalCode !== null;
   assert.ok(!gone(v.agent), `${round}: the agent exited (${v.agent.exitCode ?? v.agent.signalCode})`);
-  assert.ok(!gone(v.discovery) && pidAlive(base!.discoveryPid), `${round}: pilot-agent discovery exited (${v.discovery.exitCode ?? v.discovery.signalCode})`);
+  assert.ok(!gone(v.discovery) && pidAlive(base!.discoveryPid),
+    `${round}: pilot-agent discovery exited (${v.discovery.exitCode ?? v.discovery.signalCode})`);
   // Readiness as kubelet judges it (timeout 1 s, unready after 3 failures in a row), probed all along the round;
   // and after it, one probe answered 200 within 1 s.
   const since = Date.now();
   let probes: ProbeStats | undefined;
   const fresh = await waitFor('a probe answered after the round', async () => {
     const p = await v.client.call<ProbeStats>({ op: 'probe-stats' });
-    probes = probes ? { ...p, probes: probes.probes + p.probes, failed: probes.failed + p.failed, maxInARow: Math.max(probes.maxInARow, p.maxInARow), worstMs: Math.max(probes.worstMs, p.worstMs), failures: [...probes.failures, ...p.failures] } : p;
+    probes = probes ? merge(probes, p) : p;
     return p.lastOkAt > since || p.inARow >= 3;
   }, 10_000, 100).then(() => true, () => false);
   if (process.env.HOSTILE_VERBOSE) console.log(`  readiness: ${JSON.stringify(probes)}`);
-  assert.ok(fresh && probes!.maxInARow < 3, `${round}: /healthz/ready failed ${probes!.maxInARow} times in a row (1 s each; ${probes!.failed} of ${probes!.probes} failed, worst ${probes!.worstMs} ms): ${probes!.failures.join('; ')}`);
+  const p = probes!;
+  assert.ok(fresh && p.maxInARow < 3, `${round}: /healthz/ready failed ${p.maxInARow} times in a row (1 s each; `
+    + `${p.failed} of ${p.probes} failed, worst ${p.worstMs} ms): ${p.failures.join('; ')}`);
   const e = await epochs(v);
   assert.equal(e.map((x) => [x.epoch, x.pid, x.state]), [[0, base!.envoyPid, 'live']], `${round}: Envoy is still epoch 0, pid ${base!.envoyPid}`);
   assert.ok(pidAlive(base!.envoyPid) && v.agent.pid === base!.agentPid && pidAlive(base!.agentPid), `${round}: the same agent and Envoy processes`);
@@ -108,21 +118,27 @@ function round(name: string, fn: (v: HostileVm, targets: Target[]) => Promise<un
 }
 
 // All targets at once, or (the CPU-heavy rounds, so that two loaded cores can keep up) one after the other.
-const attack = (v: HostileVm, kind: Attack, targets: Target[], oneByOne = false) => v.attacker.call({ op: 'attack', kind, targets, oneByOne }, 60_000);
+const attack = (v: HostileVm, kind: Attack, targets: Target[], oneByOne = false) =>
+  v.attacker.call({ op: 'attack', kind, targets, oneByOne }, 60_000);
 
 round('random bytes on every port and socket', (v, t) => attack(v, 'random', t));
-round('truncated and oversized frames: HTTP/1 and HTTP/2 framing errors, gRPC messages with bad lengths, DNS packets with bad lengths and pointers', (v, t) => attack(v, 'frames', t));
+round('truncated and oversized frames: HTTP/1 and HTTP/2 framing errors, gRPC messages with bad lengths, DNS packets '
+  + 'with bad lengths and pointers', (v, t) => attack(v, 'frames', t));
 round('half-open connections: a partial request then FIN, or nothing at all, held open', (v, t) => attack(v, 'half-open', t));
 round('resets in the middle of a write, both ways', (v, t) => attack(v, 'reset-mid-write', t));
 round('slow readers: big responses (/stats/prometheus, xDS, 3000 pipelined DNS answers) never read', (v, t) => attack(v, 'slow-reader', t));
 // Anyone who reaches 15020 can ask for /stats/prometheus; each scrape fetches and merges Envoy's stats.
 round('a scrape flood: 400 /stats/prometheus at once on 15020 and 15090, never read', (v, t) => attack(v, 'scrape-flood', t));
-round('many streams: 200 gRPC streams on 2 connections, 200 HTTP requests on 100, 1500 DNS questions at once', (v, t) => attack(v, 'many-streams', t, true));
+round('many streams: 200 gRPC streams on 2 connections, 200 HTTP requests on 100, 1500 DNS questions at once',
+  (v, t) => attack(v, 'many-streams', t, true));
 round('connect/close storms', (v, t) => attack(v, 'storm', t));
 // The xDS proxy starts a session (and an upstream connection) for every stream, even one cancelled at once.
 round('rapid reset: 500 gRPC streams opened and cancelled in one write, on every gRPC socket and method', (v, t) => attack(v, 'rapid-reset', t));
 round('DNS over UDP from source port 0 (a raw socket: root or CAP_NET_RAW in the pod)', (v) =>
-  v.attacker.call({ op: 'udp-port-zero', port: 15053, packets: [dnsQuery('web.test.local'), dnsQuery('forwarded.test'), randomBytes(40)].map((b) => b.toString('hex')) }));
+  v.attacker.call({
+    op: 'udp-port-zero', port: 15053,
+    packets: [dnsQuery('web.test.local'), dnsQuery('forwarded.test'), randomBytes(40)].map((b) => b.toString('hex')),
+  }));
 round('the embedded CA: no token, wrong tokens, garbage and 3 MB CSRs, 50 calls at once', (v, t) =>
   Promise.all(t.filter((x) => x.methods?.includes(CA_CREATE)).map((target) => v.attacker.call({ op: 'ca', target }))));
 // Issue 21 #2: an unhandled EPIPE on agent.lock.sock ended the agent (fixed in lib/config-path-lock.ts).
