@@ -698,21 +698,22 @@ async function caAbuse(t: Target): Promise<Tally> {
 
 /**
  * UDP datagrams to 127.0.0.1:port from source port 0, which no ordinary socket can send: a raw socket can (root, or
- * CAP_NET_RAW, which Docker gives every container by default). Python's socket module has raw sockets; Node has none.
+ * CAP_NET_RAW, which Docker gives every container by default). Node has no raw sockets; perl-base (Essential in
+ * Debian, so on every host the suite runs on) has them.
  */
 function udpFromPortZero(port: number, packets: string[]): string {
-  const py = [
-    'import socket, struct, sys',
-    's = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)',
-    'for h in sys.argv[2:]:',
-    '    p = bytes.fromhex(h)',
-    '    s.sendto(struct.pack("!HHHH", 0, int(sys.argv[1]), 8 + len(p), 0) + p, ("127.0.0.1", 0))',
-    'print(len(sys.argv) - 2)',
+  const pl = [
+    'use Socket;',
+    'socket(my $s, PF_INET, SOCK_RAW, 17) or die "raw socket: $!";',
+    'my $port = shift @ARGV;',
+    'my $to = sockaddr_in(0, inet_aton("127.0.0.1"));',
+    'for my $h (@ARGV) { my $p = pack("H*", $h); send($s, pack("nnnn", 0, $port, 8 + length($p), 0) . $p, 0, $to) or die "send: $!"; }',
+    'print scalar(@ARGV), "\n";',
   ].join('\n');
   try {
-    return execFileSync('python3', ['-c', py, String(port), ...packets], { encoding: 'utf8', timeout: 10_000 }).trim();
+    return execFileSync('perl', ['-e', pl, String(port), ...packets], { encoding: 'utf8', timeout: 10_000 }).trim();
   } catch (e) {
-    throw new Error(`this round sends raw UDP with python3 (install python3): ${(e as Error).message}`);
+    throw new Error(`raw UDP from port 0 could not be sent: ${(e as Error).message}`);
   }
 }
 
