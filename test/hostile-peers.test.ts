@@ -130,7 +130,7 @@ round('half-open connections: a partial request then FIN, or nothing at all, hel
 round('resets in the middle of a write, both ways', (v, t) => attack(v, 'reset-mid-write', t));
 round('slow readers: big responses (/stats/prometheus, xDS, 3000 pipelined DNS answers) never read', (v, t) => attack(v, 'slow-reader', t));
 // Anyone who reaches 15020 can ask for /stats/prometheus; each scrape fetches and merges Envoy's stats.
-round('a scrape flood: 400 /stats/prometheus at once on 15020 and 15090, never read', (v, t) => attack(v, 'scrape-flood', t));
+round('a scrape flood: 400 /stats/prometheus at once (100 connections) on 15020 and 15090, never read', (v, t) => attack(v, 'scrape-flood', t));
 round('many streams: 200 gRPC streams on 2 connections, 200 HTTP requests on 100, 1500 DNS questions at once',
   (v, t) => attack(v, 'many-streams', t, true));
 round('connect/close storms', (v, t) => attack(v, 'storm', t));

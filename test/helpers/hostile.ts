@@ -628,15 +628,15 @@ async function attack(kind: Attack, t: Target): Promise<Tally> {
       break;
     }
     case 'scrape-flood': {
-      // 400 scrapes of the big page at once, on 10 connections that never read: what any host that reaches the
-      // port can send.
+      // 400 scrapes of the big page at once, 4 pipelined on each of 100 connections that never read (few enough that
+      // the answers fit in the socket buffers, so every one is served): what any host that reaches the port can send.
       if (t.proto !== 'http1') break;
-      await pool(Array.from({ length: 10 }, (_, i) => i), 10, async () => {
+      await pool(Array.from({ length: 100 }, (_, i) => i), 20, async () => {
         const s = await open(t, tally);
         if (!s) return;
         s.setTimeout(0);
         s.pause();
-        s.write(`GET ${t.bigPath} HTTP/1.1\r\nHost: x\r\n\r\n`.repeat(40));
+        s.write(`GET ${t.bigPath} HTTP/1.1\r\nHost: x\r\n\r\n`.repeat(4));
         held.push(s);
       });
       break;
