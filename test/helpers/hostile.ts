@@ -720,6 +720,40 @@ function udpFromPortZero(port: number, packets: string[]): string {
   }
 }
 
+/**
+ * An app whose gRPC health service misbehaves (the agent probes it for kubelet's /app-health/ paths): each call gets
+ * the next answer of a list, a malformed grpc-message first.
+ */
+function hostileApp(port: number): Promise<number> {
+  const answers: ((st: http2.ServerHttp2Stream) => void)[] = [
+    (st) => trailers(st, { 'grpc-status': '14', 'grpc-message': '%E0%A4%A' }),
+    (st) => trailers(st, { 'grpc-status': 'garbage' }),
+    (st) => {
+      st.respond({ ':status': 200, 'content-type': 'application/grpc', 'grpc-status': '0', 'grpc-message': '%%%' }, { endStream: true });
+    },
+    (st) => st.close(http2.constants.NGHTTP2_INTERNAL_ERROR),
+    (st) => {
+      st.respond({ ':status': 200, 'content-type': 'application/grpc' });
+      st.end(Buffer.alloc(200_000, 1));
+    },
+  ];
+  let n = 0;
+  const server = http2.createServer();
+  server.on('stream', (st) => {
+    st.on('error', () => undefined);
+    answers[n++ % answers.length]!(st);
+  });
+  server.on('sessionError', () => undefined);
+  held.push({ destroy: () => server.close() });
+  return new Promise((r) => server.listen(port, '0.0.0.0', () => r(port)));
+}
+
+function trailers(st: http2.ServerHttp2Stream, t: http2.OutgoingHttpHeaders): void {
+  st.respond({ ':status': 200, 'content-type': 'application/grpc' }, { waitForTrailers: true });
+  st.on('wantTrailers', () => st.sendTrailers(t));
+  st.end(grpcMessage(Buffer.from([8, 1])));
+}
+
 function release(): number {
   const n = held.length;
   for (const h of held.splice(0)) h.destroy();
@@ -844,6 +878,7 @@ type Command =
   | { op: 'sds-files'; target: Target; dir: string; count: number }
   | { op: 'ca'; target: Target }
   | { op: 'udp-port-zero'; port: number; packets: string[] }
+  | { op: 'hostile-app'; port: number }
   | { op: 'release' };
 
 async function run(cmd: Command): Promise<unknown> {
@@ -893,6 +928,8 @@ async function run(cmd: Command): Promise<unknown> {
       return caAbuse(cmd.target);
     case 'udp-port-zero':
       return udpFromPortZero(cmd.port, cmd.packets);
+    case 'hostile-app':
+      return hostileApp(cmd.port);
     case 'release':
       return release();
   }
@@ -1105,6 +1142,8 @@ export async function startHostileVm(): Promise<HostileVm> {
         PATH: process.env.PATH ?? '/usr/bin:/bin',
         PROXY_CONFIG: JSON.stringify({ configPath: path.join(tmp.path, 'proxy'), binaryPath: envoyBin(), drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
         POD_NAME: 'client-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'client', INSTANCE_IP: '10.99.0.2', ISTIO_META_DNS_CAPTURE: 'true',
+        // kubelet's probe of an app whose gRPC health service misbehaves (the round that starts it: hostileApp).
+        ISTIO_KUBE_APP_PROBERS: JSON.stringify({ '/app-health/app/readyz': { grpc: { port: 9083, service: '' }, timeoutSeconds: 1 } }),
       },
     });
     const proc = agent;
