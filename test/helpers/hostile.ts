@@ -732,6 +732,9 @@ function hostileApp(port: number): Promise<number> {
       st.respond({ ':status': 200, 'content-type': 'application/grpc', 'grpc-status': '0', 'grpc-message': '%%%' }, { endStream: true });
     },
     (st) => st.close(http2.constants.NGHTTP2_INTERNAL_ERROR),
+    // OK with a serving status no enum has, and OK with a message whose length prefix claims 4 GiB.
+    (st) => trailers(st, { 'grpc-status': '0' }, grpcMessage(Buffer.from([0x08, 0x05]))),
+    (st) => trailers(st, { 'grpc-status': '0' }, grpcMessage(Buffer.from([0x08, 0x02]), { length: 0xffffffff })),
     (st) => {
       st.respond({ ':status': 200, 'content-type': 'application/grpc' });
       st.end(Buffer.alloc(200_000, 1));
@@ -748,10 +751,10 @@ function hostileApp(port: number): Promise<number> {
   return new Promise((r) => server.listen(port, '0.0.0.0', () => r(port)));
 }
 
-function trailers(st: http2.ServerHttp2Stream, t: http2.OutgoingHttpHeaders): void {
+function trailers(st: http2.ServerHttp2Stream, t: http2.OutgoingHttpHeaders, body = grpcMessage(Buffer.from([8, 1]))): void {
   st.respond({ ':status': 200, 'content-type': 'application/grpc' }, { waitForTrailers: true });
   st.on('wantTrailers', () => st.sendTrailers(t));
-  st.end(grpcMessage(Buffer.from([8, 1])));
+  st.end(body);
 }
 
 function release(): number {
