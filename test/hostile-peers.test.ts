@@ -142,13 +142,18 @@ round('DNS over UDP from source port 0 (a raw socket: root or CAP_NET_RAW in the
     packets: [dnsQuery('web.test.local'), dnsQuery('forwarded.test'), randomBytes(40)].map((b) => b.toString('hex')),
   }));
 // The app is a peer too: kubelet's /app-health/ probes make the agent call its gRPC health service.
-round('an app whose gRPC health service answers a malformed grpc-message, a bad status, a reset, 200 KB, odd OK answers', async (v) => {
+round('an app whose health endpoints misbehave: gRPC (malformed grpc-message, bad status, reset, 200 KB, odd OK answers) and HTTP (bad Location, redirect loop, 20 MB, 60 KB header, reset, garbage, silence)', async (v) => {
   await v.client.call({ op: 'hostile-app', port: 9083 });
   const codes: number[] = [];
   for (let i = 0; i < 14; i++) codes.push((await v.status('/app-health/app/readyz', 3000)).status);
   assert.ok(v.agent.exitCode === null && v.agent.signalCode === null, `the agent exited (${v.agent.exitCode ?? v.agent.signalCode})`);
   assert.ok(codes.every((c) => c === 500), `each misbehaving answer is a failed probe (500): ${codes.join(' ')}`);
-  return codes;
+  const http: number[] = [];
+  for (let i = 0; i < 14; i++) http.push((await v.status('/app-health/app/livez', 3000)).status);
+  assert.ok(v.agent.exitCode === null && v.agent.signalCode === null, `the agent exited (${v.agent.exitCode ?? v.agent.signalCode})`);
+  // The app's own codes pass through (500, 503); everything else is a failed probe (500).
+  assert.ok(http.every((c) => c === 500 || c === 503), `HTTP probes of a misbehaving page fail: ${http.join(' ')}`);
+  return { grpc: codes, http };
 });
 round('the embedded CA: no token, wrong tokens, garbage and 3 MB CSRs, 50 calls at once', (v, t) =>
   Promise.all(t.filter((x) => x.methods?.includes(CA_CREATE)).map((target) => v.attacker.call({ op: 'ca', target }))));

@@ -748,7 +748,36 @@ function hostileApp(port: number): Promise<number> {
   });
   server.on('sessionError', () => undefined);
   held.push({ destroy: () => server.close() });
-  return new Promise((r) => server.listen(port, '0.0.0.0', () => r(port)));
+  // Its HTTP health page (port + 1): a Location that is no URL, a redirect loop, 20 MB, a header of 60 KB, a reset,
+  // a status line of garbage, no answer at all.
+  const bad: ((req: http.IncomingMessage, res: http.ServerResponse) => void)[] = [
+    (_q, res) => res.writeHead(302, { location: 'http://[::1' }).end(),
+    (q, res) => res.writeHead(302, { location: q.url + 'x' }).end(),
+    (_q, res) => {
+      res.writeHead(500);
+      const chunk = Buffer.alloc(1 << 20, 0x61);
+      let left = 20;
+      const more = () => {
+        while (left > 0 && res.write(chunk)) left--;
+        if (left-- > 0) res.once('drain', more);
+        else res.end();
+      };
+      res.on('error', () => undefined);
+      more();
+    },
+    (_q, res) => res.writeHead(503, { 'x-big': 'b'.repeat(60_000) }).end(),
+    (q) => reset(q.socket),
+    (q) => q.socket.end('HTTP/1.1 abc garbage\r\n\r\n'),
+    () => undefined,
+  ];
+  let m = 0;
+  const web = http.createServer((req, res) => bad[m++ % bad.length]!(req, res));
+  web.on('clientError', (_e, s) => s.destroy());
+  held.push({ destroy: () => web.closeAllConnections() }, { destroy: () => web.close() });
+  return Promise.all([
+    new Promise<void>((r) => server.listen(port, '0.0.0.0', () => r())),
+    new Promise<void>((r) => web.listen(port + 1, '0.0.0.0', () => r())),
+  ]).then(() => port);
 }
 
 function trailers(st: http2.ServerHttp2Stream, t: http2.OutgoingHttpHeaders, body = grpcMessage(Buffer.from([8, 1]))): void {
@@ -1146,7 +1175,10 @@ export async function startHostileVm(): Promise<HostileVm> {
         PROXY_CONFIG: JSON.stringify({ configPath: path.join(tmp.path, 'proxy'), binaryPath: envoyBin(), drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
         POD_NAME: 'client-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'client', INSTANCE_IP: '10.99.0.2', ISTIO_META_DNS_CAPTURE: 'true',
         // kubelet's probe of an app whose gRPC health service misbehaves (the round that starts it: hostileApp).
-        ISTIO_KUBE_APP_PROBERS: JSON.stringify({ '/app-health/app/readyz': { grpc: { port: 9083, service: '' }, timeoutSeconds: 1 } }),
+        ISTIO_KUBE_APP_PROBERS: JSON.stringify({
+          '/app-health/app/readyz': { grpc: { port: 9083, service: '' }, timeoutSeconds: 1 },
+          '/app-health/app/livez': { httpGet: { port: 9084, path: '/healthz' }, timeoutSeconds: 1 },
+        }),
       },
     });
     const proc = agent;
