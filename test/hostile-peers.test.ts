@@ -135,7 +135,7 @@ round('many streams: 200 gRPC streams on 2 connections, 200 HTTP requests on 100
   (v, t) => attack(v, 'many-streams', t, true));
 round('connect/close storms', (v, t) => attack(v, 'storm', t));
 // The xDS proxy starts a session (and an upstream connection) for every stream, even one cancelled at once.
-round('rapid reset: 500 gRPC streams (1000 on the xDS socket) opened and cancelled in one write, on every gRPC method', (v, t) => attack(v, 'rapid-reset', t));
+round('rapid reset: 500 gRPC streams opened and cancelled in one write, on every gRPC socket and method', (v, t) => attack(v, 'rapid-reset', t));
 round('DNS over UDP from source port 0 (a raw socket: root or CAP_NET_RAW in the pod)', (v) =>
   v.attacker.call({
     op: 'udp-port-zero', port: 15053,
