@@ -1,12 +1,13 @@
 // No peer can stop the agent (issue 21): for every socket and port the agent and its servers listen on (status
 // 15020, Envoy's 15021 and 15090, DNS over UDP and TCP, the SDS socket, the xDS proxy's socket, the discovery
-// server's socket with its CA, the lock socket), bounded rounds of random bytes, truncated and oversized frames,
-// half-open connections, resets in the middle of a write, slow readers, many streams and connect/close storms, while a
-// client keeps requests flowing through Envoy to a real backend. The agent runs `proxy --standalone` with DNS capture
-// and its embedded CA in a network namespace made by the test; attackers and client run in it too
-// (test/helpers/hostile.ts). After each round: the same agent and Envoy processes (pids, epoch 0 still the only
-// one), no request failed and some went through, /healthz/ready answers 200 within 1 s; at the end SIGTERM drains
-// and the agent exits 0. What each listener does with such a peer, and the audit of every place a peer's input
+// server's socket with its CA, `pilot-agent discovery` on TCP, the lock socket, and the app the agent probes), bounded
+// rounds of random bytes, truncated and oversized frames, half-open connections, resets in the middle of a write, slow
+// readers, many streams, rapid reset, scrape floods and connect/close storms, while a client keeps requests flowing
+// through Envoy to a real backend. The agent runs `proxy --standalone` with DNS capture and its embedded CA in a
+// network namespace made by the test; attackers and client run in it too (test/helpers/hostile.ts). After each round:
+// the same agent, Envoy and discovery processes (pids, epoch 0 still the only one), no request failed and some went
+// through, /healthz/ready (probed every 250 ms with a 1 s timeout) never failed 3 times in a row, kubelet's
+// failureThreshold, and answered after the round; at the end SIGTERM drains and the agent exits 0. What each listener does with such a peer, and the audit of every place a peer's input
 // reaches a handler that could throw: test/hostile-peers.md.
 //
 // A round whose agent died or wedged fails, and the next round starts a fresh "VM", so one bug does not hide the
