@@ -628,10 +628,12 @@ async function attack(kind: Attack, t: Target): Promise<Tally> {
       break;
     }
     case 'scrape-flood': {
-      // 400 scrapes of the big page at once, 4 pipelined on each of 100 connections that never read (few enough that
-      // the answers fit in the socket buffers, so every one is served): what any host that reaches the port can send.
+      // Scrapes of the big page at once, 4 pipelined on each connection, never read (few enough that the answers fit
+      // in the socket buffers, so every one is served): what any host that reaches the port can send. 1000 on the
+      // agent's 15020, which can answer concurrent scrapes from one fetch of Envoy's stats; 400 on Envoy's 15090,
+      // whose admin thread (which also answers the agent's readiness checks) serves each one.
       if (t.proto !== 'http1') break;
-      await pool(Array.from({ length: 100 }, (_, i) => i), 20, async () => {
+      await pool(Array.from({ length: t.port === 15020 ? 250 : 100 }, (_, i) => i), 25, async () => {
         const s = await open(t, tally);
         if (!s) return;
         s.setTimeout(0);
