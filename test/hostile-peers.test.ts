@@ -130,7 +130,7 @@ round('random bytes on every port and socket', (v, t) => attack(v, 'random', t))
 round('truncated and oversized frames: HTTP/1 and HTTP/2 framing errors, gRPC messages with bad lengths, DNS packets '
   + 'with bad lengths and pointers', (v, t) => attack(v, 'frames', t));
 round('half-open connections: a partial request then FIN, or nothing at all, held open', (v, t) => attack(v, 'half-open', t));
-round('resets in the middle of a write, both ways', (v, t) => attack(v, 'reset-mid-write', t));
+round('resets in the middle of a write, both ways', (v, t) => attack(v, 'reset-mid-write', t, true));
 round('slow readers: big responses (/stats/prometheus, xDS, 3000 pipelined DNS answers) never read', (v, t) => attack(v, 'slow-reader', t));
 // Anyone who reaches 15020 can ask for /stats/prometheus; each scrape fetches and merges Envoy's stats.
 round('a scrape flood: 1000 /stats/prometheus at once on 15020 (400 on 15090), 4 on each connection, never read', (v, t) => attack(v, 'scrape-flood', t));

@@ -494,7 +494,7 @@ async function attack(kind: Attack, t: Target): Promise<Tally> {
         await pool(Array.from({ length: 12 }, (_, i) => i), 6, async () => {
           const s = await open(t, tally);
           if (!s) return;
-          s.write(`GET ${t.bigPath} HTTP/1.1\r\nHost: x\r\n\r\n`.repeat(4));
+          s.write(`GET ${t.bigPath} HTTP/1.1\r\nHost: x\r\n\r\n`);
           await new Promise<void>((r) => {
             s.once('data', () => r());
             setTimeout(r, 1500);
