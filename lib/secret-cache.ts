@@ -62,6 +62,11 @@ export interface SecretCacheOptions {
   /** Ask the CA only once a stream asks for `default` or `ROOTCA` (Istio's behaviour); until then ready. */
   lazy?: boolean;
   /**
+   * With `lazy`: still ask the CA at start (the Go agent pre-generates the workload certificate, so Envoy's first
+   * request finds it); readiness waits for it only once Envoy asks.
+   */
+  prefetch?: boolean;
+  /**
    * The SDS socket: files behind `file-cert:`/`file-root:` names are served only if whoever can connect to it could
    * read them itself (lib/named-file.ts socketReader). Without it, files are read with the agent's own rights.
    */
@@ -159,8 +164,9 @@ export class SecretCache implements Component, SecretProvider {
       log.info(`workload certificate from mounted files in ${this.o.mountedDir}`);
       this.loadMounted();
     } else if (this.o.signer) {
-      log.info(`workload certificate for ${this.o.identity} from CA ${this.o.signer.address}${this.wanted ? '' : ', once Envoy asks for it'}`);
-      if (this.wanted) void this.fetch();
+      const when = this.wanted ? '' : this.o.prefetch ? ', asked for at start' : ', once Envoy asks for it';
+      log.info(`workload certificate for ${this.o.identity} from CA ${this.o.signer.address}${when}`);
+      if (this.wanted || this.o.prefetch) void this.fetch();
     } else {
       log.info('no CA and no mounted certificates: serving only the certificate files the config names, no workload certificate');
     }

@@ -72,9 +72,11 @@ export async function workloadIdentity(
     debounceMs: envs.FILE_DEBOUNCE_DURATION.get(env),
     // file-cert:/file-root: files are served only if the uid that can connect to the SDS socket could read them.
     sdsSocket: cfg.sdsSocket,
-    // As Istio: a certificate is first asked for when Envoy asks for a secret, so a proxy whose config uses no
-    // mTLS never calls the CA and is not held unready by it.
+    // As the Go agent (security/pkg/nodeagent/sds/sdsservice.go, "Pre-generate workload certificates to improve
+    // startup latency"): the certificate is asked for at start, so it is there when Envoy's first listener needs
+    // it; readiness waits for it only once Envoy asks, so a proxy whose config uses no mTLS is not held unready.
     lazy: true,
+    prefetch: true,
   });
   const sds = new SdsServer({ socketPath: cfg.sdsSocket, provider: cache, maxNamesPerStream: envs.SDS_MAX_NAMES_PER_STREAM.get(env) });
   return { cache, sds, source: mounted ? `files in ${mounted}` : signer ? `CA ${signer.address}` : 'file certificates only (no CA)' };
