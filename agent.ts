@@ -193,14 +193,17 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // proxyMetadata entries act as environment variables for the agent, as in Istio.
     const agentEnv = { ...cfg.proxy.proxyMetadata, ...env };
     // Settings read from the environment are checked before anything starts.
-    const [appProbe, health, appMetrics, { keyAlgorithm }] = await Promise.all([
+    const [appProbe, health, appMetrics, { keyAlgorithm, pregenerateKey }] = await Promise.all([
       import('./lib/app-probe'), import('./lib/health-checker'), import('./lib/app-metrics'), import('./lib/csr'),
     ]);
     const appProbers = appProbe.parseAppProbers(env);
     // Istio merges the app's metrics for sidecars only.
     const appTargets = cfg.proxyType === 'sidecar' ? appMetrics.parseAppMetricsConfig(env, cfg.proxy.statusPort) : [];
     const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
-    keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv));
+    const algorithm = keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv));
+    // The workload key is made while Envoy starts when a CA will be asked (mounted files may still make it moot).
+    const standaloneCa = cfg.standaloneDir && fs.existsSync(path.join(cfg.standaloneDir, 'ca', 'identities'));
+    if (!envs.FILE_MOUNTED_CERTS.get(agentEnv) && (!cfg.standaloneDir || standaloneCa)) pregenerateKey(algorithm);
 
     // Envoy is spawned before the rest of the agent loads (gRPC, the servers): its xDS and SDS sockets are bound
     // first and served once their servers have loaded; connections that arrive before wait in the socket. An SDS

@@ -75,11 +75,31 @@ export function csrDer(identity: string, publicKeyDer: Buffer, privateKey: KeyOb
 
 const generate = promisify(generateKeyPair);
 
+function newKeyPair(a: KeyAlgorithm): Promise<{ publicKey: KeyObject; privateKey: KeyObject }> {
+  return a.kind === 'ECDSA' ? generate('ec', { namedCurve: 'prime256v1' }) : generate('rsa', { modulusLength: a.bits, publicExponent: 0x10001 });
+}
+
+// The first workload key, started as soon as the agent knows it will ask a CA: an RSA key takes 70-250 ms of the
+// thread pool, which then overlaps Envoy's start and the agent's module loading instead of following them.
+let pregenerated: { algorithm: string; pair: Promise<{ publicKey: KeyObject; privateKey: KeyObject }> } | undefined;
+
+export function pregenerateKey(a: KeyAlgorithm): void {
+  const pair = newKeyPair(a);
+  pair.catch(() => undefined); // a failure is met again, and reported, by the first CSR
+  pregenerated = { algorithm: JSON.stringify(a), pair };
+}
+
+/** The pregenerated pair, once, when it is of the algorithm asked for. */
+async function takePregenerated(a: KeyAlgorithm): Promise<{ publicKey: KeyObject; privateKey: KeyObject } | undefined> {
+  const p = pregenerated;
+  pregenerated = undefined;
+  if (!p || p.algorithm !== JSON.stringify(a)) return undefined;
+  return p.pair.catch(() => undefined);
+}
+
 export async function generateKeyAndCsr(o: { identity: string; algorithm: KeyAlgorithm; pkcs8?: boolean }): Promise<KeyAndCsr> {
   if (!/^[\x21-\x7e]+$/.test(o.identity)) throw new AgentError('INTERNAL', `identity ${JSON.stringify(o.identity)} is not an IA5 URI`);
-  const { publicKey, privateKey } = o.algorithm.kind === 'ECDSA'
-    ? await generate('ec', { namedCurve: 'prime256v1' })
-    : await generate('rsa', { modulusLength: o.algorithm.bits, publicExponent: 0x10001 });
+  const { publicKey, privateKey } = await takePregenerated(o.algorithm) ?? await newKeyPair(o.algorithm);
   const spki = publicKey.export({ type: 'spki', format: 'der' });
   const csr = csrDer(o.identity, spki, privateKey, o.algorithm.kind);
   const type = o.pkcs8 ? 'pkcs8' : o.algorithm.kind === 'ECDSA' ? 'sec1' : 'pkcs1';

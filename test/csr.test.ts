@@ -6,7 +6,7 @@ import { X509Certificate } from 'node:crypto';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { checkChain, parseCerts } from '../lib/cert-chain';
-import { generateKeyAndCsr, keyAlgorithm, spiffeId } from '../lib/csr';
+import { generateKeyAndCsr, keyAlgorithm, pregenerateKey, spiffeId } from '../lib/csr';
 import { x509 as loadX509, type X509 } from '../lib/x509';
 
 import { makeIntermediate, makeRoot, signCsr } from './helpers/test-ca';
@@ -46,6 +46,17 @@ test('OpenSSL reads and verifies the CSR as Istio\'s CA would: SHA-256 signature
     assert.match(r.stdout, algorithm.kind === 'ECDSA' ? /ecdsa-with-SHA256/ : /sha256WithRSAEncryption/);
     if (algorithm.kind === 'RSA') assert.match(r.stdout, /Public-Key: \(3072 bit\)/);
   }
+});
+
+test('a pregenerated key is used once, and only for the algorithm it was made for', async () => {
+  pregenerateKey({ kind: 'RSA', bits: 2048 });
+  const ec = await generateKeyAndCsr({ identity: ID, algorithm: { kind: 'ECDSA' } });
+  assert.match(ec.keyPem, /BEGIN EC PRIVATE KEY/, 'another algorithm gets a key of its own');
+  pregenerateKey({ kind: 'ECDSA' });
+  const a = await generateKeyAndCsr({ identity: ID, algorithm: { kind: 'ECDSA' } });
+  const b = await generateKeyAndCsr({ identity: ID, algorithm: { kind: 'ECDSA' } });
+  assert.is.not(a.keyPem, b.keyPem, 'the pregenerated key is taken once');
+  assert.ok(await new x509.Pkcs10CertificateRequest(a.csrPem).verify());
 });
 
 test('a good chain passes; the root is split off as ROOTCA', async () => {
