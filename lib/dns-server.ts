@@ -30,6 +30,8 @@ const log = scope('dns');
 
 const TTL = 30;
 const TCP_IDLE_MS = 10_000;
+const TCP_MAX_INFLIGHT = 32;
+const TCP_MAX_UNREAD = 256 * 1024;
 
 export interface DnsServerOptions {
   /** `host:port`; `localhost` listens on 127.0.0.1 and/or ::1 after the upstreams' families, as Istio does. */
@@ -167,8 +169,15 @@ export class DnsServer implements Component {
     this.boundPort = sock.address().port;
     sock.on('error', (err) => this.fail(`UDP socket on ${host}`, err));
     sock.on('message', (msg, rinfo) => {
+      // Source port 0 cannot be answered (send() would throw); a spoofed or raw packet can carry it.
+      if (rinfo.port === 0) return void this.m.malformed.inc();
       void this.handle(msg, 'udp').then((reply) => {
-        if (reply && !this.closing) sock.send(reply, rinfo.port, rinfo.address, (err) => err && log.debug(`cannot send a DNS reply: ${err.message}`));
+        if (!reply || this.closing) return;
+        try {
+          sock.send(reply, rinfo.port, rinfo.address, (err) => err && log.debug(`cannot send a DNS reply: ${err.message}`));
+        } catch (err) {
+          log.debug(`cannot send a DNS reply: ${errorMessage(err)}`);
+        }
       });
     });
     const srv = net.createServer((c) => this.serveTcp(c));
@@ -196,6 +205,15 @@ export class DnsServer implements Component {
     c.on('close', () => this.conns.delete(c));
     c.on('error', () => c.destroy());
     let buf = Buffer.alloc(0);
+    // A client that pipelines questions without reading the answers is paused: its questions in flight and its
+    // unread answers stay bounded (miekg/dns, Istio's server, serves one question of a connection at a time).
+    let inflight = 0;
+    const throttle = () => {
+      if (c.destroyed) return;
+      if (inflight >= TCP_MAX_INFLIGHT || c.writableLength > TCP_MAX_UNREAD) c.pause();
+      else c.resume();
+    };
+    c.on('drain', throttle);
     c.on('data', (chunk) => {
       buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
       while (buf.length >= 2) {
@@ -203,11 +221,14 @@ export class DnsServer implements Component {
         if (buf.length < 2 + len) break;
         const msg = buf.subarray(2, 2 + len);
         buf = buf.subarray(2 + len);
+        inflight++;
         void this.handle(Buffer.from(msg), 'tcp').then((reply) => {
-          if (!reply || c.destroyed) return;
-          c.write(frame(reply));
+          inflight--;
+          if (reply && c.writable) c.write(frame(reply));
+          throttle();
         });
       }
+      throttle();
     });
   }
 
