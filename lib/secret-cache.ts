@@ -15,7 +15,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Counter, Gauge, type Registry } from 'prom-client';
-import { caAnswered, type CertificateSigner } from './ca-client';
+import { caAnswered, caRetryDelay, type CertificateSigner } from './ca-client';
 import { checkChain, checkKeyPair, checkValidity, parseCerts, type CertInfo } from './cert-chain';
 import { closedSignal, type Component, type Condition, type StatusRoute } from './component';
 import { generateKeyAndCsr, type KeyAlgorithm } from './csr';
@@ -25,7 +25,6 @@ import { writeFileAtomic } from './fs-atomic';
 import { scope } from './log';
 import { ROOT_SECRET, WORKLOAD_SECRET, type SecretProvider, type SecretValue } from './sds-server';
 import { json } from './status-server';
-import { backoffDelay } from './xds-upstream';
 
 const log = scope('cache');
 
@@ -264,7 +263,7 @@ export class SecretCache implements Component, SecretProvider {
       this.ca.lastFailure = this.now();
       this.ca.lastError = errorMessage(e);
       this.attempt++;
-      const delay = backoffDelay(this.attempt, this.o.backoff ?? { initialMs: 1000, maxMs: 60_000 }, this.rand);
+      const delay = caRetryDelay(this.attempt, this.o.backoff, this.rand);
       const w = this.workload;
       const keeps = w ? `; the current certificate (serial ${w.leaf.serial}, expires ${new Date(w.leaf.notAfter).toISOString()}) stays in use` : '';
       log.warn(`retrying the CA in ${delay} ms (attempt ${this.attempt})${keeps}`);

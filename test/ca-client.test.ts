@@ -11,7 +11,7 @@ import * as protobuf from 'protobufjs';
 import { Registry } from 'prom-client';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { CaClient, caClientOptions, type CaClientOptions } from '../lib/ca-client';
+import { CaClient, caClientOptions, type CaClientOptions, caRetryDelay } from '../lib/ca-client';
 import { buildConfig } from '../lib/config';
 import { spiffeId } from '../lib/csr';
 import { configureLogging, resetLogging } from '../lib/log';
@@ -261,6 +261,35 @@ test('a CA that is down at start is retried with backoff until it answers', asyn
   } finally {
     await c.close();
     await ca?.close();
+    f.cleanup();
+  }
+});
+
+test('CA retry schedule: 1 s doubling to 60 s, each spread down by at most 20 %', () => {
+  const at = (rand: number) => Array.from({ length: 9 }, (_, i) => caRetryDelay(i + 1, undefined, () => rand));
+  assert.equal(at(0), [1000, 2000, 4000, 8000, 16_000, 32_000, 60_000, 60_000, 60_000]);
+  assert.equal(at(1), [800, 1600, 3200, 6400, 12_800, 25_600, 48_000, 48_000, 48_000]);
+  assert.is(caRetryDelay(1000, undefined, () => 0), 60_000, 'a long outage stays at the cap');
+  assert.is(caRetryDelay(3, { initialMs: 100, maxMs: 250 }, () => 0), 250);
+});
+
+test('a CA that refuses every request is asked 3 times in 4.5 s (retries after ~1 s and ~2 s more), not every second', async () => {
+  const ca = await startTestCa();
+  ca.mode = 'error';
+  const f = fixture(ca);
+  const c = cache(f, { backoff: undefined });
+  try {
+    await c.start();
+    await sleep(4500);
+    // 0, 0.8-1.0 s, 2.4-3.0 s; the next is due at 5.6 s at the earliest. On a 1 s loop it would be 5.
+    assert.is(ca.calls.length, 3, f.logs.filter((l) => /retrying/.test(l)).join('\n'));
+    const delays = f.logs.filter((l) => /retrying the CA/.test(l)).map((l) => Number(/in (\d+) ms/.exec(l)![1]));
+    assert.is(delays.length, 3);
+    delays.forEach((d, i) => assert.ok(d >= 800 * 2 ** i && d <= 1000 * 2 ** i, `retry ${i + 1} after ${d} ms`));
+    assert.is(c.current(), undefined);
+  } finally {
+    await c.close();
+    await ca.close();
     f.cleanup();
   }
 });
