@@ -32,7 +32,7 @@ async function rejects(p: Promise<unknown>, re: RegExp): Promise<void> {
 const ID = spiffeId('cluster.local', 'ns1', 'sa1');
 const TOKEN = 'header.payload.signature';
 
-type Mode = 'good' | 'garbage' | 'one-cert' | 'other-identity' | 'expired' | 'not-yet-valid' | 'unverifiable-root' | 'error';
+type Mode = 'good' | 'backdated' | 'garbage' | 'one-cert' | 'other-identity' | 'expired' | 'not-yet-valid' | 'unverifiable-root' | 'error';
 
 interface TestCa {
   port: number;
@@ -74,6 +74,8 @@ async function startTestCa(port?: number, roots?: { root: Issuer; serverRoot: Is
       try {
         switch (ca.mode) {
           case 'good': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { ttlMs }), inter.pem, root.pem] });
+          // As istiod: notBefore 2 minutes back (clock skew), notAfter the requested lifetime from now.
+          case 'backdated': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { notBefore: new Date(now - 120_000), notAfter: new Date(now + ttlMs) }), inter.pem, root.pem] });
           case 'garbage': return cb(null, { garbage: true });
           case 'one-cert': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { ttlMs })] });
           case 'other-identity': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { uri: 'spiffe://cluster.local/ns/x/sa/other' }), inter.pem, root.pem] });
@@ -287,6 +289,29 @@ test('a CA that refuses every request is asked 3 times in 4.5 s (retries after ~
     assert.is(delays.length, 3);
     delays.forEach((d, i) => assert.ok(d >= 800 * 2 ** i && d <= 1000 * 2 ** i, `retry ${i + 1} after ${d} ms`));
     assert.is(c.current(), undefined);
+  } finally {
+    await c.close();
+    await ca.close();
+    f.cleanup();
+  }
+});
+
+test('a CA that backdates notBefore by 2 minutes (istiod): a 124 s certificate is renewed after ~62 s, not every 2 s', async () => {
+  const ca = await startTestCa();
+  ca.mode = 'backdated';
+  const f = fixture(ca);
+  const c = cache(f, { ttlMs: 124_000, graceRatio: 0.5, graceJitter: 0.01 });
+  try {
+    await c.start();
+    const received = Date.now();
+    await waitFor('the first certificate', () => c.current(), 15_000);
+    const d = c.debug() as { certificate: { notBefore: string }; nextRotation: string };
+    assert.ok(Date.parse(d.certificate.notBefore) < received - 100_000, 'the CA backdated it');
+    const next = Date.parse(d.nextRotation) - received;
+    // 124 s x (0.5 +- 0.01) after it arrived; counted from notBefore it was (124 - 120) / 2 = 2 s.
+    assert.ok(next > 60_000 && next < 64_000, `next rotation in ${next} ms`);
+    await sleep(5000);
+    assert.is(ca.calls.length, 1, 'not renewed in the first 5 s');
   } finally {
     await c.close();
     await ca.close();
