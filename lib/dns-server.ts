@@ -205,30 +205,30 @@ export class DnsServer implements Component {
     c.on('close', () => this.conns.delete(c));
     c.on('error', () => c.destroy());
     let buf = Buffer.alloc(0);
-    // A client that pipelines questions without reading the answers is paused: its questions in flight and its
-    // unread answers stay bounded (miekg/dns, Istio's server, serves one question of a connection at a time).
+    // A client that pipelines questions without reading the answers is paused: its questions in flight, its
+    // buffered bytes and its unread answers stay bounded (miekg/dns, Istio's server, serves one at a time).
     let inflight = 0;
-    const throttle = () => {
+    const pump = () => {
+      while (!c.destroyed && inflight < TCP_MAX_INFLIGHT && c.writableLength <= TCP_MAX_UNREAD && buf.length >= 2) {
+        const len = buf.readUInt16BE(0);
+        if (buf.length < 2 + len) break;
+        const msg = Buffer.from(buf.subarray(2, 2 + len));
+        buf = buf.subarray(2 + len);
+        inflight++;
+        void this.handle(msg, 'tcp').then((reply) => {
+          inflight--;
+          if (reply && c.writable) c.write(frame(reply));
+          pump();
+        });
+      }
       if (c.destroyed) return;
       if (inflight >= TCP_MAX_INFLIGHT || c.writableLength > TCP_MAX_UNREAD) c.pause();
       else c.resume();
     };
-    c.on('drain', throttle);
+    c.on('drain', pump);
     c.on('data', (chunk) => {
       buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
-      while (buf.length >= 2) {
-        const len = buf.readUInt16BE(0);
-        if (buf.length < 2 + len) break;
-        const msg = buf.subarray(2, 2 + len);
-        buf = buf.subarray(2 + len);
-        inflight++;
-        void this.handle(Buffer.from(msg), 'tcp').then((reply) => {
-          inflight--;
-          if (reply && c.writable) c.write(frame(reply));
-          throttle();
-        });
-      }
-      throttle();
+      pump();
     });
   }
 
