@@ -81,10 +81,20 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
     address,
     tls,
     rootCaFile: root,
-    serverName: envs.ISTIOD_SAN.get(env) || (address === cfg.proxy.discoveryAddress ? xds.serverName ?? host : host),
+    serverName: caServerName(envs.CA_ADDR.get(env) ? address : undefined, host, envs.ISTIOD_SAN.get(env), xds.serverName),
     tokenFile: xds.tokenFile,
     headers,
   };
+}
+
+/**
+ * The name the CA's certificate must carry, as Istio's agent picks it: ISTIOD_SAN applies only to the CA it
+ * defaults to (the discovery address); an explicit CA_ADDR is checked against its own host, except that an address
+ * naming localhost (a port-forward to istiod) expects istiod's name.
+ */
+function caServerName(explicitAddress: string | undefined, host: string, istiodSan: string, xdsServerName: string | undefined): string {
+  if (explicitAddress === undefined) return istiodSan || (xdsServerName ?? host);
+  return explicitAddress.includes('localhost') ? 'istiod.istio-system.svc' : host;
 }
 
 function isLocal(address: string): boolean {

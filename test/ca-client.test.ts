@@ -334,7 +334,11 @@ test('CA options as Istio decides them: CA_ADDR or the discovery address, plaint
   assert.is(o.tls, false);
   assert.equal(o.headers, { ClusterID: 'c9', X_Tenant: 't1' });
   assert.is(o.rootCaFile, '/roots.pem');
-  assert.is(o.serverName, 'ca.mesh');
+  assert.is(o.serverName, 'ca.example', 'ISTIOD_SAN is for the default CA (the discovery address) only, as in Go');
+  const san = { ISTIOD_SAN: 'ca.mesh' };
+  assert.is(caClientOptions(cfg(san), san).serverName, 'ca.mesh', 'without CA_ADDR, ISTIOD_SAN names the CA');
+  const local = { CA_ADDR: 'localhost:15012', ISTIOD_SAN: 'ca.mesh' };
+  assert.is(caClientOptions(cfg(local), local).serverName, 'istiod.istio-system.svc', 'a port-forward to istiod');
   const sys = caClientOptions(cfg({ XDS_ROOT_CA: 'SYSTEM' }), { XDS_ROOT_CA: 'SYSTEM' });
   assert.is(sys.rootCaFile, 'SYSTEM');
 });
