@@ -31,6 +31,7 @@ const log = scope('dns');
 const TTL = 30;
 const TCP_IDLE_MS = 10_000;
 const TCP_MAX_INFLIGHT = 32;
+const TCP_MAX_CONNECTIONS = 1024;
 const TCP_MAX_UNREAD = 256 * 1024;
 
 export interface DnsServerOptions {
@@ -106,6 +107,7 @@ export class DnsServer implements Component {
   private failure: Error | undefined;
   private readonly upstream: Upstreams;
   private boundPort = 0;
+  private lastAcceptError = 0;
   private readonly rdataCache = new Map<string, Buffer>();
   private readonly m = {
     requests: new Counter({ name: 'istio_agent_dns_requests_total', help: 'Total number of DNS requests.', registers: [] }),
@@ -181,6 +183,8 @@ export class DnsServer implements Component {
       });
     });
     const srv = net.createServer((c) => this.serveTcp(c));
+    // Each connection is a descriptor until its idle timeout: a flood must not use up the agent's.
+    srv.maxConnections = TCP_MAX_CONNECTIONS;
     this.tcp.push(srv);
     await new Promise<void>((resolve, reject) => {
       srv.once('error', reject);
@@ -189,7 +193,12 @@ export class DnsServer implements Component {
         resolve();
       });
     });
-    srv.on('error', (err) => this.fail(`TCP listener on ${host}`, err));
+    // A failed accept (EMFILE under a connection flood, ECONNABORTED) is one client's loss, not the listener's.
+    srv.on('error', (err: NodeJS.ErrnoException) => {
+      if (err.syscall !== 'accept') return this.fail(`TCP listener on ${host}`, err);
+      if (Date.now() - this.lastAcceptError > 1000) log.warn(`DNS proxy cannot accept a TCP connection on ${host}: ${err.message}`);
+      this.lastAcceptError = Date.now();
+    });
   }
 
   private fail(what: string, err: Error): void {

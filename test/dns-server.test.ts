@@ -431,6 +431,27 @@ test('at most 1024 questions wait for a silent upstream; beyond, SERVFAIL at onc
   }
 });
 
+test('a flood of 1100 idle TCP connections: at most 1024 are kept (each is a descriptor), and the proxy serves again once they go', async () => {
+  const s = await server();
+  const socks: net.Socket[] = [];
+  try {
+    let closedEarly = 0;
+    for (let i = 0; i < 1100; i++) {
+      const c = net.connect(s.port, '127.0.0.1');
+      c.on('error', () => {});
+      c.on('close', () => closedEarly++);
+      socks.push(c);
+      if (i % 100 === 99) await new Promise((r) => setTimeout(r, 20));
+    }
+    for (let i = 0; i < 60 && closedEarly < 76; i++) await new Promise((r) => setTimeout(r, 50));
+    assert.is(closedEarly, 76, 'the connections beyond the cap are closed at once');
+  } finally {
+    for (const c of socks) c.destroy();
+  }
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal((await dig(s.port, 'api.example.com', 'A', ['+tcp'])).answers.map((a) => a.data), ['240.240.0.1']);
+});
+
 test('close() with questions in flight to a silent upstream ends them at once; it releases both ports and is safe twice', async () => {
   const dead = await fakeUpstream();
   const busy = await server({ upstreams: [dead.address], timeoutMs: 60_000 });
