@@ -47,6 +47,14 @@ test('what istiod puts in PROXY_CONFIG starts: Istio\'s fileFlushMinSizeKb, a fi
   assert.is(proxyConfigJson(c.proxy, c.sources).fileFlushMinSize, undefined);
 });
 
+test('the mesh config\'s defaultConfig is read the same way (istiod\'s mesh-wide settings)', () => {
+  const mesh = 'defaultConfig:\n  fileFlushMinSizeKb: 32\n  connectionSettings: {}\n  proxy_metadata: {A: b}\n';
+  const { value: c } = withLogs(() => buildConfig({ flags: {}, env: {}, readFile: (f) => (f === './etc/istio/config/mesh' ? mesh : undefined) }));
+  assert.is(c.proxy.fileFlushMinSize, 32);
+  assert.equal({ ...c.proxy.proxyMetadata }, { A: 'b' });
+  assert.equal(Object.keys(c.proxy.extra), ['connectionSettings']);
+});
+
 test('an unknown field is warned about once, however many layers and reloads name it', () => {
   const { logs } = withLogs(() => {
     for (let i = 0; i < 3; i++) parseProxyConfigLayer({ brandNewKnob: i }, ENV);
