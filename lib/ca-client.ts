@@ -51,7 +51,11 @@ const CA_RETRY_JITTER = 0.2;
  * The delay before retry number `attempt` (1 for the first) of a CA that failed: initialMs x 2^(attempt-1), at most
  * maxMs, spread over 80-100 %. A down or refusing CA is asked about once a minute after seven tries, not every second.
  */
-export function caRetryDelay(attempt: number, b: { initialMs: number; maxMs: number } = CA_RETRY, rand: () => number = Math.random): number {
+export function caRetryDelay(
+  attempt: number,
+  b: { initialMs: number; maxMs: number } = CA_RETRY,
+  rand: () => number = Math.random,
+): number {
   const base = Math.min(b.maxMs, b.initialMs * 2 ** Math.min(Math.max(0, attempt - 1), 30));
   return Math.round(base * (1 - CA_RETRY_JITTER * rand()));
 }
@@ -92,9 +96,9 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
  * defaults to (the discovery address); an explicit CA_ADDR is checked against its own host, except that an address
  * naming localhost (a port-forward to istiod) expects istiod's name.
  */
-function caServerName(explicitAddress: string | undefined, host: string, istiodSan: string, xdsServerName: string | undefined): string {
-  if (explicitAddress === undefined) return istiodSan || (xdsServerName ?? host);
-  return explicitAddress.includes('localhost') ? 'istiod.istio-system.svc' : host;
+function caServerName(explicit: string | undefined, host: string, istiodSan: string, xdsServerName?: string): string {
+  if (explicit === undefined) return istiodSan || (xdsServerName ?? host);
+  return explicit.includes('localhost') ? 'istiod.istio-system.svc' : host;
 }
 
 function isLocal(address: string): boolean {

@@ -176,7 +176,7 @@ export class DnsServer implements Component {
       void this.handle(msg, 'udp').then((reply) => {
         if (!reply || this.closing) return;
         try {
-          sock.send(reply, rinfo.port, rinfo.address, (err) => err && log.debug(`cannot send a DNS reply: ${err.message}`));
+          sock.send(reply, rinfo.port, rinfo.address, (e) => e && log.debug(`cannot send a DNS reply: ${e.message}`));
         } catch (err) {
           log.debug(`cannot send a DNS reply: ${errorMessage(err)}`);
         }
@@ -196,7 +196,7 @@ export class DnsServer implements Component {
     // A failed accept (EMFILE under a connection flood, ECONNABORTED) is one client's loss, not the listener's.
     srv.on('error', (err: NodeJS.ErrnoException) => {
       if (err.syscall !== 'accept') return this.fail(`TCP listener on ${host}`, err);
-      if (Date.now() - this.lastAcceptError > 1000) log.warn(`DNS proxy cannot accept a TCP connection on ${host}: ${err.message}`);
+      if (Date.now() - this.lastAcceptError > 1000) log.warn(`DNS proxy: accept on ${host} failed: ${err.message}`);
       this.lastAcceptError = Date.now();
     });
   }

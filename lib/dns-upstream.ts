@@ -73,7 +73,7 @@ export class Upstreams {
     // Each question in flight holds a socket: a flood against a silent upstream must not use up the descriptors
     // the rest of the agent needs. Beyond the cap, questions fail at once (SERVFAIL) until some are answered.
     if (this.pending >= MAX_PENDING) {
-      if (!this.saturated) log.warn(`${MAX_PENDING} DNS questions already wait for an upstream; failing new ones until they are answered`);
+      if (!this.saturated) log.warn(`${MAX_PENDING} DNS questions wait for an upstream; failing new ones for now`);
       this.saturated = true;
       return undefined;
     }

@@ -236,7 +236,8 @@ const warnedUnknown = new Set<string>();
 function warnUnknown(field: string, source: string): void {
   if (warnedUnknown.has(field) || warnedUnknown.size > 1000) return;
   warnedUnknown.add(field);
-  log.warn(`ignoring ProxyConfig field ${/^[\w.-]{1,60}$/.test(field) ? field : quote(field, 60)} from ${source}: not known to this agent`);
+  const name = /^[\w.-]{1,60}$/.test(field) ? field : quote(field, 60);
+  log.warn(`ignoring ProxyConfig field ${name} from ${source}: not known to this agent`);
 }
 
 /**

@@ -75,7 +75,9 @@ export function mountedCertsDir(fileMountedCerts: boolean, exists: (p: string) =
  * Not from notBefore: istiod backdates it by 2 minutes against clock skew, which made a 150 s certificate be
  * renewed after 15 s instead of 75 s.
  */
-export function rotationTime(leaf: Pick<CertInfo, 'notAfter'>, ratio: number, jitter: number, rand: () => number, issuedAt: number): number {
+export function rotationTime(
+  leaf: Pick<CertInfo, 'notAfter'>, ratio: number, jitter: number, rand: () => number, issuedAt: number,
+): number {
   const lifetime = Math.max(0, leaf.notAfter - issuedAt);
   const r = Math.min(1, Math.max(0, ratio + jitter * (rand() * 2 - 1)));
   return issuedAt + lifetime * (1 - r);
