@@ -42,6 +42,24 @@ export interface CertificateSigner {
 
 const CA_HEADER_PREFIX = 'CA_HEADER_';
 
+/** CA retries: the first after initialMs, doubling up to maxMs (Istio's 1 s to 60 s by default). */
+export const CA_RETRY = { initialMs: 1000, maxMs: 60_000 };
+/** Each delay is spread down to this much less, at random, so that agents that lost one CA do not return at once. */
+const CA_RETRY_JITTER = 0.2;
+
+/**
+ * The delay before retry number `attempt` (1 for the first) of a CA that failed: initialMs x 2^(attempt-1), at most
+ * maxMs, spread over 80-100 %. A down or refusing CA is asked about once a minute after seven tries, not every second.
+ */
+export function caRetryDelay(
+  attempt: number,
+  b: { initialMs: number; maxMs: number } = CA_RETRY,
+  rand: () => number = Math.random,
+): number {
+  const base = Math.min(b.maxMs, b.initialMs * 2 ** Math.min(Math.max(0, attempt - 1), 30));
+  return Math.round(base * (1 - CA_RETRY_JITTER * rand()));
+}
+
 /** Did the CA answer at all (a refusal or garbage), as opposed to being unreachable? From sign()'s error. */
 export function caAnswered(err: unknown): boolean {
   if (!(err instanceof AgentError)) return false;
@@ -67,10 +85,20 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
     address,
     tls,
     rootCaFile: root,
-    serverName: envs.ISTIOD_SAN.get(env) || (address === cfg.proxy.discoveryAddress ? xds.serverName ?? host : host),
+    serverName: caServerName(envs.CA_ADDR.get(env) ? address : undefined, host, envs.ISTIOD_SAN.get(env), xds.serverName),
     tokenFile: xds.tokenFile,
     headers,
   };
+}
+
+/**
+ * The name the CA's certificate must carry, as Istio's agent picks it: ISTIOD_SAN applies only to the CA it
+ * defaults to (the discovery address); an explicit CA_ADDR is checked against its own host, except that an address
+ * naming localhost (a port-forward to istiod) expects istiod's name.
+ */
+function caServerName(explicit: string | undefined, host: string, istiodSan: string, xdsServerName?: string): string {
+  if (explicit === undefined) return istiodSan || (xdsServerName ?? host);
+  return explicit.includes('localhost') ? 'istiod.istio-system.svc' : host;
 }
 
 function isLocal(address: string): boolean {

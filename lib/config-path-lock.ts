@@ -17,6 +17,8 @@ const log = scope('lock');
 
 export const LOCK_SOCKET = 'agent.lock.sock';
 export const LOCK_PID = 'agent.lock.pid';
+const PROBES_AT_ONCE = 16;
+const PROBE_MS = 1000;
 
 export interface ConfigPathLock {
   /** Removes the socket and pid files (synchronous, so it can run in process.on('exit')); safe to call twice. */
@@ -63,8 +65,16 @@ export async function configPathHeld(dir: string): Promise<boolean> {
 }
 
 function holding(server: net.Server, pidFile: string): ConfigPathLock {
-  // Connections are only ever probes: answer with our pid and close. Never keeps the process alive.
-  server.on('connection', (c) => c.end(`${process.pid}\n`));
+  // Connections are only ever probes: answer with our pid and close. Never keeps the process alive. Anyone who may
+  // connect can send anything, close first (the write then fails with EPIPE or ECONNRESET: without a listener that
+  // error ended the agent) or never read: each connection lives at most a second, and only a few at once (beyond,
+  // Node closes new ones at once, which a probing agent still takes as held).
+  server.maxConnections = PROBES_AT_ONCE;
+  server.on('connection', (c) => {
+    c.on('error', () => c.destroy());
+    c.setTimeout(PROBE_MS, () => c.destroy());
+    c.end(`${process.pid}\n`);
+  });
   server.unref();
   // For people (`cat agent.lock.pid`); the agent that loses asks the socket itself, which cannot be stale.
   fs.writeFileSync(pidFile + '.tmp', `${process.pid}\n`);

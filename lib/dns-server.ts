@@ -30,6 +30,9 @@ const log = scope('dns');
 
 const TTL = 30;
 const TCP_IDLE_MS = 10_000;
+const TCP_MAX_INFLIGHT = 32;
+const TCP_MAX_CONNECTIONS = 1024;
+const TCP_MAX_UNREAD = 256 * 1024;
 
 export interface DnsServerOptions {
   /** `host:port`; `localhost` listens on 127.0.0.1 and/or ::1 after the upstreams' families, as Istio does. */
@@ -105,6 +108,7 @@ export class DnsServer implements Component {
   private failure: Error | undefined;
   private readonly upstream: Upstreams;
   private boundPort = 0;
+  private lastAcceptError = 0;
   private readonly rdataCache = new Map<string, Buffer>();
   private readonly m = {
     requests: new Counter({ name: 'istio_agent_dns_requests_total', help: 'Total number of DNS requests.', registers: [] }),
@@ -168,11 +172,20 @@ export class DnsServer implements Component {
     this.boundPort = sock.address().port;
     sock.on('error', (err) => this.fail(`UDP socket on ${host}`, err));
     sock.on('message', (msg, rinfo) => {
+      // Source port 0 cannot be answered (send() would throw); a spoofed or raw packet can carry it.
+      if (rinfo.port === 0) return void this.m.malformed.inc();
       void this.handle(msg, 'udp').then((reply) => {
-        if (reply && !this.closing) sock.send(reply, rinfo.port, rinfo.address, (err) => err && log.debug(`cannot send a DNS reply: ${err.message}`));
+        if (!reply || this.closing) return;
+        try {
+          sock.send(reply, rinfo.port, rinfo.address, (e) => e && log.debug(`cannot send a DNS reply: ${e.message}`));
+        } catch (err) {
+          log.debug(`cannot send a DNS reply: ${errorMessage(err)}`);
+        }
       });
     });
     const srv = net.createServer((c) => this.serveTcp(c));
+    // Each connection is a descriptor until its idle timeout: a flood must not use up the agent's.
+    srv.maxConnections = TCP_MAX_CONNECTIONS;
     this.tcp.push(srv);
     await new Promise<void>((resolve, reject) => {
       srv.once('error', reject);
@@ -181,7 +194,12 @@ export class DnsServer implements Component {
         resolve();
       });
     });
-    srv.on('error', (err) => this.fail(`TCP listener on ${host}`, err));
+    // A failed accept (EMFILE under a connection flood, ECONNABORTED) is one client's loss, not the listener's.
+    srv.on('error', (err: NodeJS.ErrnoException) => {
+      if (err.syscall !== 'accept') return this.fail(`TCP listener on ${host}`, err);
+      if (Date.now() - this.lastAcceptError > 1000) log.warn(`DNS proxy: accept on ${host} failed: ${err.message}`);
+      this.lastAcceptError = Date.now();
+    });
   }
 
   private fail(what: string, err: Error): void {
@@ -197,18 +215,30 @@ export class DnsServer implements Component {
     c.on('close', () => this.conns.delete(c));
     c.on('error', () => c.destroy());
     let buf = Buffer.alloc(0);
-    c.on('data', (chunk) => {
-      buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
-      while (buf.length >= 2) {
+    // A client that pipelines questions without reading the answers is paused: its questions in flight, its
+    // buffered bytes and its unread answers stay bounded (miekg/dns, Istio's server, serves one at a time).
+    let inflight = 0;
+    const pump = () => {
+      while (!c.destroyed && inflight < TCP_MAX_INFLIGHT && c.writableLength <= TCP_MAX_UNREAD && buf.length >= 2) {
         const len = buf.readUInt16BE(0);
         if (buf.length < 2 + len) break;
-        const msg = buf.subarray(2, 2 + len);
+        const msg = Buffer.from(buf.subarray(2, 2 + len));
         buf = buf.subarray(2 + len);
-        void this.handle(Buffer.from(msg), 'tcp').then((reply) => {
-          if (!reply || c.destroyed) return;
-          c.write(frame(reply));
+        inflight++;
+        void this.handle(msg, 'tcp').then((reply) => {
+          inflight--;
+          if (reply && c.writable) c.write(frame(reply));
+          pump();
         });
       }
+      if (c.destroyed) return;
+      if (inflight >= TCP_MAX_INFLIGHT || c.writableLength > TCP_MAX_UNREAD) c.pause();
+      else c.resume();
+    };
+    c.on('drain', pump);
+    c.on('data', (chunk) => {
+      buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
+      pump();
     });
   }
 

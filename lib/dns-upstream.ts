@@ -8,7 +8,7 @@
 
 import * as dgram from 'node:dgram';
 import * as net from 'node:net';
-import { AgentError } from './errors';
+import { AgentError, errorMessage } from './errors';
 import { scope } from './log';
 import { frame, isAnswerTo, type Proto, questionEnd, shuffle, wellFormed } from './dns-wire';
 
@@ -47,6 +47,9 @@ export interface UpstreamOptions {
   timeoutMs: number;
 }
 
+/** Questions waiting for an upstream at once, at most. */
+const MAX_PENDING = 1024;
+
 interface Exchange {
   reply: Promise<Buffer | undefined>;
   cancel(): void;
@@ -56,6 +59,8 @@ export class Upstreams {
   private readonly servers: { addr: string; host: string; port: number }[];
   private readonly inflight = new Set<Exchange>();
   private closed = false;
+  private pending = 0;
+  private saturated = false;
 
   constructor(private readonly o: UpstreamOptions) {
     this.servers = o.servers.map((addr) => ({ addr, ...splitHostPort(addr, 'upstream DNS server') }));
@@ -65,6 +70,23 @@ export class Upstreams {
   async forward(query: Buffer, proto: Proto): Promise<Buffer | undefined> {
     const qEnd = questionEnd(query);
     if (qEnd < 0 || this.closed) return undefined;
+    // Each question in flight holds a socket: a flood against a silent upstream must not use up the descriptors
+    // the rest of the agent needs. Beyond the cap, questions fail at once (SERVFAIL) until some are answered.
+    if (this.pending >= MAX_PENDING) {
+      if (!this.saturated) log.warn(`${MAX_PENDING} DNS questions wait for an upstream; failing new ones for now`);
+      this.saturated = true;
+      return undefined;
+    }
+    this.saturated = false;
+    this.pending++;
+    try {
+      return await this.forwardNow(query, qEnd, proto);
+    } finally {
+      this.pending--;
+    }
+  }
+
+  private async forwardNow(query: Buffer, qEnd: number, proto: Proto): Promise<Buffer | undefined> {
     if (!this.o.parallel) {
       // In a random order each time, as Istio's agent does: the load spreads over the servers.
       for (const s of shuffle([...this.servers])) {
@@ -112,11 +134,26 @@ export class Upstreams {
       };
       if (proto === 'udp') {
         const s = dgram.createSocket(net.isIPv6(host) ? 'udp6' : 'udp4');
-        cleanup = () => s.close();
+        cleanup = () => {
+          try {
+            s.close();
+          } catch {
+            // never bound: nothing to close
+          }
+        };
         s.on('error', (err) => finish(undefined, err.message));
         s.on('message', (msg) => void accept(msg));
-        // finish() may have closed the socket (timeout, close()) before the connect completes.
-        s.connect(port, host, () => !done && s.send(query, (err) => err && finish(undefined, err.message)));
+        // A connect that fails (no route: a network blip, an IPv6 server on a v4-only host) comes back here with
+        // the error; sending on the unconnected socket then would throw. finish() may also have closed it already.
+        s.connect(port, host, (err?: Error) => {
+          if (done) return;
+          if (err) return finish(undefined, err.message);
+          try {
+            s.send(query, (e) => e && finish(undefined, e.message));
+          } catch (e) {
+            finish(undefined, errorMessage(e));
+          }
+        });
       } else {
         const s = net.connect({ host, port });
         cleanup = () => s.destroy();

@@ -119,7 +119,8 @@ export function pilotSan(discoveryAddress: string): string {
   return host === 'localhost' ? 'istiod.istio-system.svc' : host;
 }
 
-export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[], agentVersion: string): NodeIdentity {
+/** `istioVersion`: ISTIO_VERSION when the environment does not set it (see istio-version.ts). */
+export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[], istioVersion: string): NodeIdentity {
   const ips = chooseIps(cfg.instanceIps, host);
   const ns = cfg.podNamespace;
   const id = `${cfg.requestedType === 'waypoint' ? 'waypoint' : cfg.proxyType}~${ips[0]}~${cfg.podName}.${ns}~${ns}.svc.cluster.local`;
@@ -162,7 +163,7 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
   else delete metadata.LABELS;
   if (Object.keys(cfg.podAnnotations).length) metadata.ANNOTATIONS = plainCopy({ ...(metadata.ANNOTATIONS as object), ...cfg.podAnnotations });
   metadata.INSTANCE_IPS = ips.join(',');
-  metadata.ISTIO_VERSION = (sources.ISTIO_VERSION as string | undefined) || agentVersion;
+  metadata.ISTIO_VERSION = (sources.ISTIO_VERSION as string | undefined) || istioVersion;
   // The pod's own variables win over ISTIO_META_NAME and friends, as in Istio.
   if (cfg.podName) metadata.NAME = cfg.podName;
   if (ns) metadata.NAMESPACE = ns;

@@ -5,6 +5,9 @@ import * as net from 'node:net';
 import { checkDurationMs, parseDuration } from './duration';
 import { dict } from './dict';
 import { configError, quote } from './errors';
+import { scope } from './log';
+
+const log = scope('config');
 
 export interface StatsMatcher {
   inclusionPrefixes?: string[];
@@ -104,7 +107,7 @@ export function discoveryAddressProblem(address: string): string | undefined {
   return undefined;
 }
 
-type FieldParser = (value: unknown, fail: (problem: string) => never) => unknown;
+type FieldParser = (value: unknown, fail: (problem: string) => never, source?: string) => unknown;
 
 const asString: FieldParser = (v, fail) => (typeof v === 'string' ? v : fail(`want a string, got ${quote(v)}`));
 const asDuration: FieldParser = (v, fail) => {
@@ -166,13 +169,19 @@ const asTracingServiceName: FieldParser = (v, fail) =>
   typeof v === 'string' && ['APP_LABEL_AND_NAMESPACE', 'CANONICAL_NAME_ONLY', 'CANONICAL_NAME_AND_NAMESPACE'].includes(v)
     ? v
     : fail(`want APP_LABEL_AND_NAMESPACE, CANONICAL_NAME_ONLY or CANONICAL_NAME_AND_NAMESPACE, got ${quote(v)}`);
-const asStatsMatcher: FieldParser = (v, fail) => {
-  const o = asObject(v, fail) as Record<string, unknown>;
-  for (const k of Object.keys(o)) {
-    if (!['inclusionPrefixes', 'inclusionSuffixes', 'inclusionRegexps'].includes(k)) fail(`unknown field "${k}"`);
-    asStringList(o[k], fail);
+const STATS_MATCHER_FIELDS = ['inclusionPrefixes', 'inclusionSuffixes', 'inclusionRegexps'];
+const asStatsMatcher: FieldParser = (v, fail, source) => {
+  const o = asObject(v, fail, source) as Record<string, unknown>;
+  const out = dict<unknown>();
+  for (const [raw, x] of Object.entries(o)) {
+    const k = protoName(raw);
+    if (!STATS_MATCHER_FIELDS.includes(k)) {
+      warnUnknown(`proxyStatsMatcher.${raw}`, source ?? 'ProxyConfig');
+      continue;
+    }
+    if (x !== null) out[k] = asStringList(x, fail, source);
   }
-  return o;
+  return out;
 };
 
 const FIELDS: Record<Exclude<keyof ProxyConfig, 'extra'>, FieldParser> = {
@@ -213,23 +222,56 @@ const ACCEPTED_UNUSED = new Set([
 
 export type ProxyConfigLayer = Partial<ProxyConfig>;
 
-/** Validates one layer; every error names the field and the layer's source. */
+/** Istio's names for fields this agent calls otherwise (same unit). */
+const ISTIO_NAMES: Record<string, keyof ProxyConfig> = { fileFlushMinSizeKb: 'fileFlushMinSize' };
+
+/** protojson takes a field by its JSON name or by its proto name: `proxy_metadata` is `proxyMetadata`. */
+function protoName(key: string): string {
+  return key.includes('_') ? key.replace(/_([a-z0-9])/g, (_, c: string) => c.toUpperCase()) : key;
+}
+
+const warnedUnknown = new Set<string>();
+
+/** One warning per unknown field name for the life of the process (a config reload repeats the same ones). */
+function warnUnknown(field: string, source: string): void {
+  if (warnedUnknown.has(field) || warnedUnknown.size > 1000) return;
+  warnedUnknown.add(field);
+  const name = /^[\w.-]{1,60}$/.test(field) ? field : quote(field, 60);
+  log.warn(`ignoring ProxyConfig field ${name} from ${source}: not known to this agent`);
+}
+
+/**
+ * Validates one layer; every error names the field and the layer's source. As Istio's protomarshal.ApplyJSON,
+ * which retries with unknown fields allowed, a field this agent does not know is not an error: istiod puts the
+ * mesh's whole defaultConfig in PROXY_CONFIG, which may name fields newer than this agent. It is warned about
+ * once and passed on in the node metadata (for istiod); a known field with a wrong value is still an error.
+ */
 export function parseProxyConfigLayer(raw: unknown, source: string): ProxyConfigLayer {
   if (raw === undefined || raw === null) return {};
   if (typeof raw !== 'object' || Array.isArray(raw)) throw configError('ProxyConfig', source, 'want a mapping of ProxyConfig fields');
   const out = dict<unknown>();
-  for (const [key, value] of Object.entries(raw as Record<string, unknown>)) {
+  const seen = dict<string>();
+  for (const [given, value] of Object.entries(raw as Record<string, unknown>)) {
+    const name = protoName(given);
+    const key = Object.hasOwn(ISTIO_NAMES, name) ? ISTIO_NAMES[name]! : name;
+    // protojson refuses a field given twice (as proxyMetadata and proxy_metadata).
+    if (Object.hasOwn(seen, key)) throw configError(given, source, `the same field as ${quote(seen[key])}`);
+    seen[key] = given;
     // Own fields only: `constructor` or `__proto__` is an unknown field, not Object.prototype's.
     const parse = Object.hasOwn(FIELDS, key) ? (FIELDS as Record<string, FieldParser>)[key] : undefined;
     if (!parse) {
-      if (!ACCEPTED_UNUSED.has(key)) throw configError(/^[\w.-]{1,60}$/.test(key) ? key : quote(key, 60), source, 'unknown ProxyConfig field');
+      if (!ACCEPTED_UNUSED.has(key)) {
+        warnUnknown(given, source);
+        // Kept for istiod under its JSON name, unless the name could not be a proto field's.
+        if (!/^[a-z][A-Za-z0-9]{0,99}$/.test(key) || key === 'constructor') continue;
+      }
       if (value !== null) ((out.extra ??= dict()) as Record<string, unknown>)[key] = value;
       continue;
     }
     if (value === null) continue;
     out[key] = parse(value, (problem) => {
-      throw configError(key, source, problem);
-    });
+      throw configError(given === key ? key : `${given} (${key})`, source, problem);
+    }, source);
   }
   return out as ProxyConfigLayer;
 }
@@ -268,7 +310,7 @@ export function proxyConfigJson(p: Readonly<ProxyConfig>, sources: Record<string
     const v = p[k];
     if (!ISTIO_DEFAULTS.has(k) && (sources[k] ?? 'default') === 'default') continue;
     if (v === undefined || (isZero(v) && !WRAPPERS.has(k))) continue;
-    out[k] = DURATIONS.has(k) ? protojsonDuration(v as number) : v;
+    out[k === 'fileFlushMinSize' ? 'fileFlushMinSizeKb' : k] = DURATIONS.has(k) ? protojsonDuration(v as number) : v;
   }
   for (const [k, v] of Object.entries(p.extra)) out[k] = v;
   return out;

@@ -8,7 +8,7 @@ import type { Env } from './env';
 import { AgentError, errorMessage } from './errors';
 import { buildNodeIdentity, type HostAddress, type NodeIdentity } from './node-identity';
 import { resolveBootstrap } from './bootstrap-loader';
-import { VERSION } from './version';
+import { ISTIO_VERSION_IMPLEMENTED } from './istio-version';
 
 export interface Resolved {
   cfg: AgentConfig;
@@ -38,7 +38,7 @@ export function hostAddresses(): HostAddress[] {
 /** Throws AgentError naming the field and where its value came from. */
 export function resolveAll(flags: Flags, env: Env): Resolved {
   const cfg = buildConfig({ flags, env, readFile: readFileOrUndefined });
-  const node = buildNodeIdentity(cfg, env, hostAddresses(), VERSION);
+  const node = buildNodeIdentity(cfg, env, hostAddresses(), ISTIO_VERSION_IMPLEMENTED);
   const { bootstrap, inputs } = resolveBootstrap(cfg, node, readFileOrUndefined);
   return { cfg, node, bootstrap, inputs: [cfg.meshConfigFile, ...inputs] };
 }

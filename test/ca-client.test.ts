@@ -11,7 +11,7 @@ import * as protobuf from 'protobufjs';
 import { Registry } from 'prom-client';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { CaClient, caClientOptions, type CaClientOptions } from '../lib/ca-client';
+import { CaClient, caClientOptions, type CaClientOptions, caRetryDelay } from '../lib/ca-client';
 import { buildConfig } from '../lib/config';
 import { spiffeId } from '../lib/csr';
 import { configureLogging, resetLogging } from '../lib/log';
@@ -32,7 +32,7 @@ async function rejects(p: Promise<unknown>, re: RegExp): Promise<void> {
 const ID = spiffeId('cluster.local', 'ns1', 'sa1');
 const TOKEN = 'header.payload.signature';
 
-type Mode = 'good' | 'garbage' | 'one-cert' | 'other-identity' | 'expired' | 'not-yet-valid' | 'unverifiable-root' | 'error';
+type Mode = 'good' | 'backdated' | 'garbage' | 'one-cert' | 'other-identity' | 'expired' | 'not-yet-valid' | 'unverifiable-root' | 'error';
 
 interface TestCa {
   port: number;
@@ -74,6 +74,8 @@ async function startTestCa(port?: number, roots?: { root: Issuer; serverRoot: Is
       try {
         switch (ca.mode) {
           case 'good': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { ttlMs }), inter.pem, root.pem] });
+          // As istiod: notBefore 2 minutes back (clock skew), notAfter the requested lifetime from now.
+          case 'backdated': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { notBefore: new Date(now - 120_000), notAfter: new Date(now + ttlMs) }), inter.pem, root.pem] });
           case 'garbage': return cb(null, { garbage: true });
           case 'one-cert': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { ttlMs })] });
           case 'other-identity': return cb(null, { cert_chain: [await signCsr(inter, call.request.csr, { uri: 'spiffe://cluster.local/ns/x/sa/other' }), inter.pem, root.pem] });
@@ -265,6 +267,58 @@ test('a CA that is down at start is retried with backoff until it answers', asyn
   }
 });
 
+test('CA retry schedule: 1 s doubling to 60 s, each spread down by at most 20 %', () => {
+  const at = (rand: number) => Array.from({ length: 9 }, (_, i) => caRetryDelay(i + 1, undefined, () => rand));
+  assert.equal(at(0), [1000, 2000, 4000, 8000, 16_000, 32_000, 60_000, 60_000, 60_000]);
+  assert.equal(at(1), [800, 1600, 3200, 6400, 12_800, 25_600, 48_000, 48_000, 48_000]);
+  assert.is(caRetryDelay(1000, undefined, () => 0), 60_000, 'a long outage stays at the cap');
+  assert.is(caRetryDelay(3, { initialMs: 100, maxMs: 250 }, () => 0), 250);
+});
+
+test('a CA that refuses every request is asked 3 times in 4.5 s (retries after ~1 s and ~2 s more), not every second', async () => {
+  const ca = await startTestCa();
+  ca.mode = 'error';
+  const f = fixture(ca);
+  const c = cache(f, { backoff: undefined });
+  try {
+    await c.start();
+    await sleep(4500);
+    // 0, 0.8-1.0 s, 2.4-3.0 s; the next is due at 5.6 s at the earliest. On a 1 s loop it would be 5.
+    assert.is(ca.calls.length, 3, f.logs.filter((l) => /retrying/.test(l)).join('\n'));
+    const delays = f.logs.filter((l) => /retrying the CA/.test(l)).map((l) => Number(/in (\d+) ms/.exec(l)![1]));
+    assert.is(delays.length, 3);
+    delays.forEach((d, i) => assert.ok(d >= 800 * 2 ** i && d <= 1000 * 2 ** i, `retry ${i + 1} after ${d} ms`));
+    assert.is(c.current(), undefined);
+  } finally {
+    await c.close();
+    await ca.close();
+    f.cleanup();
+  }
+});
+
+test('a CA that backdates notBefore by 2 minutes (istiod): a 124 s certificate is renewed after ~62 s, not every 2 s', async () => {
+  const ca = await startTestCa();
+  ca.mode = 'backdated';
+  const f = fixture(ca);
+  const c = cache(f, { ttlMs: 124_000, graceRatio: 0.5, graceJitter: 0.01 });
+  try {
+    await c.start();
+    const received = Date.now();
+    await waitFor('the first certificate', () => c.current(), 15_000);
+    const d = c.debug() as { certificate: { notBefore: string }; nextRotation: string };
+    assert.ok(Date.parse(d.certificate.notBefore) < received - 100_000, 'the CA backdated it');
+    const next = Date.parse(d.nextRotation) - received;
+    // 124 s x (0.5 +- 0.01) after it arrived; counted from notBefore it was (124 - 120) / 2 = 2 s.
+    assert.ok(next > 60_000 && next < 64_000, `next rotation in ${next} ms`);
+    await sleep(5000);
+    assert.is(ca.calls.length, 1, 'not renewed in the first 5 s');
+  } finally {
+    await c.close();
+    await ca.close();
+    f.cleanup();
+  }
+});
+
 test('CA options as Istio decides them: CA_ADDR or the discovery address, plaintext on 15010, CA_HEADER_*, root and token defaults', () => {
   const cfg = (env: Record<string, string>) => buildConfig({ flags: {}, env, readFile: () => undefined });
   const d = caClientOptions(cfg({}), {});
@@ -280,7 +334,11 @@ test('CA options as Istio decides them: CA_ADDR or the discovery address, plaint
   assert.is(o.tls, false);
   assert.equal(o.headers, { ClusterID: 'c9', X_Tenant: 't1' });
   assert.is(o.rootCaFile, '/roots.pem');
-  assert.is(o.serverName, 'ca.mesh');
+  assert.is(o.serverName, 'ca.example', 'ISTIOD_SAN is for the default CA (the discovery address) only, as in Go');
+  const san = { ISTIOD_SAN: 'ca.mesh' };
+  assert.is(caClientOptions(cfg(san), san).serverName, 'ca.mesh', 'without CA_ADDR, ISTIOD_SAN names the CA');
+  const local = { CA_ADDR: 'localhost:15012', ISTIOD_SAN: 'ca.mesh' };
+  assert.is(caClientOptions(cfg(local), local).serverName, 'istiod.istio-system.svc', 'a port-forward to istiod');
   const sys = caClientOptions(cfg({ XDS_ROOT_CA: 'SYSTEM' }), { XDS_ROOT_CA: 'SYSTEM' });
   assert.is(sys.rootCaFile, 'SYSTEM');
 });

@@ -2,13 +2,14 @@
 
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
+import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { claimConfigPath, LOCK_PID, LOCK_SOCKET } from '../lib/config-path-lock';
 import { configureLogging, resetLogging } from '../lib/log';
 import { debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
-import { envoyBin, envoyShm, freePort, httpRequest, pidAlive, tempDir, waitFor } from './helpers/harness';
+import { envoyBin, envoyShm, freePort, httpRequest, pidAlive, sleep, tempDir, waitFor } from './helpers/harness';
 import { staticBootstrap } from './helpers/static-bootstrap';
 
 /** A socket file nobody listens on, as a killed agent leaves it. */
@@ -158,3 +159,86 @@ agents('a second agent on the same configPath exits 1 naming the first one\'s pi
 });
 
 agents.run();
+
+// ---------------------------------------------------------------------------------------------------------
+
+const hostile = suite('the lock socket and a hostile peer');
+
+/** Run as nobody: connect/close storms on argv[1], some connections sending junk, some held open unread. */
+const STORM = `
+const net = require('net');
+const sock = process.argv[1];
+const stats = { connected: 0, errors: 0 };
+const one = (i) => new Promise((resolve) => {
+  const c = net.connect(sock);
+  c.on('error', () => { stats.errors++; resolve(); });
+  c.on('connect', () => {
+    stats.connected++;
+    if (i % 3 === 0) c.destroy();
+    else if (i % 3 === 1) { c.write(Buffer.alloc(4096, i)); c.destroy(); }
+    else c.end();
+    resolve();
+  });
+});
+(async () => {
+  const held = [];
+  for (let i = 0; i < 40; i++) { const c = net.connect(sock); c.on('error', () => {}); c.pause(); held.push(c); }
+  for (let round = 0; round < 30; round++) await Promise.all(Array.from({ length: 20 }, (_, i) => one(round * 20 + i)));
+  await new Promise((r) => setTimeout(r, 1500));
+  for (const c of held) c.destroy();
+  process.stdout.write(JSON.stringify(stats));
+})();
+`;
+
+hostile('600 connect/close cycles on agent.lock.sock from another uid (junk, early closes, unread connections): the agent and its Envoy live on, and the lock stays held', async () => {
+  const dir = tempDir('pa-lock-storm-');
+  fs.chmodSync(dir.path, 0o755);
+  const ports = { admin: await freePort(), status: await freePort(), listen: await freePort() };
+  const custom = path.join(dir.path, 'custom.json');
+  fs.writeFileSync(custom, JSON.stringify(staticBootstrap(ports, 'held')));
+  const proxyDir = path.join(dir.path, 'proxy');
+  const env = {
+    PROXY_CONFIG: JSON.stringify({ configPath: proxyDir, binaryPath: envoyBin(), customConfigFile: custom, statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
+    POD_NAME: 'storm', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
+    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+  };
+  // umask 0: the lock socket is connectable by every uid, the case where any local user is a peer.
+  const umask = process.umask(0);
+  let agent: RunningAgent;
+  try {
+    agent = startAgent(['proxy', 'sidecar'], env, dir.path);
+  } finally {
+    process.umask(umask);
+  }
+  try {
+    const live = await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    const sock = path.join(proxyDir, LOCK_SOCKET);
+    const storm = new Promise<{ code: number; out: string }>((resolve) => {
+      execFile('setpriv', ['--reuid', '65534', '--regid', '65534', '--clear-groups', process.execPath, '-e', STORM, sock], { timeout: 60_000 },
+        (err, stdout, stderr) => resolve({ code: err ? 1 : 0, out: `${stdout}${stderr}` }));
+    });
+    // Another agent probing during the storm (its unread connections fill the probe slots) still finds it held.
+    await sleep(300);
+    await claimConfigPath(proxyDir).then((l) => { l.release(); assert.unreachable('claimed a held configPath'); },
+      (e: Error) => assert.match(e.message, new RegExp(`configPath ${proxyDir} is in use: another pilot-agent \\(pid ${agent.pid}\\)`)));
+    const r = await storm;
+    assert.is(r.code, 0, r.out);
+    await sleep(500);
+    assert.is(agent.proc.exitCode, null, `the agent is alive:\n${agent.log().slice(-3000)}`);
+    assert.is(agent.proc.signalCode, null);
+    const stats = JSON.parse(r.out) as { connected: number; errors: number };
+    assert.ok(stats.connected >= 500, `the storm reached the socket: ${r.out}`);
+    assert.equal((await debugEpochs(ports.status)).epochs.map((e) => [e.pid, e.state]), [[live.pid, 'live']], 'the same Envoy');
+    assert.is((await httpRequest(`http://127.0.0.1:${ports.listen}/`)).body, 'held');
+    assert.is((await httpRequest(`http://127.0.0.1:${ports.status}/healthz/ready`)).status, 200);
+    await claimConfigPath(proxyDir).then((l) => { l.release(); assert.unreachable('claimed a held configPath'); },
+      (e: Error) => assert.match(e.message, new RegExp(`configPath ${proxyDir} is in use: another pilot-agent \\(pid ${agent.pid}\\) holds its lock`)));
+    agent.proc.kill('SIGTERM');
+    assert.is((await waitFor('agent exit', () => agent.exited, 20_000)).code, 0, agent.log());
+  } finally {
+    await agent.stop();
+    dir.cleanup();
+  }
+});
+
+hostile.run();

@@ -5,6 +5,7 @@
 import type { ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import * as dnsPacket from 'dns-packet';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { agentBin } from './helpers/agent';
@@ -198,6 +199,39 @@ test('DNS capture by istio-iptables: an app under another uid resolves mesh name
     await vm.stop();
   }
 });
+
+test('an upstream resolver without a route (a network blip, an IPv6 resolver on a v4-only host) gets SERVFAIL over UDP and TCP; the agent keeps serving, and a packet from source port 0 is dropped', async () => {
+  // The namespace has no route but loopback's: connect() to either resolver fails with ENETUNREACH at once.
+  const vm = await startVm({ resolverIp: '127.0.0.1', resolvConf: 'nameserver 10.55.0.1\nnameserver 2001:db8::53\n' });
+  try {
+    const q = (name: string, type = 'A', opts: string[] = []) => dig(15053, name, type, opts, '127.0.0.1', vm.ns);
+    for (let i = 0; i < 3; i++) {
+      assert.is((await q(`unknown-${i}.example.org`)).status, 'SERVFAIL');
+      assert.is((await q(`unknown-${i}.example.org`, 'AAAA', ['+tcp'])).status, 'SERVFAIL');
+    }
+    // A raw packet whose UDP source port is 0 (cannot be answered): on main the reply's send() threw.
+    const query = dnsPacket.encode({ type: 'query', id: 7, flags: dnsPacket.RECURSION_DESIRED, questions: [{ type: 'A', name: 'backend.example.local' }] });
+    const raw = await vm.ns.run('python3', ['-c', RAW_PORT0, query.toString('hex')]);
+    assert.is(raw.code, 0, raw.stderr);
+    assert.is((await q('unknown-late.example.org')).status, 'SERVFAIL');
+    assert.is((await q('backend.example.local')).status, 'NOERROR', 'mesh names are still answered');
+    assert.is(vm.agent.exitCode, null, `the agent is still running:\n${vm.log().slice(-3000)}`);
+    assert.is(vm.agent.signalCode, null);
+    assert.match(vm.log(), /upstream failure: 10\.55\.0\.1:53: .*ENETUNREACH/);
+    const metrics = (await vm.status('/stats/prometheus')).body;
+    assert.match(metrics, /^istio_agent_dns_upstream_failures_total [1-9]/m);
+  } finally {
+    await vm.stop();
+  }
+});
+
+/** Sends argv[1] (hex) to 127.0.0.1:15053 over UDP from source port 0, through a raw socket (no UDP checksum). */
+const RAW_PORT0 = `
+import socket, struct, sys
+q = bytes.fromhex(sys.argv[1])
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+s.sendto(struct.pack('!HHHH', 0, 15053, 8 + len(q), 0) + q, ('127.0.0.1', 0))
+`;
 
 test('every answer, and the reply to each malformed packet, matches the Go agent\'s for the same name table and resolver (test/golden/dns-go-agent.json)', async () => {
   const golden = JSON.parse(fs.readFileSync(path.join(__dirname, 'golden/dns-go-agent.json'), 'utf8')) as {

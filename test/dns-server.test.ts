@@ -395,6 +395,74 @@ test('fuzz: thousands of random, truncated, looping and huge-count packets never
   await echo.close();
 });
 
+test('a TCP client pipelining 300 questions to a silent upstream has at most 32 in flight; then the proxy still answers', async () => {
+  // The upstream accepts TCP and never answers: each forwarded question holds one connection to it.
+  let conns = 0;
+  const silent = net.createServer((c) => {
+    conns++;
+    c.on('error', () => {});
+    c.resume(); // reads, so that it sees the proxy's close and silent.close() can finish
+  });
+  await new Promise<void>((r) => silent.listen(0, '127.0.0.1', () => r()));
+  const addr = `127.0.0.1:${(silent.address() as net.AddressInfo).port}`;
+  try {
+    const s = await server({ upstreams: [addr], timeoutMs: 1500 });
+    const c = net.connect(s.port, '127.0.0.1');
+    c.on('error', () => {});
+    await new Promise((r) => c.once('connect', r));
+    c.write(Buffer.concat(Array.from({ length: 300 }, (_, i) => { const q = validQuery(`p${i}.example.org`); return Buffer.concat([Buffer.from([q.length >> 8, q.length & 255]), q]); })));
+    await new Promise((r) => setTimeout(r, 700));
+    assert.ok(conns > 0 && conns <= 32, `${conns} questions forwarded at once`);
+    c.destroy();
+    assert.equal((await dig(s.port, 'api.example.com', 'A', ['+tcp'])).answers.map((a) => a.data), ['240.240.0.1']);
+  } finally {
+    await new Promise((r) => silent.close(r));
+  }
+});
+
+test('at most 1024 questions wait for a silent upstream; beyond, SERVFAIL at once (each would hold a socket)', async () => {
+  const dead = await fakeUpstream();
+  const client = dgram.createSocket('udp4');
+  let servfail = 0;
+  client.on('message', (m) => { if ((m.readUInt16BE(2) & 0xf) === 2) servfail++; });
+  try {
+    const s = await server({ upstreams: [dead.address], timeoutMs: 10_000 });
+    // In batches: a burst of 1100 datagrams overflows a socket's receive buffer, and the test would count losses.
+    for (let i = 0; i < 1100; i++) {
+      client.send(validQuery(`q${i}.example.org`), s.port, '127.0.0.1');
+      if (i % 50 === 49) await new Promise((r) => setTimeout(r, 30));
+    }
+    await waitForCount(dead, 1024);
+    for (let i = 0; i < 40 && servfail < 76; i++) await new Promise((r) => setTimeout(r, 50));
+    assert.is(dead.received(), 1024);
+    assert.is(servfail, 76, 'the questions beyond the cap are answered SERVFAIL without waiting');
+  } finally {
+    client.close();
+    await dead.close();
+  }
+});
+
+test('a flood of 1100 idle TCP connections: at most 1024 are kept (each is a descriptor), and the proxy serves again once they go', async () => {
+  const s = await server();
+  const socks: net.Socket[] = [];
+  try {
+    let closedEarly = 0;
+    for (let i = 0; i < 1100; i++) {
+      const c = net.connect(s.port, '127.0.0.1');
+      c.on('error', () => {});
+      c.on('close', () => closedEarly++);
+      socks.push(c);
+      if (i % 100 === 99) await new Promise((r) => setTimeout(r, 20));
+    }
+    for (let i = 0; i < 60 && closedEarly < 76; i++) await new Promise((r) => setTimeout(r, 50));
+    assert.is(closedEarly, 76, 'the connections beyond the cap are closed at once');
+  } finally {
+    for (const c of socks) c.destroy();
+  }
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal((await dig(s.port, 'api.example.com', 'A', ['+tcp'])).answers.map((a) => a.data), ['240.240.0.1']);
+});
+
 test('close() with questions in flight to a silent upstream ends them at once; it releases both ports and is safe twice', async () => {
   const dead = await fakeUpstream();
   const busy = await server({ upstreams: [dead.address], timeoutMs: 60_000 });

@@ -156,4 +156,16 @@ test('metadata is plain JSON (Struct-compatible): it survives a JSON round trip'
   assert.equal(JSON.parse(JSON.stringify(n.metadata)), n.metadata);
 });
 
+
+test('without ISTIO_VERSION the agent reports the Istio version it implements (1.32-dev), not its package version', async () => {
+  const { resolveAll } = await import('../lib/resolve');
+  const { ISTIO_VERSION_IMPLEMENTED } = await import('../lib/istio-version');
+  const { VERSION } = await import('../lib/version');
+  const env = { POD_NAME: 'vm-1', POD_NAMESPACE: 'test', INSTANCE_IP: '10.0.0.5' };
+  assert.is(ISTIO_VERSION_IMPLEMENTED, '1.32-dev');
+  assert.is.not(VERSION, ISTIO_VERSION_IMPLEMENTED);
+  assert.is(resolveAll({}, env).node.metadata.ISTIO_VERSION, '1.32-dev');
+  assert.is(resolveAll({}, { ...env, ISTIO_VERSION: '1.27.3' }).node.metadata.ISTIO_VERSION, '1.27.3');
+});
+
 test.run();

@@ -137,12 +137,16 @@ test('file-cert:<cert>~<key> and file-root:<path> secrets are read, checked and 
   }
 });
 
-test('rotation at expiry - lifetime x (ratio +- jitter); never in the past for a backdated certificate', () => {
-  const leaf = { notBefore: 0, notAfter: 100_000 };
+test('rotation at expiry - lifetime x (ratio +- jitter), the lifetime counted from issuance, not from a backdated notBefore', () => {
+  const leaf = { notAfter: 100_000 };
   assert.is(rotationTime(leaf, 0.5, 0.01, () => 0.5, 0), 50_000);
   assert.is(rotationTime(leaf, 0.5, 0.01, () => 1, 0), 49_000);
   assert.is(rotationTime(leaf, 0.5, 0.01, () => 0, 0), 51_000);
-  assert.is(rotationTime(leaf, 0.5, 0, () => 0.5, 80_000), 90_000);
+  // Received at 80 s (whatever notBefore says): half of the 20 s left.
+  assert.is(rotationTime({ notBefore: -120_000, notAfter: 100_000 } as typeof leaf, 0.5, 0, () => 0.5, 80_000), 90_000);
+  // istiod: notBefore 2 minutes back, SECRET_TTL=150s -> renewed after 75 s (the Go agent: 74.5 s), not 15 s.
+  assert.is(rotationTime({ notAfter: 150_000 }, 0.5, 0, () => 0.5, 0), 75_000);
+  assert.is(rotationTime({ notAfter: 50_000 }, 0.5, 0, () => 0.5, 60_000), 60_000, 'already expired: at once');
 });
 
 test('mounted certificates are used when present: the credentials directory first, then ./etc/certs', () => {
