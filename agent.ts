@@ -200,7 +200,16 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // Istio merges the app's metrics for sidecars only.
     const appTargets = cfg.proxyType === 'sidecar' ? appMetrics.parseAppMetricsConfig(env, cfg.proxy.statusPort) : [];
     const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
-    keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv));
+    keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv), envs.ECC_CURVE.get(agentEnv));
+    const certProvider = await import('./lib/cert-provider');
+    if (!cfg.standaloneDir) {
+      const xdsPlaintext = cfg.proxy.controlPlaneAuthPolicy === 'NONE' || cfg.proxy.discoveryAddress.endsWith(':15010');
+      certProvider.startupRootCheck(agentEnv, !xdsPlaintext, fs.existsSync);
+    }
+    // As Istio: the CA client (and so CA_PROVIDER) matters unless the certificates are mounted files.
+    if (!cfg.standaloneDir && !envs.FILE_MOUNTED_CERTS.get(agentEnv)) {
+      certProvider.checkCaProvider(envs.CA_PROVIDER.get(agentEnv), envs.CA_ADDR.get(agentEnv) || cfg.proxy.discoveryAddress);
+    }
 
     // Envoy is spawned before the rest of the agent loads (gRPC, the servers): its xDS and SDS sockets are bound
     // first and served once their servers have loaded; connections that arrive before wait in the socket. An SDS

@@ -11,6 +11,7 @@ import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as grpc from '@grpc/grpc-js';
 import { CREATE_CERTIFICATE_PATH, decodeCertificateResponse, encodeCertificateRequest, type CertificateResponse } from './ca-protos';
+import { checkCaProvider, defaultRoot, pilotCertProvider } from './cert-provider';
 import type { AgentConfig } from './config';
 import * as envs from './env';
 import type { Env } from './env';
@@ -60,9 +61,10 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
   for (const [k, v] of Object.entries(env)) {
     if (k.startsWith(CA_HEADER_PREFIX) && k.length > CA_HEADER_PREFIX.length && v !== undefined) headers[k.slice(CA_HEADER_PREFIX.length)] = v;
   }
-  const prov = envs.PROV_CERT.get(env);
-  let root = envs.CA_ROOT_CA.get(env) || envs.XDS_ROOT_CA.get(env);
-  if (!root) root = fs.existsSync(DEFAULT_ROOT_CA) ? DEFAULT_ROOT_CA : prov ? `${prov}/root-cert.pem` : ISTIOD_ROOT_CA;
+  checkCaProvider(envs.CA_PROVIDER.get(env), address);
+  const provider = pilotCertProvider(envs.PILOT_CERT_PROVIDER.get(env));
+  const rootDefaults = { provCert: envs.PROV_CERT.get(env), mounted: DEFAULT_ROOT_CA, mountedExists: fs.existsSync(DEFAULT_ROOT_CA), istiod: ISTIOD_ROOT_CA };
+  const root = envs.CA_ROOT_CA.get(env) || envs.XDS_ROOT_CA.get(env) || (tls ? defaultRoot(provider, rootDefaults, 'CA') : ISTIOD_ROOT_CA);
   return {
     address,
     tls,

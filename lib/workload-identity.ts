@@ -61,7 +61,7 @@ export async function workloadIdentity(
   }
   const cache = new SecretCache({
     identity: spiffeId(cfg.trustDomain, cfg.podNamespace || 'default', cfg.serviceAccount || 'default'),
-    algorithm: keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(env), envs.WORKLOAD_RSA_KEY_SIZE.get(env)),
+    algorithm: keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(env), envs.WORKLOAD_RSA_KEY_SIZE.get(env), envs.ECC_CURVE.get(env)),
     pkcs8: envs.PKCS8_KEY.get(env),
     ttlMs: envs.SECRET_TTL.get(env),
     graceRatio: envs.SECRET_GRACE_PERIOD_RATIO.get(env),
