@@ -93,7 +93,8 @@ export const XDS_ROOT_CA = str('XDS_ROOT_CA', '', 'Root certificate of the disco
 export const ISTIOD_SAN = str('ISTIOD_SAN', '', 'Expected server name of the discovery server');
 export const JWT_POLICY = str('JWT_POLICY', 'third-party-jwt', 'third-party-jwt or first-party-jwt');
 export const PROV_CERT = str('PROV_CERT', '', 'Directory of provisioning certificates (client cert for xDS/CA)');
-export const OUTPUT_CERTS = str('OUTPUT_CERTS', '', 'Directory where issued certificates are written');
+export const OUTPUT_CERTS = str('OUTPUT_CERTS', '', 'Directory where issued certificates are written (0600; 0644 with KUBERNETES_SERVICE_HOST set)');
+export const KUBERNETES_SERVICE_HOST = str('KUBERNETES_SERVICE_HOST', '', 'Set by Kubernetes in every pod; makes OUTPUT_CERTS files 0644 for the pod\'s other containers, as Istio');
 export const FILE_MOUNTED_CERTS = bool('FILE_MOUNTED_CERTS', false, 'Use mounted certificate files instead of a CA');
 // A certificate lifetime, not a timer (90-day certificates are common): whoever schedules from it clamps the timer.
 export const SECRET_TTL = duration('SECRET_TTL', '24h', 'Requested lifetime of workload certificates', { maxMs: Number.MAX_SAFE_INTEGER });

@@ -69,6 +69,9 @@ export async function workloadIdentity(
     signer,
     mountedDir: mounted,
     outputDir: envs.OUTPUT_CERTS.get(env) || undefined,
+    // As Istio (nodeagent/util OutputKeyCertToDir): on Kubernetes the pod's other containers (Prometheus scraping
+    // with Istio certificates) read them, so they are 0644 there, the key included.
+    outputMode: envs.KUBERNETES_SERVICE_HOST.isSet(env) ? 0o644 : 0o600,
     debounceMs: envs.FILE_DEBOUNCE_DURATION.get(env),
     // As Istio: a certificate is first asked for when Envoy asks for a secret, so a proxy whose config uses no
     // mTLS never calls the CA and is not held unready by it.
