@@ -51,9 +51,14 @@ function proxyFlags(argv: Record<string, unknown>): Flags {
 }
 
 function setUpLogging(argv: Record<string, unknown>): void {
+  const opt = (name: string) => (argv[name] === undefined ? undefined : String(lastOf(argv[name])));
+  const targets = argv.log_target === undefined ? undefined : ([] as unknown[]).concat(argv.log_target).map(String);
   configureLogging({
-    outputLevel: argv.log_output_level === undefined ? undefined : String(argv.log_output_level),
+    outputLevel: opt('log_output_level'),
     json: Boolean(argv.log_as_json),
+    targets,
+    callers: opt('log_caller'),
+    stacktraceLevel: opt('log_stacktrace_level'),
   });
 }
 
@@ -314,7 +319,11 @@ export async function main(args: string[]): Promise<number> {
   const logFlags = (y: Argv) =>
     y
       .option('log_output_level', { type: 'string', describe: 'Per-scope log levels: scope:level,... (a bare level sets the default)' })
-      .option('log_as_json', { type: 'boolean', default: false, describe: 'Log one JSON object per line' });
+      .option('log_as_json', { type: 'boolean', default: false, describe: 'Log one JSON object per line' })
+      // Not `array: true`: that would take the command's positional argument too; a repeated flag is a list anyway.
+      .option('log_target', { type: 'string', describe: 'Where the log goes: stdout, stderr (default) or a file; repeat for several' })
+      .option('log_caller', { type: 'string', describe: 'Comma-separated scopes whose lines carry the caller (file:line), or all' })
+      .option('log_stacktrace_level', { type: 'string', describe: 'scope:level,... at and above which lines carry a stack trace (default: none)' });
   const proxyOptions = (y: Argv) =>
     logFlags(y)
       .positional('type', { type: 'string', default: 'sidecar', describe: 'sidecar, router, ingress or waypoint' })
@@ -392,9 +401,14 @@ export async function main(args: string[]): Promise<number> {
         result = import('./lib/discovery/index').then((m) => m.runDiscoveryCommand({ configDir: argv['config-dir'], grpcAddr: argv['grpc-addr'], outboundTrafficPolicy: argv['outbound-traffic-policy'] as 'ALLOW_ANY' | 'REGISTRY_ONLY' | undefined, meshConfigFile: argv['meshConfig'] }));
       },
     )
+    .command('completion <shell>', 'Print a shell completion script (bash or zsh)',
+      (y) => y.positional('shell', { type: 'string', choices: ['bash', 'zsh'], demandOption: true }),
+      (argv) => {
+        result = completionCommand(argv.shell as 'bash' | 'zsh');
+      })
     .command('istio-iptables', 'Set up traffic capture with iptables (Istio\'s flags; run before the proxy starts)')
     .command('istio-clean-iptables', 'Remove the traffic capture rules istio-iptables set up')
-    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery, istio-iptables, istio-clean-iptables or version')
+    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery, istio-iptables, istio-clean-iptables, completion or version')
     .strictCommands()
     .fail((msg, err) => {
       throw msg ? new UsageError(msg) : err;
@@ -409,6 +423,28 @@ export async function main(args: string[]): Promise<number> {
     return startupFailure(err);
   }
   return result;
+}
+
+// Each command's flags for `completion`; test/go-knobs-cli.test.ts checks them against every command's --help.
+const LOG_FLAGS = ['--log_output_level', '--log_as_json', '--log_target', '--log_caller', '--log_stacktrace_level'];
+const PROXY_FLAGS = [...LOG_FLAGS, '--domain', '--meshConfig', '--serviceCluster', '--proxyLogLevel', '--proxyComponentLogLevel',
+  '--concurrency', '--templateFile', '--outlierLogPath', '--standalone', '--profiling', '--help'];
+
+async function completionCommand(shell: 'bash' | 'zsh'): Promise<number> {
+  const [{ completionScript }, { iptablesFlagNames }] = await Promise.all([import('./lib/completion'), import('./lib/iptables-flags')]);
+  const iptables = [...new Set([...iptablesFlagNames(), '--help'])];
+  process.stdout.write(completionScript(shell, 'pilot-agent', {
+    proxy: PROXY_FLAGS,
+    bootstrap: PROXY_FLAGS,
+    wait: ['--url', '--periodMillis', '--requestTimeoutMillis', '--timeoutSeconds', '--help'],
+    request: ['--debug-port', '--help'],
+    discovery: [...LOG_FLAGS, '--config-dir', '--grpc-addr', '--outbound-traffic-policy', '--meshConfig', '--help'],
+    'istio-iptables': iptables,
+    'istio-clean-iptables': iptables,
+    completion: ['bash', 'zsh'],
+    version: ['--short', '--output', '--help'],
+  }));
+  return 0;
 }
 
 /** `version`, `version -s`, `version -o json|yaml` (the shape of Istio's client version). */
