@@ -206,6 +206,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const appTargets = cfg.proxyType === 'sidecar' ? appMetrics.parseAppMetricsConfig(env, cfg.proxy.statusPort) : [];
     const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
     keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv), envs.ECC_CURVE.get(agentEnv));
+    envs.METRICS_LOCALHOST_ACCESS_ONLY.get(agentEnv);
+    envs.PILOT_AGENT_MERGE_ENVOY_STATS.get(agentEnv);
     const certProvider = await import('./lib/cert-provider');
     if (!cfg.standaloneDir) {
       const xdsPlaintext = cfg.proxy.controlPlaneAuthPolicy === 'NONE' || cfg.proxy.discoveryAddress.endsWith(':15010');
@@ -260,7 +262,11 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       startedAt,
       remoteDebug: envs.STATUS_SERVER_REMOTE_DEBUG.get(env),
       readiness: (): Promise<Condition> => composeReadiness(components),
-      metrics: { registry, sources: [envoy.statsSource, ...appMetrics.appMetricsSources(appTargets)] },
+      metrics: {
+        registry,
+        sources: [...(envs.PILOT_AGENT_MERGE_ENVOY_STATS.get(agentEnv) ? [envoy.statsSource] : []), ...appMetrics.appMetricsSources(appTargets)],
+        localOnly: envs.METRICS_LOCALHOST_ACCESS_ONLY.get(agentEnv),
+      },
     });
     // VMs: the workload's readiness goes to the control plane as a health event; the xDS proxy re-sends it on reconnect.
     const healthChecker = readinessProbe && new health.HealthChecker({

@@ -180,6 +180,9 @@ export const WORKLOAD_IDENTITY_SOCKET_FILE = str('WORKLOAD_IDENTITY_SOCKET_FILE'
 export const COMPLIANCE_POLICY = str('COMPLIANCE_POLICY', '', 'fips-140-2 limits Envoy\'s Google gRPC client to TLS 1.2 (runtime flag), as Istio does');
 export const HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = bool('HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED', true, 'false: Envoy keeps URL fragments in paths (Istio\'s runtime flag of that name)');
 export const ENVOY_SECURE_METRICS_PORT = int('ENVOY_SECURE_METRICS_PORT', 0, 'Envoy serves its own /stats/prometheus over mTLS (workload certificate) on this port (0: none)');
+export const ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL = bool('ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL', false, 'Envoy\'s readiness listener (15021) also takes connections that start with a PROXY protocol header (as Istio)');
+export const PILOT_AGENT_MERGE_ENVOY_STATS = bool('PILOT_AGENT_MERGE_ENVOY_STATS', true, 'false: the status port\'s /stats/prometheus leaves out Envoy\'s stats (the agent\'s and the app\'s remain), as Istio');
+export const METRICS_LOCALHOST_ACCESS_ONLY = bool('METRICS_LOCALHOST_ACCESS_ONLY', false, 'The status port\'s /stats/prometheus answers non-loopback peers 403; as proxyMetadata, Envoy\'s 15090 also binds loopback only (as Istio)');
 export const ENVOY_SECURE_MERGED_METRICS_PORT = int('ENVOY_SECURE_MERGED_METRICS_PORT', 0, 'Envoy serves the merged scrape (agent, Envoy, app) over mTLS on this port (0: none)');
 
 // ---- Envoy supervision (restart budget) ----
