@@ -290,6 +290,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       if (c.routes) status.addRoutes(c.routes());
       c.registerMetrics?.(registry);
     }
+    identity?.signer?.registerMetrics(registry);
 
     // Certificate updates go to every Envoy stream holding the secret.
     identity?.cache.onUpdate((name) => identity.sds.push(name));

@@ -10,6 +10,7 @@
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as grpc from '@grpc/grpc-js';
+import { Counter, type Registry } from 'prom-client';
 import { CREATE_CERTIFICATE_PATH, decodeCertificateResponse, encodeCertificateRequest, type CertificateResponse } from './ca-protos';
 import { checkCaProvider, defaultRoot, pilotCertProvider } from './cert-provider';
 import type { AgentConfig } from './config';
@@ -81,14 +82,59 @@ function isLocal(address: string): boolean {
   return host === 'localhost' || host === '::1' || (net.isIPv4(host) && host.startsWith('127.'));
 }
 
+/**
+ * The Go agent's names for CA calls (security/pkg/nodeagent/cache/monitoring.go, security/pkg/monitoring), all
+ * with request_type="csr": one request a sign() call, failed ones, their latency summed in milliseconds, and a
+ * retry for a call made after the previous one failed (Go counts the retries its gRPC interceptor makes inside one
+ * call; here the secret cache makes them as new calls, so a retry is also a request).
+ */
+const CA_METRICS = {
+  requests: ['istio_agent_num_outgoing_requests', 'Number of total outgoing requests (e.g. to a token exchange server, CA, etc.)'],
+  failures: ['istio_agent_num_failed_outgoing_requests', 'Number of failed outgoing requests (e.g. to a token exchange server, CA, etc.)'],
+  latencyMs: ['istio_agent_outgoing_latency', 'The latency of outgoing requests (e.g. to a token exchange server, CA, etc.) in milliseconds.'],
+  retries: ['istio_agent_num_outgoing_retries', 'Number of outgoing retry requests (e.g. to a token exchange server, CA, etc.)'],
+} as const;
+
 export class CaClient implements CertificateSigner {
+  readonly calls = { requests: 0, failures: 0, latencyMs: 0, retries: 0 };
+  private lastFailed = false;
+
   constructor(private readonly o: CaClientOptions) {}
+
+  registerMetrics(registry: Registry): void {
+    const calls = this.calls;
+    for (const key of Object.keys(CA_METRICS) as (keyof typeof CA_METRICS)[]) {
+      const [name, help] = CA_METRICS[key];
+      registry.registerMetric(new Counter({
+        name, help, labelNames: ['request_type'], registers: [],
+        collect() { this.reset(); this.inc({ request_type: 'csr' }, calls[key]); },
+      }));
+    }
+  }
+
+  async sign(csrPem: string, validitySeconds: number): Promise<string[]> {
+    const c = this.calls;
+    c.requests++;
+    if (this.lastFailed) c.retries++;
+    const t0 = performance.now();
+    try {
+      const chain = await this.call(csrPem, validitySeconds);
+      this.lastFailed = false;
+      return chain;
+    } catch (e) {
+      c.failures++;
+      this.lastFailed = true;
+      throw e;
+    } finally {
+      c.latencyMs += performance.now() - t0;
+    }
+  }
 
   get address(): string {
     return this.o.address;
   }
 
-  async sign(csrPem: string, validitySeconds: number): Promise<string[]> {
+  private async call(csrPem: string, validitySeconds: number): Promise<string[]> {
     const o = this.o;
     const md = new grpc.Metadata();
     for (const [k, v] of Object.entries(o.headers)) md.set(k, v);

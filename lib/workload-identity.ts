@@ -24,6 +24,8 @@ export interface WorkloadIdentity {
   sds: SdsServer;
   /** Where certificates come from, for the start-up log. */
   source: string;
+  /** The CA client, when there is one (its call metrics). */
+  signer?: CaClient;
 }
 
 /**
@@ -78,5 +80,5 @@ export async function workloadIdentity(
     lazy: true,
   });
   const sds = new SdsServer({ socketPath: cfg.sdsSocket, provider: cache });
-  return { cache, sds, source: mounted ? `files in ${mounted}` : signer ? `CA ${signer.address}` : 'file certificates only (no CA)' };
+  return { cache, sds, signer, source: mounted ? `files in ${mounted}` : signer ? `CA ${signer.address}` : 'file certificates only (no CA)' };
 }

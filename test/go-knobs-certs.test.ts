@@ -24,7 +24,7 @@ function peerCert(port: number, ca: string): Promise<X509Certificate> {
   });
 }
 
-async function runCase(extraEnv: Record<string, string>, check: (out: string, served: X509Certificate) => void): Promise<void> {
+async function runCase(extraEnv: Record<string, string>, check: (out: string, served: X509Certificate, metrics: string) => void): Promise<void> {
   const dir = tempDir('pa-knobs-certs-');
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
@@ -48,7 +48,7 @@ async function runCase(extraEnv: Record<string, string>, check: (out: string, se
     const root = fs.readFileSync(path.join(cfgDir, 'ca', 'root-cert.pem'), 'utf8');
     const served = await waitFor('Envoy to serve the workload certificate', () => peerCert(port, root).catch(() => undefined), 20_000, 200);
     await waitFor('OUTPUT_CERTS written', () => fs.existsSync(path.join(out, 'root-cert.pem')), 10_000);
-    check(out, served);
+    check(out, served, (await httpRequest(`http://127.0.0.1:${status}/stats/prometheus`)).body);
   } finally {
     await envoy?.stop();
     await agent.stop();
@@ -59,7 +59,12 @@ async function runCase(extraEnv: Record<string, string>, check: (out: string, se
 const mode = (f: string) => (fs.statSync(f).mode & 0o777).toString(8);
 
 test('ECC_CURVE=P384: Envoy serves a certificate for a P-384 key; OUTPUT_CERTS files are 0600 off Kubernetes', async () => {
-  await runCase({}, (out, served) => {
+  await runCase({}, (out, served, metrics) => {
+    // The Go agent's names for the CA call (issue 23); one CSR, answered.
+    assert.match(metrics, /^istio_agent_num_outgoing_requests\{request_type="csr"\} 1$/m);
+    assert.match(metrics, /^istio_agent_num_failed_outgoing_requests\{request_type="csr"\} 0$/m);
+    assert.match(metrics, /^istio_agent_num_outgoing_retries\{request_type="csr"\} 0$/m);
+    assert.match(metrics, /^istio_agent_outgoing_latency\{request_type="csr"\} [0-9.e+-]+$/m);
     assert.is(served.publicKey.asymmetricKeyDetails?.namedCurve, 'secp384r1');
     assert.match(served.subjectAltName ?? '', /URI:spiffe:\/\/cluster\.local\/ns\/test\/sa\/web/);
     const written = new X509Certificate(fs.readFileSync(path.join(out, 'cert-chain.pem')));
