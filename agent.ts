@@ -205,7 +205,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // Istio merges the app's metrics for sidecars only.
     const appTargets = cfg.proxyType === 'sidecar' ? appMetrics.parseAppMetricsConfig(env, cfg.proxy.statusPort) : [];
     const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
-    keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv), envs.ECC_CURVE.get(agentEnv));
+    keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv),
+      envs.ECC_CURVE.get(agentEnv));
     envs.METRICS_LOCALHOST_ACCESS_ONLY.get(agentEnv);
     envs.PILOT_AGENT_MERGE_ENVOY_STATS.get(agentEnv);
     const certProvider = await import('./lib/cert-provider');
@@ -215,7 +216,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     }
     // As Istio: the CA client (and so CA_PROVIDER) matters unless the certificates are mounted files.
     if (!cfg.standaloneDir && !envs.FILE_MOUNTED_CERTS.get(agentEnv)) {
-      certProvider.checkCaProvider(envs.CA_PROVIDER.get(agentEnv), envs.CA_ADDR.get(agentEnv) || cfg.proxy.discoveryAddress);
+      const caAddress = envs.CA_ADDR.get(agentEnv) || cfg.proxy.discoveryAddress;
+      certProvider.checkCaProvider(envs.CA_PROVIDER.get(agentEnv), caAddress);
     }
 
     // Envoy is spawned before the rest of the agent loads (gRPC, the servers): its xDS and SDS sockets are bound
@@ -264,7 +266,10 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       readiness: (): Promise<Condition> => composeReadiness(components),
       metrics: {
         registry,
-        sources: [...(envs.PILOT_AGENT_MERGE_ENVOY_STATS.get(agentEnv) ? [envoy.statsSource] : []), ...appMetrics.appMetricsSources(appTargets)],
+        sources: [
+          ...(envs.PILOT_AGENT_MERGE_ENVOY_STATS.get(agentEnv) ? [envoy.statsSource] : []),
+          ...appMetrics.appMetricsSources(appTargets),
+        ],
         localOnly: envs.METRICS_LOCALHOST_ACCESS_ONLY.get(agentEnv),
       },
     });
@@ -328,9 +333,9 @@ export async function main(args: string[]): Promise<number> {
       .option('log_output_level', { type: 'string', describe: 'Per-scope log levels: scope:level,... (a bare level sets the default)' })
       .option('log_as_json', { type: 'boolean', default: false, describe: 'Log one JSON object per line' })
       // Not `array: true`: that would take the command's positional argument too; a repeated flag is a list anyway.
-      .option('log_target', { type: 'string', describe: 'Where the log goes: stdout, stderr (default) or a file; repeat for several' })
-      .option('log_caller', { type: 'string', describe: 'Comma-separated scopes whose lines carry the caller (file:line), or all' })
-      .option('log_stacktrace_level', { type: 'string', describe: 'scope:level,... at and above which lines carry a stack trace (default: none)' });
+      .option('log_target', { type: 'string', describe: 'Where the log goes: stdout, stderr (default) or a file (repeatable)' })
+      .option('log_caller', { type: 'string', describe: 'Scopes whose lines carry the caller (file:line), or all' })
+      .option('log_stacktrace_level', { type: 'string', describe: 'scope:level,... from which lines carry a stack trace' });
   const proxyOptions = (y: Argv) =>
     logFlags(y)
       .positional('type', { type: 'string', default: 'sidecar', describe: 'sidecar, router, ingress or waypoint' })
@@ -415,7 +420,8 @@ export async function main(args: string[]): Promise<number> {
       })
     .command('istio-iptables', 'Set up traffic capture with iptables (Istio\'s flags; run before the proxy starts)')
     .command('istio-clean-iptables', 'Remove the traffic capture rules istio-iptables set up')
-    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery, istio-iptables, istio-clean-iptables, completion or version')
+    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery, istio-iptables, istio-clean-iptables, '
+      + 'completion or version')
     .strictCommands()
     .fail((msg, err) => {
       throw msg ? new UsageError(msg) : err;
@@ -434,11 +440,13 @@ export async function main(args: string[]): Promise<number> {
 
 // Each command's flags for `completion`; test/go-knobs-cli.test.ts checks them against every command's --help.
 const LOG_FLAGS = ['--log_output_level', '--log_as_json', '--log_target', '--log_caller', '--log_stacktrace_level'];
-const PROXY_FLAGS = [...LOG_FLAGS, '--domain', '--meshConfig', '--serviceCluster', '--proxyLogLevel', '--proxyComponentLogLevel',
-  '--concurrency', '--templateFile', '--outlierLogPath', '--standalone', '--profiling', '--help'];
+const PROXY_FLAGS = [...LOG_FLAGS, '--domain', '--meshConfig', '--serviceCluster', '--proxyLogLevel',
+  '--proxyComponentLogLevel', '--concurrency', '--templateFile', '--outlierLogPath', '--standalone', '--profiling', '--help'];
 
 async function completionCommand(shell: 'bash' | 'zsh'): Promise<number> {
-  const [{ completionScript }, { iptablesFlagNames }] = await Promise.all([import('./lib/completion'), import('./lib/iptables-flags')]);
+  const [{ completionScript }, { iptablesFlagNames }] = await Promise.all([
+    import('./lib/completion'), import('./lib/iptables-flags'),
+  ]);
   const iptables = [...new Set([...iptablesFlagNames(), '--help'])];
   process.stdout.write(completionScript(shell, 'pilot-agent', {
     proxy: PROXY_FLAGS,

@@ -105,7 +105,9 @@ export function buildBootstrap(i: BootstrapInputs): Json {
     dynamic_resources: dynamicResources(cfg, node),
     static_resources: {
       clusters: [
-        ...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : []), ...serviceClusters(cfg, net.dnsLookupFamily, node.metadata),
+        ...localClusters(cfg, net),
+        ...(tracer ? [tracer.cluster] : []),
+        ...serviceClusters(cfg, net.dnsLookupFamily, node.metadata),
         ...(selfDiscovery(node) ? [SELF_DISCOVERY_CLUSTER] : []),
       ],
       listeners: [
@@ -387,13 +389,16 @@ function prometheusListener(cfg: AgentConfig, net: LocalNet): Json {
   return httpListener(net, cfg.envoyPrometheusPort, 'stats', '/stats/prometheus', 'prometheus_stats');
 }
 
-/** ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL: a load balancer that prepends PROXY protocol may probe 15021, as in Istio. */
+/** ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL: a load balancer that sends PROXY protocol may probe 15021, as in Istio. */
 function readinessListener(cfg: AgentConfig, net: LocalNet): Json {
   const listener = httpListener(net, cfg.envoyStatusPort, 'agent', '/healthz/ready', 'agent');
   if (!cfg.statusPortProxyProtocol) return listener;
   const proxyProtocol = {
     name: 'envoy.listener.proxy_protocol',
-    typed_config: { '@type': `${TYPE}envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol`, allow_requests_without_proxy_protocol: true },
+    typed_config: {
+      '@type': `${TYPE}envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol`,
+      allow_requests_without_proxy_protocol: true,
+    },
   };
   return { ...listener, listener_filters: [proxyProtocol] };
 }

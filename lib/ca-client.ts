@@ -64,8 +64,14 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
   }
   checkCaProvider(envs.CA_PROVIDER.get(env), address);
   const provider = pilotCertProvider(envs.PILOT_CERT_PROVIDER.get(env));
-  const rootDefaults = { provCert: envs.PROV_CERT.get(env), mounted: DEFAULT_ROOT_CA, mountedExists: fs.existsSync(DEFAULT_ROOT_CA), istiod: ISTIOD_ROOT_CA };
-  const root = envs.CA_ROOT_CA.get(env) || envs.XDS_ROOT_CA.get(env) || (tls ? defaultRoot(provider, rootDefaults, 'CA') : ISTIOD_ROOT_CA);
+  const rootDefaults = {
+    provCert: envs.PROV_CERT.get(env),
+    mounted: DEFAULT_ROOT_CA,
+    mountedExists: fs.existsSync(DEFAULT_ROOT_CA),
+    istiod: ISTIOD_ROOT_CA,
+  };
+  const explicitRoot = envs.CA_ROOT_CA.get(env) || envs.XDS_ROOT_CA.get(env);
+  const root = explicitRoot || (tls ? defaultRoot(provider, rootDefaults, 'CA') : ISTIOD_ROOT_CA);
   return {
     address,
     tls,
@@ -88,11 +94,12 @@ function isLocal(address: string): boolean {
  * retry for a call made after the previous one failed (Go counts the retries its gRPC interceptor makes inside one
  * call; here the secret cache makes them as new calls, so a retry is also a request).
  */
+const TO = '(e.g. to a token exchange server, CA, etc.)';
 const CA_METRICS = {
-  requests: ['istio_agent_num_outgoing_requests', 'Number of total outgoing requests (e.g. to a token exchange server, CA, etc.)'],
-  failures: ['istio_agent_num_failed_outgoing_requests', 'Number of failed outgoing requests (e.g. to a token exchange server, CA, etc.)'],
-  latencyMs: ['istio_agent_outgoing_latency', 'The latency of outgoing requests (e.g. to a token exchange server, CA, etc.) in milliseconds.'],
-  retries: ['istio_agent_num_outgoing_retries', 'Number of outgoing retry requests (e.g. to a token exchange server, CA, etc.)'],
+  requests: ['istio_agent_num_outgoing_requests', `Number of total outgoing requests ${TO}`],
+  failures: ['istio_agent_num_failed_outgoing_requests', `Number of failed outgoing requests ${TO}`],
+  latencyMs: ['istio_agent_outgoing_latency', `The latency of outgoing requests ${TO} in milliseconds.`],
+  retries: ['istio_agent_num_outgoing_retries', `Number of outgoing retry requests ${TO}`],
 } as const;
 
 export class CaClient implements CertificateSigner {

@@ -23,7 +23,8 @@ export type PilotCertProvider = 'istiod' | 'kubernetes' | 'custom' | 'none';
 export function pilotCertProvider(raw: string): PilotCertProvider {
   if (raw === 'istiod' || raw === 'kubernetes' || raw === 'custom' || raw === 'none') return raw;
   if (raw.startsWith('k8s.io/')) return 'kubernetes';
-  throw new AgentError('CONFIG_INVALID', `invalid PILOT_CERT_PROVIDER ${quote(raw)} (want istiod, kubernetes, k8s.io/<signer>, custom or none)`);
+  const want = 'want istiod, kubernetes, k8s.io/<signer>, custom or none';
+  throw new AgentError('CONFIG_INVALID', `invalid PILOT_CERT_PROVIDER ${quote(raw)} (${want})`);
 }
 
 /**
@@ -32,14 +33,16 @@ export function pilotCertProvider(raw: string): PilotCertProvider {
  */
 export function checkCaProvider(caProvider: string, caAddress: string): void {
   if (caProvider === GKE_WORKLOAD_CERTIFICATE) {
-    throw new AgentError('CONFIG_INVALID', `CA_PROVIDER=${GKE_WORKLOAD_CERTIFICATE} (GKE workload certificates) is not supported: `
-      + 'mount the certificates as ./etc/certs/{cert-chain,key,root-cert}.pem and set FILE_MOUNTED_CERTS=true');
+    throw new AgentError('CONFIG_INVALID', `CA_PROVIDER=${GKE_WORKLOAD_CERTIFICATE} (GKE workload certificates) is not `
+      + 'supported: mount the certificates as ./etc/certs/{cert-chain,key,root-cert}.pem and set FILE_MOUNTED_CERTS=true');
   }
   if (caProvider !== CITADEL) {
-    throw new AgentError('CONFIG_INVALID', `CA provider ${quote(caProvider)} (CA_PROVIDER) is not registered: this agent has only ${CITADEL}, Istio's CA protocol`);
+    throw new AgentError('CONFIG_INVALID',
+      `CA provider ${quote(caProvider)} (CA_PROVIDER) is not registered: this agent has only ${CITADEL}, Istio's CA protocol`);
   }
   if (caAddress.includes('googleapis.com')) {
-    throw new AgentError('CONFIG_INVALID', `CA ${caAddress} is Google's CA (Istio's GoogleCA provider), which this agent does not support`);
+    throw new AgentError('CONFIG_INVALID',
+      `CA ${caAddress} is Google's CA (Istio's GoogleCA provider), which this agent does not support`);
   }
 }
 
@@ -63,7 +66,8 @@ export function defaultRoot(provider: PilotCertProvider, d: RootDefaults, what: 
   if (d.mountedExists || (provider === 'custom' && what === 'CA')) return d.mounted;
   if (d.provCert) return `${d.provCert}/root-cert.pem`;
   if (provider === 'none') {
-    throw new AgentError('CONFIG_INVALID', `a root CA file for ${what} is required (set ${what}_ROOT_CA) but PILOT_CERT_PROVIDER is none`);
+    throw new AgentError('CONFIG_INVALID',
+      `a root CA file for ${what} is required (set ${what}_ROOT_CA) but PILOT_CERT_PROVIDER is none`);
   }
   return d.istiod;
 }
@@ -76,5 +80,6 @@ export function defaultRoot(provider: PilotCertProvider, d: RootDefaults, what: 
 export function startupRootCheck(env: Env, tls: boolean, exists: (p: string) => boolean): void {
   const provider = pilotCertProvider(envs.PILOT_CERT_PROVIDER.get(env));
   if (provider !== 'none' || !tls || envs.XDS_ROOT_CA.get(env)) return;
-  defaultRoot(provider, { provCert: envs.PROV_CERT.get(env), mounted: MOUNTED_ROOT_CA, mountedExists: exists(MOUNTED_ROOT_CA), istiod: ISTIOD_ROOT_CA }, 'XDS');
+  const provCert = envs.PROV_CERT.get(env);
+  defaultRoot(provider, { provCert, mounted: MOUNTED_ROOT_CA, mountedExists: exists(MOUNTED_ROOT_CA), istiod: ISTIOD_ROOT_CA }, 'XDS');
 }

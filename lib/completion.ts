@@ -11,7 +11,9 @@ export type CompletionTable = Readonly<Record<string, readonly string[]>>;
 
 // Names and flags are the agent's own (letters, digits, - and _), so they need no quoting in a shell word list.
 function words(list: readonly string[]): string {
-  for (const w of list) if (!/^[-\w]+$/.test(w)) throw new Error(`completion: ${JSON.stringify(w)} is not a plain word`);
+  for (const w of list) {
+    if (!/^[-\w]+$/.test(w)) throw new Error(`completion: ${JSON.stringify(w)} is not a plain word`);
+  }
   return list.join(' ');
 }
 
