@@ -62,6 +62,30 @@ function setUpLogging(argv: Record<string, unknown>): void {
   });
 }
 
+// Each command's flags for `completion`; test/go-knobs-cli.test.ts checks them against every command's --help.
+const LOG_FLAGS = ['--log_output_level', '--log_as_json', '--log_target', '--log_caller', '--log_stacktrace_level'];
+const PROXY_FLAGS = [...LOG_FLAGS, '--domain', '--meshConfig', '--serviceCluster', '--proxyLogLevel',
+  '--proxyComponentLogLevel', '--concurrency', '--templateFile', '--outlierLogPath', '--standalone', '--profiling', '--help'];
+
+async function completionCommand(shell: 'bash' | 'zsh'): Promise<number> {
+  const [{ completionScript }, { iptablesFlagNames }] = await Promise.all([
+    import('./lib/completion'), import('./lib/iptables-flags'),
+  ]);
+  const iptables = [...new Set([...iptablesFlagNames(), '--help'])];
+  process.stdout.write(completionScript(shell, 'pilot-agent', {
+    proxy: PROXY_FLAGS,
+    bootstrap: PROXY_FLAGS,
+    wait: ['--url', '--periodMillis', '--requestTimeoutMillis', '--timeoutSeconds', '--help'],
+    request: ['--debug-port', '--help'],
+    discovery: [...LOG_FLAGS, '--config-dir', '--grpc-addr', '--outbound-traffic-policy', '--meshConfig', '--help'],
+    'istio-iptables': iptables,
+    'istio-clean-iptables': iptables,
+    completion: ['bash', 'zsh'],
+    version: ['--short', '--output', '--help'],
+  }));
+  return 0;
+}
+
 /** One clear line and a non-zero exit, before anything was started. */
 function startupFailure(err: unknown): number {
   process.stderr.write(`${journalPrefix('error')}error: ${errorMessage(err)}\n`);
@@ -436,30 +460,6 @@ export async function main(args: string[]): Promise<number> {
     return startupFailure(err);
   }
   return result;
-}
-
-// Each command's flags for `completion`; test/go-knobs-cli.test.ts checks them against every command's --help.
-const LOG_FLAGS = ['--log_output_level', '--log_as_json', '--log_target', '--log_caller', '--log_stacktrace_level'];
-const PROXY_FLAGS = [...LOG_FLAGS, '--domain', '--meshConfig', '--serviceCluster', '--proxyLogLevel',
-  '--proxyComponentLogLevel', '--concurrency', '--templateFile', '--outlierLogPath', '--standalone', '--profiling', '--help'];
-
-async function completionCommand(shell: 'bash' | 'zsh'): Promise<number> {
-  const [{ completionScript }, { iptablesFlagNames }] = await Promise.all([
-    import('./lib/completion'), import('./lib/iptables-flags'),
-  ]);
-  const iptables = [...new Set([...iptablesFlagNames(), '--help'])];
-  process.stdout.write(completionScript(shell, 'pilot-agent', {
-    proxy: PROXY_FLAGS,
-    bootstrap: PROXY_FLAGS,
-    wait: ['--url', '--periodMillis', '--requestTimeoutMillis', '--timeoutSeconds', '--help'],
-    request: ['--debug-port', '--help'],
-    discovery: [...LOG_FLAGS, '--config-dir', '--grpc-addr', '--outbound-traffic-policy', '--meshConfig', '--help'],
-    'istio-iptables': iptables,
-    'istio-clean-iptables': iptables,
-    completion: ['bash', 'zsh'],
-    version: ['--short', '--output', '--help'],
-  }));
-  return 0;
 }
 
 /** `version`, `version -s`, `version -o json|yaml` (the shape of Istio's client version). */
