@@ -51,10 +51,39 @@ function proxyFlags(argv: Record<string, unknown>): Flags {
 }
 
 function setUpLogging(argv: Record<string, unknown>): void {
+  const opt = (name: string) => (argv[name] === undefined ? undefined : String(lastOf(argv[name])));
+  const targets = argv.log_target === undefined ? undefined : ([] as unknown[]).concat(argv.log_target).map(String);
   configureLogging({
-    outputLevel: argv.log_output_level === undefined ? undefined : String(argv.log_output_level),
+    outputLevel: opt('log_output_level'),
     json: Boolean(argv.log_as_json),
+    targets,
+    callers: opt('log_caller'),
+    stacktraceLevel: opt('log_stacktrace_level'),
   });
+}
+
+// Each command's flags for `completion`; test/go-knobs-cli.test.ts checks them against every command's --help.
+const LOG_FLAGS = ['--log_output_level', '--log_as_json', '--log_target', '--log_caller', '--log_stacktrace_level'];
+const PROXY_FLAGS = [...LOG_FLAGS, '--domain', '--meshConfig', '--serviceCluster', '--proxyLogLevel',
+  '--proxyComponentLogLevel', '--concurrency', '--templateFile', '--outlierLogPath', '--standalone', '--profiling', '--help'];
+
+async function completionCommand(shell: 'bash' | 'zsh'): Promise<number> {
+  const [{ completionScript }, { iptablesFlagNames }] = await Promise.all([
+    import('./lib/completion'), import('./lib/iptables-flags'),
+  ]);
+  const iptables = [...new Set([...iptablesFlagNames(), '--help'])];
+  process.stdout.write(completionScript(shell, 'pilot-agent', {
+    proxy: PROXY_FLAGS,
+    bootstrap: PROXY_FLAGS,
+    wait: ['--url', '--periodMillis', '--requestTimeoutMillis', '--timeoutSeconds', '--help'],
+    request: ['--debug-port', '--help'],
+    discovery: [...LOG_FLAGS, '--config-dir', '--grpc-addr', '--outbound-traffic-policy', '--meshConfig', '--help'],
+    'istio-iptables': iptables,
+    'istio-clean-iptables': iptables,
+    completion: ['bash', 'zsh'],
+    version: ['--short', '--output', '--help'],
+  }));
+  return 0;
 }
 
 /** One clear line and a non-zero exit, before anything was started. */
@@ -200,10 +229,23 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // Istio merges the app's metrics for sidecars only.
     const appTargets = cfg.proxyType === 'sidecar' ? appMetrics.parseAppMetricsConfig(env, cfg.proxy.statusPort) : [];
     const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
-    const algorithm = keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv));
+    const algorithm = keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv),
+      envs.ECC_CURVE.get(agentEnv));
     // The workload key is made while Envoy starts when a CA will be asked (mounted files may still make it moot).
     const standaloneCa = cfg.standaloneDir && fs.existsSync(path.join(cfg.standaloneDir, 'ca', 'identities'));
     if (!envs.FILE_MOUNTED_CERTS.get(agentEnv) && (!cfg.standaloneDir || standaloneCa)) pregenerateKey(algorithm);
+    envs.METRICS_LOCALHOST_ACCESS_ONLY.get(agentEnv);
+    envs.PILOT_AGENT_MERGE_ENVOY_STATS.get(agentEnv);
+    const certProvider = await import('./lib/cert-provider');
+    if (!cfg.standaloneDir) {
+      const xdsPlaintext = cfg.proxy.controlPlaneAuthPolicy === 'NONE' || cfg.proxy.discoveryAddress.endsWith(':15010');
+      certProvider.startupRootCheck(agentEnv, !xdsPlaintext, fs.existsSync);
+    }
+    // As Istio: the CA client (and so CA_PROVIDER) matters unless the certificates are mounted files.
+    if (!cfg.standaloneDir && !envs.FILE_MOUNTED_CERTS.get(agentEnv)) {
+      const caAddress = envs.CA_ADDR.get(agentEnv) || cfg.proxy.discoveryAddress;
+      certProvider.checkCaProvider(envs.CA_PROVIDER.get(agentEnv), caAddress);
+    }
 
     // Envoy is spawned before the rest of the agent loads (gRPC, the servers): its xDS and SDS sockets are bound
     // first and served once their servers have loaded; connections that arrive before wait in the socket. An SDS
@@ -258,7 +300,14 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       startedAt,
       remoteDebug: envs.STATUS_SERVER_REMOTE_DEBUG.get(env),
       readiness: (): Promise<Condition> => composeReadiness(components),
-      metrics: { registry, sources: [envoy.statsSource, ...appMetrics.appMetricsSources(appTargets)] },
+      metrics: {
+        registry,
+        sources: [
+          ...(envs.PILOT_AGENT_MERGE_ENVOY_STATS.get(agentEnv) ? [envoy.statsSource] : []),
+          ...appMetrics.appMetricsSources(appTargets),
+        ],
+        localOnly: envs.METRICS_LOCALHOST_ACCESS_ONLY.get(agentEnv),
+      },
     });
     // VMs: the workload's readiness goes to the control plane as a health event; the xDS proxy re-sends it on reconnect.
     const healthChecker = readinessProbe && new health.HealthChecker({
@@ -285,6 +334,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       if (c.routes) status.addRoutes(c.routes());
       c.registerMetrics?.(registry);
     }
+    identity?.signer?.registerMetrics(registry);
 
     // Certificate updates go to every Envoy stream holding the secret.
     identity?.cache.onUpdate((name) => identity.sds.push(name));
@@ -320,7 +370,11 @@ export async function main(args: string[]): Promise<number> {
   const logFlags = (y: Argv) =>
     y
       .option('log_output_level', { type: 'string', describe: 'Per-scope log levels: scope:level,... (a bare level sets the default)' })
-      .option('log_as_json', { type: 'boolean', default: false, describe: 'Log one JSON object per line' });
+      .option('log_as_json', { type: 'boolean', default: false, describe: 'Log one JSON object per line' })
+      // Not `array: true`: that would take the command's positional argument too; a repeated flag is a list anyway.
+      .option('log_target', { type: 'string', describe: 'Where the log goes: stdout, stderr (default) or a file (repeatable)' })
+      .option('log_caller', { type: 'string', describe: 'Scopes whose lines carry the caller (file:line), or all' })
+      .option('log_stacktrace_level', { type: 'string', describe: 'scope:level,... from which lines carry a stack trace' });
   const proxyOptions = (y: Argv) =>
     logFlags(y)
       .positional('type', { type: 'string', default: 'sidecar', describe: 'sidecar, router, ingress or waypoint' })
@@ -398,9 +452,15 @@ export async function main(args: string[]): Promise<number> {
         result = import('./lib/discovery/index').then((m) => m.runDiscoveryCommand({ configDir: argv['config-dir'], grpcAddr: argv['grpc-addr'], outboundTrafficPolicy: argv['outbound-traffic-policy'] as 'ALLOW_ANY' | 'REGISTRY_ONLY' | undefined, meshConfigFile: argv['meshConfig'] }));
       },
     )
+    .command('completion <shell>', 'Print a shell completion script (bash or zsh)',
+      (y) => y.positional('shell', { type: 'string', choices: ['bash', 'zsh'], demandOption: true }),
+      (argv) => {
+        result = completionCommand(argv.shell as 'bash' | 'zsh');
+      })
     .command('istio-iptables', 'Set up traffic capture with iptables (Istio\'s flags; run before the proxy starts)')
     .command('istio-clean-iptables', 'Remove the traffic capture rules istio-iptables set up')
-    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery, istio-iptables, istio-clean-iptables or version')
+    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery, istio-iptables, istio-clean-iptables, '
+      + 'completion or version')
     .strictCommands()
     .fail((msg, err) => {
       throw msg ? new UsageError(msg) : err;

@@ -52,13 +52,25 @@ export function resolveBootstrap(cfg: AgentConfig, node: NodeIdentity, readFile:
   if (cfg.bootstrapOverrideFile) {
     const file = cfg.bootstrapOverrideFile;
     const setting = { field: 'ISTIO_BOOTSTRAP_OVERRIDE', source: 'environment variable ISTIO_BOOTSTRAP_OVERRIDE' };
-    const parsed = parseDocument(readRequired(file, setting, readFile), file, setting, true);
+    const parsed = parseDocument(expandHostIp(readRequired(file, setting, readFile), cfg.hostIp), file, setting, true);
     bootstrap = mergeBootstrapOverride(bootstrap, parsed);
     inputs.push(file);
   }
   // Last, so that neither a template nor an override brings the admin back onto TCP.
   if (cfg.envoyAdminSocket) bootstrap = adminOnSocket(bootstrap, cfg.envoyAdminSocket);
   return { bootstrap, inputs };
+}
+
+/**
+ * `$(HOST_IP)` in the override's text becomes HOST_IP, as Istio's readBootstrapToJSON does it (node-local tracing
+ * agents: `address: $(HOST_IP):8126`): an IPv6 HOST_IP is bracketed, and `[$(HOST_IP)]` written for one is not
+ * bracketed twice. Unset, the placeholder becomes empty, as in Istio.
+ */
+export function expandHostIp(text: string, hostIp: string): string {
+  // Replacer functions: a `$` in HOST_IP is not a replacement pattern.
+  if (!hostIp.includes(':')) return text.replaceAll('$(HOST_IP)', () => hostIp);
+  const bracketed = `[${hostIp}]`;
+  return text.replaceAll('[$(HOST_IP)]', () => bracketed).replaceAll('$(HOST_IP)', () => bracketed);
 }
 
 function readRequired(file: string, setting: FileSetting, readFile: FileReader): string {

@@ -118,6 +118,8 @@ export function templateVariables(cfg: AgentConfig, node: NodeIdentity): Json {
     envoy_prometheus_port: cfg.envoyPrometheusPort,
     global_downstream_max_connections: maxDownstreamConnections(cfg),
     envoy_metrics_stats_compression: p.extra.statsCompression !== false,
+    envoy_status_port_enable_proxy_protocol: cfg.statusPortProxyProtocol,
+    enable_self_discovery: node.metadata.ENABLE_SELF_DISCOVERY === 'true',
     histogram_buckets: histogramBucketSettings(cfg) ?? null,
     ...(cfg.secureMetricsPort ? { secure_metrics_port: cfg.secureMetricsPort } : {}),
     ...(cfg.secureMergedMetricsPort ? { secure_merged_metrics_port: cfg.secureMergedMetricsPort } : {}),

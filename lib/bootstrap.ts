@@ -104,7 +104,12 @@ export function buildBootstrap(i: BootstrapInputs): Json {
     admin: admin(cfg, net),
     dynamic_resources: dynamicResources(cfg, node),
     static_resources: {
-      clusters: [...localClusters(cfg, net), ...(tracer ? [tracer.cluster] : []), ...serviceClusters(cfg, net.dnsLookupFamily, node.metadata)],
+      clusters: [
+        ...localClusters(cfg, net),
+        ...(tracer ? [tracer.cluster] : []),
+        ...serviceClusters(cfg, net.dnsLookupFamily, node.metadata),
+        ...(selfDiscovery(node) ? [SELF_DISCOVERY_CLUSTER] : []),
+      ],
       listeners: [
         alsoOtherFamily(net, localOnly(cfg, net, withHttpFilters(prometheusListener(cfg, net), statsCompressors(cfg)))),
         ...secureMetricsListeners(cfg, net.wildcard),
@@ -384,15 +389,55 @@ function prometheusListener(cfg: AgentConfig, net: LocalNet): Json {
   return httpListener(net, cfg.envoyPrometheusPort, 'stats', '/stats/prometheus', 'prometheus_stats');
 }
 
+/** ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL: a load balancer that sends PROXY protocol may probe 15021, as in Istio. */
 function readinessListener(cfg: AgentConfig, net: LocalNet): Json {
-  return httpListener(net, cfg.envoyStatusPort, 'agent', '/healthz/ready', 'agent');
+  const listener = httpListener(net, cfg.envoyStatusPort, 'agent', '/healthz/ready', 'agent');
+  if (!cfg.statusPortProxyProtocol) return listener;
+  const proxyProtocol = {
+    name: 'envoy.listener.proxy_protocol',
+    typed_config: {
+      '@type': `${TYPE}envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol`,
+      allow_requests_without_proxy_protocol: true,
+    },
+  };
+  return { ...listener, listener_filters: [proxyProtocol] };
 }
 
-/** Istio's template writes cluster_manager only for an outlier log or LRS, and then defers cluster creation too. */
+/** Node metadata ENABLE_SELF_DISCOVERY (ISTIO_META_ENABLE_SELF_DISCOVERY): Istio's local_cluster for zone-aware LB. */
+function selfDiscovery(node: NodeIdentity): boolean {
+  return node.metadata.ENABLE_SELF_DISCOVERY === 'true';
+}
+
+// The proxy's own service, by EDS from istiod, as Envoy's local cluster: zone-aware balancing weighs localities
+// by where this service's endpoints are. Istio's template's cluster, field for field.
+const SELF_DISCOVERY_CLUSTER: Json = {
+  name: 'local_cluster',
+  alt_stat_name: 'local_cluster;',
+  type: 'EDS',
+  connect_timeout: '1s',
+  load_balancing_policy: {
+    policies: [{
+      typed_extension_config: {
+        name: 'envoy.load_balancing_policies.least_request',
+        typed_config: {
+          '@type': `${TYPE}envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest`,
+          locality_lb_config: { zone_aware_lb_config: { min_cluster_size: '1' } },
+        },
+      },
+    }],
+  },
+  eds_cluster_config: { eds_config: { ads: {}, resource_api_version: 'V3' }, service_name: 'local_cluster' },
+};
+
+/**
+ * Istio's template writes cluster_manager only for an outlier log, LRS or self discovery, and then defers cluster
+ * creation too.
+ */
 function clusterManager(cfg: AgentConfig, node: NodeIdentity): Json | undefined {
   const lrs = node.metadata.LOAD_STATS_CONFIG_JSON;
-  if (!cfg.outlierLogPath && typeof lrs !== 'string') return undefined;
+  if (!cfg.outlierLogPath && typeof lrs !== 'string' && !selfDiscovery(node)) return undefined;
   const out: Json = {};
+  if (selfDiscovery(node)) out.local_cluster_name = 'local_cluster';
   if (cfg.outlierLogPath) out.outlier_detection = { event_log_path: cfg.outlierLogPath };
   if (typeof lrs === 'string') {
     try {

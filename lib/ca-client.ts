@@ -10,7 +10,9 @@
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as grpc from '@grpc/grpc-js';
+import { Counter, type Registry } from 'prom-client';
 import { CREATE_CERTIFICATE_PATH, decodeCertificateResponse, encodeCertificateRequest, type CertificateResponse } from './ca-protos';
+import { checkCaProvider, defaultRoot, pilotCertProvider } from './cert-provider';
 import type { AgentConfig } from './config';
 import * as envs from './env';
 import type { Env } from './env';
@@ -78,9 +80,16 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
   for (const [k, v] of Object.entries(env)) {
     if (k.startsWith(CA_HEADER_PREFIX) && k.length > CA_HEADER_PREFIX.length && v !== undefined) headers[k.slice(CA_HEADER_PREFIX.length)] = v;
   }
-  const prov = envs.PROV_CERT.get(env);
-  let root = envs.CA_ROOT_CA.get(env) || envs.XDS_ROOT_CA.get(env);
-  if (!root) root = fs.existsSync(DEFAULT_ROOT_CA) ? DEFAULT_ROOT_CA : prov ? `${prov}/root-cert.pem` : ISTIOD_ROOT_CA;
+  checkCaProvider(envs.CA_PROVIDER.get(env), address);
+  const provider = pilotCertProvider(envs.PILOT_CERT_PROVIDER.get(env));
+  const rootDefaults = {
+    provCert: envs.PROV_CERT.get(env),
+    mounted: DEFAULT_ROOT_CA,
+    mountedExists: fs.existsSync(DEFAULT_ROOT_CA),
+    istiod: ISTIOD_ROOT_CA,
+  };
+  const explicitRoot = envs.CA_ROOT_CA.get(env) || envs.XDS_ROOT_CA.get(env);
+  const root = explicitRoot || (tls ? defaultRoot(provider, rootDefaults, 'CA') : ISTIOD_ROOT_CA);
   return {
     address,
     tls,
@@ -107,14 +116,60 @@ function isLocal(address: string): boolean {
   return host === 'localhost' || host === '::1' || (net.isIPv4(host) && host.startsWith('127.'));
 }
 
+/**
+ * The Go agent's names for CA calls (security/pkg/nodeagent/cache/monitoring.go, security/pkg/monitoring), all
+ * with request_type="csr": one request a sign() call, failed ones, their latency summed in milliseconds, and a
+ * retry for a call made after the previous one failed (Go counts the retries its gRPC interceptor makes inside one
+ * call; here the secret cache makes them as new calls, so a retry is also a request).
+ */
+const TO = '(e.g. to a token exchange server, CA, etc.)';
+const CA_METRICS = {
+  requests: ['istio_agent_num_outgoing_requests', `Number of total outgoing requests ${TO}`],
+  failures: ['istio_agent_num_failed_outgoing_requests', `Number of failed outgoing requests ${TO}`],
+  latencyMs: ['istio_agent_outgoing_latency', `The latency of outgoing requests ${TO} in milliseconds.`],
+  retries: ['istio_agent_num_outgoing_retries', `Number of outgoing retry requests ${TO}`],
+} as const;
+
 export class CaClient implements CertificateSigner {
+  readonly calls = { requests: 0, failures: 0, latencyMs: 0, retries: 0 };
+  private lastFailed = false;
+
   constructor(private readonly o: CaClientOptions) {}
+
+  registerMetrics(registry: Registry): void {
+    const calls = this.calls;
+    for (const key of Object.keys(CA_METRICS) as (keyof typeof CA_METRICS)[]) {
+      const [name, help] = CA_METRICS[key];
+      registry.registerMetric(new Counter({
+        name, help, labelNames: ['request_type'], registers: [],
+        collect() { this.reset(); this.inc({ request_type: 'csr' }, calls[key]); },
+      }));
+    }
+  }
+
+  async sign(csrPem: string, validitySeconds: number): Promise<string[]> {
+    const c = this.calls;
+    c.requests++;
+    if (this.lastFailed) c.retries++;
+    const t0 = performance.now();
+    try {
+      const chain = await this.call(csrPem, validitySeconds);
+      this.lastFailed = false;
+      return chain;
+    } catch (e) {
+      c.failures++;
+      this.lastFailed = true;
+      throw e;
+    } finally {
+      c.latencyMs += performance.now() - t0;
+    }
+  }
 
   get address(): string {
     return this.o.address;
   }
 
-  async sign(csrPem: string, validitySeconds: number): Promise<string[]> {
+  private async call(csrPem: string, validitySeconds: number): Promise<string[]> {
     const o = this.o;
     const md = new grpc.Metadata();
     for (const [k, v] of Object.entries(o.headers)) md.set(k, v);

@@ -100,6 +100,8 @@ export interface AgentConfig {
   dualStack: boolean;
   /** HOST_IP: replaces `$(HOST_IP)` in tracer addresses, as Istio does. */
   hostIp: string;
+  /** ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL: the readiness listener accepts a PROXY protocol header. */
+  statusPortProxyProtocol: boolean;
   /** Where each ProxyConfig field's value came from, for error messages and `bootstrap` output. */
   sources: Record<string, string>;
 }
@@ -345,6 +347,7 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     compliancePolicy: envs.COMPLIANCE_POLICY.get(effEnv),
     stripFragmentFromPath: envs.HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED.get(effEnv),
     hostIp: envs.HOST_IP.get(effEnv),
+    statusPortProxyProtocol: envs.ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL.get(effEnv),
     secureMetricsPort: envs.ENVOY_SECURE_METRICS_PORT.get(effEnv),
     secureMergedMetricsPort: envs.ENVOY_SECURE_MERGED_METRICS_PORT.get(effEnv),
     dualStack: ['1', 't', 'T', 'TRUE', 'true', 'True'].includes(envs.IPTABLES_ENV.ISTIO_DUAL_STACK.get(effEnv)),

@@ -9,7 +9,9 @@ import { generateKeyPair, sign, type KeyObject } from 'node:crypto';
 import { promisify } from 'node:util';
 import { AgentError } from './errors';
 
-export type KeyAlgorithm = { kind: 'ECDSA' } | { kind: 'RSA'; bits: number };
+/** ECDSA's curve defaults to P-256 (Istio's ECC_CURVE default). */
+export type KeyAlgorithm = { kind: 'ECDSA'; curve?: EccCurve } | { kind: 'RSA'; bits: number };
+export type EccCurve = 'P256' | 'P384';
 
 export interface KeyAndCsr {
   /** PEM private key: SEC1/PKCS#1 as Istio writes by default, PKCS#8 when asked. */
@@ -21,10 +23,20 @@ export function spiffeId(trustDomain: string, namespace: string, serviceAccount:
   return `spiffe://${trustDomain}/ns/${namespace}/sa/${serviceAccount}`;
 }
 
-/** ECC_SIGNATURE_ALGORITHM=ECDSA picks P-256; anything else set there is refused; otherwise RSA of rsaBits. */
-export function keyAlgorithm(eccSignatureAlgorithm: string, rsaBits: number): KeyAlgorithm {
+/**
+ * ECC_SIGNATURE_ALGORITHM=ECDSA picks ECDSA on ECC_CURVE (P256 or P384); anything else set there is refused;
+ * otherwise RSA of rsaBits. Istio takes any ECC_CURVE but P384 as P256; here a curve it would not honour is an error
+ * (a P521 request silently served with P-256 keys is the surprise the variable registry exists to prevent).
+ */
+export function keyAlgorithm(eccSignatureAlgorithm: string, rsaBits: number, eccCurve = 'P256'): KeyAlgorithm {
   const ecc = eccSignatureAlgorithm.trim().toUpperCase();
-  if (ecc === 'ECDSA') return { kind: 'ECDSA' };
+  if (ecc === 'ECDSA') {
+    const curve = eccCurve.trim().toUpperCase();
+    if (curve !== 'P256' && curve !== 'P384') {
+      throw new AgentError('CONFIG_INVALID', `invalid ECC_CURVE "${eccCurve}" (want P256 or P384)`);
+    }
+    return { kind: 'ECDSA', curve };
+  }
   if (ecc !== '') throw new AgentError('CONFIG_INVALID', `invalid ECC_SIGNATURE_ALGORITHM "${eccSignatureAlgorithm}" (want ECDSA or unset)`);
   if (![2048, 3072, 4096].includes(rsaBits)) throw new AgentError('CONFIG_INVALID', `invalid WORKLOAD_RSA_KEY_SIZE ${rsaBits} (want 2048, 3072 or 4096)`);
   return { kind: 'RSA', bits: rsaBits };
@@ -58,25 +70,33 @@ const SEQ = 0x30;
 const SET = 0x31;
 const OID_EXTENSION_REQUEST = '1.2.840.113549.1.9.14';
 const OID_SUBJECT_ALT_NAME = '2.5.29.17';
+// The hash follows the key as Go's x509.CreateCertificateRequest picks it (Istio's CSR template leaves it unset):
+// SHA-256 for RSA and P-256, SHA-384 for P-384.
 const SIGNATURE = {
-  RSA: der(SEQ, oid('1.2.840.113549.1.1.11'), Buffer.from([0x05, 0x00])), // sha256WithRSAEncryption, NULL
-  ECDSA: der(SEQ, oid('1.2.840.10045.4.3.2')), // ecdsa-with-SHA256, no parameters
+  // sha256WithRSAEncryption, NULL parameters
+  RSA: { hash: 'sha256', algorithm: der(SEQ, oid('1.2.840.113549.1.1.11'), Buffer.from([0x05, 0x00])) },
+  P256: { hash: 'sha256', algorithm: der(SEQ, oid('1.2.840.10045.4.3.2')) }, // ecdsa-with-SHA256, no parameters
+  P384: { hash: 'sha384', algorithm: der(SEQ, oid('1.2.840.10045.4.3.3')) }, // ecdsa-with-SHA384, no parameters
 };
+const NAMED_CURVE: Record<EccCurve, string> = { P256: 'prime256v1', P384: 'secp384r1' };
 
-/** PKCS#10 with an empty subject and one critical SAN extension holding the URI, signed with SHA-256. */
-export function csrDer(identity: string, publicKeyDer: Buffer, privateKey: KeyObject, kind: KeyAlgorithm['kind']): Buffer {
+/** PKCS#10 with an empty subject and one critical SAN extension holding the URI, signed as SIGNATURE says. */
+export function csrDer(identity: string, publicKeyDer: Buffer, privateKey: KeyObject, alg: KeyAlgorithm): Buffer {
   const uri = der(0x86, Buffer.from(identity, 'ascii')); // GeneralName uniformResourceIdentifier [6] IA5String
   const san = der(SEQ, oid(OID_SUBJECT_ALT_NAME), der(0x01, Buffer.from([0xff])), der(0x04, der(SEQ, uri)));
   const attributes = der(0xa0, der(SEQ, oid(OID_EXTENSION_REQUEST), der(SET, der(SEQ, san))));
   const info = der(SEQ, der(0x02, Buffer.from([0])), der(SEQ), publicKeyDer, attributes);
-  const signature = sign('sha256', info, privateKey); // ECDSA: DER (r, s), as X.509 wants
-  return der(SEQ, info, SIGNATURE[kind], der(0x03, Buffer.from([0]), signature));
+  const sig = SIGNATURE[alg.kind === 'RSA' ? 'RSA' : alg.curve ?? 'P256'];
+  const signature = sign(sig.hash, info, privateKey); // ECDSA: DER (r, s), as X.509 wants
+  return der(SEQ, info, sig.algorithm, der(0x03, Buffer.from([0]), signature));
 }
 
 const generate = promisify(generateKeyPair);
 
 function newKeyPair(a: KeyAlgorithm): Promise<{ publicKey: KeyObject; privateKey: KeyObject }> {
-  return a.kind === 'ECDSA' ? generate('ec', { namedCurve: 'prime256v1' }) : generate('rsa', { modulusLength: a.bits, publicExponent: 0x10001 });
+  return a.kind === 'ECDSA'
+    ? generate('ec', { namedCurve: NAMED_CURVE[a.curve ?? 'P256'] })
+    : generate('rsa', { modulusLength: a.bits, publicExponent: 0x10001 });
 }
 
 // The first workload key, started as soon as the agent knows it will ask a CA: an RSA key takes 70-250 ms of the
@@ -101,7 +121,7 @@ export async function generateKeyAndCsr(o: { identity: string; algorithm: KeyAlg
   if (!/^[\x21-\x7e]+$/.test(o.identity)) throw new AgentError('INTERNAL', `identity ${JSON.stringify(o.identity)} is not an IA5 URI`);
   const { publicKey, privateKey } = await takePregenerated(o.algorithm) ?? await newKeyPair(o.algorithm);
   const spki = publicKey.export({ type: 'spki', format: 'der' });
-  const csr = csrDer(o.identity, spki, privateKey, o.algorithm.kind);
+  const csr = csrDer(o.identity, spki, privateKey, o.algorithm);
   const type = o.pkcs8 ? 'pkcs8' : o.algorithm.kind === 'ECDSA' ? 'sec1' : 'pkcs1';
   const b64 = csr.toString('base64').replace(/.{64}/g, '$&\n').replace(/\n$/, '');
   return {

@@ -86,14 +86,15 @@ export const ISTIO_META_ENABLE_DNS_SERVER = bool('ISTIO_META_ENABLE_DNS_SERVER',
 export const DNS_FORWARD_PARALLEL = bool('DNS_FORWARD_PARALLEL', false, 'Forward DNS queries to all upstreams in parallel');
 export const DNS_FORWARD_TIMEOUT = duration('DNS_FORWARD_TIMEOUT', '5s', 'Timeout of one upstream DNS query');
 export const CA_ADDR = str('CA_ADDR', '', 'CA address (defaults to discoveryAddress; port 15010 means plaintext)');
-export const CA_PROVIDER = str('CA_PROVIDER', 'Citadel', 'CA provider name');
-export const PILOT_CERT_PROVIDER = str('PILOT_CERT_PROVIDER', 'istiod', 'Who signs istiod\'s serving certificate');
+export const CA_PROVIDER = str('CA_PROVIDER', 'Citadel', 'CA client: only Citadel (Istio\'s CA protocol); another name is a start-up error');
+export const PILOT_CERT_PROVIDER = str('PILOT_CERT_PROVIDER', 'istiod', 'Who signs istiod\'s certificate (istiod, kubernetes, k8s.io/*, custom, none): where its root is looked for');
 export const CA_ROOT_CA = str('CA_ROOT_CA', '', 'Root certificate of the CA: a path, or SYSTEM');
 export const XDS_ROOT_CA = str('XDS_ROOT_CA', '', 'Root certificate of the discovery server: a path, or SYSTEM');
 export const ISTIOD_SAN = str('ISTIOD_SAN', '', 'Expected server name of the discovery server');
 export const JWT_POLICY = str('JWT_POLICY', 'third-party-jwt', 'third-party-jwt or first-party-jwt');
 export const PROV_CERT = str('PROV_CERT', '', 'Directory of provisioning certificates (client cert for xDS/CA)');
-export const OUTPUT_CERTS = str('OUTPUT_CERTS', '', 'Directory where issued certificates are written');
+export const OUTPUT_CERTS = str('OUTPUT_CERTS', '', 'Directory where issued certificates are written (0600; 0644 with KUBERNETES_SERVICE_HOST set)');
+export const KUBERNETES_SERVICE_HOST = str('KUBERNETES_SERVICE_HOST', '', 'Set by Kubernetes in every pod; makes OUTPUT_CERTS files 0644 for the pod\'s other containers, as Istio');
 export const FILE_MOUNTED_CERTS = bool('FILE_MOUNTED_CERTS', false, 'Use mounted certificate files instead of a CA');
 // A certificate lifetime, not a timer (90-day certificates are common): whoever schedules from it clamps the timer.
 export const SECRET_TTL = duration('SECRET_TTL', '24h', 'Requested lifetime of workload certificates', { maxMs: Number.MAX_SAFE_INTEGER });
@@ -101,7 +102,7 @@ export const SECRET_GRACE_PERIOD_RATIO = float('SECRET_GRACE_PERIOD_RATIO', 0.5,
 export const SECRET_GRACE_PERIOD_RATIO_JITTER = float('SECRET_GRACE_PERIOD_RATIO_JITTER', 0.01, 'Random jitter added to the grace ratio');
 export const WORKLOAD_RSA_KEY_SIZE = int('WORKLOAD_RSA_KEY_SIZE', 2048, 'RSA key size for workload keys');
 export const ECC_SIGNATURE_ALGORITHM = str('ECC_SIGNATURE_ALGORITHM', '', 'ECDSA instead of RSA for workload keys when set');
-export const ECC_CURVE = str('ECC_CURVE', 'P256', 'ECDSA curve');
+export const ECC_CURVE = str('ECC_CURVE', 'P256', 'Curve of ECDSA workload keys (ECC_SIGNATURE_ALGORITHM=ECDSA): P256 or P384 (signed with SHA-384)');
 export const PKCS8_KEY = bool('PKCS8_KEY', false, 'Write keys in PKCS#8');
 export const FILE_DEBOUNCE_DURATION = duration('FILE_DEBOUNCE_DURATION', '100ms', 'Quiet period before a changed watched file is acted on');
 export const SDS_MAX_NAMES_PER_STREAM = int('SDS_MAX_NAMES_PER_STREAM', 5000, 'Secrets one SDS stream may ask for; names beyond are not served (logged, counted)');
@@ -180,6 +181,9 @@ export const WORKLOAD_IDENTITY_SOCKET_FILE = str('WORKLOAD_IDENTITY_SOCKET_FILE'
 export const COMPLIANCE_POLICY = str('COMPLIANCE_POLICY', '', 'fips-140-2 limits Envoy\'s Google gRPC client to TLS 1.2 (runtime flag), as Istio does');
 export const HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = bool('HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED', true, 'false: Envoy keeps URL fragments in paths (Istio\'s runtime flag of that name)');
 export const ENVOY_SECURE_METRICS_PORT = int('ENVOY_SECURE_METRICS_PORT', 0, 'Envoy serves its own /stats/prometheus over mTLS (workload certificate) on this port (0: none)');
+export const ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL = bool('ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL', false, 'Envoy\'s readiness listener (15021) also takes connections that start with a PROXY protocol header (as Istio)');
+export const PILOT_AGENT_MERGE_ENVOY_STATS = bool('PILOT_AGENT_MERGE_ENVOY_STATS', true, 'false: the status port\'s /stats/prometheus leaves out Envoy\'s stats (the agent\'s and the app\'s remain), as Istio');
+export const METRICS_LOCALHOST_ACCESS_ONLY = bool('METRICS_LOCALHOST_ACCESS_ONLY', false, 'The status port\'s /stats/prometheus answers non-loopback peers 403; as proxyMetadata, Envoy\'s 15090 also binds loopback only (as Istio)');
 export const ENVOY_SECURE_MERGED_METRICS_PORT = int('ENVOY_SECURE_MERGED_METRICS_PORT', 0, 'Envoy serves the merged scrape (agent, Envoy, app) over mTLS on this port (0: none)');
 
 // ---- Envoy supervision (restart budget) ----

@@ -56,9 +56,9 @@ const FLAGS: readonly FlagDef[] = [
   // pilot-agent's global logging flags
   { name: 'log_output_level', kind: 'string', def: '', help: 'Per-scope log levels, <scope>:<level>,...' },
   { name: 'log_as_json', kind: 'bool', def: 'false', help: 'Log JSON lines' },
-  { name: 'log_caller', kind: 'string', def: '', help: 'Accepted for compatibility' },
-  { name: 'log_stacktrace_level', kind: 'string', def: '', help: 'Accepted for compatibility' },
-  { name: 'log_target', kind: 'array', def: '', help: 'Accepted for compatibility' },
+  { name: 'log_caller', kind: 'string', def: '', help: 'Scopes whose lines carry the caller (file:line), or all' },
+  { name: 'log_stacktrace_level', kind: 'string', def: '', help: '<scope>:<level>,... at and above which lines carry a stack trace' },
+  { name: 'log_target', kind: 'array', def: '', help: 'Where the log goes: stdout, stderr (default) or a file; repeatable' },
   { name: 'vklog', kind: 'string', def: '', help: 'Accepted for compatibility' },
   { name: 'help', short: 'h', kind: 'bool', def: 'false', help: 'Show this help' },
 ];
@@ -178,8 +178,8 @@ export interface IptablesCommand {
   forceBinary: '' | 'legacy' | 'nft';
   probePort: number;
   probeTimeoutMs: number;
-  /** --log_output_level and --log_as_json, for the caller to apply. */
-  logging: { outputLevel?: string; json: boolean };
+  /** The logging flags, for the caller to apply. */
+  logging: { outputLevel?: string; json: boolean; callers?: string; stacktraceLevel?: string; targets?: string[] };
   help: boolean;
 }
 
@@ -288,11 +288,12 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
   if (b('run-validation') && s('network-namespace') !== '') {
     throw usageError('conflicting --run-validation and --network-namespace: the validation probe runs in the current network namespace');
   }
-  if (s('log_output_level') !== '') {
+  for (const flag of ['log_output_level', 'log_stacktrace_level']) {
+    if (s(flag) === '') continue;
     try {
-      parseOutputLevels(s('log_output_level'));
+      parseOutputLevels(s(flag));
     } catch (e) {
-      throw usageError(`invalid --log_output_level: ${errorMessage(e)}`);
+      throw usageError(`invalid --${flag}: ${errorMessage(e)}`);
     }
   }
 
@@ -347,7 +348,14 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
     forceBinary: forceBinary as IptablesCommand['forceBinary'],
     probePort: Number(s('iptables-probe-port')),
     probeTimeoutMs: goDurationMs(s('probe-timeout')),
-    logging: { outputLevel: s('log_output_level') || undefined, json: b('log_as_json') },
+    logging: {
+      outputLevel: s('log_output_level') || undefined,
+      json: b('log_as_json'),
+      callers: s('log_caller') || undefined,
+      stacktraceLevel: s('log_stacktrace_level') || undefined,
+      // Repeated values were joined with commas (a path holding a comma cannot be a target here).
+      targets: s('log_target') ? s('log_target').split(',') : undefined,
+    },
     help: b('help'),
   };
 }
@@ -357,6 +365,11 @@ function goDurationMs(text: string): number {
   let ms = 0;
   for (const m of text.matchAll(/(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)/g)) ms += Number(m[1]) * unit[m[2]!]!;
   return ms;
+}
+
+/** Every flag's long form (`--dry-run`), for shell completion. */
+export function iptablesFlagNames(): string[] {
+  return FLAGS.map((f) => `--${f.name}`);
 }
 
 export function iptablesUsage(command = 'istio-iptables'): string {

@@ -3,6 +3,10 @@
 // Under systemd with stderr connected to the journal (JOURNAL_STREAM names stderr's device:inode), a text line has
 // no timestamp (the journal adds its own) and starts with a syslog priority `<N>`, so `journalctl -p warning`
 // filters; Envoy's lines passed through get the same treatment (journalLine).
+// Istio's other logging flags: --log_target (stdout, stderr or a file; repeatable), --log_caller (scopes whose
+// lines carry the caller's file:line, `all` for every scope) and --log_stacktrace_level (scope:level at and above
+// which a line carries a stack trace), in zap's places: the caller after the scope, the stack on following lines
+// (JSON: `caller`, `stack`).
 
 import * as fs from 'node:fs';
 import { JOURNAL_STREAM } from './env';
@@ -29,6 +33,12 @@ interface LogState {
   /** stderr is the journal: a priority prefix and no timestamp. */
   journal: boolean;
   write: (line: string) => void;
+  /** Scopes whose lines carry the caller; `all` in the set means every scope. */
+  callers: Set<string>;
+  stackDefault: Level;
+  stackLevels: Map<string, Level>;
+  /** Files opened for --log_target, closed by the next configureLogging that sets targets. */
+  fds: number[];
 }
 
 const state: LogState = {
@@ -37,6 +47,10 @@ const state: LogState = {
   json: false,
   journal: stderrIsJournal(process.env.JOURNAL_STREAM),
   write: (line) => process.stderr.write(line + '\n'),
+  callers: new Set(),
+  stackDefault: 'none',
+  stackLevels: new Map(),
+  fds: [],
 };
 
 /**
@@ -93,15 +107,60 @@ export function parseOutputLevels(spec: string): { defaultLevel?: Level; levels:
   return { defaultLevel, levels };
 }
 
-export function configureLogging(opts: { outputLevel?: string; json?: boolean; journal?: boolean; write?: (line: string) => void }): void {
+export interface LoggingOptions {
+  outputLevel?: string;
+  json?: boolean;
+  journal?: boolean;
+  write?: (line: string) => void;
+  /** --log_target: `stdout`, `stderr` or file paths (appended to, created 0600); the default is stderr. */
+  targets?: readonly string[];
+  /** --log_caller: comma-separated scopes, or `all`. */
+  callers?: string;
+  /** --log_stacktrace_level: as --log_output_level (`default:none` is the default). */
+  stacktraceLevel?: string;
+}
+
+export function configureLogging(opts: LoggingOptions): void {
   if (opts.outputLevel !== undefined) {
     const parsed = parseOutputLevels(opts.outputLevel);
     if (parsed.defaultLevel) state.defaultLevel = parsed.defaultLevel;
     for (const [k, v] of parsed.levels) state.levels.set(k, v);
   }
+  if (opts.stacktraceLevel !== undefined) {
+    const parsed = parseOutputLevels(opts.stacktraceLevel);
+    if (parsed.defaultLevel) state.stackDefault = parsed.defaultLevel;
+    for (const [k, v] of parsed.levels) state.stackLevels.set(k, v);
+  }
+  if (opts.callers !== undefined) {
+    for (const name of opts.callers.split(',').map((c) => c.trim()).filter(Boolean)) state.callers.add(name);
+  }
   if (opts.json !== undefined) state.json = opts.json;
   if (opts.journal !== undefined) state.journal = opts.journal;
+  if (opts.targets?.length) setTargets(opts.targets);
   if (opts.write) state.write = opts.write;
+}
+
+/** Opens every target before changing anything, so a target that cannot be opened leaves logging as it was. */
+function setTargets(targets: readonly string[]): void {
+  const fds: number[] = [];
+  const writers = targets.map((t): ((line: string) => void) => {
+    if (t === 'stdout') return (line) => process.stdout.write(line);
+    if (t === 'stderr') return (line) => process.stderr.write(line);
+    let fd: number;
+    try {
+      fd = fs.openSync(t, 'a', 0o600);
+    } catch (e) {
+      for (const f of fds) fs.closeSync(f);
+      throw new Error(`--log_target ${t}: ${(e as Error).message}`);
+    }
+    fds.push(fd);
+    return (line) => fs.writeSync(fd, line);
+  });
+  for (const f of state.fds) fs.closeSync(f);
+  state.fds = fds;
+  // The journal's priority prefix belongs on stderr only.
+  if (targets.some((t) => t !== 'stderr')) state.journal = false;
+  state.write = writers.length === 1 ? (line) => writers[0]!(line + '\n') : (line) => { for (const w of writers) w(line + '\n'); };
 }
 
 /** Restores defaults; for tests. */
@@ -111,6 +170,11 @@ export function resetLogging(): void {
   state.json = false;
   state.journal = stderrIsJournal(process.env.JOURNAL_STREAM);
   state.write = (line) => process.stderr.write(line + '\n');
+  state.callers.clear();
+  state.stackDefault = 'none';
+  state.stackLevels.clear();
+  for (const f of state.fds) fs.closeSync(f);
+  state.fds = [];
 }
 
 export function timestamp(now: Date = new Date()): string {
@@ -118,19 +182,36 @@ export function timestamp(now: Date = new Date()): string {
   return now.toISOString().replace(/\.(\d{3})Z$/, '.$1000Z');
 }
 
+/**
+ * The frames above the logging call: `new Error()` made in emit(), under the scope's method. Short caller form
+ * as zap's (file base name:line); in the bundled executable the file is the bundle.
+ */
+function callSite(): { caller: string; stack: string } {
+  const frames = (new Error().stack ?? '').split('\n').slice(4);
+  const m = /\(?([^()\s]+):(\d+):\d+\)?$/.exec(frames[0] ?? '');
+  return { caller: m ? `${m[1]!.split('/').pop()}:${m[2]}` : 'unknown', stack: frames.map((f) => f.trim()).join('\n') };
+}
+
 function emit(name: string, level: Exclude<Level, 'none'>, msg: string, fields?: Record<string, unknown>): void {
   const min = state.levels.get(name) ?? state.defaultLevel;
   if (ORDER[level] < ORDER[min]) return;
   const time = timestamp();
   const prefix = state.journal ? `<${PRIORITY[level]}>` : '';
+  const withCaller = state.callers.size > 0 && (state.callers.has(name) || state.callers.has('all'));
+  const stackMin = state.stackLevels.get(name) ?? state.stackDefault;
+  const withStack = stackMin !== 'none' && ORDER[level] >= ORDER[stackMin];
+  const site = withCaller || withStack ? callSite() : undefined;
   if (state.json) {
-    state.write(prefix + JSON.stringify({ time, level, scope: name, msg, ...fields }));
+    const extra = { ...(withCaller && { caller: site!.caller }), ...(withStack && { stack: site!.stack }) };
+    state.write(prefix + JSON.stringify({ time, level, scope: name, ...extra, msg, ...fields }));
     return;
   }
-  let line = state.journal ? `${prefix}${level}\t${name}\t${msg}` : `${time}\t${level}\t${name}\t${msg}`;
+  const head = state.journal ? `${prefix}${level}\t${name}` : `${time}\t${level}\t${name}`;
+  let line = `${head}\t${withCaller ? `${site!.caller}\t` : ''}${msg}`;
   if (fields) {
     for (const [k, v] of Object.entries(fields)) line += `\t${k}=${typeof v === 'string' ? v : JSON.stringify(v)}`;
   }
+  if (withStack) line += `\n${site!.stack}`;
   state.write(line);
 }
 

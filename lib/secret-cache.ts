@@ -55,6 +55,8 @@ export interface SecretCacheOptions {
   mountedDir?: string;
   /** OUTPUT_CERTS: where issued certificates and the key are written. */
   outputDir?: string;
+  /** Their mode (default 0600); 0644 also makes a directory the agent creates 0755. */
+  outputMode?: number;
   debounceMs?: number;
   /** CA retry backoff (default 1 s doubling to 60 s, jittered). */
   backoff?: { initialMs: number; maxMs: number };
@@ -338,10 +340,11 @@ export class SecretCache implements Component, SecretProvider {
     log.info(`workload certificate ${old ? 'rotated' : 'ready'}: ${w.leaf.identities.join(', ') || 'no URI SAN'}, serial ${w.leaf.serial}, valid ${new Date(w.leaf.notBefore).toISOString()} to ${new Date(w.leaf.notAfter).toISOString()}, from ${w.source}`);
     if (this.o.outputDir) {
       try {
-        fs.mkdirSync(this.o.outputDir, { recursive: true, mode: 0o700 });
-        writeFileAtomic(path.join(this.o.outputDir, KEY), w.keyPem, 0o600);
-        writeFileAtomic(path.join(this.o.outputDir, CERT_CHAIN), w.chainPem, 0o600);
-        writeFileAtomic(path.join(this.o.outputDir, ROOT_CERT), w.rootPem, 0o600);
+        const mode = this.o.outputMode ?? 0o600;
+        fs.mkdirSync(this.o.outputDir, { recursive: true, mode: mode & 0o044 ? 0o755 : 0o700 });
+        writeFileAtomic(path.join(this.o.outputDir, KEY), w.keyPem, mode);
+        writeFileAtomic(path.join(this.o.outputDir, CERT_CHAIN), w.chainPem, mode);
+        writeFileAtomic(path.join(this.o.outputDir, ROOT_CERT), w.rootPem, mode);
       } catch (e) {
         this.fail('output', `cannot write OUTPUT_CERTS: ${errorMessage(e)}`);
       }

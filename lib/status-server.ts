@@ -46,8 +46,11 @@ export interface StatusServerOptions {
   host?: string;
   /** Readiness of the whole agent; /healthz/ready answers 503 with the reasons while it is unmet. */
   readiness?: () => Promise<Condition>;
-  /** The agent's metrics and what is appended to them on /stats/prometheus and /metrics. */
-  metrics?: { registry: Registry; sources: readonly MetricsSource[] };
+  /**
+   * The agent's metrics and what is appended to them on /stats/prometheus and /metrics; `localOnly`
+   * (METRICS_LOCALHOST_ACCESS_ONLY): those two paths answer only loopback peers, as Istio's handleStats.
+   */
+  metrics?: { registry: Registry; sources: readonly MetricsSource[]; localOnly?: boolean };
   /** Serve /debug/ pages to any address, not only loopback. */
   remoteDebug?: boolean;
   /** When the agent started, for istio_agent_startup_duration_seconds (agent start to first readiness). */
@@ -86,7 +89,8 @@ export class StatusServer implements Component {
         }
         return { status: 200, body: m.body, contentType: m.contentType };
       };
-      this.route('GET', '/stats/prometheus', scrape).route('GET', '/metrics', scrape);
+      const localOnly = metrics.localOnly ?? false;
+      this.route('GET', '/stats/prometheus', scrape, { localOnly }).route('GET', '/metrics', scrape, { localOnly });
     }
   }
 

@@ -24,6 +24,8 @@ export interface WorkloadIdentity {
   sds: SdsServer;
   /** Where certificates come from, for the start-up log. */
   source: string;
+  /** The CA client, when there is one (its call metrics). */
+  signer?: CaClient;
 }
 
 /**
@@ -61,7 +63,7 @@ export async function workloadIdentity(
   }
   const cache = new SecretCache({
     identity: spiffeId(cfg.trustDomain, cfg.podNamespace || 'default', cfg.serviceAccount || 'default'),
-    algorithm: keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(env), envs.WORKLOAD_RSA_KEY_SIZE.get(env)),
+    algorithm: keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(env), envs.WORKLOAD_RSA_KEY_SIZE.get(env), envs.ECC_CURVE.get(env)),
     pkcs8: envs.PKCS8_KEY.get(env),
     ttlMs: envs.SECRET_TTL.get(env),
     graceRatio: envs.SECRET_GRACE_PERIOD_RATIO.get(env),
@@ -69,6 +71,9 @@ export async function workloadIdentity(
     signer,
     mountedDir: mounted,
     outputDir: envs.OUTPUT_CERTS.get(env) || undefined,
+    // As Istio (nodeagent/util OutputKeyCertToDir): on Kubernetes the pod's other containers (Prometheus scraping
+    // with Istio certificates) read them, so they are 0644 there, the key included.
+    outputMode: envs.KUBERNETES_SERVICE_HOST.isSet(env) ? 0o644 : 0o600,
     debounceMs: envs.FILE_DEBOUNCE_DURATION.get(env),
     // file-cert:/file-root: files are served only if the uid that can connect to the SDS socket could read them.
     sdsSocket: cfg.sdsSocket,
@@ -79,5 +84,5 @@ export async function workloadIdentity(
     prefetch: true,
   });
   const sds = new SdsServer({ socketPath: cfg.sdsSocket, provider: cache, maxNamesPerStream: envs.SDS_MAX_NAMES_PER_STREAM.get(env) });
-  return { cache, sds, source: mounted ? `files in ${mounted}` : signer ? `CA ${signer.address}` : 'file certificates only (no CA)' };
+  return { cache, sds, signer, source: mounted ? `files in ${mounted}` : signer ? `CA ${signer.address}` : 'file certificates only (no CA)' };
 }

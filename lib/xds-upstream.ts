@@ -9,6 +9,7 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { X509Certificate } from 'node:crypto';
 import * as grpc from '@grpc/grpc-js';
+import { ISTIOD_ROOT_CA, MOUNTED_ROOT_CA as DEFAULT_ROOT_CA } from './cert-provider';
 import type { AgentConfig } from './config';
 import * as envs from './env';
 import type { Env } from './env';
@@ -43,8 +44,7 @@ export const ADS_PATHS: Record<XdsKind, string> = {
 };
 
 /** Istio's default root locations when XDS_ROOT_CA is unset (pkg/istio-agent FindRootCAForXDS order). */
-export const DEFAULT_ROOT_CA = './etc/certs/root-cert.pem';
-export const ISTIOD_ROOT_CA = './var/run/secrets/istio/root-cert.pem';
+export { DEFAULT_ROOT_CA, ISTIOD_ROOT_CA };
 const THIRD_PARTY_TOKEN = './var/run/secrets/tokens/istio-token';
 const FIRST_PARTY_TOKEN = '/var/run/secrets/kubernetes.io/serviceaccount/token';
 const XDS_HEADER_PREFIX = 'XDS_HEADER_';
