@@ -1,0 +1,93 @@
+// DISABLE_ENVOY=true (Istio's grpc-agent template): the agent runs with no Envoy at all (its binaryPath does not
+// even exist), writes the gRPC xDS bootstrap at GRPC_XDS_BOOTSTRAP and the workload certificate files at
+// OUTPUT_CERTS for gRPC's file_watcher provider, is ready once those files exist (Istio's grpcready), and ends on
+// SIGTERM with exit 0.
+
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { startAgent } from './helpers/agent';
+import { freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+
+async function proxylessEnv(dir: string, extra: Record<string, string>, proxyConfig: Record<string, unknown> = {}): Promise<{ env: Record<string, string>; status: number }> {
+  const status = await freePort();
+  return {
+    status,
+    env: {
+      DISABLE_ENVOY: 'true',
+      PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir, 'proxy'), binaryPath: path.join(dir, 'no-such-envoy'), statusPort: status, ...proxyConfig }),
+      POD_NAME: 'echo-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'echo', INSTANCE_IP: '127.0.0.1',
+      ...extra,
+    },
+  };
+}
+
+test('DISABLE_ENVOY: no Envoy, the gRPC bootstrap and certificate files written, ready, SIGTERM exits 0', async () => {
+  const dir = tempDir('pa-proxyless-');
+  const cfgDir = path.join(dir.path, 'mesh');
+  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
+  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'echo'), 'echo-token\n', { mode: 0o600 });
+  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
+  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'echo-token');
+  const certs = path.join(dir.path, 'var/lib/istio/data');
+  const { env, status } = await proxylessEnv(dir.path, { OUTPUT_CERTS: certs, ISTIO_META_CLUSTER_ID: 'Kubernetes' });
+  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], env, dir.path);
+  try {
+    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    // Istio's default location, relative to the working directory.
+    const file = path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json');
+    assert.is(fs.statSync(file).mode & 0o777, 0o644);
+    assert.is(fs.statSync(path.dirname(file)).mode & 0o777, 0o700);
+    const b = JSON.parse(fs.readFileSync(file, 'utf8'));
+    assert.is(b.xds_servers[0].server_uri, `unix://${path.join(dir.path, 'proxy', 'XDS')}`);
+    assert.is(b.node.id, 'sidecar~127.0.0.1~echo-1.test~test.svc.cluster.local');
+    assert.is(b.node.metadata.GENERATOR, 'grpc');
+    assert.is(b.node.metadata.CLUSTER_ID, 'Kubernetes');
+    assert.equal(b.node.locality, {});
+    assert.equal(b.certificate_providers.default.config.certificate_file, path.join(certs, 'cert-chain.pem'));
+    for (const f of ['cert-chain.pem', 'key.pem', 'root-cert.pem']) assert.is(fs.statSync(path.join(certs, f)).mode & 0o777, 0o600, f);
+    assert.match(fs.readFileSync(path.join(certs, 'cert-chain.pem'), 'utf8'), /BEGIN CERTIFICATE/);
+    // The xDS proxy serves the XDS socket; nothing for Envoy was written or bound.
+    assert.ok(fs.statSync(path.join(dir.path, 'proxy', 'XDS')).isSocket());
+    assert.not.ok(fs.existsSync(path.join(dir.path, 'proxy', 'envoy-rev0.json')), 'no Envoy bootstrap');
+    assert.not.ok(fs.existsSync(path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket')), 'no SDS socket');
+    assert.match(agent.log(), /starting proxyless \(DISABLE_ENVOY\)/);
+  } finally {
+    agent.proc.kill('SIGTERM');
+    const exit = await waitFor('agent exit', () => agent.exited, 15_000);
+    await agent.stop();
+    const log = agent.log();
+    dir.cleanup();
+    assert.is(exit.code, 0, log.slice(-2000));
+    assert.match(log, /agent exiting with code 0: SIGTERM/);
+  }
+});
+
+test('DISABLE_ENVOY: not ready while the file_watcher certificate files do not exist (CA unreachable)', async () => {
+  const dir = tempDir('pa-proxyless-');
+  const certs = path.join(dir.path, 'certs');
+  const boot = path.join(dir.path, 'boot', 'grpc.json');
+  const { env, status } = await proxylessEnv(dir.path, { OUTPUT_CERTS: certs, GRPC_XDS_BOOTSTRAP: boot, CA_ADDR: '127.0.0.1:1' }, { discoveryAddress: '127.0.0.1:1' });
+  const agent = startAgent(['proxy', 'sidecar'], env, dir.path);
+  try {
+    const r = await waitFor('a readiness answer', async () => {
+      const x = await httpRequest(`http://127.0.0.1:${status}/healthz/ready`).catch(() => undefined);
+      return x && x.status !== 0 ? x : undefined;
+    }, 20_000).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    assert.is(r.status, 503);
+    assert.match(r.body, new RegExp(`${path.join(certs, 'cert-chain.pem')} does not exist`));
+    assert.ok(fs.existsSync(boot), 'bootstrap at GRPC_XDS_BOOTSTRAP');
+    assert.not.ok(fs.existsSync(path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json')));
+  } finally {
+    agent.proc.kill('SIGTERM');
+    const exit = await waitFor('agent exit', () => agent.exited, 15_000);
+    await agent.stop();
+    const log = agent.log();
+    dir.cleanup();
+    assert.is(exit.code, 0, log.slice(-2000));
+  }
+});
+
+test.run();
