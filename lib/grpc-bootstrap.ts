@@ -8,8 +8,6 @@ import * as path from 'node:path';
 /** The LDS name a gRPC xDS server subscribes to, `%s` being its listening `IP:port` (Istio's grpcxds constant). */
 export const SERVER_LISTENER_PREFIX = 'xds.istio.io/grpc/lds/inbound/';
 export const SERVER_LISTENER_TEMPLATE = `${SERVER_LISTENER_PREFIX}%s`;
-/** Istio's default location, relative to the agent's working directory (`/` in its image). */
-export const DEFAULT_GRPC_BOOTSTRAP = './etc/istio/proxy/grpc-bootstrap.json';
 /** How often gRPC re-reads the certificate files (Istio writes 15 minutes). */
 const REFRESH_INTERVAL = '900s';
 

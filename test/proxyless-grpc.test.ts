@@ -1,0 +1,132 @@
+// A standalone proxyless mesh with no Envoy anywhere: `pilot-agent proxy --standalone DIR` with DISABLE_ENVOY=true
+// writes the gRPC bootstrap; a real @grpc/grpc-js-xds client (its own process, GRPC_XDS_BOOTSTRAP pointing at that
+// file) dials `xds:///echo.test.svc.cluster.local:7070` and reaches real gRPC servers, routed by a VirtualService
+// (a header match to subset v2, a 50/50 weight split, the rest to v1) through the agent's xDS proxy and the
+// embedded discovery server's grpc generator. The same through a short name (`xds:///echo:7070`).
+
+import { execFile } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import * as grpc from '@grpc/grpc-js';
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { startAgent, type RunningAgent } from './helpers/agent';
+import { freePort, httpRequest, REPO, tempDir, type TempDir, waitFor } from './helpers/harness';
+
+const HOST = 'echo.test.svc.cluster.local';
+const PORT = 7070;
+const CLIENT = path.join(REPO, 'test', 'helpers', 'grpc-xds-client.ts');
+
+const id = (b: Buffer) => b;
+const ECHO = { Who: { path: '/test.Echo/Who', requestStream: false, responseStream: false, requestSerialize: id, requestDeserialize: id, responseSerialize: id, responseDeserialize: id } };
+
+/** A plain gRPC server on 127.0.0.1 that answers its name. */
+async function backend(name: string): Promise<{ port: number; stop(): void }> {
+  const server = new grpc.Server();
+  server.addService(ECHO, { Who: (_call: unknown, cb: (e: null, r: Buffer) => void) => cb(null, Buffer.from(name)) });
+  const port = await new Promise<number>((resolve, reject) => server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e ? reject(e) : resolve(p))));
+  return { port, stop: () => server.forceShutdown() };
+}
+
+function meshConfig(dir: string, v1: number, v2: number): void {
+  fs.mkdirSync(dir, { recursive: true });
+  fs.writeFileSync(path.join(dir, 'mesh.yaml'), `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: echo, namespace: test}
+spec:
+  hosts: [${HOST}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports:
+  - {number: ${PORT}, name: grpc, protocol: GRPC}
+  endpoints:
+  - {address: 127.0.0.1, ports: {grpc: ${v1}}, labels: {version: v1}}
+  - {address: 127.0.0.1, ports: {grpc: ${v2}}, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: test}
+spec:
+  host: ${HOST}
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: echo, namespace: test}
+spec:
+  hosts: [${HOST}]
+  http:
+  - match: [{headers: {x-version: {exact: v2}}}]
+    route: [{destination: {host: ${HOST}, subset: v2}}]
+  - match: [{headers: {x-split: {exact: "yes"}}}]
+    route:
+    - {destination: {host: ${HOST}, subset: v1}, weight: 50}
+    - {destination: {host: ${HOST}, subset: v2}, weight: 50}
+  - route: [{destination: {host: ${HOST}, subset: v1}}]
+`);
+}
+
+function runClient(bootstrap: string, args: Record<string, unknown>): Promise<string[]> {
+  return new Promise((resolve, reject) => {
+    execFile(process.execPath, ['--import', 'tsx', CLIENT, JSON.stringify(args)], {
+      cwd: REPO, env: { PATH: process.env.PATH, GRPC_XDS_BOOTSTRAP: bootstrap, TSX_DISABLE_CACHE: '1' }, timeout: 60_000,
+    }, (err, stdout, stderr) => {
+      if (err) return reject(new Error(`client failed: ${err.message}\n${stderr}`));
+      resolve((JSON.parse(stdout.trim().split('\n').pop()!) as { answers: string[] }).answers);
+    });
+  });
+}
+
+async function proxylessAgent(dir: TempDir, cfgDir: string): Promise<{ agent: RunningAgent; status: number; bootstrap: string }> {
+  const status = await freePort();
+  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
+    DISABLE_ENVOY: 'true',
+    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: '/nonexistent/envoy', statusPort: status }),
+    POD_NAME: 'client-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'client', INSTANCE_IP: '127.0.0.1',
+  }, dir.path);
+  await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`).catch(() => ({ status: 0 }))).status === 200, 30_000)
+    .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+  return { agent, status, bootstrap: path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json') };
+}
+
+test('proxyless: a grpc-js-xds client routes by a VirtualService through a DISABLE_ENVOY standalone agent (no Envoy)', async () => {
+  const dir = tempDir('pa-proxyless-grpc-');
+  const v1 = await backend('v1');
+  const v2 = await backend('v2');
+  let agent: RunningAgent | undefined;
+  try {
+    const cfgDir = path.join(dir.path, 'mesh');
+    meshConfig(cfgDir, v1.port, v2.port);
+    const a = await proxylessAgent(dir, cfgDir);
+    agent = a.agent;
+    const none = Array.from({ length: 6 }, () => ({}));
+    const header = Array.from({ length: 4 }, () => ({ 'x-version': 'v2' }));
+    const split = Array.from({ length: 40 }, () => ({ 'x-split': 'yes' }));
+    const answers = await runClient(a.bootstrap, { target: `${HOST}:${PORT}`, calls: [...none, ...header, ...split] });
+    assert.equal(answers.slice(0, 6), Array(6).fill('v1'), `default route to v1: ${answers.slice(0, 6)}\n${agent.log().slice(-3000)}`);
+    assert.equal(answers.slice(6, 10), Array(4).fill('v2'), 'x-version: v2 to subset v2');
+    const spl = answers.slice(10);
+    assert.ok(spl.every((x) => x === 'v1' || x === 'v2'), `every split call answered: ${spl.join(',')}`);
+    assert.ok(spl.includes('v1') && spl.includes('v2'), `the 50/50 split reaches both: ${spl.join(',')}`);
+    // A short name, expanded in the client's namespace as istiod does.
+    assert.equal(await runClient(a.bootstrap, { target: `echo:${PORT}`, calls: [{ 'x-version': 'v2' }, {}] }), ['v2', 'v1']);
+    // The xDS proxy served the gRPC library's streams (one per client process).
+    const xds = JSON.parse((await httpRequest(`http://127.0.0.1:${a.status}/debug/xds`)).body);
+    assert.ok(Array.isArray(xds.streams));
+  } finally {
+    v1.stop();
+    v2.stop();
+    if (agent) {
+      agent.proc.kill('SIGTERM');
+      const exit = await waitFor('agent exit', () => agent!.exited, 15_000);
+      await agent.stop();
+      const log = agent.log();
+      dir.cleanup();
+      assert.is(exit.code, 0, log.slice(-2000));
+    } else dir.cleanup();
+  }
+});
+
+test.run();
