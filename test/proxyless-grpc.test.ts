@@ -4,7 +4,7 @@
 // (a header match to subset v2, a 50/50 weight split, the rest to v1) through the agent's xDS proxy and the
 // embedded discovery server's grpc generator. The same through a short name (`xds:///echo:7070`).
 
-import { execFile } from 'node:child_process';
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
@@ -16,6 +16,7 @@ import { freePort, httpRequest, REPO, tempDir, type TempDir, waitFor } from './h
 const HOST = 'echo.test.svc.cluster.local';
 const PORT = 7070;
 const CLIENT = path.join(REPO, 'test', 'helpers', 'grpc-xds-client.ts');
+const SERVER = path.join(REPO, 'test', 'helpers', 'grpc-xds-server.ts');
 
 const id = (b: Buffer) => b;
 const ECHO = { Who: { path: '/test.Echo/Who', requestStream: false, responseStream: false, requestSerialize: id, requestDeserialize: id, responseSerialize: id, responseDeserialize: id } };
@@ -79,16 +80,25 @@ function runClient(bootstrap: string, args: Record<string, unknown>): Promise<st
   });
 }
 
-async function proxylessAgent(dir: TempDir, cfgDir: string): Promise<{ agent: RunningAgent; status: number; bootstrap: string }> {
+async function proxylessAgent(dir: TempDir, cfgDir: string, who = { pod: 'client-1', sa: 'client' }, extra: Record<string, string> = {}): Promise<{ agent: RunningAgent; status: number; bootstrap: string }> {
   const status = await freePort();
   const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
     DISABLE_ENVOY: 'true',
     PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: '/nonexistent/envoy', statusPort: status }),
-    POD_NAME: 'client-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'client', INSTANCE_IP: '127.0.0.1',
+    POD_NAME: who.pod, POD_NAMESPACE: 'test', SERVICE_ACCOUNT: who.sa, INSTANCE_IP: '127.0.0.1',
+    ...extra,
   }, dir.path);
   await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`).catch(() => ({ status: 0 }))).status === 200, 30_000)
     .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
   return { agent, status, bootstrap: path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json') };
+}
+
+async function stopAgent(agent: RunningAgent | undefined): Promise<{ code: number | null; log: string } | undefined> {
+  if (!agent) return undefined;
+  agent.proc.kill('SIGTERM');
+  const exit = await waitFor('agent exit', () => agent.exited, 15_000);
+  await agent.stop();
+  return { code: exit.code, log: agent.log() };
 }
 
 test('proxyless: a grpc-js-xds client routes by a VirtualService through a DISABLE_ENVOY standalone agent (no Envoy)', async () => {
@@ -118,14 +128,72 @@ test('proxyless: a grpc-js-xds client routes by a VirtualService through a DISAB
   } finally {
     v1.stop();
     v2.stop();
-    if (agent) {
-      agent.proc.kill('SIGTERM');
-      const exit = await waitFor('agent exit', () => agent!.exited, 15_000);
-      await agent.stop();
-      const log = agent.log();
-      dir.cleanup();
-      assert.is(exit.code, 0, log.slice(-2000));
-    } else dir.cleanup();
+    const end = await stopAgent(agent);
+    dir.cleanup();
+    if (end) assert.is(end.code, 0, end.log.slice(-2000));
+  }
+});
+
+/** A workload's own directory: its token for the embedded CA at ./var/run/secrets/tokens/istio-token. */
+function workloadDir(token: string): TempDir {
+  const d = tempDir('pa-proxyless-wl-');
+  fs.mkdirSync(path.join(d.path, 'var/run/secrets/tokens'), { recursive: true });
+  fs.writeFileSync(path.join(d.path, 'var/run/secrets/tokens/istio-token'), token);
+  return d;
+}
+
+test('proxyless mTLS: certificates from the embedded CA via OUTPUT_CERTS, xDS servers STRICT, the client checks the server identity', async () => {
+  const mesh = tempDir('pa-proxyless-mesh-');
+  const cfgDir = path.join(mesh.path, 'mesh');
+  const srvDir = workloadDir('echo-token');
+  const cliDir = workloadDir('client-token');
+  const [p1, p2] = [await freePort(), await freePort()];
+  meshConfig(cfgDir, p1, p2);
+  fs.appendFileSync(path.join(cfgDir, 'mesh.yaml'), `---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: test}
+spec: {mtls: {mode: STRICT}}
+`);
+  // ISTIO_MUTUAL for the client side (istiod's grpc generator does no auto-mTLS) and the servers' service account.
+  const yaml = fs.readFileSync(path.join(cfgDir, 'mesh.yaml'), 'utf8')
+    .replace('  subsets:\n', '  trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}\n  subsets:\n')
+    .replace(`{grpc: ${p1}}, labels: {version: v1}}`, `{grpc: ${p1}}, labels: {version: v1}, serviceAccount: echo}`)
+    .replace(`{grpc: ${p2}}, labels: {version: v2}}`, `{grpc: ${p2}}, labels: {version: v2}, serviceAccount: echo}`);
+  fs.writeFileSync(path.join(cfgDir, 'mesh.yaml'), yaml);
+  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
+  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'echo'), 'echo-token\n', { mode: 0o600 });
+  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'client'), 'client-token\n', { mode: 0o600 });
+  let srvAgent: RunningAgent | undefined;
+  let cliAgent: RunningAgent | undefined;
+  let servers: ChildProcess | undefined;
+  try {
+    // The server's agent first: its CA creates the root both agents then share.
+    const s = await proxylessAgent(srvDir, cfgDir, { pod: 'echo-1', sa: 'echo' }, { OUTPUT_CERTS: path.join(srvDir.path, 'certs') });
+    srvAgent = s.agent;
+    const c = await proxylessAgent(cliDir, cfgDir, { pod: 'client-1', sa: 'client' }, { OUTPUT_CERTS: path.join(cliDir.path, 'certs') });
+    cliAgent = c.agent;
+    servers = spawn(process.execPath, ['--import', 'tsx', SERVER, JSON.stringify({ servers: [{ port: p1, name: 'v1' }, { port: p2, name: 'v2' }] })], {
+      cwd: REPO, env: { PATH: process.env.PATH, GRPC_XDS_BOOTSTRAP: s.bootstrap, TSX_DISABLE_CACHE: '1', ...(process.env.GRPC_TRACE && { GRPC_TRACE: process.env.GRPC_TRACE, GRPC_VERBOSITY: 'DEBUG' }) }, stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let srvOut = '';
+    servers.stdout!.on('data', (b: Buffer) => (srvOut += b));
+    servers.stderr!.on('data', (b: Buffer) => (srvOut += b));
+    await waitFor('xDS servers bound', () => srvOut.includes('bound'), 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${srvOut}`); });
+    const target = { target: `${HOST}:${PORT}`, xdsCreds: true, deadlineMs: 3000 };
+    // The servers serve once their inbound listeners arrive.
+    await waitFor('an mTLS answer', async () => !(await runClient(c.bootstrap, { ...target, calls: [{}] }))[0]!.startsWith('error'), 30_000, 500)
+      .catch(async (e: Error) => { throw new Error(`${e.message}: ${(await runClient(c.bootstrap, { ...target, calls: [{}] }))[0]}\n${srvOut}`); });
+    const answers = await runClient(c.bootstrap, { ...target, calls: [{}, { 'x-version': 'v2' }] });
+    assert.equal(answers, ['v1 ssl URI:spiffe://cluster.local/ns/test/sa/client', 'v2 ssl URI:spiffe://cluster.local/ns/test/sa/client']);
+    // A client that does not use the bootstrap's certificates cannot reach a STRICT server.
+    const plain = await runClient(c.bootstrap, { target: `${HOST}:${PORT}`, calls: [{}], deadlineMs: 3000 });
+    assert.match(plain[0]!, /^error: /);
+  } finally {
+    servers?.kill('SIGTERM');
+    const ends = [await stopAgent(cliAgent), await stopAgent(srvAgent)];
+    for (const d of [mesh, srvDir, cliDir]) d.cleanup();
+    for (const e of ends) if (e) assert.is(e.code, 0, e.log.slice(-2000));
   }
 });
 
