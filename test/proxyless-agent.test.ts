@@ -8,7 +8,7 @@ import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { startAgent } from './helpers/agent';
-import { freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
 
 async function proxylessEnv(dir: string, extra: Record<string, string>, proxyConfig: Record<string, unknown> = {}): Promise<{ env: Record<string, string>; status: number }> {
   const status = await freePort();
@@ -87,6 +87,34 @@ test('DISABLE_ENVOY: not ready while the file_watcher certificate files do not e
     const log = agent.log();
     dir.cleanup();
     assert.is(exit.code, 0, log.slice(-2000));
+  }
+});
+
+test('beside Envoy the gRPC bootstrap is written too (an app may use proxyless gRPC next to the sidecar), and removed at exit', async () => {
+  const dir = tempDir('pa-proxyless-');
+  const status = await freePort();
+  const agent = startAgent(['proxy', 'sidecar'], {
+    PROXY_CONFIG: JSON.stringify({
+      configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(), discoveryAddress: '127.0.0.1:1',
+      drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
+    }),
+    POD_NAME: 'web-1', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
+    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+  }, dir.path);
+  const file = path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json');
+  try {
+    await waitFor('the gRPC bootstrap', () => fs.existsSync(file), 20_000).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    const b = JSON.parse(fs.readFileSync(file, 'utf8'));
+    assert.is(b.node.id, 'sidecar~127.0.0.1~web-1.test~test.svc.cluster.local');
+    assert.is(b.xds_servers[0].server_uri, `unix://${path.join(dir.path, 'proxy', 'XDS')}`);
+  } finally {
+    agent.proc.kill('SIGTERM');
+    const exit = await waitFor('agent exit', () => agent.exited, 20_000);
+    await agent.stop();
+    const left = fs.existsSync(file);
+    dir.cleanup();
+    assert.is(exit.code, 0, agent.log().slice(-2000));
+    assert.not.ok(left, 'removed at exit');
   }
 });
 
