@@ -3,6 +3,7 @@
 // OUTPUT_CERTS for gRPC's file_watcher provider, is ready once those files exist (Istio's grpcready), and ends on
 // SIGTERM with exit 0.
 
+import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { test } from 'uvu';
@@ -115,6 +116,52 @@ test('beside Envoy the gRPC bootstrap is written too (an app may use proxyless g
     dir.cleanup();
     assert.is(exit.code, 0, agent.log().slice(-2000));
     assert.not.ok(left, 'removed at exit');
+  }
+});
+
+/** Runs a command as uid/gid 65534 (another local user than the agent's); its stdout, or the error's stderr. */
+function asNobody(cmd: string[]): { ok: boolean; out: string } {
+  try {
+    return { ok: true, out: execFileSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', ...cmd], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }) };
+  } catch (e) {
+    return { ok: false, out: String((e as { stderr?: string }).stderr ?? e) };
+  }
+}
+
+test('security: another local uid reads the gRPC bootstrap (no secret in it) but neither the key files nor the XDS socket', async () => {
+  const dir = tempDir('pa-proxyless-');
+  fs.chmodSync(dir.path, 0o755);
+  const cfgDir = path.join(dir.path, 'mesh');
+  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
+  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'echo'), 'echo-token\n', { mode: 0o600 });
+  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
+  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'echo-token');
+  // The directories as a pod's shared volumes have them (traversable): the files' own modes are what is tested.
+  const certs = path.join(dir.path, 'certs');
+  for (const d of [certs, path.join(dir.path, 'etc/istio/proxy'), path.join(dir.path, 'proxy')]) fs.mkdirSync(d, { recursive: true, mode: 0o755 });
+  for (const d of [path.join(dir.path, 'etc'), path.join(dir.path, 'etc/istio'), path.join(dir.path, 'etc/istio/proxy'), certs, path.join(dir.path, 'proxy')]) fs.chmodSync(d, 0o755);
+  const { env, status } = await proxylessEnv(dir.path, { OUTPUT_CERTS: certs });
+  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], env, dir.path);
+  try {
+    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    const boot = asNobody(['cat', path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json')]);
+    assert.ok(boot.ok, boot.out);
+    assert.not.match(boot.out, /PRIVATE KEY|echo-token/);
+    for (const f of ['key.pem', 'cert-chain.pem', 'root-cert.pem']) {
+      const r = asNobody(['cat', path.join(certs, f)]);
+      assert.not.ok(r.ok, `${f} readable by another uid`);
+      assert.match(r.out, /Permission denied/);
+    }
+    const connect = `require('net').connect(${JSON.stringify(path.join(dir.path, 'proxy', 'XDS'))}).on('connect', () => process.exit(0)).on('error', (e) => { console.error(e.code); process.exit(1); })`;
+    const sock = asNobody([process.execPath, '-e', connect]);
+    assert.not.ok(sock.ok, 'XDS socket reachable by another uid');
+    assert.match(sock.out, /EACCES/, sock.out);
+  } finally {
+    agent.proc.kill('SIGTERM');
+    await waitFor('agent exit', () => agent.exited, 15_000);
+    await agent.stop();
+    dir.cleanup();
   }
 });
 
