@@ -56,7 +56,7 @@ spec:
   - route: [{destination: {host: ${HOST}, subset: v1}}]
 `;
 
-async function withServer(extra: string, fn: (c: (node?: Json) => AdsClient) => Promise<void>): Promise<void> {
+async function withServer(extra: string, fn: (c: (node?: Json) => AdsClient, s: DiscoveryServer, dir: string) => Promise<void>): Promise<void> {
   const dir = tempDir('pa-grpcgen-');
   configureLogging({ write: () => undefined });
   fs.writeFileSync(path.join(dir.path, 'mesh.yaml'), MESH + extra);
@@ -68,7 +68,7 @@ async function withServer(extra: string, fn: (c: (node?: Json) => AdsClient) => 
       const c = AdsClient.connect(s.address, false);
       clients.push(c);
       return c;
-    });
+    }, s, dir.path);
   } finally {
     for (const c of clients) c.close();
     await s.close();
@@ -168,6 +168,20 @@ test('a node without GENERATOR=grpc still gets Envoy\'s listeners', () =>
     assert.not.ok(l.has(`${HOST}:7070`));
     assert.ok([...l.values()].every((x) => !x.api_listener));
     assert.ok(l.size > 0);
+  }));
+
+test('a VirtualService edit is pushed to the gRPC node\'s route configuration', () =>
+  withServer('', async (connect, s, dir) => {
+    const c = connect();
+    await get(c, TYPE_URLS.listener, [`${HOST}:7070`], NODE);
+    const name = `outbound|7070||${HOST}`;
+    assert.is((await get(c, TYPE_URLS.route, [name])).get(name)!.virtual_hosts[0].routes.length, 2);
+    fs.writeFileSync(path.join(dir, 'mesh.yaml'), MESH.replace(`  - route: [{destination: {host: ${HOST}, subset: v1}}]\n`, ''));
+    await s.reload();
+    const r = await c.next(TYPE_URLS.route);
+    const rc = unpackAny(r.resources[0] as never) as Json;
+    assert.is(rc.name, name);
+    assert.equal(rc.virtual_hosts[0].routes.map((x: Json) => x.route.cluster), [`outbound|7070|v2|${HOST}`]);
   }));
 
 test.run();
