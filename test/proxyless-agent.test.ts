@@ -24,7 +24,7 @@ async function proxylessEnv(dir: string, extra: Record<string, string>, proxyCon
   };
 }
 
-test('DISABLE_ENVOY: no Envoy, the gRPC bootstrap and certificate files written, ready, SIGTERM exits 0', async () => {
+test('DISABLE_ENVOY: no Envoy, the gRPC bootstrap and certificate files written (and rotated), ready, SIGTERM exits 0', async () => {
   const dir = tempDir('pa-proxyless-');
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
@@ -32,7 +32,7 @@ test('DISABLE_ENVOY: no Envoy, the gRPC bootstrap and certificate files written,
   fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
   fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'echo-token');
   const certs = path.join(dir.path, 'var/lib/istio/data');
-  const { env, status } = await proxylessEnv(dir.path, { OUTPUT_CERTS: certs, ISTIO_META_CLUSTER_ID: 'Kubernetes' });
+  const { env, status } = await proxylessEnv(dir.path, { OUTPUT_CERTS: certs, ISTIO_META_CLUSTER_ID: 'Kubernetes', SECRET_TTL: '6s' });
   const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], env, dir.path);
   try {
     await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
@@ -55,6 +55,9 @@ test('DISABLE_ENVOY: no Envoy, the gRPC bootstrap and certificate files written,
     assert.not.ok(fs.existsSync(path.join(dir.path, 'proxy', 'envoy-rev0.json')), 'no Envoy bootstrap');
     assert.not.ok(fs.existsSync(path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket')), 'no SDS socket');
     assert.match(agent.log(), /starting proxyless \(DISABLE_ENVOY\)/);
+    // Rotation (SECRET_TTL 6 s) rewrites the files gRPC's file_watcher re-reads.
+    const first = fs.readFileSync(path.join(certs, 'cert-chain.pem'), 'utf8');
+    await waitFor('a rotated certificate file', () => fs.readFileSync(path.join(certs, 'cert-chain.pem'), 'utf8') !== first, 20_000, 200);
   } finally {
     agent.proc.kill('SIGTERM');
     const exit = await waitFor('agent exit', () => agent.exited, 15_000);
