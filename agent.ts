@@ -223,8 +223,8 @@ async function writeGrpcBootstrap(resolved: Resolved, agentEnv: NodeJS.ProcessEn
  * `proxy` with DISABLE_ENVOY=true (proxyless gRPC, Istio's grpc-agent template): no Envoy, no bootstrap, no SDS
  * server. The gRPC library in the app reads the gRPC bootstrap and talks xDS to the xDS proxy on the XDS socket;
  * certificates (with a CA or mounted files) are fetched at once and written to OUTPUT_CERTS for its file_watcher
- * provider. Start order: status server, (embedded discovery server), (secret cache), xDS proxy, (DNS proxy), gRPC
- * readiness. The agent ends on SIGTERM/SIGINT (exit 0: nothing to drain) or when a component ends (exit 1).
+ * provider. Start order: status server, (app probes), (embedded discovery server), (secret cache), xDS proxy, (DNS
+ * proxy), gRPC readiness. The agent ends on SIGTERM/SIGINT (exit 0: nothing to drain) or when a component ends (exit 1).
  */
 async function proxylessCommand(flags: Flags, env: NodeJS.ProcessEnv, signals: ReturnType<typeof stopSignals>, startedAt: number): Promise<number> {
   const resolved = await startupChecks(flags, env, false);
@@ -234,6 +234,8 @@ async function proxylessCommand(flags: Flags, env: NodeJS.ProcessEnv, signals: R
     import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'), import('./lib/xds-istio'),
     import('./lib/workload-identity'), import('./lib/grpc-ready'), import('./lib/sds-server'),
   ]);
+  const appProbe = await import('./lib/app-probe');
+  const appProbers = appProbe.parseAppProbers(env);
   log.info(`pilot-agent ${VERSION} starting proxyless (DISABLE_ENVOY) ${resolved.node.id}`);
   const { discovery, discoverySock, upstream } = await xdsUpstream(cfg, agentEnv);
   // No SDS server: the SDS socket is neither bound nor checked, the secret cache only writes OUTPUT_CERTS.
@@ -252,7 +254,11 @@ async function proxylessCommand(flags: Flags, env: NodeJS.ProcessEnv, signals: R
     readiness: (): Promise<Condition> => composeReadiness(components),
     metrics: { registry, sources: [] },
   });
-  const components = [status, discovery, identity?.cache, xds, dns, new GrpcReady(bootstrapFile), stopper].filter((c): c is Component => c !== undefined);
+  // The app's probes (Kubernetes' rewritten ones) are answered as beside Envoy.
+  const probes = appProbers.size ? new appProbe.AppProbes({
+    probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort, ownPorts: [cfg.proxy.proxyAdminPort],
+  }) : undefined;
+  const components = [status, probes, discovery, identity?.cache, xds, dns, new GrpcReady(bootstrapFile), stopper].filter((c): c is Component => c !== undefined);
   for (const c of components) {
     if (c.routes) status.addRoutes(c.routes());
     c.registerMetrics?.(registry);

@@ -5,6 +5,7 @@
 
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
@@ -69,11 +70,14 @@ test('DISABLE_ENVOY: no Envoy, the gRPC bootstrap and certificate files written 
   }
 });
 
-test('DISABLE_ENVOY: not ready while the file_watcher certificate files do not exist (CA unreachable)', async () => {
+test('DISABLE_ENVOY: not ready while the file_watcher certificate files do not exist (CA unreachable); app probes answered', async () => {
   const dir = tempDir('pa-proxyless-');
   const certs = path.join(dir.path, 'certs');
   const boot = path.join(dir.path, 'boot', 'grpc.json');
-  const { env, status } = await proxylessEnv(dir.path, { OUTPUT_CERTS: certs, GRPC_XDS_BOOTSTRAP: boot, CA_ADDR: '127.0.0.1:1' }, { discoveryAddress: '127.0.0.1:1' });
+  const app = net.createServer((c) => c.destroy());
+  await new Promise<void>((r) => app.listen(0, '127.0.0.1', r));
+  const probers = JSON.stringify({ '/app-health/app/livez': { tcpSocket: { port: (app.address() as net.AddressInfo).port } } });
+  const { env, status } = await proxylessEnv(dir.path, { OUTPUT_CERTS: certs, GRPC_XDS_BOOTSTRAP: boot, CA_ADDR: '127.0.0.1:1', ISTIO_KUBE_APP_PROBERS: probers }, { discoveryAddress: '127.0.0.1:1' });
   const agent = startAgent(['proxy', 'sidecar'], env, dir.path);
   try {
     const r = await waitFor('a readiness answer', async () => {
@@ -84,7 +88,10 @@ test('DISABLE_ENVOY: not ready while the file_watcher certificate files do not e
     assert.match(r.body, new RegExp(`${path.join(certs, 'cert-chain.pem')} does not exist`));
     assert.ok(fs.existsSync(boot), 'bootstrap at GRPC_XDS_BOOTSTRAP');
     assert.not.ok(fs.existsSync(path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json')));
+    // The app's rewritten probes are answered with no Envoy too.
+    assert.is((await httpRequest(`http://127.0.0.1:${status}/app-health/app/livez`)).status, 200);
   } finally {
+    app.close();
     agent.proc.kill('SIGTERM');
     const exit = await waitFor('agent exit', () => agent.exited, 15_000);
     await agent.stop();
