@@ -2,7 +2,8 @@
 // writes the gRPC bootstrap; a real @grpc/grpc-js-xds client (its own process, GRPC_XDS_BOOTSTRAP pointing at that
 // file) dials `xds:///echo.test.svc.cluster.local:7070` and reaches real gRPC servers, routed by a VirtualService
 // (a header match to subset v2, a 50/50 weight split, the rest to v1) through the agent's xDS proxy and the
-// embedded discovery server's grpc generator. The same through a short name (`xds:///echo:7070`).
+// embedded discovery server's grpc generator. The same through a short name (`xds:///echo:7070`), through a remote
+// (plaintext) control plane instead of standalone mode, and with mTLS from the embedded CA to xDS servers.
 
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -10,6 +11,8 @@ import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
+import { DiscoveryServer } from '../lib/discovery/index';
+import { configureLogging, resetLogging } from '../lib/log';
 import { startAgent, type RunningAgent } from './helpers/agent';
 import { freePort, httpRequest, REPO, tempDir, type TempDir, waitFor } from './helpers/harness';
 
@@ -80,11 +83,16 @@ function runClient(bootstrap: string, args: Record<string, unknown>): Promise<st
   });
 }
 
+/** `cfgDir`: standalone mode; a `host:port` instead: that plaintext control plane. */
 async function proxylessAgent(dir: TempDir, cfgDir: string, who = { pod: 'client-1', sa: 'client' }, extra: Record<string, string> = {}): Promise<{ agent: RunningAgent; status: number; bootstrap: string }> {
   const status = await freePort();
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
+  const remote = !cfgDir.startsWith('/');
+  const agent = startAgent(['proxy', 'sidecar', ...(remote ? [] : ['--standalone', cfgDir])], {
     DISABLE_ENVOY: 'true',
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: '/nonexistent/envoy', statusPort: status }),
+    PROXY_CONFIG: JSON.stringify({
+      configPath: path.join(dir.path, 'proxy'), binaryPath: '/nonexistent/envoy', statusPort: status,
+      ...(remote && { discoveryAddress: cfgDir, controlPlaneAuthPolicy: 'NONE' }),
+    }),
     POD_NAME: who.pod, POD_NAMESPACE: 'test', SERVICE_ACCOUNT: who.sa, INSTANCE_IP: '127.0.0.1',
     ...extra,
   }, dir.path);
@@ -129,6 +137,32 @@ test('proxyless: a grpc-js-xds client routes by a VirtualService through a DISAB
     v1.stop();
     v2.stop();
     const end = await stopAgent(agent);
+    dir.cleanup();
+    if (end) assert.is(end.code, 0, end.log.slice(-2000));
+  }
+});
+
+test('proxyless with a remote control plane: the xDS proxy forwards the gRPC library\'s streams (node GENERATOR=grpc) upstream', async () => {
+  const dir = tempDir('pa-proxyless-grpc-');
+  const v1 = await backend('v1');
+  const v2 = await backend('v2');
+  const cfgDir = path.join(dir.path, 'mesh');
+  meshConfig(cfgDir, v1.port, v2.port);
+  configureLogging({ write: () => undefined });
+  const cp = new DiscoveryServer({ configDir: cfgDir, listen: '127.0.0.1:0', debounceMs: 10 });
+  let agent: RunningAgent | undefined;
+  try {
+    await cp.start();
+    const a = await proxylessAgent(dir, cp.address);
+    agent = a.agent;
+    assert.equal(await runClient(a.bootstrap, { target: `${HOST}:${PORT}`, calls: [{}, { 'x-version': 'v2' }] }), ['v1', 'v2']);
+    assert.ok(cp.status().connections.some((c: { proxy?: string; id?: string }) => JSON.stringify(c).includes('client-1.test')), 'the control plane saw the client node');
+  } finally {
+    v1.stop();
+    v2.stop();
+    const end = await stopAgent(agent);
+    await cp.close();
+    resetLogging();
     dir.cleanup();
     if (end) assert.is(end.code, 0, end.log.slice(-2000));
   }
