@@ -183,19 +183,23 @@ async function runComponents(components: Component[], envoy: EnvoyComponent, sig
  * The xDS upstream: the control plane from the config, or in standalone mode the embedded discovery server (and the
  * socket its CA answers on).
  */
-async function xdsUpstream(cfg: AgentConfig, agentEnv: NodeJS.ProcessEnv): Promise<{ discovery?: DiscoveryServer; discoverySock?: string; upstream: UpstreamOptions }> {
+async function xdsUpstream(cfg: AgentConfig, agentEnv: NodeJS.ProcessEnv): Promise<{
+  discovery?: DiscoveryServer; discoverySock?: string; upstream: UpstreamOptions;
+}> {
   const { upstreamFromConfig } = await import('./lib/xds-upstream');
   if (!cfg.standaloneDir) return { upstream: upstreamFromConfig(cfg, agentEnv) };
   const discoverySock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
   const { DiscoveryServer } = await import('./lib/discovery/index');
   const discovery = new DiscoveryServer({
-    configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy, ...(cfg.meshTracing && { tracing: cfg.meshTracing }) },
+    configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`,
+    mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy, ...(cfg.meshTracing && { tracing: cfg.meshTracing }) },
     trustDomain: cfg.trustDomain, ...cfg.discoveryLimits,
     // This agent is trusted as its own identity by a token only its memory holds (it reads the directory anyway).
     inProcess: { namespace: cfg.podNamespace || 'default', serviceAccount: cfg.serviceAccount || 'default' },
   });
   log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
-  return { discovery, discoverySock, upstream: { address: `unix://${discoverySock}`, tls: false, token: discovery.inProcessToken } };
+  const upstream = { address: `unix://${discoverySock}`, tls: false, token: discovery.inProcessToken };
+  return { discovery, discoverySock, upstream };
 }
 
 /**
@@ -203,7 +207,9 @@ async function xdsUpstream(cfg: AgentConfig, agentEnv: NodeJS.ProcessEnv): Promi
  * 0644: it holds no secret, only the node and the socket and certificate paths). Returns its path.
  */
 async function writeGrpcBootstrap(resolved: Resolved, agentEnv: NodeJS.ProcessEnv): Promise<string> {
-  const [{ renderGrpcBootstrap }, { writeFileAtomic }] = await Promise.all([import('./lib/grpc-bootstrap'), import('./lib/fs-atomic')]);
+  const [{ renderGrpcBootstrap }, { writeFileAtomic }] = await Promise.all([
+    import('./lib/grpc-bootstrap'), import('./lib/fs-atomic'),
+  ]);
   const file = path.resolve(envs.GRPC_XDS_BOOTSTRAP.get(agentEnv));
   const { node, cfg } = resolved;
   const text = renderGrpcBootstrap({
@@ -224,15 +230,22 @@ async function writeGrpcBootstrap(resolved: Resolved, agentEnv: NodeJS.ProcessEn
  * server. The gRPC library in the app reads the gRPC bootstrap and talks xDS to the xDS proxy on the XDS socket;
  * certificates (with a CA or mounted files) are fetched at once and written to OUTPUT_CERTS for its file_watcher
  * provider. Start order: status server, (app probes), (embedded discovery server), (secret cache), xDS proxy, (DNS
- * proxy), gRPC readiness. The agent ends on SIGTERM/SIGINT (exit 0: nothing to drain) or when a component ends (exit 1).
+ * proxy), gRPC readiness. The agent ends on SIGTERM/SIGINT (exit 0: nothing to drain) or when a component ends
+ * (exit 1).
  */
-async function proxylessCommand(flags: Flags, env: NodeJS.ProcessEnv, signals: ReturnType<typeof stopSignals>, startedAt: number): Promise<number> {
+async function proxylessCommand(
+  flags: Flags, env: NodeJS.ProcessEnv, signals: ReturnType<typeof stopSignals>, startedAt: number,
+): Promise<number> {
   const resolved = await startupChecks(flags, env, false);
   const { cfg } = resolved;
   const agentEnv = { ...cfg.proxy.proxyMetadata, ...env };
-  const [{ composeReadiness, startAll, firstToEnd, closeAll, closedSignal }, { newRegistry }, { StatusServer }, { XdsProxy }, istio, { workloadIdentity }, { GrpcReady }, { WORKLOAD_SECRET }] = await Promise.all([
-    import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'), import('./lib/xds-istio'),
-    import('./lib/workload-identity'), import('./lib/grpc-ready'), import('./lib/sds-server'),
+  const [
+    { composeReadiness, startAll, firstToEnd, closeAll, closedSignal }, { newRegistry }, { StatusServer }, { XdsProxy },
+    istio, { workloadIdentity }, { GrpcReady }, { WORKLOAD_SECRET },
+  ] = await Promise.all([
+    import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
+    import('./lib/xds-istio'), import('./lib/workload-identity'), import('./lib/grpc-ready'),
+    import('./lib/sds-server'),
   ]);
   const appProbe = await import('./lib/app-probe');
   const appProbers = appProbe.parseAppProbers(env);
@@ -240,15 +253,23 @@ async function proxylessCommand(flags: Flags, env: NodeJS.ProcessEnv, signals: R
   const { discovery, discoverySock, upstream } = await xdsUpstream(cfg, agentEnv);
   // No SDS server: the SDS socket is neither bound nor checked, the secret cache only writes OUTPUT_CERTS.
   const identity = await workloadIdentity(cfg, agentEnv, discoverySock, { sdsServedElsewhere: false });
-  const xds = new XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env) });
-  const { readFileOrUndefined } = await import('./lib/resolve');
-  const { canBindPort } = await import('./lib/capabilities');
-  const dns = cfg.dnsEnabled ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, { readFile: readFileOrUndefined, canBind53: canBindPort(53) }))) : undefined;
+  const maxMessageBytes = envs.XDS_MAX_MESSAGE_BYTES.get(env);
+  const xds = new XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes });
+  const [{ readFileOrUndefined }, { canBindPort }] = await Promise.all([
+    import('./lib/resolve'), import('./lib/capabilities'),
+  ]);
+  const dnsOptions = { readFile: readFileOrUndefined, canBind53: canBindPort(53) };
+  const dns = cfg.dnsEnabled
+    ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, dnsOptions)))
+    : undefined;
   const bootstrapFile = await writeGrpcBootstrap(resolved, agentEnv);
   log.info(`gRPC xDS bootstrap written to ${bootstrapFile}`);
   const registry = newRegistry();
   const stop = closedSignal();
-  const stopper: Component = { name: 'signal', closed: stop.closed, start: async () => undefined, close: async () => stop.resolve(undefined) };
+  // SIGTERM/SIGINT as a component that ends, so the agent ends through the same race as when a component fails.
+  const stopper: Component = {
+    name: 'signal', closed: stop.closed, start: async () => undefined, close: async () => stop.resolve(undefined),
+  };
   const status = new StatusServer({
     port: cfg.proxy.statusPort, startedAt, remoteDebug: envs.STATUS_SERVER_REMOTE_DEBUG.get(env),
     readiness: (): Promise<Condition> => composeReadiness(components),
@@ -256,16 +277,19 @@ async function proxylessCommand(flags: Flags, env: NodeJS.ProcessEnv, signals: R
   });
   // The app's probes (Kubernetes' rewritten ones) are answered as beside Envoy.
   const probes = appProbers.size ? new appProbe.AppProbes({
-    probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort, ownPorts: [cfg.proxy.proxyAdminPort],
+    probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort,
+    ownPorts: [cfg.proxy.proxyAdminPort],
   }) : undefined;
-  const components = [status, probes, discovery, identity?.cache, xds, dns, new GrpcReady(bootstrapFile), stopper].filter((c): c is Component => c !== undefined);
+  const components = [status, probes, discovery, identity?.cache, xds, dns, new GrpcReady(bootstrapFile), stopper]
+    .filter((c): c is Component => c !== undefined);
   for (const c of components) {
     if (c.routes) status.addRoutes(c.routes());
     c.registerMetrics?.(registry);
   }
   if (dns) {
     xds.registerHandler(istio.NAME_TABLE_TYPE, (resources) => {
-      if (!dns.updateTable(resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} })) throw new Error('name table rejected by the DNS proxy');
+      const table = resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} };
+      if (!dns.updateTable(table)) throw new Error('name table rejected by the DNS proxy');
     });
   }
   let stoppedBy: string | undefined;
@@ -284,7 +308,9 @@ async function proxylessCommand(flags: Flags, env: NodeJS.ProcessEnv, signals: R
   if (envs.OUTPUT_CERTS.get(agentEnv)) identity?.cache.requested(WORKLOAD_SECRET);
   const first = await firstToEnd(components);
   const code = first.component === stopper ? 0 : 1;
-  const reason = first.component === stopper ? `${stoppedBy ?? 'stopped'}` : `${first.component.name} closed${first.err ? `: ${first.err.message}` : ''}`;
+  const reason = first.component === stopper
+    ? stoppedBy ?? 'stopped'
+    : `${first.component.name} closed${first.err ? `: ${first.err.message}` : ''}`;
   await closeAll(components);
   signals.off();
   (code === 0 ? log.info : log.error)(`agent exiting with code ${code}: ${reason}`);
@@ -335,7 +361,10 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     await envoy.start();
     // Beside Envoy the gRPC bootstrap is a by-product (an app may use proxyless gRPC next to the sidecar): a failure
     // to write it is logged, and like Envoy's bootstrap it is removed when the agent exits.
-    await writeGrpcBootstrap(resolved, agentEnv).then((f) => process.on('exit', () => fs.rmSync(f, { force: true })), (err: Error) => log.warn(err.message));
+    await writeGrpcBootstrap(resolved, agentEnv).then(
+      (f) => process.on('exit', () => fs.rmSync(f, { force: true })),
+      (err: Error) => log.warn(err.message),
+    );
     const [{ composeReadiness }, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, { Profiling }, { workloadIdentity }] = await Promise.all([
       import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
       import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/profiling'), import('./lib/workload-identity'),

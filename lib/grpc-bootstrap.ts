@@ -42,7 +42,11 @@ export function grpcBootstrap(i: GrpcBootstrapInput): Record<string, unknown> {
       id: i.nodeId,
       metadata: sortKeys({ ...i.metadata, GENERATOR: 'grpc' }),
       // Go's encoding/json of the Node proto: empty fields left out, the oneof always there as null.
-      locality: { ...(i.locality.region && { region: i.locality.region }), ...(i.locality.zone && { zone: i.locality.zone }), ...(i.locality.sub_zone && { sub_zone: i.locality.sub_zone }) },
+      locality: {
+        ...(i.locality.region && { region: i.locality.region }),
+        ...(i.locality.zone && { zone: i.locality.zone }),
+        ...(i.locality.sub_zone && { sub_zone: i.locality.sub_zone }),
+      },
       UserAgentVersionType: null,
     },
   };
@@ -61,16 +65,19 @@ export function grpcBootstrap(i: GrpcBootstrapInput): Record<string, unknown> {
 
 /** The file's text: Go's json.MarshalIndent (two spaces, HTML-safe escapes, no final newline). */
 export function renderGrpcBootstrap(i: GrpcBootstrapInput): string {
-  return JSON.stringify(grpcBootstrap(i), null, 2).replace(/[<>&\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  const escape = (c: string) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`;
+  return JSON.stringify(grpcBootstrap(i), null, 2).replace(/[<>&\u2028\u2029]/g, escape);
 }
 
 /** The certificate files a bootstrap's `file_watcher` provider names (what readiness waits for), if it has one. */
 export function fileWatcherFiles(bootstrap: unknown): string[] | undefined {
-  const providers = (bootstrap as { certificate_providers?: Record<string, { plugin_name?: unknown; config?: Partial<FileWatcherFiles> }> })?.certificate_providers;
+  type Provider = { plugin_name?: unknown; config?: Partial<FileWatcherFiles> };
+  const providers = (bootstrap as { certificate_providers?: Record<string, Provider> })?.certificate_providers;
   for (const p of Object.values(providers ?? {})) {
     if (p?.plugin_name !== 'file_watcher') continue;
     const c = p.config ?? {};
-    return [c.certificate_file, c.private_key_file, c.ca_certificate_file].filter((f): f is string => typeof f === 'string' && f !== '');
+    const files = [c.certificate_file, c.private_key_file, c.ca_certificate_file];
+    return files.filter((f): f is string => typeof f === 'string' && f !== '');
   }
   return undefined;
 }

@@ -16,7 +16,10 @@ export class GrpcReady implements Component {
   private certFiles: string[] | undefined;
   private loaded = false;
 
-  constructor(private readonly bootstrapPath: string, private readonly exists: (p: string) => boolean = fs.existsSync) {}
+  constructor(
+    private readonly bootstrapPath: string,
+    private readonly exists: (p: string) => boolean = fs.existsSync,
+  ) {}
 
   async start(): Promise<void> {}
 

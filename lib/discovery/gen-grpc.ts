@@ -17,7 +17,9 @@ import { meshServiceRoutes } from './gen-routes';
 import { labelsMatch, type Service, type ServiceInstance, type TrafficPolicy } from './model';
 import type { Proxy } from './proxy';
 import type { PushContext } from './push-context';
-import { ADS_SOURCE, CLUSTER, clusterName, ENDPOINTS, encodeResource, LISTENER, type Resource, ROUTE, TYPE_URLS } from './resources';
+import {
+  ADS_SOURCE, CLUSTER, clusterName, ENDPOINTS, encodeResource, LISTENER, type Resource, ROUTE, TYPE_URLS,
+} from './resources';
 
 export const GRPC_GENERATOR = 'grpc';
 const INBOUND_PREFIX = 'xds.istio.io/grpc/lds/inbound/';
@@ -32,7 +34,9 @@ const ROUTER_FILTER = Object.freeze({ name: 'envoy.filters.http.router', typed_c
 const FAULT_FILTER = Object.freeze({ name: 'envoy.filters.http.fault', typed_config: packAny(FAULT, {}) });
 
 /** The resources of one type a gRPC node asked for, by name (gRPC never subscribes to a wildcard). */
-export function generateGrpc(push: PushContext, proxy: Proxy, typeUrl: string, names: ReadonlySet<string>): ReadonlyMap<string, Resource> {
+export function generateGrpc(
+  push: PushContext, proxy: Proxy, typeUrl: string, names: ReadonlySet<string>,
+): ReadonlyMap<string, Resource> {
   const out = new Map<string, Resource>();
   const add = (r: Resource | undefined) => r && out.set(r.name, r);
   for (const name of names) {
@@ -58,7 +62,9 @@ export function generateGrpc(push: PushContext, proxy: Proxy, typeUrl: string, n
 function serviceFor(push: PushContext, proxy: Proxy, host: string): Service | undefined {
   const scope = push.scopeFor(proxy);
   const cands = [host, `${host}.${proxy.namespace}.svc.cluster.local`];
-  for (const suffix of [`.${proxy.namespace}`, `.${proxy.namespace}.svc`]) if (host.endsWith(suffix)) cands.push(`${host.slice(0, -suffix.length)}.${proxy.namespace}.svc.cluster.local`);
+  for (const suffix of [`.${proxy.namespace}`, `.${proxy.namespace}.svc`]) {
+    if (host.endsWith(suffix)) cands.push(`${host.slice(0, -suffix.length)}.${proxy.namespace}.svc.cluster.local`);
+  }
   for (const h of cands) {
     const svc = scope.services.find((s) => s.hostname === h);
     if (svc) return svc;
@@ -99,7 +105,10 @@ function outboundListener(push: PushContext, proxy: Proxy, name: string): Resour
   };
   return encodeResource(LISTENER, name, {
     name,
-    address: { socket_address: { address: svc.addresses.find((a) => !a.includes('/')) ?? '0.0.0.0', port_value: hp.port } },
+    // The service's address, as istiod's GetAddressForProxy (gRPC does not use it).
+    address: {
+      socket_address: { address: svc.addresses.find((x) => !x.includes('/')) ?? '0.0.0.0', port_value: hp.port },
+    },
     api_listener: { api_listener: packAny(HCM, hcm) },
   });
 }
@@ -136,7 +145,9 @@ function target(push: PushContext, proxy: Proxy, name: string): Target | undefin
 function cluster(push: PushContext, proxy: Proxy, name: string): Resource | undefined {
   const t = target(push, proxy, name);
   if (!t || t.svc.resolution !== 'STATIC') return undefined;
-  const out: Record<string, unknown> = { name, type: 'EDS', eds_cluster_config: { service_name: name, eds_config: ADS_SOURCE } };
+  const out: Record<string, unknown> = {
+    name, type: 'EDS', eds_cluster_config: { service_name: name, eds_config: ADS_SOURCE },
+  };
   if (t.policy.consistentHash) {
     out.lb_policy = 'RING_HASH';
     out.ring_hash_lb_config = { minimum_ring_size: { value: 1024 } };
@@ -144,8 +155,12 @@ function cluster(push: PushContext, proxy: Proxy, name: string): Resource | unde
   const maxRequests = t.policy.connectionPool?.http?.http2MaxRequests;
   if (maxRequests && maxRequests > 0) out.circuit_breakers = { thresholds: [{ max_requests: { value: maxRequests } }] };
   if (t.policy.tls?.mode === 'ISTIO_MUTUAL') {
-    const sans = t.policy.tls.subjectAltNames.length ? t.policy.tls.subjectAltNames.map((x) => ({ exact: x })) : serviceAccountMatchers(push, t);
-    out.transport_socket = { name: 'envoy.transport_sockets.tls', typed_config: packAny(UPSTREAM_TLS, { common_tls_context: commonTls(sans) }) };
+    const given = t.policy.tls.subjectAltNames;
+    const sans = given.length ? given.map((x) => ({ exact: x })) : serviceAccountMatchers(push, t);
+    out.transport_socket = {
+      name: 'envoy.transport_sockets.tls',
+      typed_config: packAny(UPSTREAM_TLS, { common_tls_context: commonTls(sans) }),
+    };
   }
   return encodeResource(CLUSTER, name, out);
 }
@@ -159,7 +174,9 @@ function instancesOf(push: PushContext, t: Target): readonly ServiceInstance[] {
  * trust domain, the root already pins it. */
 function serviceAccountMatchers(push: PushContext, t: Target): Record<string, unknown>[] {
   const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
-  const ids = new Set(instancesOf(push, t).flatMap((i) => (i.identity ? [`${i.identity.namespace}/${i.identity.serviceAccount}`] : [])));
+  const declared = instancesOf(push, t)
+    .flatMap((i) => (i.identity ? [`${i.identity.namespace}/${i.identity.serviceAccount}`] : []));
+  const ids = new Set(declared);
   return [...ids].sort().map((id) => {
     const [ns, sa] = id.split('/') as [string, string];
     return { safe_regex: { regex: `^spiffe://[^/]+/ns/${escape(ns)}/sa/${escape(sa)}$` } };
@@ -206,13 +223,16 @@ function inboundListener(push: PushContext, proxy: Proxy, name: string): Resourc
   const own = ownInstance(push, proxy, hp.port);
   if (!own) return undefined;
   let mode = push.peerAuthenticationMode(proxy);
-  if (mode === 'PERMISSIVE' && (proxy.labels[TLS_MODE_LABEL] === 'istio' || own.labels[TLS_MODE_LABEL] === 'istio')) mode = 'STRICT';
+  const sidecarLabel = proxy.labels[TLS_MODE_LABEL] === 'istio' || own.labels[TLS_MODE_LABEL] === 'istio';
+  if (mode === 'PERMISSIVE' && sidecarLabel) mode = 'STRICT';
   // gRPC servers cannot tell plaintext from TLS on one port: PERMISSIVE serves plaintext, as istiod.
   const mtls = mode === 'STRICT';
   const hcm = {
     route_config: {
       name: 'inbound',
-      virtual_hosts: [{ name: 'inbound', domains: ['*'], routes: [{ match: { prefix: '/' }, non_forwarding_action: {} }] }],
+      virtual_hosts: [{
+        name: 'inbound', domains: ['*'], routes: [{ match: { prefix: '/' }, non_forwarding_action: {} }],
+      }],
     },
     http_filters: [ROUTER_FILTER],
   };
@@ -223,10 +243,13 @@ function inboundListener(push: PushContext, proxy: Proxy, name: string): Resourc
   if (mtls) {
     chain.transport_socket = {
       name: 'envoy.transport_sockets.tls',
-      typed_config: packAny(DOWNSTREAM_TLS, { common_tls_context: commonTls([]), require_client_certificate: { value: true } }),
+      typed_config: packAny(DOWNSTREAM_TLS, {
+        common_tls_context: commonTls([]), require_client_certificate: { value: true },
+      }),
     };
   }
-  return encodeResource(LISTENER, name, { name, address: { socket_address: { address: hp.host, port_value: hp.port } }, filter_chains: [chain] });
+  const address = { socket_address: { address: hp.host, port_value: hp.port } };
+  return encodeResource(LISTENER, name, { name, address, filter_chains: [chain] });
 }
 
 /** The proxy's own endpoint on a workload port: an instance at the proxy's address (its IP or INSTANCE_IPS). */
