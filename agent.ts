@@ -14,6 +14,7 @@ import { AgentError, errorMessage } from './lib/errors';
 import { mkdirs } from './lib/fs-atomic';
 import { configureLogging, journalPrefix, scope } from './lib/log';
 import type { Resolved } from './lib/resolve';
+import type { UpstreamOptions } from './lib/xds-upstream';
 import { VERSION } from './lib/version';
 import { applyV8Flags } from './lib/heap';
 
@@ -145,11 +146,11 @@ function checkConfigPathWritable(cfg: AgentConfig): void {
 }
 
 /** Everything checked before anything starts; throws AgentError naming the field. Claims configPath last. */
-async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv): Promise<Resolved> {
+async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv, withEnvoy = true): Promise<Resolved> {
   // Loaded by the commands that need them: `version` and the others start faster without.
   const [{ resolveAll }, { claimConfigPath }] = await Promise.all([import('./lib/resolve'), import('./lib/config-path-lock')]);
   const resolved = resolveAll(flags, env);
-  checkEnvoyBinary(resolved.cfg);
+  if (withEnvoy) checkEnvoyBinary(resolved.cfg);
   checkConfigPathWritable(resolved.cfg);
   // Before anything touches configPath: a second agent there would wreck the first one's Envoy.
   const lock = await claimConfigPath(resolved.cfg.proxy.configPath);
@@ -163,7 +164,7 @@ async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv): Promise<Reso
  * through the exit handlers (which release configPath and remove the sockets bound so far); `whenEnvoy` makes them
  * drain Envoy, and makes the agent's exit kill what is left of it.
  */
-function stopSignals(): { whenEnvoy(envoy: EnvoyComponent): void; off(): void } {
+function stopSignals(): { whenEnvoy(envoy: EnvoyComponent): void; instead(fn: (sig: NodeJS.Signals) => void): void; off(): void } {
   let onStop = (sig: NodeJS.Signals) => {
     log.info(`${sig} before Envoy was started: exiting`);
     exitAfterFlush(0);
@@ -176,6 +177,9 @@ function stopSignals(): { whenEnvoy(envoy: EnvoyComponent): void; off(): void } 
       onStop = (sig) => void envoy.shutdown(true, sig);
       killOnExit = () => envoy.killAllNow();
       process.on('exit', killOnExit);
+    },
+    instead(fn) {
+      onStop = fn;
     },
     off() {
       process.off('SIGTERM', listener).off('SIGINT', listener).off('exit', killOnExit);
@@ -205,6 +209,144 @@ async function runComponents(components: Component[], envoy: EnvoyComponent, sig
 }
 
 /**
+ * The xDS upstream: the control plane from the config, or in standalone mode the embedded discovery server (and the
+ * socket its CA answers on).
+ */
+async function xdsUpstream(cfg: AgentConfig, agentEnv: NodeJS.ProcessEnv): Promise<{
+  discovery?: DiscoveryServer; discoverySock?: string; upstream: UpstreamOptions;
+}> {
+  const { upstreamFromConfig } = await import('./lib/xds-upstream');
+  if (!cfg.standaloneDir) return { upstream: upstreamFromConfig(cfg, agentEnv) };
+  const discoverySock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
+  const { DiscoveryServer } = await import('./lib/discovery/index');
+  const discovery = new DiscoveryServer({
+    configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`,
+    mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy, ...(cfg.meshTracing && { tracing: cfg.meshTracing }) },
+    trustDomain: cfg.trustDomain, ...cfg.discoveryLimits,
+    // This agent is trusted as its own identity by a token only its memory holds (it reads the directory anyway).
+    inProcess: { namespace: cfg.podNamespace || 'default', serviceAccount: cfg.serviceAccount || 'default' },
+  });
+  log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
+  const upstream = { address: `unix://${discoverySock}`, tls: false, token: discovery.inProcessToken };
+  return { discovery, discoverySock, upstream };
+}
+
+/**
+ * The gRPC xDS bootstrap at GRPC_XDS_BOOTSTRAP, as Istio's agent writes it for every proxy (directory 0700, file
+ * 0644: it holds no secret, only the node and the socket and certificate paths). Returns its path.
+ */
+async function writeGrpcBootstrap(resolved: Resolved, agentEnv: NodeJS.ProcessEnv): Promise<string> {
+  const [{ renderGrpcBootstrap }, { writeFileAtomic }] = await Promise.all([
+    import('./lib/grpc-bootstrap'), import('./lib/fs-atomic'),
+  ]);
+  const file = path.resolve(envs.GRPC_XDS_BOOTSTRAP.get(agentEnv));
+  const { node, cfg } = resolved;
+  const text = renderGrpcBootstrap({
+    nodeId: node.id, metadata: node.metadata, locality: node.locality, xdsSocket: cfg.xdsSocket,
+    certDir: envs.OUTPUT_CERTS.get(agentEnv) || undefined, cwd: process.cwd(),
+  });
+  try {
+    mkdirs(path.dirname(file), 0o700);
+    writeFileAtomic(file, text, 0o644);
+  } catch (err) {
+    throw new AgentError('IO', `failed generating gRPC XDS bootstrap (GRPC_XDS_BOOTSTRAP): ${errorMessage(err)}`, err);
+  }
+  return file;
+}
+
+/**
+ * `proxy` with DISABLE_ENVOY=true (proxyless gRPC, Istio's grpc-agent template): no Envoy, no bootstrap, no SDS
+ * server. The gRPC library in the app reads the gRPC bootstrap and talks xDS to the xDS proxy on the XDS socket;
+ * certificates (with a CA or mounted files) are fetched at once and written to OUTPUT_CERTS for its file_watcher
+ * provider. Start order: status server, (app probes), (embedded discovery server), (secret cache), xDS proxy, (DNS
+ * proxy), gRPC readiness. The agent ends on SIGTERM/SIGINT (exit 0: nothing to drain) or when a component ends
+ * (exit 1).
+ */
+async function proxylessCommand(
+  flags: Flags, env: NodeJS.ProcessEnv, signals: ReturnType<typeof stopSignals>, startedAt: number,
+): Promise<number> {
+  const resolved = await startupChecks(flags, env, false);
+  const { cfg } = resolved;
+  const agentEnv = { ...cfg.proxy.proxyMetadata, ...env };
+  const [
+    { composeReadiness, startAll, firstToEnd, closeAll, closedSignal }, { newRegistry }, { StatusServer }, { XdsProxy },
+    istio, { workloadIdentity }, { GrpcReady }, { WORKLOAD_SECRET },
+  ] = await Promise.all([
+    import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
+    import('./lib/xds-istio'), import('./lib/workload-identity'), import('./lib/grpc-ready'),
+    import('./lib/sds-server'),
+  ]);
+  const appProbe = await import('./lib/app-probe');
+  const appProbers = appProbe.parseAppProbers(env);
+  log.info(`pilot-agent ${VERSION} starting proxyless (DISABLE_ENVOY) ${resolved.node.id}`);
+  const { discovery, discoverySock, upstream } = await xdsUpstream(cfg, agentEnv);
+  // No SDS server: the SDS socket is neither bound nor checked, the secret cache only writes OUTPUT_CERTS.
+  const identity = await workloadIdentity(cfg, agentEnv, discoverySock, { sdsServedElsewhere: false });
+  const maxMessageBytes = envs.XDS_MAX_MESSAGE_BYTES.get(env);
+  const xds = new XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes });
+  const [{ readFileOrUndefined }, { canBindPort }] = await Promise.all([
+    import('./lib/resolve'), import('./lib/capabilities'),
+  ]);
+  const dnsOptions = { readFile: readFileOrUndefined, canBind53: canBindPort(53) };
+  const dns = cfg.dnsEnabled
+    ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, dnsOptions)))
+    : undefined;
+  const bootstrapFile = await writeGrpcBootstrap(resolved, agentEnv);
+  log.info(`gRPC xDS bootstrap written to ${bootstrapFile}`);
+  const registry = newRegistry();
+  const stop = closedSignal();
+  // SIGTERM/SIGINT as a component that ends, so the agent ends through the same race as when a component fails.
+  const stopper: Component = {
+    name: 'signal', closed: stop.closed, start: async () => undefined, close: async () => stop.resolve(undefined),
+  };
+  const status = new StatusServer({
+    port: cfg.proxy.statusPort, startedAt, remoteDebug: envs.STATUS_SERVER_REMOTE_DEBUG.get(env),
+    readiness: (): Promise<Condition> => composeReadiness(components),
+    metrics: { registry, sources: [] },
+  });
+  // The app's probes (Kubernetes' rewritten ones) are answered as beside Envoy.
+  const probes = appProbers.size ? new appProbe.AppProbes({
+    probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort,
+    ownPorts: [cfg.proxy.proxyAdminPort],
+  }) : undefined;
+  const components = [status, probes, discovery, identity?.cache, xds, dns, new GrpcReady(bootstrapFile), stopper]
+    .filter((c): c is Component => c !== undefined);
+  for (const c of components) {
+    if (c.routes) status.addRoutes(c.routes());
+    c.registerMetrics?.(registry);
+  }
+  if (dns) {
+    xds.registerHandler(istio.NAME_TABLE_TYPE, (resources) => {
+      const table = resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} };
+      if (!dns.updateTable(table)) throw new Error('name table rejected by the DNS proxy');
+    });
+  }
+  let stoppedBy: string | undefined;
+  signals.instead((sig) => {
+    stoppedBy = sig;
+    stop.resolve(undefined);
+  });
+  try {
+    await startAll(components);
+  } catch (err) {
+    signals.off();
+    throw err;
+  }
+  // Nobody asks for certificates over SDS here: with OUTPUT_CERTS they are fetched at once for the gRPC library's
+  // file_watcher provider (and rotated by the cache); without, nothing would read them.
+  if (envs.OUTPUT_CERTS.get(agentEnv)) identity?.cache.requested(WORKLOAD_SECRET);
+  const first = await firstToEnd(components);
+  const code = first.component === stopper ? 0 : 1;
+  const reason = first.component === stopper
+    ? stoppedBy ?? 'stopped'
+    : `${first.component.name} closed${first.err ? `: ${first.err.message}` : ''}`;
+  await closeAll(components);
+  signals.off();
+  (code === 0 ? log.info : log.error)(`agent exiting with code ${code}: ${reason}`);
+  return code;
+}
+
+/**
  * `proxy`: Envoy first (its xDS and SDS sockets bound before it), then the other components, in start order:
  * status server, app probes, profiling, (embedded discovery server), (SDS server and secret cache), xDS proxy, (DNS
  * proxy), (health checker), config watcher. The agent ends when the first of them ends: Envoy's supervisor ends as
@@ -217,6 +359,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   const startedAt = Date.now();
   const signals = stopSignals();
   try {
+    if (envs.DISABLE_ENVOY.get(env)) return await proxylessCommand(flags, env, signals, startedAt);
     const resolved = await startupChecks(flags, env);
     const { cfg } = resolved;
     // proxyMetadata entries act as environment variables for the agent, as in Istio.
@@ -261,6 +404,12 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const sdsUnavailable = sdsServedElsewhere ? undefined : await prebindUnixSocket(cfg.sdsSocket).then(() => undefined, (err: Error) => err);
     signals.whenEnvoy(envoy);
     await envoy.start();
+    // Beside Envoy the gRPC bootstrap is a by-product (an app may use proxyless gRPC next to the sidecar): a failure
+    // to write it is logged, and like Envoy's bootstrap it is removed when the agent exits.
+    await writeGrpcBootstrap(resolved, agentEnv).then(
+      (f) => process.on('exit', () => fs.rmSync(f, { force: true })),
+      (err: Error) => log.warn(err.message),
+    );
     const [{ composeReadiness }, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, { Profiling }, { workloadIdentity }] = await Promise.all([
       import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
       import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/profiling'), import('./lib/workload-identity'),

@@ -169,7 +169,7 @@ export class AdsConnection {
   }
 
   private async sendSotw(push: PushContext, type: string, w: Watch, requested: boolean): Promise<void> {
-    const all = generate(push, this.proxy, type);
+    const all = generate(push, this.proxy, type, w.names);
     const chosen: Resource[] = [];
     const pick = (r: Resource) => {
       if (w.nacked.get(r.name) === r.hash) {
@@ -238,7 +238,7 @@ export class AdsConnection {
   }
 
   private async sendDelta(push: PushContext, type: string, w: Watch, always: boolean, requested: string[]): Promise<void> {
-    const all = generate(push, this.proxy, type);
+    const all = generate(push, this.proxy, type, w.names);
     const desired = w.wildcard ? all : new Map([...w.names].flatMap((n) => {
       const r = all.get(n);
       return r ? [[n, r] as const] : [];

@@ -173,6 +173,12 @@ function routerRoutes(push: PushContext, gateways: readonly Config<GatewaySpec>[
   return out;
 }
 
+/** The routes of one service port as a sidecar in `namespace` gets them (the proxyless generator's: ./gen-grpc.ts). */
+export function meshServiceRoutes(push: PushContext, hostname: string, port: number, namespace: string, labels: Readonly<Record<string, string>>): Record<string, unknown>[] {
+  const vs = push.meshVirtualService(hostname, namespace);
+  return vs?.spec.http.length ? vsRoutes(push, vs, port, true, { labels, namespace, gateway: 'mesh' }, namespace) : [defaultRoute(push, hostname, port, namespace)];
+}
+
 function defaultRoute(push: PushContext, hostname: string, port: number, namespace: string): Record<string, unknown> {
   const hash = hashPolicy(push, hostname, undefined, namespace, port);
   const action: Record<string, unknown> = { cluster: clusterName(port, '', hostname), timeout: dur(0), retry_policy: retryPolicy(undefined, !!hash), max_grpc_timeout: dur(0) };

@@ -4,6 +4,7 @@ import { buildClusters, buildEndpoints } from './gen-clusters';
 import { captureClusters } from './gen-capture-listeners';
 import { inboundClusters, inboundListeners } from './gen-inbound';
 import { buildListeners } from './gen-listeners';
+import { GRPC_GENERATOR, generateGrpc } from './gen-grpc';
 import { buildNameTableResources } from './gen-nametable';
 import { buildRoutes } from './gen-routes';
 import { buildSecrets } from './gen-secrets';
@@ -13,7 +14,10 @@ import { type Resource, TYPE_URLS } from './resources';
 
 export const SUPPORTED_TYPES: ReadonlySet<string> = new Set(Object.values(TYPE_URLS));
 
-export function generate(push: PushContext, proxy: Proxy, typeUrl: string): ReadonlyMap<string, Resource> {
+/** `names`: what the proxy subscribed to; only the gRPC generator builds by name (its clients never ask for all). */
+export function generate(push: PushContext, proxy: Proxy, typeUrl: string, names: ReadonlySet<string> = new Set()): ReadonlyMap<string, Resource> {
+  // As istiod: a node whose metadata names the grpc generator gets that generator's LDS, RDS, CDS and EDS.
+  if (proxy.generator === GRPC_GENERATOR && typeUrl !== TYPE_URLS.secret && typeUrl !== TYPE_URLS.nameTable) return generateGrpc(push, proxy, typeUrl, names);
   switch (typeUrl) {
     case TYPE_URLS.cluster: {
       const inbound = inboundClusters(push, proxy);

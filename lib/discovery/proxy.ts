@@ -30,6 +30,8 @@ export interface Proxy {
   /** Metadata MESH_ID and CLUSTER_ID (trace tags). */
   readonly meshId?: string;
   readonly clusterId?: string;
+  /** Metadata GENERATOR: `grpc` for proxyless gRPC (the agent's gRPC bootstrap sets it), answered by ./gen-grpc.ts. */
+  readonly generator?: string;
 }
 
 export interface VerifiedIdentity extends Identity {
@@ -73,6 +75,7 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
     ...(pc && { proxyConfig: Object.freeze(tracing ? { tracing } : {}) }),
     ...str('MESH_ID'), ...str('CLUSTER_ID'),
     ...((m.DNS_CAPTURE === true || m.DNS_CAPTURE === 'true') && { dnsCapture: true }),
+    ...(typeof m.GENERATOR === 'string' && m.GENERATOR && { generator: m.GENERATOR }),
   });
 }
 
