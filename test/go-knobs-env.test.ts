@@ -9,8 +9,8 @@ import { registeredVars } from '../lib/env';
 
 const ROOT = path.join(__dirname, '..');
 
-// Issue 24 (proxyless) wires these two; until it lands they are registered and not read.
-const EXEMPT = new Set(['DISABLE_ENVOY', 'GRPC_XDS_BOOTSTRAP']);
+// Nothing is exempt: proxyless gRPC (issue 24) reads DISABLE_ENVOY and GRPC_XDS_BOOTSTRAP.
+const EXEMPT = new Set<string>();
 
 // Read by their names rather than through the registry: where, as a pattern that file must still contain.
 const READ_BY_NAME: Record<string, [file: string, pattern: RegExp]> = {
