@@ -21,7 +21,7 @@ RUNTIME_SHA256=a7ec1b37e6ff9d187e4198c5b6df9a4eb1c74dd31804fb3bac55cc4ceca1ac01
 # NODE_OPTIONS meant for Node workloads (an APM --require, say) must not load code into the process holding the key.
 # V8 flags built into the executable (Node >= 24 reads the SEA's execArgv before V8 starts, so flags that only
 # count at heap creation work here, unlike PILOT_AGENT_V8_FLAGS). Space-separated; PILOT_AGENT_EXEC_ARGV overrides.
-EXEC_ARGV="${PILOT_AGENT_EXEC_ARGV---max-semi-space-size=1}"
+EXEC_ARGV="${PILOT_AGENT_EXEC_ARGV---max-semi-space-size=1 --v8-pool-size=1}"
 
 die() { echo "build: $*" >&2; exit 1; }
 
