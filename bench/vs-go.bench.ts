@@ -19,6 +19,7 @@ import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_pr
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { envoyBin, REPO, sleep, tempDir, waitFor } from '../test/helpers/harness';
+import { procMemKiB } from './proc-mem';
 
 const ROUNDS = Number(process.argv[2] ?? 7);
 const ISTIO_VERSION = 'v0.0.0-20260827124520-eed52ebb66ad';
@@ -172,12 +173,6 @@ function cpuMs(pid: number): number {
   return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK; // utime, stime (fields 14, 15)
 }
 
-function memKiB(pid: number): { rss: number; anon: number; pss: number } {
-  const kb = (s: string, k: string) => Number(new RegExp(`^${k}:\\s+(\\d+)`, 'm').exec(s)?.[1] ?? NaN);
-  const status = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
-  const rollup = fs.readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8');
-  return { rss: kb(status, 'VmRSS'), anon: kb(status, 'RssAnon'), pss: kb(rollup, 'Pss') };
-}
 
 const baseEnv = (): Record<string, string> => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/root' });
 
@@ -217,7 +212,7 @@ async function oneRun(side: Side, template: string, round: number): Promise<void
     side.figures.cpu.push(cpu);
     side.figures.spawned.push(first ? Number(first.split(' ')[0]) / 1e6 - t0 : NaN);
     await sleep(IDLE_MS);
-    const m = memKiB(agent.pid!);
+    const m = procMemKiB(agent.pid!);
     side.figures.rss.push(m.rss / 1024);
     side.figures.anon.push(m.anon / 1024);
     side.figures.pss.push(m.pss / 1024);
