@@ -24,6 +24,7 @@ RUNTIME_SHA256=a7ec1b37e6ff9d187e4198c5b6df9a4eb1c74dd31804fb3bac55cc4ceca1ac01
 EXEC_ARGV="${PILOT_AGENT_EXEC_ARGV---max-semi-space-size=1 --v8-pool-size=1}"
 
 die() { echo "build: $*" >&2; exit 1; }
+[ -d node_modules ] || npm ci --no-audit --no-fund
 
 if [ -n "${PILOT_AGENT_RUNTIME:-}" ]; then
   node="$PILOT_AGENT_RUNTIME"
@@ -33,7 +34,6 @@ else
   [ "$(uname -s)/$(uname -m)" = Linux/x86_64 ] \
     || die "the pinned runtime ($RUNTIME_PACKAGE) is for x86_64 Linux; this machine is $(uname -s)/$(uname -m)." \
       "Building elsewhere needs that platform's node package pinned the same way (not done yet)."
-  [ -d node_modules ] || npm ci --no-audit --no-fund
   node="node_modules/$RUNTIME_PACKAGE/bin/node"
   [ -f "$node" ] || die "$node is missing: run npm ci (package.json pins $RUNTIME_PACKAGE as a devDependency)"
   # Checked before it is ever run.
