@@ -53,11 +53,15 @@ if [ "${PILOT_AGENT_SNAPSHOT:-0}" = 1 ]; then entry=agent-snapshot.ts; sea_opts=
 else entry=agent.ts; sea_opts='"useCodeCache": true'; fi
 # PILOT_AGENT_CODE_CACHE=0: no V8 code cache in the blob (for comparisons: start-up compiles the bundle lazily).
 [ "${PILOT_AGENT_CODE_CACHE:-1}" = 0 ] && [ "$entry" = agent.ts ] && sea_opts='"useCodeCache": false'
+major="$("$node" -p 'process.versions.node.split(".")[0]')"
+target="node$major"
+# A runtime before Node 24 ignores the SEA's execArgv: generating its blob under the flags would only make V8
+# reject the code cache at run time.
+[ "$major" -ge 24 ] || EXEC_ARGV=""
 exec_argv_json=""
 for a in $EXEC_ARGV; do exec_argv_json+="${exec_argv_json:+, }\"$a\""; done
 # PILOT_AGENT_MINIFY=0: readable function names in CPU profiles (PILOT_AGENT_CPU_PROFILE).
 minify=--minify; [ "${PILOT_AGENT_MINIFY:-1}" = 0 ] && minify=
-target="node$("$node" -p 'process.versions.node.split(".")[0]')"
 node_modules/.bin/esbuild "$entry" --bundle $minify --keep-names ${ESBUILD_EXTRA:-} --platform=node --target="$target" \
   --format=cjs --outfile=dist/pilot-agent.cjs --log-level=warning --legal-comments=none
 cat > dist/sea-config.json <<JSON
