@@ -15,7 +15,7 @@ import { mkdirs } from './lib/fs-atomic';
 import { configureLogging, journalPrefix, scope } from './lib/log';
 import type { Resolved } from './lib/resolve';
 import type { UpstreamOptions } from './lib/xds-upstream';
-import { VERSION } from './lib/version';
+import { VERSION, versionText } from './lib/version';
 import { applyV8Flags } from './lib/heap';
 
 const log = scope('agent');
@@ -624,15 +624,6 @@ export async function main(args: string[]): Promise<number> {
     return startupFailure(err);
   }
   return result;
-}
-
-/** `version`, `version -s`, `version -o json|yaml` (the shape of Istio's client version). */
-function versionText(output: string, short: boolean): string {
-  if (short) return `${VERSION}\n`;
-  const info = { version: VERSION, revision: 'unknown', golang_version: `node ${process.version}`, status: 'Clean', tag: VERSION };
-  if (output === 'json') return JSON.stringify({ clientVersion: info }, null, 2) + '\n';
-  if (output === 'yaml') return `clientVersion:\n${Object.entries(info).map(([k, v]) => `  ${k}: ${v}`).join('\n')}\n`;
-  return `pilot-agent version ${VERSION}\n`;
 }
 
 /** Exits once stdout and stderr have written everything (process.exit alone cuts a piped output at 64 KiB). */

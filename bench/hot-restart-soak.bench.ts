@@ -8,12 +8,12 @@ import { envoyBin, freePort, httpRequest, sleep, tempDir, waitFor } from '../tes
 import { debugEpochs, startAgent } from '../test/helpers/agent';
 import { startLoad } from '../test/helpers/load';
 import { staticBootstrap } from '../test/helpers/static-bootstrap';
+import { formatMem, procMemKiB } from './proc-mem';
 
 const RESTARTS = Number(process.argv[2] ?? 50);
 
 const bootstrap = (admin: number, listen: number, body: string) => staticBootstrap({ admin, listen }, body);
 
-const rssMb = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))![1]) / 1024;
 const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))]!;
 
 async function main() {
@@ -30,7 +30,7 @@ async function main() {
   try {
     await waitFor('ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 20_000);
     const url = `http://127.0.0.1:${listen}/`;
-    const rssBefore = rssMb(agent.pid);
+    const memBefore = procMemKiB(agent.pid);
     const kept = startLoad({ url, concurrency: 4, maxDurationMs: 30 * 60_000 });
     const fresh = startLoad({ url, concurrency: 2, keepAlive: false, maxDurationMs: 30 * 60_000 });
     const handoffs: number[] = [];
@@ -42,7 +42,7 @@ async function main() {
       handoffs.push(performance.now() - t);
       await sleep(200);
     }
-    const rssAfter = rssMb(agent.pid);
+    const memAfter = procMemKiB(agent.pid);
     const a = await kept.stop();
     const b = await fresh.stop();
     const secs = (Date.now() - t0) / 1000;
@@ -50,7 +50,7 @@ async function main() {
     console.log(`keep-alive clients:      ${a.ok} ok, ${a.failed} failed${a.errors.length ? ` (${a.errors.slice(0, 3).join('; ')})` : ''}`);
     console.log(`new-connection clients:  ${b.ok} ok, ${b.failed} failed${b.errors.length ? ` (${b.errors.slice(0, 3).join('; ')})` : ''}`);
     console.log(`handoff SIGHUP -> live:  median ${pct(handoffs, 50).toFixed(1)} ms, p90 ${pct(handoffs, 90).toFixed(1)} ms, max ${handoffs.reduce((a, b) => Math.max(a, b)).toFixed(1)} ms`);
-    console.log(`agent RSS:               ${rssBefore.toFixed(1)} MB before, ${rssAfter.toFixed(1)} MB after`);
+    console.log(`agent memory:            ${formatMem(memBefore)} before; ${formatMem(memAfter)} after`);
     if (a.failed + b.failed > 0) process.exitCode = 1;
   } finally {
     agent.proc.kill('SIGTERM');

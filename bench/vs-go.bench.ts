@@ -6,23 +6,29 @@
 //
 // Printed (medians): `version` wall; start -> Envoy spawned (binaryPath is a wrapper that stamps the time it is
 // exec'd, then execs Envoy); start -> 15021 /healthz/ready 200; the agent's CPU until ready (utime+stime of
-// /proc/<pid>/stat); idle VmRSS and RssAnon 3 s after ready; binary size.
+// /proc/<pid>/stat); idle VmRSS, RssAnon and PSS (/proc/<pid>/smaps_rollup: pods of one image on a node share the
+// executable's file-backed pages, so PSS is what a node pays per pod) 3 s after ready; binary size.
 //
 // Run as root: npx tsx bench/vs-go.bench.ts [rounds=7]   (needs dist/pilot-agent: `npm run build`)
 // Several builds side by side: TS_PILOT_AGENT=/tmp/before/pilot-agent,dist/pilot-agent npx tsx bench/vs-go.bench.ts
-// The Go agent: $GO_PILOT_AGENT, else $(go env GOPATH)/bin/pilot-agent, built once from the Go module proxy.
+// The Go agent: $GO_PILOT_AGENT, else $(go env GOPATH)/bin/pilot-agent, built once from the Go module proxy;
+// GO_PILOT_AGENT=none: TS builds only (ratios to the first). VS_GO_SMAPS=<dir>: each agent's /proc/<pid>/smaps at
+// idle is saved there (<label>-<round>.smaps), to see where the memory goes.
 
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { envoyBin, REPO, sleep, tempDir, waitFor } from '../test/helpers/harness';
+import { procMemKiB } from './proc-mem';
 
 const ROUNDS = Number(process.argv[2] ?? 7);
 const ISTIO_VERSION = 'v0.0.0-20260827124520-eed52ebb66ad';
-const IDLE_MS = 3000;
+// VS_GO_IDLE_MS: how long after ready the idle memory is read (V8's memory reducer first acts ~8 s after start-up).
+const IDLE_MS = Number(process.env.VS_GO_IDLE_MS ?? 3000);
 // TS_PILOT_AGENT: one executable, or several separated by commas (each gets its own column, e.g. before/after).
 const TS_AGENTS = (process.env.TS_PILOT_AGENT ?? path.join(REPO, 'dist', 'pilot-agent')).split(',').filter(Boolean);
 const TS_AGENT = TS_AGENTS[0]!;
+const WITH_GO = process.env.GO_PILOT_AGENT !== 'none';
 
 const median = (xs: number[]) => {
   const s = [...xs].filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
@@ -47,6 +53,18 @@ function goAgent(): { bin: string; template: string } {
   let modDir = path.join(go(['env', 'GOMODCACHE']), `istio.io/istio@${ISTIO_VERSION}`);
   if (!fs.existsSync(modDir)) modDir = JSON.parse(go(['mod', 'download', '-json', `istio.io/istio@${ISTIO_VERSION}`])).Dir;
   return { bin, template: path.join(modDir, 'tools/packaging/common/envoy_bootstrap.json') };
+}
+
+/** Istio's bootstrap template without the Go agent: from the module cache, else this project's copy of it. */
+function istioTemplate(): string {
+  try {
+    const modDir = path.join(go(['env', 'GOMODCACHE']), `istio.io/istio@${ISTIO_VERSION}`);
+    const t = path.join(modDir, 'tools/packaging/common/envoy_bootstrap.json');
+    if (fs.existsSync(t)) return t;
+  } catch {
+    // no Go
+  }
+  return path.join(REPO, 'test', 'fixtures', 'istio', 'envoy_bootstrap.json');
 }
 
 const CONFIG = `apiVersion: networking.istio.io/v1
@@ -144,7 +162,7 @@ interface Side {
   keep: Set<number>;
   discovery: ChildProcess;
   dir: string;
-  figures: { spawned: number[]; ready: number[]; cpu: number[]; rss: number[]; anon: number[]; version: number[] };
+  figures: { spawned: number[]; ready: number[]; cpu: number[]; rss: number[]; anon: number[]; pss: number[]; version: number[] };
 }
 
 const CLK_TCK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim() || 100);
@@ -155,11 +173,6 @@ function cpuMs(pid: number): number {
   return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK; // utime, stime (fields 14, 15)
 }
 
-function memKiB(pid: number): { rss: number; anon: number } {
-  const s = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
-  const kb = (k: string) => Number(new RegExp(`^${k}:\\s+(\\d+)`, 'm').exec(s)?.[1] ?? NaN);
-  return { rss: kb('VmRSS'), anon: kb('RssAnon') };
-}
 
 const baseEnv = (): Record<string, string> => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/root' });
 
@@ -199,9 +212,11 @@ async function oneRun(side: Side, template: string, round: number): Promise<void
     side.figures.cpu.push(cpu);
     side.figures.spawned.push(first ? Number(first.split(' ')[0]) / 1e6 - t0 : NaN);
     await sleep(IDLE_MS);
-    const m = memKiB(agent.pid!);
+    const m = procMemKiB(agent.pid!);
     side.figures.rss.push(m.rss / 1024);
     side.figures.anon.push(m.anon / 1024);
+    side.figures.pss.push(m.pss / 1024);
+    if (process.env.VS_GO_SMAPS) fs.writeFileSync(path.join(process.env.VS_GO_SMAPS, `${side.label}-${round}.smaps`), fs.readFileSync(`/proc/${agent.pid}/smaps`));
   } finally {
     poller.kill('SIGKILL');
     await exited(poller);
@@ -220,18 +235,22 @@ function versionWall(bin: string): number {
 async function main(): Promise<void> {
   if (process.getuid?.() !== 0) throw new Error('run as root (network namespaces)');
   if (!fs.existsSync(TS_AGENT)) throw new Error(`${TS_AGENT} is missing: npm run build`);
-  const { bin: goBin, template } = goAgent();
+  const { bin: goBin, template } = WITH_GO ? goAgent() : { bin: '', template: istioTemplate() };
   const tmp = tempDir('pa-vsgo-');
   const sides: Side[] = [];
+  // The control plane runs from a copy: page-cache pages of the file the discovery servers run would otherwise be
+  // shared with the first agent measured and halve its PSS.
+  const discoveryBin = path.join(tmp.path, 'pilot-agent-discovery');
+  fs.copyFileSync(TS_AGENT, discoveryBin);
   try {
-    for (const [label, bin] of [['go', goBin], ...TS_AGENTS.map((b, i) => [`ts${i}`, b])] as [string, string][]) {
+    for (const [label, bin] of [...(WITH_GO ? [['go', goBin]] : []), ...TS_AGENTS.map((b, i) => [`ts${i}`, b])] as [string, string][]) {
       const ns = netns(`pa-vsgo-${label}-${process.pid}`);
       const dir = path.join(tmp.path, label);
       fs.mkdirSync(path.join(dir, 'config'), { recursive: true });
       fs.writeFileSync(path.join(dir, 'config', 'web.yaml'), CONFIG);
-      // The same control plane for both: this project's discovery server (the one in dist/ beside the TS agent).
-      const discovery = ns.spawn(TS_AGENT, ['discovery', '--config-dir', path.join(dir, 'config'), '--grpc-addr', '127.0.0.1:15010'], { stdio: 'ignore', env: baseEnv() });
-      sides.push({ label, bin, ns, dir, discovery, keep: new Set(), figures: { spawned: [], ready: [], cpu: [], rss: [], anon: [], version: [] } });
+      // The same control plane for all: this project's discovery server (a copy of the first TS build).
+      const discovery = ns.spawn(discoveryBin, ['discovery', '--config-dir', path.join(dir, 'config'), '--grpc-addr', '127.0.0.1:15010'], { stdio: 'ignore', env: baseEnv() });
+      sides.push({ label, bin, ns, dir, discovery, keep: new Set(), figures: { spawned: [], ready: [], cpu: [], rss: [], anon: [], pss: [], version: [] } });
     }
     await sleep(1500);
     for (const s of sides) s.keep = new Set(s.ns.pids());
@@ -251,9 +270,9 @@ async function main(): Promise<void> {
     const row = (name: string, unit: string, pick: (s: Side) => number, digits = 1) =>
       `| ${name} | ${pick(g).toFixed(digits)} ${unit} | ${ts.map((t) => `${pick(t).toFixed(digits)} ${unit} | ${(pick(t) / pick(g)).toFixed(2)}x`).join(' | ')} |`;
     const lines = [
-      `Go agent: ${goBin}; ${ts.map((t) => `${t.label}: ${t.bin}`).join('; ')}; ${ROUNDS} alternating rounds (+1 warm-up), ${g.figures.version.length} version runs each`,
+      `${WITH_GO ? `Go agent: ${goBin}` : `base: ${g.bin}`}; ${ts.map((t) => `${t.label}: ${t.bin}`).join('; ')}; ${ROUNDS} alternating rounds (+1 warm-up), ${g.figures.version.length} version runs each`,
       '',
-      `| figure | Go agent | ${ts.map((t) => `${t.label} | ratio`).join(' | ')} |`,
+      `| figure | ${WITH_GO ? 'Go agent' : g.label} | ${ts.map((t) => `${t.label} | ratio`).join(' | ')} |`,
       `|---|---|${ts.map(() => '---|---|').join('')}`,
       row('`version` wall', 'ms', (s) => median(s.figures.version)),
       row('start -> Envoy spawned', 'ms', (s) => median(s.figures.spawned)),
@@ -261,6 +280,7 @@ async function main(): Promise<void> {
       row('agent CPU until ready', 'ms', (s) => median(s.figures.cpu), 0),
       row('idle VmRSS', 'MiB', (s) => median(s.figures.rss)),
       row('idle RssAnon', 'MiB', (s) => median(s.figures.anon)),
+      row('idle PSS', 'MiB', (s) => median(s.figures.pss)),
       row('binary size', 'MB', (s) => size(s.bin)),
     ];
     process.stdout.write(lines.join('\n') + '\n');

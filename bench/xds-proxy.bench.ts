@@ -12,6 +12,7 @@ import { messageType } from '../lib/envoy-protos';
 import { XdsProxy } from '../lib/xds-proxy';
 import { PILOT_AGENT_V8_FLAGS } from '../lib/env';
 import { applyV8Flags } from '../lib/heap';
+import { formatMem, procMemKiB, type ProcMem } from './proc-mem';
 import { bulkClusters, CLUSTER, ControlPlane, ENDPOINT, NODE_ID } from '../test/helpers/control-plane';
 import { tempDir } from '../test/helpers/harness';
 
@@ -42,7 +43,7 @@ async function proxyChild(socket: string, address: string): Promise<void> {
   const proxy = new XdsProxy({ socketPath: socket, upstream: { address, tls: false } });
   await proxy.start();
   process.on('message', (m: { cmd: string }) => {
-    if (m.cmd === 'stats') process.send!({ rss: process.memoryUsage().rss, metrics: proxy.metrics() });
+    if (m.cmd === 'stats') process.send!({ mem: procMemKiB('self'), metrics: proxy.metrics() });
   });
   process.send!({ ready: true });
 }
@@ -138,8 +139,8 @@ async function main(): Promise<void> {
     }
     const tDirect = await burst(direct, LARGE, BURST);
     const tProxied = await burst(proxied, LARGE, BURST);
-    const stats = await new Promise<{ rss: number; metrics: Record<string, number> }>((resolve) => {
-      px.proc.once('message', (m) => resolve(m as { rss: number; metrics: Record<string, number> }));
+    const stats = await new Promise<{ mem: ProcMem; metrics: Record<string, number> }>((resolve) => {
+      px.proc.once('message', (m) => resolve(m as { mem: ProcMem; metrics: Record<string, number> }));
       px.proc.send({ cmd: 'stats' });
     });
     direct.close();
@@ -151,7 +152,7 @@ async function main(): Promise<void> {
         `added ${(r.proxied - r.direct).toFixed(2)} ms, ratio ${(r.proxied / r.direct).toFixed(2)}x`);
     }
     console.log(`throughput, ${BURST} x 10 MB back to back: direct ${tDirect.toFixed(0)} MB/s, through the proxy ${tProxied.toFixed(0)} MB/s`);
-    console.log(`proxy process RSS after the run: ${(stats.rss / 1e6).toFixed(0)} MB; forwarded ${(stats.metrics.xds_proxy_response_bytes_to_envoy! / 1e6).toFixed(0)} MB in ${stats.metrics.xds_proxy_responses_to_envoy} responses`);
+    console.log(`proxy process after the run: ${formatMem(stats.mem)}; forwarded ${(stats.metrics.xds_proxy_response_bytes_to_envoy! / 1e6).toFixed(0)} MB in ${stats.metrics.xds_proxy_responses_to_envoy} responses`);
   } finally {
     for (const p of procs) p.kill('SIGKILL');
     dir.cleanup();

