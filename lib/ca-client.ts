@@ -16,6 +16,7 @@ import { checkCaProvider, defaultRoot, pilotCertProvider } from './cert-provider
 import type { AgentConfig } from './config';
 import * as envs from './env';
 import type { Env } from './env';
+import { readNamedFile } from './named-file';
 import { AgentError, errorMessage } from './errors';
 import { DEFAULT_ROOT_CA, ISTIOD_ROOT_CA, splitHostPort, upstreamFromConfig } from './xds-upstream';
 
@@ -176,7 +177,8 @@ export class CaClient implements CertificateSigner {
     if (o.tokenFile && (o.tls || isLocal(o.address))) {
       let token: string;
       try {
-        token = fs.readFileSync(o.tokenFile, 'utf8').trim();
+        // A regular file, read off the event loop and capped: a FIFO or device named here must not wedge the agent.
+        token = (await readNamedFile(o.tokenFile)).toString('utf8').trim();
       } catch (e) {
         throw new AgentError('IO', `cannot read the CA token file ${o.tokenFile}: ${errorMessage(e)}`, e);
       }
@@ -190,7 +192,7 @@ export class CaClient implements CertificateSigner {
       let root: Buffer | null = null;
       if (o.rootCaFile !== 'SYSTEM') {
         try {
-          root = fs.readFileSync(o.rootCaFile);
+          root = await readNamedFile(o.rootCaFile);
         } catch (e) {
           throw new AgentError('IO', `cannot read the CA root certificate ${o.rootCaFile}: ${errorMessage(e)}`, e);
         }

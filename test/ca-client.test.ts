@@ -4,6 +4,7 @@
 // root, a CA that is down, a missing token, a CA with the wrong name) is refused with one log line and a
 // metric while the last good certificate stays in use.
 
+import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
@@ -215,6 +216,21 @@ test('every bad CA answer, and a CA down during a rotation, is refused or retrie
     await waitFor('a new certificate once the CA is back', () => c.current()!.serial !== current, 15_000);
   } finally {
     await c.close();
+    await ca.close();
+    f.cleanup();
+  }
+});
+
+test('a token file that is a FIFO is refused at once, without blocking the agent', async () => {
+  const ca = await startTestCa();
+  const f = fixture(ca);
+  try {
+    fs.rmSync(path.join(f.dir, 'token'));
+    execFileSync('mkfifo', [path.join(f.dir, 'token')]);
+    // (A synchronous read would wait for a writer forever: the test would hang, not fail.)
+    await rejects(new CaClient(f.opts).sign('csr', 60), /cannot read the CA token file .*token.*not a regular file/);
+    assert.is(ca.calls.length, 0);
+  } finally {
     await ca.close();
     f.cleanup();
   }
