@@ -200,7 +200,8 @@ export class SecretCache implements Component, SecretProvider {
       this.addFileSecret(name);
     } else if (!this.wanted) {
       this.wanted = true;
-      if (this.o.signer && this.state === 'running') void this.fetch();
+      // Prefetched already (or on its way): Envoy gets that one, not a second certificate.
+      if (this.o.signer && this.state === 'running' && !this.workload) void this.fetch();
     }
   }
 
