@@ -1145,7 +1145,7 @@ export async function startHostileVm(): Promise<HostileVm> {
     dnsmasq = await startDnsmasq([], { netns: ns, port: 53, listen: '127.0.0.1' });
     const config = path.join(tmp.path, 'mesh');
     fs.mkdirSync(path.join(config, 'ca', 'identities', 'test'), { recursive: true });
-    fs.writeFileSync(path.join(config, 'ca', 'identities', 'test', 'client'), 'client-token\n');
+    fs.writeFileSync(path.join(config, 'ca', 'identities', 'test', 'client'), 'client-token\n', { mode: 0o600 });
     fs.mkdirSync(path.join(tmp.path, 'var/run/secrets/tokens'), { recursive: true });
     fs.writeFileSync(path.join(tmp.path, 'var/run/secrets/tokens/istio-token'), 'client-token');
     fs.writeFileSync(path.join(config, 'web.yaml'), SERVICE);
