@@ -494,7 +494,7 @@ export class Session {
       cur.connected = true;
       c.upstream_connects_total++;
       const lost = this.lostAt === undefined ? '' : `, ${((performance.now() - this.lostAt) / 1000).toFixed(1)} s after it was lost`;
-      log.info(`connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${gen > 1 ? ` (reconnect ${gen - 1}${lost})` : ''}`);
+      this.ctx.streamLog('info', `connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${gen > 1 ? ` (reconnect ${gen - 1}${lost})` : ''}`);
       this.lastReconnectWhy = '';
     });
     // The first upstream stream gets Envoy's first request as it came (the caller forwards it next); a later one

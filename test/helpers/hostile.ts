@@ -622,8 +622,8 @@ async function attack(kind: Attack, t: Target): Promise<Tally> {
     case 'rapid-reset': {
       if (t.proto !== 'grpc') break;
       // 500 a method: grpc-js alone spends about a second on them on two loaded cores (nghttp2 answers more than
-      // 1000 resets on one connection with GOAWAY). On the xDS socket each also starts a session with an upstream
-      // connection today (test/hostile-peers.md, finding 2), which makes this round fail on a loaded machine.
+      // 1000 resets on one connection with GOAWAY). On the xDS socket each also opened an upstream connection
+      // (test/hostile-peers.md, finding 2, fixed), which made this round fail on a loaded machine.
       await pool(t.methods!, 3, (m) => send(t, tally, rapidReset(m, 500), 'end', 1500));
       break;
     }
