@@ -24,8 +24,8 @@
 // on it, when its upstream call (a channel and connection of its own) is opened, so streams opened and cancelled
 // at once (CVE-2023-44487's rapid reset) never reach the control plane. At most `maxStreams` streams are served at
 // once (Envoy holds one, two during a hot restart); more are refused with RESOURCE_EXHAUSTED, logged once per
-// burst and counted. A stream that becomes the agent's primary one is the newest that has sent a request, so an
-// idle stream cannot take the agent's own types away from Envoy's. Per-stream log lines are capped per window.
+// burst (at most once per 10 s) and counted. The stream that feeds the agent's own types is the newest that has
+// sent a request, so an idle stream cannot take them from Envoy's. Per-stream log lines are capped per window.
 //
 // Types for the agent (NDS name table, proxy config) are subscribed by the proxy after Envoy's first LDS request,
 // answered by handlers registered from agent.ts (which ACK or NACK), and never reach Envoy.
@@ -72,8 +72,9 @@ export interface XdsProxyOptions {
 const DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024;
 /** Envoy opens one ADS stream, two while a hot restart overlaps the epochs; the rest is headroom for reconnects. */
 const DEFAULT_MAX_STREAMS = 16;
-/** Per-stream lines (opened, closed, refused) logged at their level in each window; the rest at debug, counted. */
-const STREAM_LOG_BURST = 20;
+/** Per-stream lines (connected, closed, reconnecting) at their level per window, enough for a full cap of streams;
+ * the rest at debug, counted. */
+const STREAM_LOG_BURST = 40;
 const STREAM_LOG_WINDOW_MS = 10_000;
 
 const identity = (b: Buffer) => b;
@@ -105,10 +106,12 @@ export class XdsProxy implements Component {
   private nextId = 1;
   private primary: Session | undefined;
   private readonly maxStreams: number;
-  /** Streams refused since the proxy last had room: the warning is logged once per such burst. */
+  /** Streams refused since the proxy last had room: warned once per such burst, at most once a window. */
   private refusedInBurst = 0;
+  private burstWarned = false;
+  private lastRefusalWarn = -Infinity;
   private readonly lineBudget = new LineBudget(STREAM_LOG_BURST, STREAM_LOG_WINDOW_MS, (n) =>
-    log.info(`${n} more xDS stream open/close lines in the last ${STREAM_LOG_WINDOW_MS / 1000} s were logged at debug level`));
+    log.info(`${n} more xDS stream lines in the last ${STREAM_LOG_WINDOW_MS / 1000} s were logged at debug level`));
   private state: 'new' | 'starting' | 'listening' | 'closed' = 'new';
   // Metadata object -> status gRPC itself sent, so a stream that grpc-js ends (e.g. oversized message) logs why.
   private readonly statusSlots = new WeakMap<grpc.Metadata, StatusSlot>();
@@ -245,10 +248,14 @@ export class XdsProxy implements Component {
     if (this.sessions.size >= this.maxStreams) {
       this.counters.downstream_streams_refused_total++;
       if (this.refusedInBurst++ === 0) {
-        this.ctx.streamLog('warn', `refusing new xDS streams with RESOURCE_EXHAUSTED: ${this.sessions.size} are open, `
-          + `the most this proxy serves (Envoy holds one, two during a hot restart)`, { peer: call.getPeer() });
+        const now = performance.now();
+        this.burstWarned = now - this.lastRefusalWarn >= STREAM_LOG_WINDOW_MS;
+        if (this.burstWarned) this.lastRefusalWarn = now;
+        (this.burstWarned ? log.warn : log.debug)(`refusing new xDS streams with RESOURCE_EXHAUSTED: ${this.sessions.size} `
+          + `are open, the most this proxy serves (Envoy holds one, two during a hot restart)`, { peer: call.getPeer() });
       }
-      call.emit('error', { code: grpc.status.RESOURCE_EXHAUSTED, details: `the xDS proxy serves at most ${this.maxStreams} streams at once` });
+      const details = `the xDS proxy serves at most ${this.maxStreams} streams at once`;
+      call.emit('error', { code: grpc.status.RESOURCE_EXHAUSTED, details });
       return;
     }
     const slot = this.statusSlots.get(call.metadata);
@@ -260,7 +267,8 @@ export class XdsProxy implements Component {
   private sessionClosed(s: Session): void {
     this.sessions.delete(s.id);
     if (this.refusedInBurst && this.sessions.size < this.maxStreams && this.state !== 'closed') {
-      this.ctx.streamLog('info', `accepting xDS streams again (refused ${this.refusedInBurst} while ${this.maxStreams} were open)`);
+      const line = `accepting xDS streams again (refused ${this.refusedInBurst} while ${this.maxStreams} were open)`;
+      (this.burstWarned ? log.info : log.debug)(line);
       this.refusedInBurst = 0;
     }
     if (this.primary !== s) return;
@@ -299,7 +307,11 @@ class LineBudget {
   private demoted = 0;
   private timer: NodeJS.Timeout | undefined;
 
-  constructor(private readonly burst: number, private readonly windowMs: number, private readonly summary: (n: number) => void) {}
+  constructor(
+    private readonly burst: number,
+    private readonly windowMs: number,
+    private readonly summary: (n: number) => void,
+  ) {}
 
   /** True: log the line at its level; false: at debug. */
   take(): boolean {

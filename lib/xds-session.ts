@@ -74,7 +74,8 @@ export function newCounters(): Counters {
     downstream_streams_total: 0, requests_from_envoy: 0, request_bytes_from_envoy: 0, requests_to_upstream: 0,
     request_bytes_to_upstream: 0, responses_from_upstream: 0, response_bytes_from_upstream: 0, responses_to_envoy: 0,
     response_bytes_to_envoy: 0, upstream_connects_total: 0, upstream_reconnects_total: 0, upstream_failures_total: 0,
-    envoy_nacks_total: 0, agent_acks_total: 0, agent_nacks_total: 0, bad_messages_total: 0, downstream_streams_refused_total: 0,
+    envoy_nacks_total: 0, agent_acks_total: 0, agent_nacks_total: 0, bad_messages_total: 0,
+    downstream_streams_refused_total: 0,
     upstream_dial_failures_total: 0, upstream_terminations_total: 0,
   };
 }
@@ -90,7 +91,7 @@ export interface SessionContext {
   isPrimary(s: Session): boolean;
   /** The stream sent its first request: it becomes the one that feeds the agent's handlers. */
   started(s: Session): void;
-  /** A per-stream line (opened, closed, refused): at its level while the proxy's line budget lasts, else at debug. */
+  /** A per-stream line (connected, closed, reconnecting): at its level while the proxy's line budget lasts, else debug. */
   streamLog(level: 'info' | 'warn', line: string, fields?: Record<string, unknown>): void;
   agentRequests(): AgentRequest[];
   closed(s: Session): void;
@@ -494,7 +495,8 @@ export class Session {
       cur.connected = true;
       c.upstream_connects_total++;
       const lost = this.lostAt === undefined ? '' : `, ${((performance.now() - this.lostAt) / 1000).toFixed(1)} s after it was lost`;
-      this.ctx.streamLog('info', `connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${gen > 1 ? ` (reconnect ${gen - 1}${lost})` : ''}`);
+      const again = gen > 1 ? ` (reconnect ${gen - 1}${lost})` : '';
+      this.ctx.streamLog('info', `connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${again}`);
       this.lastReconnectWhy = '';
     });
     // The first upstream stream gets Envoy's first request as it came (the caller forwards it next); a later one
@@ -539,9 +541,10 @@ export class Session {
     this.lostAt ??= now;
     const delay = backoffDelay(now - this.lostAt, this.ctx.backoff);
     // An outage of minutes fails dozens of attempts the same way: the first at warn, the repeats at debug.
-    const logAt = routine ? log.info : why === this.lastReconnectWhy ? log.debug : log.warn;
+    const line = `${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`;
+    if (!routine && why === this.lastReconnectWhy) log.debug(line);
+    else this.ctx.streamLog(routine ? 'info' : 'warn', line);
     this.lastReconnectWhy = why;
-    logAt(`${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`);
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
     this.reconnectTimer.unref();
   }
