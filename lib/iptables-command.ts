@@ -100,6 +100,8 @@ export async function validateCapture(cmd: IptablesCommand, ipv6: boolean): Prom
   const servers: net.Server[] = [];
   for (const port of [cmd.settings.proxyPort, cmd.settings.inboundCapturePort]) {
     const server = net.createServer((c) => {
+      // A peer that resets the connection before the answer is written must not end the command.
+      c.on('error', () => c.destroy());
       if (c.remotePort) seen.add(c.remotePort);
       c.end(String(port));
     });

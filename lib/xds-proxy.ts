@@ -20,6 +20,13 @@
 // dropped or stripped of their stale nonce, so the new server is not confused by them. Envoy sees no disconnect,
 // keeps serving its last config throughout, and is brought up to date as soon as the server is back.
 //
+// A peer on the socket pays for what it opens. A stream costs only its bookkeeping until Envoy's first request
+// on it, when its upstream call (a channel and connection of its own) is opened, so streams opened and cancelled
+// at once (CVE-2023-44487's rapid reset) never reach the control plane. At most `maxStreams` streams are served at
+// once (Envoy holds one, two during a hot restart); more are refused with RESOURCE_EXHAUSTED, logged once per
+// burst (at most once per 10 s) and counted. The stream that feeds the agent's own types is the newest that has
+// sent a request, so an idle stream cannot take them from Envoy's. Per-stream log lines are capped per window.
+//
 // Types for the agent (NDS name table, proxy config) are subscribed by the proxy after Envoy's first LDS request,
 // answered by handlers registered from agent.ts (which ACK or NACK), and never reach Envoy.
 //
@@ -58,9 +65,17 @@ export interface XdsProxyOptions {
   dialTimeoutMs?: number;
   /** Told the `file-cert:`/`file-root:` SDS names the listeners and clusters reference (the SDS server's references). */
   secretReferences?: SecretReferenceSink;
+  /** Envoy streams served at once; more are refused with RESOURCE_EXHAUSTED (default 16). */
+  maxStreams?: number;
 }
 
 const DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024;
+/** Envoy opens one ADS stream, two while a hot restart overlaps the epochs; the rest is headroom for reconnects. */
+const DEFAULT_MAX_STREAMS = 16;
+/** Per-stream lines (connected, closed, reconnecting) at their level per window, enough for a full cap of streams;
+ * the rest at debug, counted. */
+const STREAM_LOG_BURST = 40;
+const STREAM_LOG_WINDOW_MS = 10_000;
 
 const identity = (b: Buffer) => b;
 function method(kind: XdsKind, name: string): grpc.MethodDefinition<Buffer, Buffer> {
@@ -90,6 +105,13 @@ export class XdsProxy implements Component {
   private readonly socketPath: string;
   private nextId = 1;
   private primary: Session | undefined;
+  private readonly maxStreams: number;
+  /** Streams refused since the proxy last had room: warned once per such burst, at most once a window. */
+  private refusedInBurst = 0;
+  private burstWarned = false;
+  private lastRefusalWarn = -Infinity;
+  private readonly lineBudget = new LineBudget(STREAM_LOG_BURST, STREAM_LOG_WINDOW_MS, (n) =>
+    log.info(`${n} more xDS stream lines in the last ${STREAM_LOG_WINDOW_MS / 1000} s were logged at debug level`));
   private state: 'new' | 'starting' | 'listening' | 'closed' = 'new';
   // Metadata object -> status gRPC itself sent, so a stream that grpc-js ends (e.g. oversized message) logs why.
   private readonly statusSlots = new WeakMap<grpc.Metadata, StatusSlot>();
@@ -97,6 +119,10 @@ export class XdsProxy implements Component {
   constructor(private readonly o: XdsProxyOptions) {
     this.closed = new Promise((r) => (this.resolveClosed = r));
     this.socketPath = path.resolve(o.socketPath);
+    this.maxStreams = o.maxStreams ?? DEFAULT_MAX_STREAMS;
+    if (!Number.isInteger(this.maxStreams) || this.maxStreams < 1) {
+      throw new AgentError('BAD_INPUT', `xDS proxy maxStreams must be a positive integer, got ${this.maxStreams}`);
+    }
     const proxy = this;
     this.ctx = {
       upstream: o.upstream,
@@ -107,6 +133,12 @@ export class XdsProxy implements Component {
       handler: (t) => proxy.handlers.get(t),
       handlerTypes: () => [...proxy.handlers.keys()],
       isPrimary: (s) => proxy.primary === s,
+      started: (s) => {
+        // The newest Envoy stream that has asked for something feeds the agent's handlers (after a hot restart,
+        // the new Envoy's); a stream that never sends a request never takes that over.
+        proxy.primary = s;
+      },
+      streamLog: (level, line, fields) => (proxy.lineBudget.take() ? log[level] : log.debug)(line, fields),
       agentRequests: () => [...proxy.agentRequests.values()],
       closed: (s) => proxy.sessionClosed(s),
       secretReferences: o.secretReferences,
@@ -123,6 +155,8 @@ export class XdsProxy implements Component {
         'grpc.enable_channelz': 0,
         'grpc.max_receive_message_length': max,
         'grpc.max_send_message_length': max,
+        // Per connection, as HTTP/2 SETTINGS: nghttp2 refuses streams beyond it before grpc-js sees them.
+        'grpc.max_concurrent_streams': this.maxStreams,
         interceptors: [this.recordStatus],
       });
       server.addService(ADS_DEFINITION, {
@@ -151,6 +185,7 @@ export class XdsProxy implements Component {
   async close(): Promise<void> {
     if (this.state === 'closed') return;
     this.state = 'closed';
+    this.lineBudget.stop();
     for (const s of [...this.sessions.values()]) s.close('xDS proxy shutting down', true);
     // While the socket is still being bound, start() stops the server once it is.
     if (this.bound) this.bound.stop();
@@ -210,18 +245,34 @@ export class XdsProxy implements Component {
       call.emit('error', { code: grpc.status.UNAVAILABLE, details: 'xDS proxy shutting down' });
       return;
     }
+    if (this.sessions.size >= this.maxStreams) {
+      this.counters.downstream_streams_refused_total++;
+      if (this.refusedInBurst++ === 0) {
+        const now = performance.now();
+        this.burstWarned = now - this.lastRefusalWarn >= STREAM_LOG_WINDOW_MS;
+        if (this.burstWarned) this.lastRefusalWarn = now;
+        (this.burstWarned ? log.warn : log.debug)(`refusing new xDS streams with RESOURCE_EXHAUSTED: ${this.sessions.size} `
+          + `are open, the most this proxy serves (Envoy holds one, two during a hot restart)`, { peer: call.getPeer() });
+      }
+      const details = `the xDS proxy serves at most ${this.maxStreams} streams at once`;
+      call.emit('error', { code: grpc.status.RESOURCE_EXHAUSTED, details });
+      return;
+    }
     const slot = this.statusSlots.get(call.metadata);
     this.counters.downstream_streams_total++;
     const s = new Session(this.nextId++, kind, call, this.ctx, () => slot?.status);
     this.sessions.set(s.id, s);
-    // The newest Envoy stream feeds the agent's handlers (after a hot restart, the new Envoy's).
-    this.primary = s;
   }
 
   private sessionClosed(s: Session): void {
     this.sessions.delete(s.id);
+    if (this.refusedInBurst && this.sessions.size < this.maxStreams && this.state !== 'closed') {
+      const line = `accepting xDS streams again (refused ${this.refusedInBurst} while ${this.maxStreams} were open)`;
+      (this.burstWarned ? log.info : log.debug)(line);
+      this.refusedInBurst = 0;
+    }
     if (this.primary !== s) return;
-    this.primary = [...this.sessions.values()].pop();
+    this.primary = [...this.sessions.values()].filter((x) => x.started).pop();
     if (this.primary && this.state !== 'closed') this.primary.becamePrimary();
   }
 
@@ -245,3 +296,51 @@ export class XdsProxy implements Component {
   };
 }
 
+
+/**
+ * At most `burst` lines per window at their own level; the rest go to debug and their number is logged once the
+ * window ends, so a peer that churns streams cannot make the agent write without bound (or block on stderr).
+ */
+class LineBudget {
+  private windowStart = -Infinity;
+  private used = 0;
+  private demoted = 0;
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    private readonly burst: number,
+    private readonly windowMs: number,
+    private readonly summary: (n: number) => void,
+  ) {}
+
+  /** True: log the line at its level; false: at debug. */
+  take(): boolean {
+    const now = performance.now();
+    if (now - this.windowStart >= this.windowMs) {
+      this.windowStart = now;
+      this.used = 0;
+    }
+    if (this.used < this.burst) {
+      this.used++;
+      return true;
+    }
+    this.demoted++;
+    if (!this.timer) {
+      this.timer = setTimeout(() => this.flush(), this.windowStart + this.windowMs - now);
+      this.timer.unref();
+    }
+    return false;
+  }
+
+  stop(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  private flush(): void {
+    this.timer = undefined;
+    const n = this.demoted;
+    this.demoted = 0;
+    if (n) this.summary(n);
+  }
+}

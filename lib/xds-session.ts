@@ -1,6 +1,8 @@
 // One Envoy ADS stream and the upstream stream that serves it. Messages pass as bytes; only top-level fields are
-// read. The Envoy stream outlives any number of upstream streams: when one ends, the session reconnects with
-// backoff and re-sends what Envoy is subscribed to (see xds-state.ts).
+// read. The upstream is opened on Envoy's first request, not when the stream opens, so a stream cancelled before
+// it sends anything (a rapid reset) costs its bookkeeping only. The Envoy stream outlives any number of upstream
+// streams: when one ends, the session reconnects with backoff and re-sends what Envoy is subscribed to (see
+// xds-state.ts).
 
 import type * as grpc from '@grpc/grpc-js';
 import { errorMessage } from './errors';
@@ -59,6 +61,8 @@ export interface Counters {
   agent_acks_total: number;
   agent_nacks_total: number;
   bad_messages_total: number;
+  /** Envoy streams refused because the proxy already served its most (XdsProxyOptions.maxStreams). */
+  downstream_streams_refused_total: number;
   /** Upstream attempts that never connected (Go: istio_agent_istiod_connection_failures). */
   upstream_dial_failures_total: number;
   /** Connected upstream streams that ended (Go: istio_agent_istiod_connection_terminations). */
@@ -71,6 +75,7 @@ export function newCounters(): Counters {
     request_bytes_to_upstream: 0, responses_from_upstream: 0, response_bytes_from_upstream: 0, responses_to_envoy: 0,
     response_bytes_to_envoy: 0, upstream_connects_total: 0, upstream_reconnects_total: 0, upstream_failures_total: 0,
     envoy_nacks_total: 0, agent_acks_total: 0, agent_nacks_total: 0, bad_messages_total: 0,
+    downstream_streams_refused_total: 0,
     upstream_dial_failures_total: 0, upstream_terminations_total: 0,
   };
 }
@@ -84,6 +89,10 @@ export interface SessionContext {
   handler(typeUrl: string): AgentHandler | undefined;
   handlerTypes(): string[];
   isPrimary(s: Session): boolean;
+  /** The stream sent its first request: it becomes the one that feeds the agent's handlers. */
+  started(s: Session): void;
+  /** A per-stream line (connected, closed, reconnecting): at its level while the proxy's line budget lasts, else debug. */
+  streamLog(level: 'info' | 'warn', line: string, fields?: Record<string, unknown>): void;
   agentRequests(): AgentRequest[];
   closed(s: Session): void;
   /** Told the file SDS names each listener and cluster references (the SDS server serves only those). */
@@ -122,6 +131,7 @@ interface TypeDebug {
 }
 
 const ENVOY_REQUEST = { sotw: 'DiscoveryRequest', delta: 'DeltaDiscoveryRequest' } as const;
+const METHOD = { sotw: 'StreamAggregatedResources', delta: 'DeltaAggregatedResources' } as const;
 const UPSTREAM_RESPONSE = { sotw: 'DiscoveryResponse', delta: 'DeltaDiscoveryResponse' } as const;
 const NACK_CODE = 13; // google.rpc.Code INTERNAL, as Envoy uses for its own NACKs
 const DOWNSTREAM_HIGH_WATER = 16 * 1024 * 1024;
@@ -143,6 +153,8 @@ export class Session {
   /** Bytes written to Envoy's stream that gRPC has not handed to the connection yet. */
   private downstreamPending = 0;
   private done = false;
+  /** Envoy has sent a request: the upstream has been opened (and is reopened after it ends). */
+  private hasStarted = false;
   private readonly types = new Map<string, TypeDebug>();
   /** SotW: the last version the agent accepted per agent-handled type, re-sent on reconnect. */
   private readonly agentVersions = new Map<string, string>();
@@ -168,8 +180,12 @@ export class Session {
       if (st.code === 8 /* RESOURCE_EXHAUSTED */) ctx.counters.bad_messages_total++;
       this.close(`gRPC ended it: ${st.details}`, false, true);
     });
-    log.info(`Envoy connected: ${kind === 'sotw' ? 'StreamAggregatedResources' : 'DeltaAggregatedResources'} stream ${id}`, { peer: call.getPeer() });
-    this.connect();
+    // Logged at info once it sends a request (start()): a stream cancelled before that is not worth a line.
+    if (log.enabled('debug')) log.debug(`Envoy opened ${METHOD[kind]} stream ${id}`, { peer: call.getPeer() });
+  }
+
+  get started(): boolean {
+    return this.hasStarted;
   }
 
   get upstreamConnected(): boolean {
@@ -209,10 +225,11 @@ export class Session {
     } catch (e) {
       c.bad_messages_total++;
       const why = `malformed ${ENVOY_REQUEST[this.kind]} from Envoy (${buf.length} bytes): ${errorMessage(e)}`;
-      log.warn(`closing Envoy's xDS stream ${this.id}: ${why}`);
+      this.ctx.streamLog('warn', `closing Envoy's xDS stream ${this.id}: ${why}`);
       this.endDownstream(3 /* INVALID_ARGUMENT */, why);
       return;
     }
+    if (!this.hasStarted) this.start();
     const up = this.upstream;
     // While the upstream is down, the request only updates the state that the reconnect re-sends.
     if (!up || up.ended) return;
@@ -435,6 +452,14 @@ export class Session {
 
   // ---- upstream lifecycle ----
 
+  /** Envoy's first request: the stream becomes primary and its upstream is opened (the request goes on it next). */
+  private start(): void {
+    this.hasStarted = true;
+    this.ctx.started(this);
+    this.ctx.streamLog('info', `Envoy connected: ${METHOD[this.kind]} stream ${this.id}`, { peer: this.call.getPeer() });
+    this.connect();
+  }
+
   private connect(): void {
     this.reconnectTimer = undefined;
     if (this.done) return;
@@ -470,10 +495,13 @@ export class Session {
       cur.connected = true;
       c.upstream_connects_total++;
       const lost = this.lostAt === undefined ? '' : `, ${((performance.now() - this.lostAt) / 1000).toFixed(1)} s after it was lost`;
-      log.info(`connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${gen > 1 ? ` (reconnect ${gen - 1}${lost})` : ''}`);
+      const again = gen > 1 ? ` (reconnect ${gen - 1}${lost})` : '';
+      this.ctx.streamLog('info', `connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${again}`);
       this.lastReconnectWhy = '';
     });
-    for (const r of this.subs.resend()) this.sendUpstream(cur, r.typeUrl, r.bytes, r.names);
+    // The first upstream stream gets Envoy's first request as it came (the caller forwards it next); a later one
+    // is brought to what Envoy is subscribed to.
+    if (gen > 1) for (const r of this.subs.resend()) this.sendUpstream(cur, r.typeUrl, r.bytes, r.names);
   }
 
   /** Ends an upstream stream from this side; Envoy's stream stays open and a reconnect is scheduled. */
@@ -513,9 +541,10 @@ export class Session {
     this.lostAt ??= now;
     const delay = backoffDelay(now - this.lostAt, this.ctx.backoff);
     // An outage of minutes fails dozens of attempts the same way: the first at warn, the repeats at debug.
-    const logAt = routine ? log.info : why === this.lastReconnectWhy ? log.debug : log.warn;
+    const line = `${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`;
+    if (!routine && why === this.lastReconnectWhy) log.debug(line);
+    else this.ctx.streamLog(routine ? 'info' : 'warn', line);
     this.lastReconnectWhy = why;
-    logAt(`${why}; Envoy's stream ${this.id} stays open, reconnecting in ${delay} ms`);
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
     this.reconnectTimer.unref();
   }
@@ -549,7 +578,9 @@ export class Session {
     }
     for (const key of this.secretSources) this.ctx.secretReferences?.set(key, []);
     this.secretSources.clear();
-    (abnormal ? log.warn : log.info)(`Envoy's xDS stream ${this.id} closed: ${why}`);
+    const line = `Envoy's xDS stream ${this.id} closed: ${why}`;
+    if (this.hasStarted || abnormal) this.ctx.streamLog(abnormal ? 'warn' : 'info', line);
+    else log.debug(`${line} (before its first request)`);
     this.ctx.closed(this);
   }
 
@@ -575,6 +606,7 @@ export class Session {
       peer: this.call.getPeer(),
       openedAt: this.openedAt.toISOString(),
       primary: this.ctx.isPrimary(this),
+      started: this.hasStarted,
       upstream: {
         connected: up?.connected ?? false,
         stream: this.gen,

@@ -4,6 +4,7 @@
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import * as grpc from '@grpc/grpc-js';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { DiscoveryServer, runDiscoveryCommand } from '../lib/discovery/index';
@@ -16,6 +17,7 @@ import { freePort, sleep, tempDir, waitFor } from './helpers/harness';
 const NODE = { id: 'sidecar~10.0.0.1~app-1.test~test.svc.cluster.local' };
 const CDS = TYPE_URLS.cluster;
 const EDS = TYPE_URLS.endpoint;
+const ADS_SERVICE = '/envoy.service.discovery.v3.AggregatedDiscoveryService';
 
 async function withServer(fn: (s: DiscoveryServer, dir: string) => Promise<void>): Promise<void> {
   const dir = tempDir('pa-disc-ads-');
@@ -150,6 +152,36 @@ test('a stream whose node id is not a proxy id is refused with a clear error', (
       c.send({ node: { id: 'not-a-node-id' }, type_url: CDS });
       await rejects(c.next(CDS, 2000), /stream ended|no /);
       assert.is(s.status().connections.length, 0);
+    } finally {
+      c.close();
+    }
+  }));
+
+test('a request over 4 MiB (istiod\'s limit) ends its stream with RESOURCE_EXHAUSTED; one of 3 MiB is served', () =>
+  withServer(async (s) => {
+    const client = new grpc.Client(s.address, grpc.credentials.createInsecure());
+    try {
+      const raw = (b: Buffer) => b;
+      const call = client.makeBidiStreamRequest(`${ADS_SERVICE}/DeltaAggregatedResources`, raw, raw, new grpc.Metadata());
+      const status = new Promise<grpc.StatusObject>((r) => call.on('status', r));
+      call.on('error', () => undefined);
+      call.on('data', () => undefined);
+      // Never decoded: the size alone ends the stream, before the server holds more than the limit.
+      call.write(Buffer.alloc(5 * 1024 * 1024));
+      const st = await status;
+      assert.is(st.code, grpc.status.RESOURCE_EXHAUSTED, st.details);
+    } finally {
+      client.close();
+    }
+    const c = AdsClient.connect(s.address, true);
+    try {
+      c.send({ node: NODE, type_url: CDS });
+      await c.next(CDS);
+      const unknown = Array.from({ length: 30_000 }, (_, i) => `outbound|${i}||${'x'.repeat(80)}.test.local`);
+      c.send({ type_url: EDS, resource_names_subscribe: ['outbound|18080||web.test.local', ...unknown] });
+      const e = await c.next(EDS, 10_000);
+      assert.equal(e.resources.map((r) => r.name), ['outbound|18080||web.test.local']);
+      assert.is(e.removed_resources?.length, unknown.length);
     } finally {
       c.close();
     }

@@ -4,7 +4,7 @@
 
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -310,6 +310,46 @@ test('--run-validation: a connection from the proxy uid reaches the capture port
     assert.match(ok.output, /validation passed/);
     // root's own loopback calls are the app's: never captured, so validation as root fails.
     assert.is(runAs(ns, 0, validate).code, 126);
+  });
+});
+
+test('--run-validation: a peer that resets connections to the probe ports meanwhile does not end the command (exit 126, no crash)', async () => {
+  const validate = ['istio-iptables', '-p', '15001', '-z', '15006', '-u', '1337', '--skip-rule-apply', '--run-validation', '--probe-timeout', '3s'];
+  // Connects to both probe listeners over and over and resets each connection at once (SO_LINGER 0), for 4 s.
+  const peer = `
+    const net = require('net');
+    const until = Date.now() + 4000;
+    let n = 0;
+    const one = (port) => new Promise((done) => {
+      const s = net.connect(port, '127.0.0.1');
+      s.on('error', () => done());
+      s.on('connect', () => { n++; s.resetAndDestroy(); done(); });
+    });
+    (async () => {
+      while (Date.now() < until) await Promise.all([one(15001), one(15006), one(15001), one(15006)]);
+      console.log(n);
+    })();`;
+  await withNetns('v4', async (ns) => {
+    const exit = (c: ReturnType<typeof spawn>) => new Promise<number | null>((r) => c.on('exit', (code) => r(code)));
+    let output = '';
+    let resets = '';
+    const cmd = spawn('nsenter', [`--net=${ns.path}`, '-S', '1337', '-G', '1337', '--', agentBin(), ...validate], { cwd: '/', env: { PATH: process.env.PATH, HOME: '/' } });
+    cmd.stdout!.on('data', (b: Buffer) => (output += b));
+    cmd.stderr!.on('data', (b: Buffer) => (output += b));
+    const cmdExit = exit(cmd);
+    // Started once the command listens (it logs nothing before validating; 300 ms is ample for a start-up).
+    await new Promise((r) => setTimeout(r, 300));
+    const attacker = spawn('nsenter', [`--net=${ns.path}`, '--', process.execPath, '-e', peer], { env: { PATH: process.env.PATH } });
+    attacker.stdout!.on('data', (b: Buffer) => (resets += b));
+    try {
+      const code = await cmdExit;
+      assert.is(code, 126, output);
+      assert.match(output, /iptables validation failed; workload is not ready for Istio/);
+      assert.not.match(output, /ECONNRESET|EPIPE|Unhandled|uncaught/i, output);
+    } finally {
+      await exit(attacker);
+    }
+    assert.ok(Number(resets) > 100, `the peer reset connections to the validation ports (${resets.trim()})`);
   });
 });
 

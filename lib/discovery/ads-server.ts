@@ -31,7 +31,15 @@ export interface AdsServerOptions {
   authenticate?: (metadata: grpc.Metadata, proxy: Proxy) => AuthVerdict;
   /** Told of each stream refused. */
   onRefused?: (reason: string, fields: Record<string, unknown>) => void;
+  /** Largest request accepted (default 4 MiB, istiod's ISTIO_GPRC_MAXRECVMSGSIZE); a larger one ends its stream. */
+  maxReceiveMessageBytes?: number;
 }
+
+/**
+ * Envoy's requests are small (names, versions, a node), and a peer that reaches a TCP --grpc-addr must not make the
+ * server buffer a message of any size; istiod's default. Responses stay unbounded: a push can be large.
+ */
+export const DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024;
 
 type Call = grpc.ServerDuplexStream<Record<string, unknown>, Record<string, unknown>>;
 
@@ -87,7 +95,7 @@ export class AdsServer {
   constructor(private readonly opts: AdsServerOptions) {
     this.limiter = new PushLimiter(opts.pushConcurrency ?? 100);
     this.server = new grpc.Server({
-      'grpc.max_receive_message_length': -1,
+      'grpc.max_receive_message_length': opts.maxReceiveMessageBytes ?? DEFAULT_MAX_RECEIVE_MESSAGE_BYTES,
       'grpc.max_send_message_length': -1,
       'grpc.keepalive_permit_without_calls': 1,
       'grpc.http2.min_ping_interval_without_data_ms': 10_000,

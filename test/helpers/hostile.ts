@@ -622,8 +622,8 @@ async function attack(kind: Attack, t: Target): Promise<Tally> {
     case 'rapid-reset': {
       if (t.proto !== 'grpc') break;
       // 500 a method: grpc-js alone spends about a second on them on two loaded cores (nghttp2 answers more than
-      // 1000 resets on one connection with GOAWAY). On the xDS socket each also starts a session with an upstream
-      // connection today (test/hostile-peers.md, finding 2), which makes this round fail on a loaded machine.
+      // 1000 resets on one connection with GOAWAY). On the xDS socket each also opened an upstream connection
+      // (test/hostile-peers.md, finding 2, fixed), which made this round fail on a loaded machine.
       await pool(t.methods!, 3, (m) => send(t, tally, rapidReset(m, 500), 'end', 1500));
       break;
     }
@@ -1145,7 +1145,7 @@ export async function startHostileVm(): Promise<HostileVm> {
     dnsmasq = await startDnsmasq([], { netns: ns, port: 53, listen: '127.0.0.1' });
     const config = path.join(tmp.path, 'mesh');
     fs.mkdirSync(path.join(config, 'ca', 'identities', 'test'), { recursive: true });
-    fs.writeFileSync(path.join(config, 'ca', 'identities', 'test', 'client'), 'client-token\n');
+    fs.writeFileSync(path.join(config, 'ca', 'identities', 'test', 'client'), 'client-token\n', { mode: 0o600 });
     fs.mkdirSync(path.join(tmp.path, 'var/run/secrets/tokens'), { recursive: true });
     fs.writeFileSync(path.join(tmp.path, 'var/run/secrets/tokens/istio-token'), 'client-token');
     fs.writeFileSync(path.join(config, 'web.yaml'), SERVICE);
