@@ -12,7 +12,7 @@
 // Run as root: npx tsx bench/vs-go.bench.ts [rounds=7]   (needs dist/pilot-agent: `npm run build`)
 // Several builds side by side: TS_PILOT_AGENT=/tmp/before/pilot-agent,dist/pilot-agent npx tsx bench/vs-go.bench.ts
 // The Go agent: $GO_PILOT_AGENT, else $(go env GOPATH)/bin/pilot-agent, built once from the Go module proxy;
-// GO_PILOT_AGENT=none: TS builds only (ratios to the first). VS_GO_SMAPS=<dir>: each agent's /proc/<pid>/smaps at
+// GO_PILOT_AGENT=none: TS builds only (ratios to the first). VS_GO_CA=1: with a CA (see WITH_CA). VS_GO_SMAPS=<dir>: each agent's /proc/<pid>/smaps at
 // idle is saved there (<label>-<round>.smaps), to see where the memory goes.
 
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
@@ -29,6 +29,11 @@ const IDLE_MS = Number(process.env.VS_GO_IDLE_MS ?? 3000);
 const TS_AGENTS = (process.env.TS_PILOT_AGENT ?? path.join(REPO, 'dist', 'pilot-agent')).split(',').filter(Boolean);
 const TS_AGENT = TS_AGENTS[0]!;
 const WITH_GO = process.env.GO_PILOT_AGENT !== 'none';
+// VS_GO_CA=1: with a CA. The discovery server is also the embedded CA (an identity bench/default with its token);
+// the workload's endpoint is labelled for Istio mTLS, so Envoy's cluster waits for the workload certificate and
+// 15021 is ready only once each agent has had its CSR signed (CA_ADDR defaults to the discovery address for both).
+const WITH_CA = process.env.VS_GO_CA === '1';
+const TOKEN = 'bench-token';
 
 const median = (xs: number[]) => {
   const s = [...xs].filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
@@ -76,7 +81,7 @@ spec:
   resolution: STATIC
   ports: [{ number: 8080, name: http, protocol: HTTP }]
   endpoints:
-  - { address: 127.0.0.1, ports: { http: 9080 } }
+  - { address: 127.0.0.1, ports: { http: 9080 }${process.env.VS_GO_CA === '1' ? ', labels: { security.istio.io/tlsMode: istio }, serviceAccount: default' : ''} }
 `;
 
 /** Polls 15021 inside the namespace from a process started before the clock; prints the wall time of the first 200. */
@@ -183,6 +188,10 @@ async function oneRun(side: Side, template: string, round: number): Promise<void
   const stamps = path.join(run, 'envoy-exec.log');
   const wrapper = path.join(run, 'envoy');
   fs.writeFileSync(wrapper, `#!/bin/sh\necho "$(date +%s%N) $*" >> ${stamps}\nexec ${envoyBin()} "$@"\n`, { mode: 0o755 });
+  if (WITH_CA) {
+    fs.mkdirSync(path.join(run, 'var/run/secrets/tokens'), { recursive: true });
+    fs.writeFileSync(path.join(run, 'var/run/secrets/tokens/istio-token'), TOKEN, { mode: 0o600 });
+  }
   const env = {
     ...baseEnv(),
     PROXY_CONFIG: JSON.stringify({
@@ -248,6 +257,12 @@ async function main(): Promise<void> {
       const dir = path.join(tmp.path, label);
       fs.mkdirSync(path.join(dir, 'config'), { recursive: true });
       fs.writeFileSync(path.join(dir, 'config', 'web.yaml'), CONFIG);
+      if (WITH_CA) {
+        fs.mkdirSync(path.join(dir, 'config', 'ca', 'identities', 'bench'), { recursive: true, mode: 0o700 });
+        fs.chmodSync(path.join(dir, 'config', 'ca'), 0o700);
+        fs.chmodSync(path.join(dir, 'config', 'ca', 'identities'), 0o700);
+        fs.writeFileSync(path.join(dir, 'config', 'ca', 'identities', 'bench', 'default'), `${TOKEN}\n`, { mode: 0o600 });
+      }
       // The same control plane for all: this project's discovery server (a copy of the first TS build).
       const discovery = ns.spawn(discoveryBin, ['discovery', '--config-dir', path.join(dir, 'config'), '--grpc-addr', '127.0.0.1:15010'], { stdio: 'ignore', env: baseEnv() });
       sides.push({ label, bin, ns, dir, discovery, keep: new Set(), figures: { spawned: [], ready: [], cpu: [], rss: [], anon: [], pss: [], version: [] } });
@@ -270,7 +285,7 @@ async function main(): Promise<void> {
     const row = (name: string, unit: string, pick: (s: Side) => number, digits = 1) =>
       `| ${name} | ${pick(g).toFixed(digits)} ${unit} | ${ts.map((t) => `${pick(t).toFixed(digits)} ${unit} | ${(pick(t) / pick(g)).toFixed(2)}x`).join(' | ')} |`;
     const lines = [
-      `${WITH_GO ? `Go agent: ${goBin}` : `base: ${g.bin}`}; ${ts.map((t) => `${t.label}: ${t.bin}`).join('; ')}; ${ROUNDS} alternating rounds (+1 warm-up), ${g.figures.version.length} version runs each`,
+      `${WITH_CA ? 'with the embedded CA (VS_GO_CA=1); ' : ''}${WITH_GO ? `Go agent: ${goBin}` : `base: ${g.bin}`}; ${ts.map((t) => `${t.label}: ${t.bin}`).join('; ')}; ${ROUNDS} alternating rounds (+1 warm-up), ${g.figures.version.length} version runs each`,
       '',
       `| figure | ${WITH_GO ? 'Go agent' : g.label} | ${ts.map((t) => `${t.label} | ratio`).join(' | ')} |`,
       `|---|---|${ts.map(() => '---|---|').join('')}`,
