@@ -34,6 +34,8 @@ export interface CaClientOptions {
   headers: Record<string, string>;
   /** Per call (default 10 s). */
   timeoutMs?: number;
+  /** ISTIO_META_CERT_SIGNER: sent as the request's metadata CertSigner, as the Go agent does. */
+  certSigner?: string;
 }
 
 /** What the secret cache needs from a CA. */
@@ -98,6 +100,7 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
     serverName: caServerName(envs.CA_ADDR.get(env) ? address : undefined, host, envs.ISTIOD_SAN.get(env), xds.serverName),
     tokenFile: xds.tokenFile,
     headers,
+    certSigner: envs.ISTIO_META_CERT_SIGNER.get(env) || undefined,
   };
 }
 
@@ -172,6 +175,7 @@ export class CaClient implements CertificateSigner {
 
   private async call(csrPem: string, validitySeconds: number): Promise<string[]> {
     const o = this.o;
+    const request = { csr: csrPem, validityDuration: validitySeconds, ...(o.certSigner ? { metadata: { CertSigner: o.certSigner } } : {}) };
     const md = new grpc.Metadata();
     for (const [k, v] of Object.entries(o.headers)) md.set(k, v);
     if (o.tokenFile && (o.tls || isLocal(o.address))) {
@@ -207,7 +211,7 @@ export class CaClient implements CertificateSigner {
     let resp: CertificateResponse;
     try {
       resp = await new Promise<CertificateResponse>((resolve, reject) =>
-        client.makeUnaryRequest(CREATE_CERTIFICATE_PATH, encodeCertificateRequest, decodeCertificateResponse, { csr: csrPem, validityDuration: validitySeconds },
+        client.makeUnaryRequest(CREATE_CERTIFICATE_PATH, encodeCertificateRequest, decodeCertificateResponse, request,
           md, { deadline: Date.now() + (o.timeoutMs ?? 10_000) }, (e, r) => (e ? reject(e) : resolve(r!))));
     } catch (e) {
       const se = e as grpc.ServiceError;

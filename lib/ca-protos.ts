@@ -63,6 +63,8 @@ export interface CertificateRequest {
   csr: string;
   /** Seconds. */
   validityDuration: number;
+  /** String fields of the request's metadata Struct (Istio's `CertSigner`). */
+  metadata?: Record<string, string>;
 }
 
 export interface CertificateResponse {
@@ -78,14 +80,20 @@ const responseType = () => caRoot().lookupType('istio.v1.auth.IstioCertificateRe
 
 export function encodeCertificateRequest(r: CertificateRequest): Buffer {
   const t = requestType();
-  return Buffer.from(t.encode(t.fromObject({ csr: r.csr, validity_duration: r.validityDuration })).finish());
+  const fields = Object.fromEntries(Object.entries(r.metadata ?? {}).map(([k, v]) => [k, { stringValue: v }]));
+  const metadata = Object.keys(fields).length ? { metadata: { fields } } : {};
+  return Buffer.from(t.encode(t.fromObject({ csr: r.csr, validity_duration: r.validityDuration, ...metadata })).finish());
 }
 
 /** Throws on bytes that are not an IstioCertificateRequest. */
 export function decodeCertificateRequest(b: Buffer): CertificateRequest {
   const t = requestType();
-  const o = t.toObject(t.decode(b), { longs: Number, defaults: true }) as { csr: string; validity_duration: number };
-  return { csr: o.csr, validityDuration: o.validity_duration };
+  const o = t.toObject(t.decode(b), { longs: Number, defaults: true }) as {
+    csr: string; validity_duration: number; metadata?: { fields?: Record<string, { stringValue?: string }> };
+  };
+  const metadata: Record<string, string> = {};
+  for (const [k, v] of Object.entries(o.metadata?.fields ?? {})) if (typeof v.stringValue === 'string') metadata[k] = v.stringValue;
+  return { csr: o.csr, validityDuration: o.validity_duration, ...(Object.keys(metadata).length ? { metadata } : {}) };
 }
 
 export function encodeCertificateResponse(r: CertificateResponse): Buffer {

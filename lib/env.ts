@@ -71,6 +71,7 @@ export const INSTANCE_IP = str('INSTANCE_IP', '', 'Workload IP; first choice for
 export const SERVICE_ACCOUNT = str('SERVICE_ACCOUNT', '', 'Service account, used in the workload SPIFFE identity');
 export const HOST_IP = str('HOST_IP', '', 'IP of the host the workload runs on (node metadata)');
 export const TRUST_DOMAIN = str('TRUST_DOMAIN', 'cluster.local', 'SPIFFE trust domain');
+export const ISTIO_META_CERT_SIGNER = str('ISTIO_META_CERT_SIGNER', '', 'Sent with each CSR as the request metadata CertSigner: which signer istiod asks (its external-CA signer selection)');
 export const ISTIO_META_CLUSTER_ID = str('ISTIO_META_CLUSTER_ID', 'Kubernetes', 'Cluster id, sent as the ClusterID gRPC header');
 export const PROXY_CONFIG = str('PROXY_CONFIG', '', 'ProxyConfig as JSON or YAML, layered over the mesh file defaultConfig');
 export const ISTIO_BOOTSTRAP_OVERRIDE = str('ISTIO_BOOTSTRAP_OVERRIDE', '', 'Path of a JSON/YAML file merged over the generated bootstrap');

@@ -14,7 +14,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { CaClient, caClientOptions, type CaClientOptions, caRetryDelay } from '../lib/ca-client';
 import { buildConfig } from '../lib/config';
-import { spiffeId } from '../lib/csr';
+import { generateKeyAndCsr, spiffeId } from '../lib/csr';
 import { configureLogging, resetLogging } from '../lib/log';
 import { SecretCache } from '../lib/secret-cache';
 import { freePort, REPO, sleep, tempDir, waitFor } from './helpers/harness';
@@ -38,7 +38,7 @@ type Mode = 'good' | 'backdated' | 'garbage' | 'one-cert' | 'other-identity' | '
 interface TestCa {
   port: number;
   mode: Mode;
-  calls: { token?: string; clusterId?: string; extra?: string; csr: string; validity: number }[];
+  calls: { token?: string; clusterId?: string; extra?: string; csr: string; validity: number; signer?: string }[];
   root: Issuer;
   serverRoot: Issuer;
   close(): Promise<void>;
@@ -66,9 +66,9 @@ async function startTestCa(port?: number, roots?: { root: Issuer; serverRoot: Is
       responseDeserialize: (b: Buffer) => Resp.decode(b),
     },
   } as grpc.ServiceDefinition, {
-    CreateCertificate: async (call: grpc.ServerUnaryCall<{ csr: string; validity_duration: number }, unknown>, cb: grpc.sendUnaryData<unknown>) => {
+    CreateCertificate: async (call: grpc.ServerUnaryCall<{ csr: string; validity_duration: number; metadata?: { fields?: Record<string, { stringValue?: string }> } }, unknown>, cb: grpc.sendUnaryData<unknown>) => {
       const auth = call.metadata.get('authorization')[0]?.toString();
-      ca.calls.push({ token: auth, clusterId: call.metadata.get('clusterid')[0]?.toString(), extra: call.metadata.get('x-extra')[0]?.toString(), csr: call.request.csr, validity: call.request.validity_duration });
+      ca.calls.push({ token: auth, clusterId: call.metadata.get('clusterid')[0]?.toString(), extra: call.metadata.get('x-extra')[0]?.toString(), csr: call.request.csr, validity: call.request.validity_duration, signer: call.request.metadata?.fields?.CertSigner?.stringValue });
       if (auth !== `Bearer ${TOKEN}`) return cb({ code: grpc.status.UNAUTHENTICATED, details: 'bad token' });
       const ttlMs = call.request.validity_duration * 1000;
       const now = Date.now();
@@ -216,6 +216,21 @@ test('every bad CA answer, and a CA down during a rotation, is refused or retrie
     await waitFor('a new certificate once the CA is back', () => c.current()!.serial !== current, 15_000);
   } finally {
     await c.close();
+    await ca.close();
+    f.cleanup();
+  }
+});
+
+test('ISTIO_META_CERT_SIGNER goes with the CSR as the metadata CertSigner, as the Go agent sends it; unset, no metadata', async () => {
+  const ca = await startTestCa();
+  const f = fixture(ca);
+  try {
+    const { csrPem } = await generateKeyAndCsr({ identity: ID, algorithm: { kind: 'ECDSA' } });
+    await new CaClient({ ...f.opts, certSigner: 'signer-a' }).sign(csrPem, 60);
+    await new CaClient(f.opts).sign(csrPem, 60);
+    assert.is(ca.calls[0]!.signer, 'signer-a');
+    assert.is(ca.calls[1]!.signer, undefined);
+  } finally {
     await ca.close();
     f.cleanup();
   }
