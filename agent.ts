@@ -415,21 +415,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/profiling'), import('./lib/workload-identity'),
     ]);
 
-    let upstream = xdsMod.upstreamFromConfig(cfg, agentEnv);
-    const discoverySock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
-    let discovery: DiscoveryServer | undefined;
-    if (cfg.standaloneDir) {
-      const { DiscoveryServer } = await import('./lib/discovery/index');
-      discovery = new DiscoveryServer({
-        configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`, mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy, ...(cfg.meshTracing && { tracing: cfg.meshTracing }) },
-        trustDomain: cfg.trustDomain, ...cfg.discoveryLimits,
-        // This agent is trusted as its own identity by a token only its memory holds (it reads the directory anyway).
-        inProcess: { namespace: cfg.podNamespace || 'default', serviceAccount: cfg.serviceAccount || 'default' },
-      });
-      upstream = { address: `unix://${discoverySock}`, tls: false, token: discovery.inProcessToken };
-      log.info(`standalone: embedded discovery server for ${cfg.standaloneDir} is the xDS upstream`);
-    }
-    const identity = await workloadIdentity(cfg, agentEnv, cfg.standaloneDir ? discoverySock : undefined, { sdsServedElsewhere, sdsUnavailable });
+    const { discovery, discoverySock, upstream } = await xdsUpstream(cfg, agentEnv);
+    const identity = await workloadIdentity(cfg, agentEnv, discoverySock, { sdsServedElsewhere, sdsUnavailable });
     // The SDS server serves a file name only while this Envoy's config references it: the listeners and clusters the
     // xDS proxy passes on, and the bootstrap (names of every epoch's bootstrap are kept: an old epoch may still drain).
     const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env), secretReferences: identity?.sds.references });
