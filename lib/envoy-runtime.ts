@@ -164,8 +164,13 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
       this.warnedLongPath = true;
       return;
     }
-    const dir = hotRestartDir(this.cfg);
+    this.envoyOnlyDir(hotRestartDir(this.cfg), "Envoy's hot-restart sockets");
+  }
+
+  /** A 0700 directory owned by the user Envoy runs as: Envoy creates its sockets there, nobody else can enter. */
+  private envoyOnlyDir(dir: string, what: string): void {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    if (!fs.lstatSync(dir).isDirectory()) throw new Error(`${dir}, the directory of ${what}, is not a directory`);
     fs.chmodSync(dir, 0o700);
     this.giveToEnvoy(dir);
   }
@@ -178,13 +183,7 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
   private prepareAdminSocketDir(socket: string): void {
     if (!socket) return;
     this.adminSocket = socket;
-    const dir = path.dirname(socket);
-    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
-    const st = fs.lstatSync(dir);
-    if (!st.isDirectory()) throw new Error(`${dir}, the directory of Envoy's admin socket, is not a directory`);
-    fs.chmodSync(dir, 0o700);
-    const uid = this.credentials?.uid;
-    if (uid !== undefined && st.uid !== uid) fs.chownSync(dir, uid, this.credentials!.gid);
+    this.envoyOnlyDir(path.dirname(socket), "Envoy's admin socket");
   }
 
   private adminSocket = '';
