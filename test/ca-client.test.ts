@@ -374,4 +374,15 @@ test('CA options as Istio decides them: CA_ADDR or the discovery address, plaint
   assert.is(sys.rootCaFile, 'SYSTEM');
 });
 
+// Sometimes (2 of 4 full runs here) a gRPC connection between a test CA and a client outlives both, and kept this
+// file's process alive until the suite's deadline after every test had passed. Not found yet: when anything is
+// left 2 s after the last test, say what and end the process (uvu's exit code stands).
+test.after(() => {
+  setTimeout(() => {
+    const left = (process as unknown as { _getActiveHandles(): object[] })._getActiveHandles().map((h) => h.constructor.name);
+    process.stderr.write(`ca-client.test: handles left after the tests: ${left.join(', ')}\n`);
+    process.exit();
+  }, 2000).unref();
+});
+
 test.run();
