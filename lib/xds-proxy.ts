@@ -36,7 +36,7 @@
 
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import type { Registry } from 'prom-client';
+import { Counter, type Registry } from 'prom-client';
 import type { Component, StatusRoute } from './component';
 import { AgentError, wrap } from './errors';
 import { counterFrom, registerCounters } from './metrics';
@@ -223,6 +223,15 @@ export class XdsProxy implements Component {
     counterFrom(registry, 'istio_agent_xds_proxy_responses', 'The total number of Xds Proxy Responses', () => c.responses_to_envoy);
     counterFrom(registry, 'istio_agent_istiod_connection_failures', 'The total number of connection failures to Istiod', () => c.upstream_dial_failures_total);
     counterFrom(registry, 'istio_agent_istiod_connection_terminations', 'The total number of connection errors to Istiod', () => c.upstream_terminations_total);
+    // Go: envoyDisconnections with type="cancelled" | "error" (pkg/istio-agent/metrics/metrics.go).
+    registry.registerMetric(new Counter({
+      name: 'istio_agent_envoy_connection_terminations', help: 'The total number of connection errors from envoy', labelNames: ['type'], registers: [],
+      collect() {
+        this.reset();
+        if (c.envoy_stream_cancellations_total) this.inc({ type: 'cancelled' }, c.envoy_stream_cancellations_total);
+        if (c.envoy_stream_errors_total) this.inc({ type: 'error' }, c.envoy_stream_errors_total);
+      },
+    }));
   }
 
   routes(): StatusRoute[] {
