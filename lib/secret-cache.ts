@@ -76,10 +76,16 @@ export interface SecretCacheOptions {
   random?: () => number;
 }
 
-/** The mounted-certificate directory to use, if any (credentials directory first, then ./etc/certs). */
-export function mountedCertsDir(fileMountedCerts: boolean, exists: (p: string) => boolean = fs.existsSync): string | undefined {
+/**
+ * The mounted-certificate directory to use, if any (credentials directory first, then ./etc/certs). Not
+ * ./etc/certs when OUTPUT_CERTS writes there (Istio's VM default): those are this agent's own issued files, and
+ * reading them back would stop rotation (Go's outputToCertificatePath).
+ */
+export function mountedCertsDir(fileMountedCerts: boolean, exists: (p: string) => boolean = fs.existsSync, outputDir = ''): string | undefined {
   if (exists(path.join(CREDENTIALS_DIR, CERT_CHAIN)) && exists(path.join(CREDENTIALS_DIR, KEY))) return CREDENTIALS_DIR;
-  if (fileMountedCerts || (exists(path.join(MOUNTED_CERTS_DIR, CERT_CHAIN)) && exists(path.join(MOUNTED_CERTS_DIR, KEY)))) return MOUNTED_CERTS_DIR;
+  if (fileMountedCerts) return MOUNTED_CERTS_DIR;
+  if (outputDir && path.resolve(outputDir) === path.resolve(MOUNTED_CERTS_DIR)) return undefined;
+  if (exists(path.join(MOUNTED_CERTS_DIR, CERT_CHAIN)) && exists(path.join(MOUNTED_CERTS_DIR, KEY))) return MOUNTED_CERTS_DIR;
   return undefined;
 }
 

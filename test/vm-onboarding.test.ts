@@ -10,6 +10,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
+import { mountedCertsDir } from '../lib/secret-cache';
 import { agentBin } from './helpers/agent';
 import { REPO, tempDir } from './helpers/harness';
 
@@ -89,6 +90,16 @@ test('ISTIO_CUSTOM_IP_TABLES=true skips capture; without the files the command r
   } finally {
     dir.cleanup();
   }
+});
+
+test('OUTPUT_CERTS=./etc/certs (the VM default): the agent\'s own files there are not read back as mounted certificates', () => {
+  const has = (files: string[]) => (p: string) => files.includes(path.normalize(p));
+  const issued = has(['etc/certs/cert-chain.pem', 'etc/certs/key.pem']);
+  assert.is(mountedCertsDir(false, issued), './etc/certs', 'without OUTPUT_CERTS they are mounted certificates');
+  assert.is(mountedCertsDir(false, issued, './etc/certs'), undefined, 'Go\'s outputToCertificatePath: the CA is asked');
+  assert.is(mountedCertsDir(false, issued, path.resolve('etc/certs') + '/'), undefined, 'compared as directories');
+  assert.is(mountedCertsDir(false, issued, '/var/run/elsewhere'), './etc/certs');
+  assert.is(mountedCertsDir(true, issued, './etc/certs'), './etc/certs', 'FILE_MOUNTED_CERTS still wins');
 });
 
 test.run();
