@@ -74,6 +74,13 @@ export interface Counters {
    */
   envoy_stream_cancellations_total: number;
   envoy_stream_errors_total: number;
+  /**
+   * The connected upstream streams that ended, as Go's upstreamErr sorts them (the `type` of
+   * istio_agent_istiod_connection_terminations): ended by the server (OK), cancelled, past a deadline, or its
+   * connection dropped -> cancelled; anything else, and a stream this proxy reset for bad input -> error.
+   */
+  istiod_stream_cancellations_total: number;
+  istiod_stream_errors_total: number;
 }
 
 export function newCounters(): Counters {
@@ -85,6 +92,7 @@ export function newCounters(): Counters {
     downstream_streams_refused_total: 0,
     upstream_dial_failures_total: 0, upstream_terminations_total: 0,
     envoy_stream_cancellations_total: 0, envoy_stream_errors_total: 0,
+    istiod_stream_cancellations_total: 0, istiod_stream_errors_total: 0,
   };
 }
 
@@ -531,7 +539,11 @@ export class Session {
     if (this.upstream === up) this.upstream = undefined;
     if (this.done) return;
     this.ctx.counters.upstream_failures_total++;
-    if (wasConnected) this.ctx.counters.upstream_terminations_total++;
+    if (wasConnected) {
+      this.ctx.counters.upstream_terminations_total++;
+      if (!up.endReason && expectedEnd(s)) this.ctx.counters.istiod_stream_cancellations_total++;
+      else this.ctx.counters.istiod_stream_errors_total++;
+    }
     else this.ctx.counters.upstream_dial_failures_total++;
     if (s.code === 8 /* RESOURCE_EXHAUSTED: a message over the size limit */) this.ctx.counters.bad_messages_total++;
     // Start the backoff over only after a stream that worked for a while, so a server that answers once and
@@ -650,4 +662,10 @@ const STATUS_NAMES = ['OK', 'CANCELLED', 'UNKNOWN', 'INVALID_ARGUMENT', 'DEADLIN
   'UNAVAILABLE', 'DATA_LOSS', 'UNAUTHENTICATED'];
 function statusName(code: number): string {
   return STATUS_NAMES[code] ?? `code ${code}`;
+}
+
+/** Go's GRPCErrorType: the peer went away (EOF, Canceled, DeadlineExceeded, Unavailable for a lost connection). */
+function expectedEnd(s: { code: number; details: string }): boolean {
+  if (s.code === 0 || s.code === 1 || s.code === 4) return true;
+  return s.code === 14 && /connection dropped|ECONNRESET|EOF|transport is closing|client disconnected|GOAWAY/i.test(s.details);
 }

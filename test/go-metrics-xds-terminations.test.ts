@@ -1,7 +1,8 @@
 // istio_agent_envoy_connection_terminations under the Go agent's name, label and type (pkg/istio-agent/metrics/
 // metrics.go: a counter with type="cancelled" | "error", counted by xds_proxy.go's downstreamErr when Envoy's
 // stream ends): the real Envoy killed (its connection gone) counts cancelled; a malformed request, which the proxy
-// answers by ending that stream, counts error. The proxy's own shutdown counts neither.
+// answers by ending that stream, counts error. The proxy's own shutdown counts neither. And its sibling
+// istio_agent_istiod_connection_terminations{type}: a control plane restart counts cancelled.
 
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -44,6 +45,19 @@ test('the real Envoy killed counts type="cancelled"; a malformed request counts 
     let text = await registry.metrics();
     assert.match(text, /^# TYPE istio_agent_envoy_connection_terminations counter$/m);
     assert.is(terminations(text, 'cancelled'), undefined, 'nothing ended yet');
+
+    // The control plane restarts. Its end of the upstream stream is istiod_connection_terminations{type="cancelled"},
+    // as the Go agent counted it against this project's discovery server restarted (checked with /root/go/bin/
+    // pilot-agent). Envoy's stream stays open here, so no Envoy termination (Go closes it, and counts one).
+    const istiod = (t: string, type: string) => new RegExp(`^istio_agent_istiod_connection_terminations\\{type="${type}"\\} (\\d+)$`, 'm').exec(t)?.[1];
+    await cp.stop();
+    await cp.start();
+    await waitFor('the upstream reconnect', () => proxy.metrics().xds_proxy_upstream_connects_total === 2 && proxy.metrics().xds_proxy_upstream_connected === 1, 20_000);
+    text = await registry.metrics();
+    assert.match(text, /^# TYPE istio_agent_istiod_connection_terminations counter$/m);
+    assert.is(istiod(text, 'cancelled'), '1', text);
+    assert.is(istiod(text, 'error'), undefined, text);
+    assert.is(terminations(text, 'cancelled'), undefined, 'Envoy\'s stream stayed open');
 
     envoy.kill('SIGKILL');
     await exited;
