@@ -47,6 +47,14 @@ if (SKIP) {
       fs.appendFileSync(path.join(cfg, 'sidecar.env'), 'DRY_RUN=true\n');
       P().podman(['run', '-d', '--name', C, '--network=none', '--systemd=always',
         '-v', `${REPO}:/opt/src:ro`, '-v', `${cfg}:/opt/istio-vm:ro`, '-v', `${envoyBin()}:/opt/envoy:ro`, SYSTEMD, '/sbin/init']);
+      // A VM has an address besides loopback (istio-iptables refuses to run without one, as Go's): cluster.env's
+      // ISTIO_SVC_IP on a veth pair inside the container's own network namespace (both ends), made from the host.
+      const pid = P().podman(['inspect', '-f', '{{.State.Pid}}', C]).out.trim();
+      const ipSteps = [['link', 'add', 'vm0', 'type', 'veth', 'peer', 'name', 'vm1'], ['addr', 'add', '10.10.10.10/24', 'dev', 'vm0'],
+        ['link', 'set', 'vm1', 'up'], ['link', 'set', 'vm0', 'up']];
+      for (const args of ipSteps) {
+        P().run('nsenter', ['-t', pid, '-n', 'ip', ...args]);
+      }
     } catch (err) {
       console.error(`\npackaging tests: setup failed: ${(err as Error).stack ?? err}\n`);
       throw err;
@@ -85,7 +93,8 @@ if (SKIP) {
       const m = mainPid();
       return m !== '0' && /pilot-agent/.test(sh(`cat /proc/${m}/cmdline 2>/dev/null | tr '\\0' ' '`, { ok: () => true }).out) ? m : undefined;
     }, MIN, () => journal().slice(-3000));
-    const environ = sh(`tr '\\0' '\\n' < /proc/${pid}/environ`).out;
+    // Another uid's environ needs ptrace rights, which a plain `podman exec` does not have.
+    const environ = P().podman(['exec', '--privileged', C, 'sh', '-c', `tr '\\0' '\\n' < /proc/${pid}/environ`]).out;
     for (const kv of ['POD_NAMESPACE=shop', 'INSTANCE_IP=10.10.10.10', 'SERVICE_ACCOUNT=vm', 'CA_ADDR=istiod.istio-system.svc:15012',
       'PROV_CERT=./etc/certs', 'OUTPUT_CERTS=./etc/certs', 'ISTIO_META_DNS_CAPTURE=true', 'OWNER_NOTE=it\'s the shop\'s VM', 'ISTIO_META_REGION=eu-west-1',
       'ISTIO_METAJSON_LABELS={"app":"web","service.istio.io/canonical-name":"web","service.istio.io/canonical-revision":"v1"}']) {
