@@ -41,6 +41,9 @@ test('the same pilot-agent calls, argv and environment as Istio\'s istio-start.s
       const r = run(args, env);
       assert.is(r.code, 0, `${args.join(' ')}: ${r.err}`);
     }
+    // Another istiod port and namespace, capture left to the operator (as the golden's last start).
+    const custom = { ...env, ISTIO_CUSTOM_IP_TABLES: 'true', ISTIO_PILOT_PORT: '15005', ISTIO_CP_AUTH: 'NONE', ISTIO_SYSTEM_NAMESPACE: 'istio-east' };
+    for (const args of [['iptables'], ['run', fake, 'proxy']]) assert.is(run(args, custom).code, 0);
     const golden = fs.readFileSync(GOLDEN, 'utf8').split('\n').filter((l) => !l.startsWith('#')).join('\n');
     assert.fixture(fs.readFileSync(rec, 'utf8'), golden);
     // What the golden shows, spelled out: cluster.env wins over sidecar.env, shell quoting and syntax as bash's.
@@ -48,6 +51,8 @@ test('the same pilot-agent calls, argv and environment as Istio\'s istio-start.s
     assert.match(golden, /^ {2}OWNER_NOTE=it's the shop's VM$/m);
     assert.match(golden, /^ {2}ISTIO_META_REGION=eu-west-1$/m);
     assert.match(golden, /^argv: \[proxy\] \[--proxyLogLevel\] \[debug\] \[--concurrency\] \[1\]$/m);
+    assert.match(golden, /^ {2}CA_ADDR=istiod\.istio-east\.svc:15005$/m);
+    assert.match(golden, /^ {2}PROXY_CONFIG=\\ndiscoveryAddress: istiod\.istio-east\.svc:15005\\n$/m, 'Go\'s script drops its defaults then');
   } finally {
     dir.cleanup();
   }
