@@ -58,14 +58,17 @@ interface DialOptions {
 
 // The one dialer for HTTP/1.1 connections, plain or TLS; for TLS it reports an h2 handshake instead of using it.
 class ProbeAgent extends http.Agent {
-  override createConnection(args: http.ClientRequestArgs, cb?: (err: Error | null, s: Duplex) => void): Duplex | undefined {
+  override createConnection(
+    args: http.ClientRequestArgs, cb?: (err: Error | null, s: Duplex) => void,
+  ): Duplex | undefined {
     const o = args as DialOptions;
     const tcp = net.connect({ host: o.host, port: o.port, localAddress: o.localAddress });
     if (!o.probeTls) return tcp;
     // eslint-disable-next-line @typescript-eslint/no-require-imports
     const tlsMod = require('node:tls') as typeof tls;
     const sock = tlsMod.connect({
-      socket: tcp, rejectUnauthorized: false, servername: net.isIP(o.host) ? undefined : o.host, ALPNProtocols: o.probeTls.alpn,
+      socket: tcp, rejectUnauthorized: false, servername: net.isIP(o.host) ? undefined : o.host,
+      ALPNProtocols: o.probeTls.alpn,
     });
     const abort = () => sock.destroy(new Error('probe cancelled'));
     const settle = (err: Error | null, s?: Duplex) => {
@@ -90,7 +93,8 @@ export class ProbeClient {
   private closed = false;
 
   constructor(private readonly o: ProbeClientOptions) {
-    this.agent = new ProbeAgent(o.keepAlive ? { keepAlive: true, maxFreeSockets: 2, timeout: IDLE_MS } : { keepAlive: false });
+    const kept = { keepAlive: true, maxFreeSockets: 2, timeout: IDLE_MS };
+    this.agent = new ProbeAgent(o.keepAlive ? kept : { keepAlive: false });
   }
 
   async get(r: ProbeRequest): Promise<ProbeResponse> {
@@ -129,7 +133,8 @@ export class ProbeClient {
     const https = r.url.protocol === 'https:';
     const opts: http.RequestOptions & DialOptions = {
       method: 'GET', host: r.url.hostname.replace(/^\[(.*)\]$/, '$1'), port: Number(r.url.port || (https ? 443 : 80)),
-      path: r.url.pathname + r.url.search, headers, agent: this.agent as http.Agent, localAddress: r.localAddress, signal: r.signal,
+      path: r.url.pathname + r.url.search, headers, agent: this.agent as http.Agent, localAddress: r.localAddress,
+      signal: r.signal,
       probeTls: https ? { alpn: this.o.http2 ? ['h2', 'http/1.1'] : undefined } : undefined, probeSignal: r.signal,
     };
     return new Promise<ProbeResponse>((resolve, reject) => {
@@ -156,7 +161,8 @@ export class ProbeClient {
       });
       req.on('error', (e) => {
         // A kept connection the app closed meanwhile: once more, on a new one.
-        if (retry && req.reusedSocket && !r.signal.aborted && !(e instanceof H2Negotiated)) resolve(this.h1Get(r, false));
+        const again = retry && req.reusedSocket && !r.signal.aborted && !(e instanceof H2Negotiated);
+        if (again) resolve(this.h1Get(r, false));
         else reject(e);
       });
       req.end();
@@ -219,7 +225,8 @@ export class ProbeClient {
         stream.removeAllListeners('data');
         if (capped) stream.close(0x8 /* CANCEL */);
         done();
-        resolve({ status, location, body: Buffer.concat(chunks).subarray(0, r.maxBody).toString('utf8'), protocol: 'h2' });
+        const body = Buffer.concat(chunks).subarray(0, r.maxBody).toString('utf8');
+        resolve({ status, location, body, protocol: 'h2' });
       };
       stream.on('response', (h) => {
         status = Number(h[':status'] ?? 0);
