@@ -482,8 +482,12 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       });
     } else status.route('GET', '/debug/ndsz', () => ({ status: 404, body: 'DNS proxy is not enabled\n' }));
     if (envs.PROXY_CONFIG_XDS_AGENT.get(env)) {
-      // Pushed ProxyConfig (PCDS) is acknowledged and recorded, so the control plane sees a healthy subscriber.
-      xds.registerHandler(istio.PROXY_CONFIG_TYPE, (resources, meta) => log.info(`proxy config from the control plane: version ${meta.version}, ${resources.length} resource(s)`));
+      // Pushed ProxyConfig (PCDS): its caCertificatesPem join ROOTCA (root migration), as Go's UpdateConfigTrustBundle;
+      // a root that does not parse NACKs the push. Without a secret cache it is only acknowledged and recorded.
+      xds.registerHandler(istio.PROXY_CONFIG_TYPE, (resources, meta) => {
+        log.info(`proxy config from the control plane: version ${meta.version}, ${resources.length} resource(s)`);
+        if (resources.length) identity?.cache.setConfigTrustBundle(istio.decodeProxyConfigCaCerts(resources[0]!));
+      });
     }
     return await runComponents(components, envoy, () => signals.off());
   } catch (err) {

@@ -181,7 +181,7 @@ export const ISTIO_PROMETHEUS_ANNOTATIONS = str('ISTIO_PROMETHEUS_ANNOTATIONS', 
 export const ENVOY_SKIP_DEPRECATED_LOGS = bool('ENVOY_SKIP_DEPRECATED_LOGS', true, 'Pass --skip-deprecated-logs to Envoy (false: show deprecation warnings)');
 export const PEER_METADATA_DISCOVERY = bool('PEER_METADATA_DISCOVERY', false, 'Reported as node metadata METADATA_DISCOVERY (unset: follows ISTIO_META_ENABLE_HBONE)');
 export const WORKLOAD_IDENTITY_SOCKET_FILE = str('WORKLOAD_IDENTITY_SOCKET_FILE', 'socket', 'File name of the workload SDS socket in ./var/run/secrets/workload-spiffe-uds (node metadata)');
-export const COMPLIANCE_POLICY = str('COMPLIANCE_POLICY', '', 'fips-140-2 limits Envoy\'s Google gRPC client to TLS 1.2 (runtime flag), as Istio does');
+export const COMPLIANCE_POLICY = str('COMPLIANCE_POLICY', '', 'fips-140-2, fips-140-3 or pqc, as Istio: restricts the agent\'s own TLS (xDS and CA clients), sets GRPC_SSL_CIPHER_SUITES for Envoy (fips-*), and fips-140-2 limits Envoy\'s Google gRPC client to TLS 1.2');
 export const HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = bool('HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED', true, 'false: Envoy keeps URL fragments in paths (Istio\'s runtime flag of that name)');
 export const ENVOY_SECURE_METRICS_PORT = int('ENVOY_SECURE_METRICS_PORT', 0, 'Envoy serves its own /stats/prometheus over mTLS (workload certificate) on this port (0: none)');
 export const ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL = bool('ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL', false, 'Envoy\'s readiness listener (15021) also takes connections that start with a PROXY protocol header (as Istio)');
@@ -215,3 +215,9 @@ export const PILOT_AGENT_V8_FLAGS = str('PILOT_AGENT_V8_FLAGS', '--semi-space-gr
 // Read by the embedded discovery server from node metadata STANDALONE_CAPTURE (every ISTIO_META_* variable becomes
 // node metadata), so a shared `pilot-agent discovery` server also tells captured and uncaptured VMs apart.
 export const ISTIO_META_STANDALONE_CAPTURE = bool('ISTIO_META_STANDALONE_CAPTURE', false, 'Standalone sidecar whose traffic istio-iptables captures: the discovery server sends Istio\'s virtualOutbound (15001) and virtualInbound (15006) listeners instead of loopback ones');
+
+// ---- identity knobs from the Go agent (issue 23, identity part) ----
+export const PILOT_ENABLE_CA_CRL = bool('PILOT_ENABLE_CA_CRL', true, 'Put the plugged-in CA\'s CRL (/var/run/secrets/istio/crl/ca-crl.pem, while it exists) into ROOTCA\'s validation context, as Istio does; the file is watched');
+export const ISTIO_META_TLS_CLIENT_KEY = str('ISTIO_META_TLS_CLIENT_KEY', '', 'With FILE_MOUNTED_CERTS (and no PROV_CERT): key file of the client certificate the xDS connection presents (also read from proxyMetadata)');
+export const ISTIO_META_TLS_CLIENT_CERT_CHAIN = str('ISTIO_META_TLS_CLIENT_CERT_CHAIN', '', 'With FILE_MOUNTED_CERTS (and no PROV_CERT): certificate chain file of the xDS client certificate');
+export const ISTIO_META_TLS_CLIENT_ROOT_CERT = str('ISTIO_META_TLS_CLIENT_ROOT_CERT', '', 'With FILE_MOUNTED_CERTS: the root that verifies the discovery server when XDS_ROOT_CA, ./etc/certs/root-cert.pem and PROV_CERT give none');

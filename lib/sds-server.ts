@@ -33,7 +33,7 @@ const SDS_SERVICE = 'envoy.service.secret.v3.SecretDiscoveryService';
 
 export type SecretValue =
   | { kind: 'tls'; certChainPem: string; keyPem: string }
-  | { kind: 'root'; rootPem: string };
+  | { kind: 'root'; rootPem: string; crlPem?: string };
 
 export interface SecretProvider {
   /** The secret's current value, or undefined while it does not exist (the stream waits for push(name)). */
@@ -66,15 +66,18 @@ type Refusal = 'unknown_name' | 'not_referenced' | 'too_many_names';
 export function secretVersion(v: SecretValue): string {
   const h = createHash('sha256');
   if (v.kind === 'tls') h.update('tls\0').update(v.certChainPem).update('\0').update(v.keyPem);
-  else h.update('root\0').update(v.rootPem);
+  else h.update('root\0').update(v.rootPem).update(v.crlPem ? `\0crl\0${v.crlPem}` : '');
   return h.digest('hex').slice(0, 16);
 }
 
-/** The Envoy Secret resource: certificate and key inline, or a validation context with the trusted roots. */
+/**
+ * The Envoy Secret resource: certificate and key inline, or a validation context with the trusted roots (and the
+ * plugged-in CA's CRL for ROOTCA, inline, so Envoy needs no access to the file and a change is one push).
+ */
 export function secretResource(name: string, v: SecretValue): AnyMessage {
   const body = v.kind === 'tls'
     ? { name, tls_certificate: { certificate_chain: { inline_bytes: Buffer.from(v.certChainPem) }, private_key: { inline_bytes: Buffer.from(v.keyPem) } } }
-    : { name, validation_context: { trusted_ca: { inline_bytes: Buffer.from(v.rootPem) } } };
+    : { name, validation_context: { trusted_ca: { inline_bytes: Buffer.from(v.rootPem) }, ...(v.crlPem ? { crl: { inline_bytes: Buffer.from(v.crlPem) } } : {}) } };
   return packAny('envoy.extensions.transport_sockets.tls.v3.Secret', body);
 }
 

@@ -11,12 +11,17 @@
 //
 // Every refused certificate (CA answer or file) gives one log line naming what and where, and a metric. The
 // private key never leaves the process except into OUTPUT_CERTS (atomic writes, 0600) and, over SDS, to Envoy.
+//
+// `ROOTCA` is, as in Istio's SecretManagerClient, the workload's roots united with the roots the control plane
+// pushes in ProxyConfig.caCertificatesPem (PCDS, for root migration: deduplicated, sorted), and carries the
+// plugged-in CA's CRL (PILOT_ENABLE_CA_CRL) while its file exists; the file is watched and each change pushed.
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { caAnswered, caRetryDelay, type CertificateSigner } from './ca-client';
 import { checkChain, checkKeyPair, checkValidity, parseCerts, type CertInfo } from './cert-chain';
+import { X509Certificate } from 'node:crypto';
 import { closedSignal, type Component, type Condition, type StatusRoute } from './component';
 import { generateKeyAndCsr, type KeyAlgorithm } from './csr';
 import { AgentError, errorMessage } from './errors';
@@ -72,6 +77,8 @@ export interface SecretCacheOptions {
    * read them itself (lib/named-file.ts socketReader). Without it, files are read with the agent's own rights.
    */
   sdsSocket?: string;
+  /** The plugged-in CA's CRL (Istio's /var/run/secrets/istio/crl/ca-crl.pem): put into ROOTCA while it exists. */
+  crlFile?: string;
   now?: () => number;
   random?: () => number;
 }
@@ -123,11 +130,43 @@ interface FileSecret {
 
 type FailureReason = 'ca_unreachable' | 'ca_refused' | 'bad_chain' | 'bad_file' | 'credentials' | 'output';
 
+const PEM_CRL = /-----BEGIN X509 CRL-----[\s\S]+?-----END X509 CRL-----/g;
+
+/**
+ * The workload's roots united with the control plane's (Istio's mergeConfigTrustBundle): each certificate once
+ * (compared by DER), sorted by PEM text as Go sorts them. `extra` is already normalised (configTrustBundle()).
+ */
+export function mergeRoots(rootPem: string, extra: readonly string[]): string {
+  if (!extra.length) return rootPem;
+  const all = new Set<string>(extra);
+  for (const c of rootPem.match(PEM_CERT) ?? []) all.add(normalPem(c));
+  return [...all].sort().join('');
+}
+
+function normalPem(block: string): string {
+  const t = new X509Certificate(block).toString();
+  return t.endsWith('\n') ? t : `${t}\n`;
+}
+
+/** ProxyConfig.caCertificatesPem as pushed: every certificate must parse (else the push is refused, naming which). */
+export function configTrustBundle(pems: readonly string[]): string[] {
+  const out = new Set<string>();
+  pems.forEach((p, i) => {
+    for (const c of parseCerts(p, `ProxyConfig.caCertificatesPem[${i}]`)) out.add(normalPem(c.toString()));
+  });
+  return [...out].sort();
+}
+
 export class SecretCache implements Component, SecretProvider {
   readonly name = 'secret cache';
   readonly closed: Promise<Error | undefined>;
   private readonly signal = closedSignal();
   private workload: Workload | undefined;
+  /** Roots pushed by the control plane (PCDS), normalised and sorted. */
+  private extraRoots: string[] = [];
+  /** The CRL's PEM while its file exists and holds one; `crlError`: the last read that failed. */
+  private crlPem: string | undefined;
+  private crlError = '';
   private readonly fileSecrets = new Map<string, FileSecret>();
   /** Watched file -> the file secrets reading it. */
   private readonly fileUsers = new Map<string, Set<FileSecret>>();
@@ -182,6 +221,10 @@ export class SecretCache implements Component, SecretProvider {
       log.info('no CA and no mounted certificates: serving only the certificate files the config names, no workload certificate');
     }
     for (const p of this.mountedFiles) this.watcher.add({ path: p, mode: 'content' });
+    if (this.o.crlFile) {
+      this.watcher.add({ path: this.o.crlFile, mode: 'content' });
+      this.loadCrl();
+    }
     for (const f of this.fileSecrets.values()) this.startFileSecret(f);
   }
 
@@ -198,8 +241,27 @@ export class SecretCache implements Component, SecretProvider {
 
   secret(name: string): SecretValue | undefined {
     if (name === WORKLOAD_SECRET) return this.workload && { kind: 'tls', certChainPem: this.workload.chainPem, keyPem: this.workload.keyPem };
-    if (name === ROOT_SECRET) return this.workload && { kind: 'root', rootPem: this.workload.rootPem };
+    if (name === ROOT_SECRET) {
+      if (!this.workload) return undefined;
+      const rootPem = mergeRoots(this.workload.rootPem, this.extraRoots);
+      return this.crlPem ? { kind: 'root', rootPem, crlPem: this.crlPem } : { kind: 'root', rootPem };
+    }
     return this.fileSecrets.get(name)?.value;
+  }
+
+  /**
+   * The roots the control plane pushed (ProxyConfig.caCertificatesPem, PCDS), as Istio's UpdateConfigTrustBundle:
+   * throws (the push is NACKed) if one does not parse; a change is pushed as ROOTCA and, with a CA, the workload
+   * certificate is renewed as Go does. An empty list removes the pushed roots.
+   */
+  setConfigTrustBundle(pems: readonly string[]): void {
+    const next = configTrustBundle(pems);
+    if (next.join('') === this.extraRoots.join('')) return;
+    this.extraRoots = next;
+    log.info(`trust bundle from the control plane: ${next.length} root(s) added to ${ROOT_SECRET}`);
+    if (!this.workload) return;
+    this.emit(ROOT_SECRET);
+    if (this.o.signer && this.state === 'running') this.scheduleRotation(this.now());
   }
 
   /** The SDS server admitted this name (see lib/sds-server.ts): a file name is read, then watched. */
@@ -494,10 +556,26 @@ export class SecretCache implements Component, SecretProvider {
 
   private filesChanged(changed: string[]): void {
     if (this.state !== 'running') return;
+    if (this.o.crlFile && changed.includes(this.o.crlFile)) this.loadCrl();
     if (changed.some((p) => this.mountedFiles.includes(p))) this.reloadMounted();
     const affected = new Set<FileSecret>();
     for (const p of changed) for (const f of this.fileUsers.get(p) ?? []) affected.add(f);
     for (const f of affected) void this.loadFileSecret(f);
+  }
+
+  /** Reads the CRL file; pushes ROOTCA when what it serves changed. A bad read keeps the last good CRL. */
+  private loadCrl(): void {
+    const r = readCrl(this.o.crlFile!);
+    if (r.error) {
+      if (r.error !== this.crlError) this.fail('bad_file', `${r.error}${this.crlPem ? '; keeping the last good CRL' : ''}`);
+      this.crlError = r.error;
+      return;
+    }
+    this.crlError = '';
+    if (r.pem === this.crlPem) return;
+    this.crlPem = r.pem;
+    log.info(r.pem ? `CA CRL from ${this.o.crlFile} put into ${ROOT_SECRET}` : `CA CRL ${this.o.crlFile} is gone: ${ROOT_SECRET} has no CRL`);
+    if (this.workload) this.emit(ROOT_SECRET);
   }
 
   private mountedFailing = false;
@@ -535,6 +613,23 @@ export class SecretCache implements Component, SecretProvider {
 }
 
 const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g;
+
+// The CRL file is read as Istio's SDS service checks it (present or not) at each ROOTCA; here a change is also
+// pushed. A file that holds no CRL keeps the last good one (dropping it would accept revoked peers).
+export interface CrlRead { pem?: string; error?: string }
+export function readCrl(file: string): CrlRead {
+  // As Go's isCrlFileProvided (os.Stat): no file, no CRL.
+  if (!fs.existsSync(file)) return {};
+  let text: string;
+  try {
+    text = readNamedFileSync(file).toString('utf8');
+  } catch (e) {
+    return { error: `cannot read the CA CRL: ${errorMessage(e)}` };
+  }
+  const blocks = text.match(PEM_CRL);
+  if (!blocks) return { error: `the CA CRL ${file} holds no PEM X509 CRL` };
+  return { pem: blocks.join('\n') + '\n' };
+}
 
 /** The certificate blocks of a PEM text, nothing else (no key that shares the file). */
 function certificatesOnly(pem: string): string {

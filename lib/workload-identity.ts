@@ -19,6 +19,9 @@ import { socketInUse } from './unix-socket';
 
 const log = scope('identity');
 
+/** Istio's fixed path of the plugged-in CA's CRL (pkg/security CACRLFilePath, the istio-ca-crl config map). */
+export const CA_CRL_FILE = '/var/run/secrets/istio/crl/ca-crl.pem';
+
 export interface WorkloadIdentity {
   cache: SecretCache;
   sds: SdsServer;
@@ -77,6 +80,7 @@ export async function workloadIdentity(
     debounceMs: envs.FILE_DEBOUNCE_DURATION.get(env),
     // file-cert:/file-root: files are served only if the uid that can connect to the SDS socket could read them.
     sdsSocket: cfg.sdsSocket,
+    crlFile: envs.PILOT_ENABLE_CA_CRL.get(env) ? CA_CRL_FILE : undefined,
     // As the Go agent (security/pkg/nodeagent/sds/sdsservice.go, "Pre-generate workload certificates to improve
     // startup latency"): the certificate is asked for at start, so it is there when Envoy's first listener needs
     // it; readiness waits for it only once Envoy asks, so a proxy whose config uses no mTLS is not held unready.

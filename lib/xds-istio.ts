@@ -39,6 +39,8 @@ export const ISTIO_DESCRIPTOR = {
           },
         },
         v1: { nested: { HealthInformation: { fields: {} } } },
+        // Only the field the agent reads (PCDS roots); protobufjs skips the others.
+        mesh: { nested: { v1alpha1: { nested: { ProxyConfig: { fields: { ca_certificates_pem: { rule: 'repeated', type: 'string', id: 34 } } } } } } },
       },
     },
   },
@@ -74,4 +76,17 @@ export function decodeNameTable(any: Buffer): NameTable {
 export function encodeNameTable(nt: NameTable): Uint8Array {
   const t = istioRoot().lookupType('istio.networking.nds.v1.NameTable');
   return t.encode(t.fromObject(nt)).finish();
+}
+
+/** ProxyConfig.caCertificatesPem from a pushed ProxyConfig (PCDS): the roots to add to ROOTCA. */
+export function decodeProxyConfigCaCerts(any: Buffer): string[] {
+  const { typeUrl, value } = unpackAnyBytes(any);
+  if (typeUrl !== PROXY_CONFIG_TYPE) throw new Error(`expected ${PROXY_CONFIG_TYPE}, got ${typeUrl || 'no type URL'}`);
+  const t = istioRoot().lookupType('istio.mesh.v1alpha1.ProxyConfig');
+  return (t.toObject(t.decode(value), { arrays: true }) as { ca_certificates_pem: string[] }).ca_certificates_pem;
+}
+
+export function encodeProxyConfigCaCerts(pems: string[]): Uint8Array {
+  const t = istioRoot().lookupType('istio.mesh.v1alpha1.ProxyConfig');
+  return t.encode(t.fromObject({ ca_certificates_pem: pems })).finish();
 }
