@@ -18,6 +18,7 @@ import * as envs from './env';
 import type { Env } from './env';
 import { readNamedFile } from './named-file';
 import { AgentError, errorMessage } from './errors';
+import { tlsCredentials } from './tls-policy';
 import { DEFAULT_ROOT_CA, ISTIOD_ROOT_CA, splitHostPort, upstreamFromConfig } from './xds-upstream';
 
 export interface CaClientOptions {
@@ -36,6 +37,8 @@ export interface CaClientOptions {
   timeoutMs?: number;
   /** ISTIO_META_CERT_SIGNER: sent as the request's metadata CertSigner, as the Go agent does. */
   certSigner?: string;
+  /** COMPLIANCE_POLICY: the CA connection's TLS restricted as Go's EnforceGoCompliance does. */
+  compliancePolicy?: string;
 }
 
 /** What the secret cache needs from a CA. */
@@ -101,6 +104,7 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
     tokenFile: xds.tokenFile,
     headers,
     certSigner: envs.ISTIO_META_CERT_SIGNER.get(env) || undefined,
+    compliancePolicy: envs.COMPLIANCE_POLICY.get(env) || undefined,
   };
 }
 
@@ -201,7 +205,7 @@ export class CaClient implements CertificateSigner {
           throw new AgentError('IO', `cannot read the CA root certificate ${o.rootCaFile}: ${errorMessage(e)}`, e);
         }
       }
-      creds = grpc.credentials.createSsl(root);
+      creds = tlsCredentials(o.compliancePolicy, root, null, null);
       const { host } = splitHostPort(o.address);
       if (o.serverName && o.serverName !== host) options['grpc.ssl_target_name_override'] = o.serverName;
     } else {

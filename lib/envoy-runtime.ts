@@ -8,6 +8,7 @@ import * as path from 'node:path';
 import type { AgentConfig } from './config';
 import { activeDownstreamConnections, drainListeners, serverInfo, type AdminAddress } from './envoy-admin';
 import { envoyArgs, bootstrapFileName } from './envoy-args';
+import { envoyEnvironment } from './tls-policy';
 import { envoyCredentials, runEnvoyCommand, spawnEnvoy, type EnvoyCredentials, type EnvoyProcess, type RealEnvoyProcess } from './envoy-process';
 import { renderBootstrap } from './bootstrap';
 import { writeFileAtomic } from './fs-atomic';
@@ -238,7 +239,9 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
       this.prepareForEnvoyUser(baseId);
       if (epoch === 0) log.info(`starting Envoy as uid ${credentials.uid ?? process.getuid?.()} gid ${credentials.gid}: ${credentials.reason}`);
     }
-    return spawnEnvoy(desired.binaryPath, args, { epoch, env: this.env, credentials, passThrough: (line) => process.stderr.write(journalLine(line) + '\n') });
+    // COMPLIANCE_POLICY fips-*: GRPC_SSL_CIPHER_SUITES limits Envoy's Google gRPC client, as Go sets it.
+    const env = envoyEnvironment(this.cfg.compliancePolicy, this.env);
+    return spawnEnvoy(desired.binaryPath, args, { epoch, env, credentials, passThrough: (line) => process.stderr.write(journalLine(line) + '\n') });
   }
 
   failureReason(proc: EnvoyProcess): string {

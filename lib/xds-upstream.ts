@@ -16,6 +16,7 @@ import type { Env } from './env';
 import { AgentError, errorMessage } from './errors';
 import { connectOnceOptions, whenChannelReady } from './grpc-connect-once';
 import type { XdsKind } from './xds-state';
+import { tlsCredentials } from './tls-policy';
 
 export interface UpstreamOptions {
   /** host:port of the discovery server. */
@@ -27,6 +28,15 @@ export interface UpstreamOptions {
   serverName?: string;
   /** Directory with cert-chain.pem and key.pem for a client certificate (PROV_CERT). */
   clientCertDir?: string;
+  /**
+   * Client certificate files when the certificates are mounted (ISTIO_META_TLS_CLIENT_KEY and _CERT_CHAIN, as Go's
+   * GetKeyCertsForXDS), and the root to verify the server with (ISTIO_META_TLS_CLIENT_ROOT_CERT, FindRootCAForXDS).
+   */
+  clientKeyFile?: string;
+  clientCertFile?: string;
+  clientRootFile?: string;
+  /** COMPLIANCE_POLICY: restricts this connection's TLS as Go's EnforceGoCompliance does. */
+  compliancePolicy?: string;
   /** JWT sent as `authorization: Bearer`, read at each connect; over TLS or to a local address only. */
   tokenFile?: string;
   /** A token held in memory instead (the in-process discovery server of `proxy --standalone`); wins over tokenFile. */
@@ -79,7 +89,23 @@ export function upstreamFromConfig(cfg: AgentConfig, env: Env): UpstreamOptions 
   if (root) o.rootCaFile = root;
   const prov = envs.PROV_CERT.get(env);
   if (prov) o.clientCertDir = prov;
+  else if (envs.FILE_MOUNTED_CERTS.get(env) || workloadCredentialsMounted()) {
+    // Go reads these from proxyConfig.proxyMetadata; here also from the environment (proxyMetadata acts as env).
+    const key = envs.ISTIO_META_TLS_CLIENT_KEY.get(env);
+    const cert = envs.ISTIO_META_TLS_CLIENT_CERT_CHAIN.get(env);
+    if (key && cert) Object.assign(o, { clientKeyFile: key, clientCertFile: cert });
+    const root = envs.ISTIO_META_TLS_CLIENT_ROOT_CERT.get(env);
+    if (root) o.clientRootFile = root;
+  }
+  const policy = envs.COMPLIANCE_POLICY.get(env);
+  if (policy) o.compliancePolicy = policy;
   return o;
+}
+
+/** Go's FileMountedCerts also holds when the workload-spiffe-credentials directory has all three files. */
+function workloadCredentialsMounted(): boolean {
+  const dir = './var/run/secrets/workload-spiffe-credentials';
+  return ['cert-chain.pem', 'key.pem', 'root-cert.pem'].every((f) => fs.existsSync(path.join(dir, f)));
 }
 
 /** A Unix socket or a loopback address: a plaintext token sent there crosses no network. */
@@ -128,7 +154,7 @@ function rootCa(o: UpstreamOptions): Buffer | null {
   if (!file) {
     if (fs.existsSync(DEFAULT_ROOT_CA)) file = DEFAULT_ROOT_CA;
     else if (o.clientCertDir) file = path.join(o.clientCertDir, 'root-cert.pem');
-    else file = ISTIOD_ROOT_CA;
+    else file = o.clientRootFile || ISTIOD_ROOT_CA;
   }
   const pem = readIfExists(file);
   if (!pem) throw new AgentError('IO', `root CA file for XDS does not exist: ${file}`);
@@ -136,9 +162,12 @@ function rootCa(o: UpstreamOptions): Buffer | null {
 }
 
 function clientCert(o: UpstreamOptions): { key: Buffer; cert: Buffer } | undefined {
-  if (!o.clientCertDir) return undefined;
-  const cert = readIfExists(path.join(o.clientCertDir, 'cert-chain.pem'));
-  const key = readIfExists(path.join(o.clientCertDir, 'key.pem'));
+  const files = o.clientCertDir
+    ? { cert: path.join(o.clientCertDir, 'cert-chain.pem'), key: path.join(o.clientCertDir, 'key.pem') }
+    : o.clientCertFile && o.clientKeyFile ? { cert: o.clientCertFile, key: o.clientKeyFile } : undefined;
+  if (!files) return undefined;
+  const cert = readIfExists(files.cert);
+  const key = readIfExists(files.key);
   if (!cert || !key) return undefined;
   try {
     // An expired provisioning cert would fail the handshake; the token alone may still be accepted.
@@ -205,7 +234,7 @@ export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes:
   let creds: grpc.ChannelCredentials;
   if (o.tls) {
     const cc = clientCert(o);
-    creds = grpc.credentials.createSsl(rootCa(o), cc?.key ?? null, cc?.cert ?? null);
+    creds = tlsCredentials(o.compliancePolicy, rootCa(o), cc?.key ?? null, cc?.cert ?? null);
     const { host } = splitHostPort(o.address);
     if (o.serverName && o.serverName !== host && !net.isIP(o.serverName)) options['grpc.ssl_target_name_override'] = o.serverName;
   } else {

@@ -1,0 +1,75 @@
+// COMPLIANCE_POLICY as Istio applies it on the agent's side (pkg/features/security.go, pkg/model/fips.go,
+// pkg/envoy/proxy.go): the agent's own TLS clients (xDS upstream and CA, Go's getTLSDialOption ->
+// EnforceGoCompliance) get the policy's versions, TLS 1.2 cipher suites and curves, and Envoy's environment gets
+// GRPC_SSL_CIPHER_SUITES for its Google gRPC client under the FIPS policies. Envoy's own listeners and clusters are
+// istiod's to restrict (EnforceCompliance on the xDS it generates); fips-140-2's runtime flag is in lib/bootstrap.ts.
+// An unknown policy is warned about and ignored, as Go does. node:tls and gRPC load only in tlsCredentials(): the
+// supervisor imports envoyEnvironment() before Envoy's spawn, when neither is loaded yet.
+
+import type * as tls from 'node:tls';
+import type * as grpc from '@grpc/grpc-js';
+import { AgentError, errorMessage } from './errors';
+import { scope } from './log';
+
+const log = scope('tls');
+
+export const FIPS_140_2 = 'fips-140-2';
+export const FIPS_140_3 = 'fips-140-3';
+export const PQC = 'pqc';
+
+/** Go's fipsCiphers: ECDHE_[RSA|ECDSA]_WITH_AES_*_GCM_SHA* (OpenSSL names). */
+export const FIPS_TLS12_CIPHERS = 'ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384';
+const TLS13_AES_GCM = 'TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384';
+
+export interface TlsRestriction {
+  minVersion: tls.SecureVersion;
+  maxVersion: tls.SecureVersion;
+  /** TLS 1.3 and 1.2 suites, one OpenSSL list as Node takes it. */
+  ciphers: string;
+  ecdhCurve: string;
+}
+
+const warned = new Set<string>();
+
+/**
+ * What the policy allows the agent's TLS clients, or undefined for no restriction (unset, or unknown: warned once).
+ * fips-140-3 also limits TLS 1.3 to AES-GCM, which Go leaves to its FIPS module (GODEBUG=fips140=only).
+ */
+export function tlsRestriction(policy: string | undefined): TlsRestriction | undefined {
+  switch (policy ?? '') {
+    case '':
+      return undefined;
+    case FIPS_140_2:
+      return { minVersion: 'TLSv1.2', maxVersion: 'TLSv1.2', ciphers: FIPS_TLS12_CIPHERS, ecdhCurve: 'P-256' };
+    case FIPS_140_3:
+      return { minVersion: 'TLSv1.2', maxVersion: 'TLSv1.3', ciphers: `${TLS13_AES_GCM}:${FIPS_TLS12_CIPHERS}`, ecdhCurve: 'P-256:P-384' };
+    case PQC:
+      return { minVersion: 'TLSv1.3', maxVersion: 'TLSv1.3', ciphers: TLS13_AES_GCM, ecdhCurve: 'X25519MLKEM768' };
+    default:
+      if (!warned.has(policy!)) log.warn(`unknown compliance policy: "${policy}" (COMPLIANCE_POLICY); TLS is not restricted`);
+      warned.add(policy!);
+      return undefined;
+  }
+}
+
+/** Envoy's environment under the policy: Go appends GRPC_SSL_CIPHER_SUITES (so it wins over an inherited one). */
+export function envoyEnvironment(policy: string | undefined, env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  if (policy !== FIPS_140_2 && policy !== FIPS_140_3) return env;
+  return { ...env, GRPC_SSL_CIPHER_SUITES: FIPS_TLS12_CIPHERS };
+}
+
+/** gRPC channel credentials for the agent's TLS clients: as createSsl, restricted by the policy when there is one. */
+export function tlsCredentials(policy: string | undefined, root: Buffer | null, key: Buffer | null, cert: Buffer | null): grpc.ChannelCredentials {
+  /* eslint-disable @typescript-eslint/no-require-imports */
+  const g = require('@grpc/grpc-js') as typeof grpc;
+  const r = tlsRestriction(policy);
+  if (!r) return g.credentials.createSsl(root, key, cert);
+  let ctx: tls.SecureContext;
+  try {
+    ctx = (require('node:tls') as typeof tls).createSecureContext({ ...r, ...(root ? { ca: root } : {}), ...(key && cert ? { key, cert } : {}) });
+  } catch (e) {
+    throw new AgentError('CONFIG_INVALID', `cannot set up TLS under COMPLIANCE_POLICY=${policy}: ${errorMessage(e)}`, e);
+  }
+  /* eslint-enable @typescript-eslint/no-require-imports */
+  return g.credentials.createFromSecureContext(ctx);
+}
