@@ -149,12 +149,16 @@ function checkConfigPathWritable(cfg: AgentConfig): void {
 async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv, withEnvoy = true): Promise<Resolved> {
   // Loaded by the commands that need them: `version` and the others start faster without.
   const [{ resolveAll }, { claimConfigPath }] = await Promise.all([import('./lib/resolve'), import('./lib/config-path-lock')]);
-  const resolved = resolveAll(flags, env);
+  let resolved = resolveAll(flags, env);
   if (withEnvoy) checkEnvoyBinary(resolved.cfg);
   checkConfigPathWritable(resolved.cfg);
   // Before anything touches configPath: a second agent there would wreck the first one's Envoy.
   const lock = await claimConfigPath(resolved.cfg.proxy.configPath);
   process.on('exit', () => lock.release());
+  // Which SDS sockets other servers serve decides the node metadata and the bootstrap (as Go's Run): resolved again
+  // only when one does.
+  const sockets = await (await import('./lib/sds-sockets')).probeSdsSockets(resolved.cfg.sdsSocket);
+  if (sockets.externalSds || sockets.credentialSocket) resolved = resolveAll(flags, env, sockets);
   return resolved;
 }
 
@@ -398,10 +402,10 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     await envoy.validateFirst();
     log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
     const { prebindUnixSocket, socketInUse } = await import('./lib/unix-socket');
-    const sdsServedElsewhere = await socketInUse(cfg.sdsSocket);
+    const sdsServedElsewhere = await socketInUse(cfg.sdsServeSocket);
     await prebindUnixSocket(cfg.xdsSocket);
     // A socket that cannot be bound fails the start only if the agent has certificates to serve (see lib/workload-identity.ts).
-    const sdsUnavailable = sdsServedElsewhere ? undefined : await prebindUnixSocket(cfg.sdsSocket).then(() => undefined, (err: Error) => err);
+    const sdsUnavailable = sdsServedElsewhere ? undefined : await prebindUnixSocket(cfg.sdsServeSocket).then(() => undefined, (err: Error) => err);
     signals.whenEnvoy(envoy);
     await envoy.start();
     // Beside Envoy the gRPC bootstrap is a by-product (an app may use proxyless gRPC next to the sidecar): a failure

@@ -110,6 +110,7 @@ export function templateVariables(cfg: AgentConfig, node: NodeIdentity): Json {
     metadata_discovery: metadataDiscovery(cfg, node),
     metrics_localhost_access_only: p.proxyMetadata.METRICS_LOCALHOST_ACCESS_ONLY === 'true',
     workload_identity_socket_file: cfg.workloadIdentitySocketFile,
+    ...(cfg.sockets.externalSds ? { custom_file_path: cfg.sdsServeSocket } : {}),
     localhost: net.localhost,
     wildcard: net.wildcard,
     dns_lookup_family: net.dnsLookupFamily,

@@ -260,6 +260,8 @@ function localClusters(cfg: AgentConfig, net: LocalNet): Json[] {
     loopbackCluster('prometheus_stats', net.localhost, cfg.proxy.proxyAdminPort),
     loopbackCluster('agent', net.localhost, cfg.proxy.statusPort),
     pipeCluster('sds-grpc', cfg.sdsSocket),
+    // Another server serves sds-grpc: the agent's own SDS server serves file certificates here (Go's custom_file_path).
+    ...(cfg.sockets.externalSds ? [pipeCluster('sds-files-grpc', cfg.sdsServeSocket)] : []),
     {
       // One ADS stream per connection, so a new stream always comes with a new connection to the agent.
       // Set in the protocol options: the Cluster-level max_requests_per_connection is deprecated.

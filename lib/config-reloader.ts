@@ -41,7 +41,7 @@ export class ConfigReloader implements Component {
 
   private refresh(why: string): void {
     try {
-      const r = resolveAll(this.o.flags, this.o.env);
+      const r = resolveAll(this.o.flags, this.o.env, this.o.resolved.cfg.sockets);
       if (r.cfg.proxy.statusPort !== this.o.resolved.cfg.proxy.statusPort) log.warn('a new statusPort takes effect only when the agent restarts');
       this.watcher.watch(this.watched(r));
       this.o.onChange(r, this.generation);

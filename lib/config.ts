@@ -35,6 +35,18 @@ export interface ConfigInputs {
   env: Env;
   /** Returns the file's text, or undefined when it does not exist. */
   readFile(file: string): string | undefined;
+  /** What the agent found at the well-known SDS sockets at start (lib/sds-sockets.ts); default: nothing. */
+  sockets?: SdsSocketFacts;
+}
+
+/**
+ * The Go agent's socket facts: `externalSds`, another server (e.g. SPIRE's agent) serves the workload SDS socket, so
+ * the agent serves only file certificates, on FILES_SOCKET (Go's ServeOnlyFiles, metadata `file-credential`);
+ * `credentialSocket`, a server answers on CREDENTIAL_SOCKET (metadata `credential`, istiod's `sds-external`).
+ */
+export interface SdsSocketFacts {
+  externalSds: boolean;
+  credentialSocket: boolean;
 }
 
 export interface AgentConfig {
@@ -75,7 +87,11 @@ export interface AgentConfig {
   minimumDrainDuration: number;
   maximumDrainDuration: number;
   xdsSocket: string;
+  /** The workload SDS socket Envoy's sds-grpc cluster names: WORKLOAD_SDS_DIR/WORKLOAD_IDENTITY_SOCKET_FILE. */
   sdsSocket: string;
+  /** Where the agent's own SDS server listens: sdsSocket, or FILES_SOCKET when another server serves sdsSocket. */
+  sdsServeSocket: string;
+  sockets: SdsSocketFacts;
   /** ENVOY_ADMIN_MODE=uds: Envoy's admin listens on this Unix socket instead of proxyAdminPort ('' for TCP). */
   envoyAdminSocket: string;
   standaloneDir: string;
@@ -113,7 +129,19 @@ export const POD_LABELS_FILE = './etc/istio/pod/labels';
 /** Where Istio's images (and VM packages) put the bootstrap template; the Go agent renders it when present. */
 export const DEFAULT_TEMPLATE_FILE = './var/lib/istio/envoy/envoy_bootstrap_tmpl.json';
 export const POD_ANNOTATIONS_FILE = './etc/istio/pod/annotations';
-export const SDS_SOCKET = './var/run/secrets/workload-spiffe-uds/socket';
+export const WORKLOAD_SDS_DIR = './var/run/secrets/workload-spiffe-uds';
+export const SDS_SOCKET = `${WORKLOAD_SDS_DIR}/socket`;
+/** Istio's gateway credential socket (pkg/security CredentialNameSocketPath) and the agent's files-only SDS one. */
+export const CREDENTIAL_SOCKET = './var/run/secrets/credential-uds/socket';
+export const FILES_SOCKET = './var/run/secrets/credential-uds/files-socket';
+
+/** WORKLOAD_IDENTITY_SOCKET_FILE names a file in WORKLOAD_SDS_DIR, never a path (Go refuses one at start). */
+export function workloadSdsSocket(file: string, source: string): string {
+  if (!file || file !== path.basename(file) || file === '.' || file === '..') {
+    throw configError('WORKLOAD_IDENTITY_SOCKET_FILE', source, `workload identity socket file override must be a filename, not a path: ${file}`);
+  }
+  return `${WORKLOAD_SDS_DIR}/${file}`;
+}
 
 const ENVOY_LEVELS = new Set(['trace', 'debug', 'info', 'warning', 'warn', 'error', 'critical', 'off']);
 
@@ -283,6 +311,8 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   const dnsEnabled = (envs.ISTIO_META_DNS_CAPTURE.get(effEnv) && proxyType === 'sidecar') || envs.ISTIO_META_ENABLE_DNS_SERVER.get(effEnv);
   const dnsProxyAddr = envs.DNS_PROXY_ADDR.get(effEnv);
   const envoyAdminSocket = adminSocketFor(proxy.configPath, effEnv, envSource, sources);
+  const sdsSocket = workloadSdsSocket(envs.WORKLOAD_IDENTITY_SOCKET_FILE.get(effEnv), envSource('WORKLOAD_IDENTITY_SOCKET_FILE'));
+  const sockets: SdsSocketFacts = Object.freeze({ externalSds: false, credentialSocket: false, ...inputs.sockets });
   const listeners: PortUse[] = [
     ...(envoyAdminSocket ? [] : [{ field: 'proxyAdminPort', what: "Envoy's admin", port: proxy.proxyAdminPort, source: sources.proxyAdminPort! }]),
     { field: 'statusPort', what: "the agent's status server", port: proxy.statusPort, source: sources.statusPort! },
@@ -335,7 +365,9 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     minimumDrainDuration: envs.MINIMUM_DRAIN_DURATION.get(effEnv),
     maximumDrainDuration: envs.MAXIMUM_DRAIN_DURATION.get(effEnv),
     xdsSocket: path.join(proxy.configPath, 'XDS'),
-    sdsSocket: SDS_SOCKET,
+    sdsSocket,
+    sdsServeSocket: sockets.externalSds ? FILES_SOCKET : sdsSocket,
+    sockets,
     envoyAdminSocket,
     standaloneDir: flags.standalone ?? '',
     discoveryLimits: { maxFileBytes: envs.DISCOVERY_MAX_FILE_BYTES.get(effEnv), maxDocuments: envs.DISCOVERY_MAX_DOCUMENTS.get(effEnv) },

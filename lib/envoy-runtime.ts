@@ -139,7 +139,8 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
    * socket file; they are 0660) and the base id file Envoy writes into the agent's directory.
    */
   private prepareForEnvoyUser(baseId: number | undefined): void {
-    for (const socket of [this.cfg.xdsSocket, this.cfg.sdsSocket]) {
+    // The agent's own SDS socket only: one another server serves is not the agent's to give away.
+    for (const socket of [this.cfg.xdsSocket, this.cfg.sdsServeSocket]) {
       try {
         if (fs.lstatSync(socket).isSocket()) this.giveToEnvoy(socket);
       } catch {

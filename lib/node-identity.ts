@@ -181,6 +181,10 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
   if (cfg.skipDeprecatedLogs) metadata.ENVOY_SKIP_DEPRECATED_LOGS = 'true';
   else delete metadata.ENVOY_SKIP_DEPRECATED_LOGS;
   metadata.WORKLOAD_IDENTITY_SOCKET_FILE = cfg.workloadIdentitySocketFile;
+  // As Go's GetNodeMetaData: istiod adds the sds-external cluster for `credential`, and sends file certificates over
+  // sds-files-grpc for `file-credential`.
+  if (cfg.sockets.credentialSocket) metadata.credential = 'true';
+  if (cfg.sockets.externalSds) metadata['file-credential'] = 'true';
   metadata.PROXY_CONFIG = proxyConfigJson(cfg.proxy, cfg.sources);
 
   const locality: NodeIdentity['locality'] = {};

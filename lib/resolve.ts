@@ -3,7 +3,7 @@
 
 import * as fs from 'node:fs';
 import * as os from 'node:os';
-import { buildConfig, type AgentConfig, type Flags } from './config';
+import { buildConfig, type AgentConfig, type Flags, type SdsSocketFacts } from './config';
 import type { Env } from './env';
 import { AgentError, errorMessage } from './errors';
 import { buildNodeIdentity, type HostAddress, type NodeIdentity } from './node-identity';
@@ -36,8 +36,8 @@ export function hostAddresses(): HostAddress[] {
 }
 
 /** Throws AgentError naming the field and where its value came from. */
-export function resolveAll(flags: Flags, env: Env): Resolved {
-  const cfg = buildConfig({ flags, env, readFile: readFileOrUndefined });
+export function resolveAll(flags: Flags, env: Env, sockets?: SdsSocketFacts): Resolved {
+  const cfg = buildConfig({ flags, env, readFile: readFileOrUndefined, sockets });
   const node = buildNodeIdentity(cfg, env, hostAddresses(), ISTIO_VERSION_IMPLEMENTED);
   const { bootstrap, inputs } = resolveBootstrap(cfg, node, readFileOrUndefined);
   return { cfg, node, bootstrap, inputs: [cfg.meshConfigFile, ...inputs] };

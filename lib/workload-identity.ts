@@ -2,8 +2,10 @@
 // present, else a CA (CA_ADDR or the discovery address; in standalone mode the embedded discovery server's CA
 // when the config directory declares identities). Returns the secret cache and the SDS server for agent.ts to
 // connect and start; standalone without a CA, they serve only the certificate files the config names (a Gateway's
-// serverCertificate, a DestinationRule's caCertificates) and no workload certificate. Undefined when another SDS
-// server (e.g. SPIRE's agent) already serves the socket: then Envoy uses that one, as in Istio.
+// serverCertificate, a DestinationRule's caCertificates) and no workload certificate. When another SDS server (e.g.
+// SPIRE's agent) served the workload socket at start (cfg.sockets.externalSds), Envoy takes its identity from that
+// one and the agent serves only file certificates, on cfg.sdsServeSocket, as Go's ServeOnlyFiles.
+// Undefined when a server appeared on the agent's socket since: then Envoy uses that one.
 
 import * as path from 'node:path';
 import { CaClient, caClientOptions } from './ca-client';
@@ -43,13 +45,14 @@ export async function workloadIdentity(
   standaloneSocket?: string,
   seen: { sdsServedElsewhere?: boolean; sdsUnavailable?: Error } = {},
 ): Promise<WorkloadIdentity | undefined> {
-  if (seen.sdsServedElsewhere ?? (await socketInUse(cfg.sdsSocket))) {
-    log.info(`an SDS server already serves ${cfg.sdsSocket}; Envoy uses it and the agent serves no secrets`);
+  const filesOnly = cfg.sockets.externalSds;
+  if (seen.sdsServedElsewhere ?? (await socketInUse(cfg.sdsServeSocket))) {
+    log.info(`an SDS server already serves ${cfg.sdsServeSocket}; Envoy uses it and the agent serves no secrets`);
     return undefined;
   }
-  const mounted = mountedCertsDir(envs.FILE_MOUNTED_CERTS.get(env), undefined, envs.OUTPUT_CERTS.get(env));
+  const mounted = filesOnly ? undefined : mountedCertsDir(envs.FILE_MOUNTED_CERTS.get(env), undefined, envs.OUTPUT_CERTS.get(env));
   let signer: CaClient | undefined;
-  if (!mounted) {
+  if (!mounted && !filesOnly) {
     if (standaloneSocket) {
       if (caDeclared(cfg.standaloneDir)) {
         const o = caClientOptions(cfg, env);
@@ -61,7 +64,7 @@ export async function workloadIdentity(
   }
   if (seen.sdsUnavailable) {
     if (mounted || signer) throw seen.sdsUnavailable;
-    log.warn(`no SDS server: ${seen.sdsUnavailable.message}; Envoy gets no file certificates (make ${path.dirname(cfg.sdsSocket)} writable to serve them)`);
+    log.warn(`no SDS server: ${seen.sdsUnavailable.message}; Envoy gets no file certificates (make ${path.dirname(cfg.sdsServeSocket)} writable to serve them)`);
     return undefined;
   }
   const cache = new SecretCache({
@@ -79,7 +82,7 @@ export async function workloadIdentity(
     outputMode: envs.KUBERNETES_SERVICE_HOST.isSet(env) ? 0o644 : 0o600,
     debounceMs: envs.FILE_DEBOUNCE_DURATION.get(env),
     // file-cert:/file-root: files are served only if the uid that can connect to the SDS socket could read them.
-    sdsSocket: cfg.sdsSocket,
+    sdsSocket: cfg.sdsServeSocket,
     crlFile: envs.PILOT_ENABLE_CA_CRL.get(env) ? CA_CRL_FILE : undefined,
     // As the Go agent (security/pkg/nodeagent/sds/sdsservice.go, "Pre-generate workload certificates to improve
     // startup latency"): the certificate is asked for at start, so it is there when Envoy's first listener needs
@@ -87,6 +90,6 @@ export async function workloadIdentity(
     lazy: true,
     prefetch: true,
   });
-  const sds = new SdsServer({ socketPath: cfg.sdsSocket, provider: cache, maxNamesPerStream: envs.SDS_MAX_NAMES_PER_STREAM.get(env) });
-  return { cache, sds, signer, source: mounted ? `files in ${mounted}` : signer ? `CA ${signer.address}` : 'file certificates only (no CA)' };
+  const sds = new SdsServer({ socketPath: cfg.sdsServeSocket, provider: cache, maxNamesPerStream: envs.SDS_MAX_NAMES_PER_STREAM.get(env) });
+  return { cache, sds, signer, source: mounted ? `files in ${mounted}` : signer ? `CA ${signer.address}` : filesOnly ? `file certificates only (${cfg.sdsSocket} serves the workload identity)` : 'file certificates only (no CA)' };
 }
