@@ -6,6 +6,7 @@
 // default name, so Envoy would get no certificate. Go dials gRPC with a 1 s deadline; a connect is asked here.
 
 import * as fs from 'node:fs';
+import * as path from 'node:path';
 import { CREDENTIAL_SOCKET, SDS_SOCKET, type SdsSocketFacts } from './config';
 import { AgentError, errorMessage } from './errors';
 import { scope } from './log';
@@ -38,7 +39,8 @@ export async function checkSocket(p: string): Promise<boolean> {
 export async function probeSdsSockets(sdsSocket: string): Promise<SdsSocketFacts> {
   const [externalSds, credentialSocket] = await Promise.all([checkSocket(sdsSocket), checkSocket(CREDENTIAL_SOCKET)]);
   if (!externalSds && sdsSocket !== SDS_SOCKET) {
-    throw new AgentError('CONFIG_INVALID', `agent configured for non-default SDS socket path: ${sdsSocket} but no socket found `
+    // Go's words, and its path (filepath.Join drops the leading ./).
+    throw new AgentError('CONFIG_INVALID', `agent configured for non-default SDS socket path: ${path.normalize(sdsSocket)} but no socket found `
       + '(WORKLOAD_IDENTITY_SOCKET_FILE names a socket another SDS server must serve)');
   }
   if (externalSds) log.info(`existing workload SDS socket found at ${sdsSocket}: the agent's SDS server will only serve files`);

@@ -48,7 +48,9 @@ test('a non-default WORKLOAD_IDENTITY_SOCKET_FILE that nothing serves: start-up 
   try {
     const r = await run({ WORKLOAD_IDENTITY_SOCKET_FILE: 'spire.sock', PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin() }) }, dir.path);
     assert.is(r.code, 1, r.out);
-    assert.match(r.out, /agent configured for non-default SDS socket path: \.\/var\/run\/secrets\/workload-spiffe-uds\/spire\.sock but no socket found/);
+    // The Go agent's line, checked against /root/go/bin/pilot-agent: "agent configured for non-default SDS socket path:
+    // var/run/secrets/workload-spiffe-uds/spire.sock but no socket found".
+    assert.match(r.out, /^error: agent configured for non-default SDS socket path: var\/run\/secrets\/workload-spiffe-uds\/spire\.sock but no socket found/m);
   } finally {
     dir.cleanup();
   }
