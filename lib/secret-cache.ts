@@ -418,7 +418,8 @@ export class SecretCache implements Component, SecretProvider {
         fs.mkdirSync(this.o.outputDir, { recursive: true, mode: mode & 0o044 ? 0o755 : 0o700 });
         writeFileAtomic(path.join(this.o.outputDir, KEY), w.keyPem, mode);
         writeFileAtomic(path.join(this.o.outputDir, CERT_CHAIN), w.chainPem, mode);
-        writeFileAtomic(path.join(this.o.outputDir, ROOT_CERT), w.rootPem, mode);
+        // With the control plane's roots, as Go writes the merged bundle.
+        writeFileAtomic(path.join(this.o.outputDir, ROOT_CERT), mergeRoots(w.rootPem, this.extraRoots), mode);
       } catch (e) {
         this.fail('output', `cannot write OUTPUT_CERTS: ${errorMessage(e)}`);
       }

@@ -23,7 +23,8 @@ import { startAgent } from './helpers/agent';
 import { CLUSTER, ControlPlane, LISTENER } from './helpers/control-plane';
 import { envoyBin, freePort, tempDir, waitFor } from './helpers/harness';
 import { startSdsEnvoy, type SdsEnvoy } from './helpers/sds-envoy';
-import { makeLeaf, makeRoot, type Issuer } from './helpers/test-ca';
+import { makeLeaf, makeRoot, signCsr, type Issuer } from './helpers/test-ca';
+import type { CertificateSigner } from '../lib/ca-client';
 
 const ID = spiffeId('cluster.local', 'ns', 'web');
 
@@ -83,6 +84,38 @@ test('PCDS roots: merged into ROOTCA once each, sorted, as Go does; one that doe
   assert.is(mergeRoots(a.pem, []), a.pem);
   assert.throws(() => configTrustBundle([a.pem, 'junk']), /ProxyConfig\.caCertificatesPem\[1\]: no PEM certificate/);
   assert.equal(decodeProxyConfigCaCerts(Buffer.from(wrapAny(encodeProxyConfigCaCerts([a.pem, b.pem])))), [a.pem, b.pem]);
+});
+
+test('PCDS roots with a CA: ROOTCA is pushed with them, the workload certificate is renewed (as Go), OUTPUT_CERTS has the union', async () => {
+  const dir = tempDir('pa-knobs-pcds-ca-');
+  const [ca, extra] = [await makeRoot('mesh ca'), await makeRoot('next ca')];
+  let signed = 0;
+  const signer: CertificateSigner = {
+    address: 'test-ca',
+    async sign(csr: string) {
+      signed++;
+      return [await signCsr(ca, csr), ca.pem];
+    },
+  };
+  const cache = new SecretCache({ identity: ID, algorithm: { kind: 'ECDSA' }, ttlMs: 3600_000, graceRatio: 0.5, graceJitter: 0, signer, outputDir: path.join(dir.path, 'out') });
+  const pushed: string[] = [];
+  cache.onUpdate((n) => pushed.push(n));
+  try {
+    await cache.start();
+    await waitFor('first certificate', () => cache.secret('default'));
+    assert.is(signed, 1);
+    cache.setConfigTrustBundle([extra.pem]);
+    const root = cache.secret('ROOTCA');
+    assert.ok(root?.kind === 'root' && root.rootPem.includes(extra.pem.trim()) && root.rootPem.includes(ca.pem.trim()));
+    await waitFor('renewed', () => signed === 2);
+    await waitFor('OUTPUT_CERTS root has both', () => fs.readFileSync(path.join(dir.path, 'out/root-cert.pem'), 'utf8').includes(extra.pem.trim()));
+    cache.setConfigTrustBundle([extra.pem]);
+    assert.is(signed, 2, 'the same bundle again changes nothing');
+    assert.ok(pushed.filter((n) => n === 'ROOTCA').length >= 2);
+  } finally {
+    await cache.close();
+    dir.cleanup();
+  }
 });
 
 /** An Any (type_url 1, value 2) as the xDS proxy hands resources to agent handlers. */
