@@ -3,9 +3,11 @@
 //   Go's UpdateConfigTrustBundle merges them (root migration): a peer signed by the pushed root is accepted after
 //   the push, one signed by the old root still is, and a root that does not parse NACKs the push;
 // - the plugged-in CA's CRL (PILOT_ENABLE_CA_CRL, Istio's /var/run/secrets/istio/crl/ca-crl.pem) goes into ROOTCA's
-//   validation context: a revoked peer is refused once the file appears, accepted again once it is gone.
+//   validation context: a revoked peer is refused once the file appears, accepted again once it is gone (the secret
+//   cache with a real Envoy, and the whole agent in a mount namespace where that path is a test directory).
 
 import 'reflect-metadata';
+import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -19,7 +21,7 @@ import { spiffeId } from '../lib/csr';
 import { SdsServer, secretResource } from '../lib/sds-server';
 import { configTrustBundle, mergeRoots, readCrl, SecretCache } from '../lib/secret-cache';
 import { decodeProxyConfigCaCerts, encodeProxyConfigCaCerts, PROXY_CONFIG_TYPE } from '../lib/xds-istio';
-import { startAgent } from './helpers/agent';
+import { agentBin, startAgent } from './helpers/agent';
 import { CLUSTER, ControlPlane, LISTENER } from './helpers/control-plane';
 import { envoyBin, freePort, tempDir, waitFor } from './helpers/harness';
 import { startSdsEnvoy, type SdsEnvoy } from './helpers/sds-envoy';
@@ -232,6 +234,56 @@ test('PILOT_ENABLE_CA_CRL: a real Envoy refuses a revoked peer once the CRL file
     await envoy?.stop();
     await sds.close();
     await cache.close();
+    be.close();
+    dir.cleanup();
+  }
+});
+
+test('the agent reads Istio\'s CRL path: in a mount namespace with /var/run/secrets/istio/crl mounted, a revoked peer is refused', async () => {
+  const dir = tempDir('pa-knobs-crl-agent-');
+  const root = await makeRoot('plugged-in ca');
+  mountCerts(path.join(dir.path, 'etc/certs'), await makeLeaf(root, { uri: ID }), root);
+  const revoked = await makeLeaf(root, { uri: spiffeId('cluster.local', 'ns', 'revoked') });
+  const crlDir = path.join(dir.path, 'crl-configmap');
+  fs.mkdirSync(crlDir);
+  const cp = new ControlPlane();
+  await cp.start();
+  cp.set(CLUSTER, 'c1', []);
+  const be = await backend();
+  const status = await freePort();
+  const env = {
+    PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/root',
+    PROXY_CONFIG: JSON.stringify({
+      configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(),
+      discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE', drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
+    }),
+    POD_NAME: 'web-1', POD_NAMESPACE: 'ns', SERVICE_ACCOUNT: 'web', INSTANCE_IP: '127.0.0.1', FILE_MOUNTED_CERTS: 'true',
+    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()), CRL_DIR: crlDir,
+  };
+  // A private /run holding only the config map's directory at Istio's path; the host's /run is untouched.
+  const script = 'mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/istio/crl && mount --bind "$CRL_DIR" /run/secrets/istio/crl && exec "$@"';
+  const proc = spawn('unshare', ['-m', '--propagation', 'private', 'sh', '-c', script, 'sh', agentBin(), 'proxy', 'sidecar'], { cwd: dir.path, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
+  proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));
+  const exited = new Promise<void>((r) => proc.once('exit', () => r()));
+  let envoy: SdsEnvoy | undefined;
+  try {
+    const sock = path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket');
+    await waitFor('the agent serves SDS', () => fs.existsSync(sock), 20_000).catch((e: Error) => { throw new Error(`${e.message}\n${out}`); });
+    const port = await freePort();
+    envoy = await startSdsEnvoy({ sdsSocket: sock, inbound: { port, backendPort: (be.address() as AddressInfo).port } });
+    await waitFor('Envoy accepts the peer while there is no CRL', async () => (await mtlsGet(port, root.pem, revoked)) === 'from-backend', 20_000, 200)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${out}`); });
+    writeAtomic(path.join(crlDir, 'ca-crl.pem'), await makeCrl(root, [new x509.X509Certificate(revoked.certPem).serialNumber]));
+    await waitFor('Envoy refuses the revoked peer', async () => /^error/.test(await mtlsGet(port, root.pem, revoked)), 15_000, 200)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${out}`); });
+    assert.match(out, /CA CRL from \/var\/run\/secrets\/istio\/crl\/ca-crl\.pem put into ROOTCA/);
+  } finally {
+    await envoy?.stop();
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
+    await exited;
+    await cp.stop();
     be.close();
     dir.cleanup();
   }
