@@ -77,7 +77,13 @@ export function secretVersion(v: SecretValue): string {
 export function secretResource(name: string, v: SecretValue): AnyMessage {
   const body = v.kind === 'tls'
     ? { name, tls_certificate: { certificate_chain: { inline_bytes: Buffer.from(v.certChainPem) }, private_key: { inline_bytes: Buffer.from(v.keyPem) } } }
-    : { name, validation_context: { trusted_ca: { inline_bytes: Buffer.from(v.rootPem) }, ...(v.crlPem ? { crl: { inline_bytes: Buffer.from(v.crlPem) } } : {}) } };
+    : {
+      name,
+      validation_context: {
+        trusted_ca: { inline_bytes: Buffer.from(v.rootPem) },
+        ...(v.crlPem ? { crl: { inline_bytes: Buffer.from(v.crlPem) } } : {}),
+      },
+    };
   return packAny('envoy.extensions.transport_sockets.tls.v3.Secret', body);
 }
 

@@ -40,10 +40,11 @@ export async function probeSdsSockets(sdsSocket: string): Promise<SdsSocketFacts
   const [externalSds, credentialSocket] = await Promise.all([checkSocket(sdsSocket), checkSocket(CREDENTIAL_SOCKET)]);
   if (!externalSds && sdsSocket !== SDS_SOCKET) {
     // Go's words, and its path (filepath.Join drops the leading ./).
-    throw new AgentError('CONFIG_INVALID', `agent configured for non-default SDS socket path: ${path.normalize(sdsSocket)} but no socket found `
+    const p = path.normalize(sdsSocket);
+    throw new AgentError('CONFIG_INVALID', `agent configured for non-default SDS socket path: ${p} but no socket found `
       + '(WORKLOAD_IDENTITY_SOCKET_FILE names a socket another SDS server must serve)');
   }
-  if (externalSds) log.info(`existing workload SDS socket found at ${sdsSocket}: the agent's SDS server will only serve files`);
+  if (externalSds) log.info(`existing workload SDS socket found at ${sdsSocket}: the agent serves only file secrets`);
   if (credentialSocket) log.info(`credential SDS socket found at ${CREDENTIAL_SOCKET}`);
   return { externalSds, credentialSocket };
 }

@@ -568,14 +568,15 @@ export class SecretCache implements Component, SecretProvider {
   private loadCrl(): void {
     const r = readCrl(this.o.crlFile!);
     if (r.error) {
-      if (r.error !== this.crlError) this.fail('bad_file', `${r.error}${this.crlPem ? '; keeping the last good CRL' : ''}`);
+      if (r.error !== this.crlError) this.fail('bad_file', r.error + (this.crlPem ? '; keeping the last good CRL' : ''));
       this.crlError = r.error;
       return;
     }
     this.crlError = '';
     if (r.pem === this.crlPem) return;
     this.crlPem = r.pem;
-    log.info(r.pem ? `CA CRL from ${this.o.crlFile} put into ${ROOT_SECRET}` : `CA CRL ${this.o.crlFile} is gone: ${ROOT_SECRET} has no CRL`);
+    const f = this.o.crlFile;
+    log.info(r.pem ? `CA CRL from ${f} put into ${ROOT_SECRET}` : `CA CRL ${f} is gone: ${ROOT_SECRET} has no CRL`);
     if (this.workload) this.emit(ROOT_SECRET);
   }
 

@@ -40,7 +40,9 @@ export const ISTIO_DESCRIPTOR = {
         },
         v1: { nested: { HealthInformation: { fields: {} } } },
         // Only the field the agent reads (PCDS roots); protobufjs skips the others.
-        mesh: { nested: { v1alpha1: { nested: { ProxyConfig: { fields: { ca_certificates_pem: { rule: 'repeated', type: 'string', id: 34 } } } } } } },
+        mesh: {
+          nested: { v1alpha1: { nested: { ProxyConfig: { fields: { ca_certificates_pem: { rule: 'repeated', type: 'string', id: 34 } } } } } },
+        },
       },
     },
   },
