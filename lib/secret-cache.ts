@@ -321,6 +321,8 @@ export class SecretCache implements Component, SecretProvider {
       nextRotation: iso(this.nextRotation),
       ca: this.o.signer && { address: this.o.signer.address, reachable: this.ca.reachable, lastSuccess: iso(this.ca.lastSuccess), lastFailure: iso(this.ca.lastFailure), lastError: this.ca.lastError || undefined },
       fileSecrets: [...this.fileSecrets.values()].map((f) => ({ name: f.name, loaded: !!f.value, error: f.error })),
+      rootsFromControlPlane: this.extraRoots.length,
+      crl: this.o.crlFile && { file: this.o.crlFile, loaded: !!this.crlPem, error: this.crlError || undefined },
       watchedFiles: this.watcher?.size ?? 0,
     };
   }

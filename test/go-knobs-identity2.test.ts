@@ -23,7 +23,7 @@ import { configTrustBundle, mergeRoots, readCrl, SecretCache } from '../lib/secr
 import { decodeProxyConfigCaCerts, encodeProxyConfigCaCerts, PROXY_CONFIG_TYPE } from '../lib/xds-istio';
 import { agentBin, startAgent } from './helpers/agent';
 import { CLUSTER, ControlPlane, LISTENER } from './helpers/control-plane';
-import { envoyBin, freePort, tempDir, waitFor } from './helpers/harness';
+import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
 import { startSdsEnvoy, type SdsEnvoy } from './helpers/sds-envoy';
 import { makeLeaf, makeRoot, signCsr, type Issuer } from './helpers/test-ca';
 import type { CertificateSigner } from '../lib/ca-client';
@@ -161,6 +161,9 @@ test('PCDS (PROXY_CONFIG_XDS_AGENT): after the push a real Envoy accepts a peer 
     await waitFor('Envoy accepts a peer of the pushed root', async () => (await mtlsGet(port, oldRoot.pem, newPeer)) === 'from-backend', 15_000, 200)
       .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     assert.is(await mtlsGet(port, oldRoot.pem, oldPeer), 'from-backend', 'ROOTCA is the union: the old root still verifies');
+    const certs = JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/certs`)).body);
+    assert.is(certs.rootsFromControlPlane, 1);
+    assert.equal(certs.crl, { file: '/var/run/secrets/istio/crl/ca-crl.pem', loaded: false });
 
     cp.set(PROXY_CONFIG_TYPE, 'p2', [{ name: 'pc', any: { type_url: PROXY_CONFIG_TYPE, value: encodeProxyConfigCaCerts(['-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n']) } }]);
     const nack = await cp.waitForRequest('the agent NACKs a root that does not parse', (q) => q.typeUrl === PROXY_CONFIG_TYPE && !!q.error);
