@@ -81,5 +81,10 @@ export function startupRootCheck(env: Env, tls: boolean, exists: (p: string) => 
   const provider = pilotCertProvider(envs.PILOT_CERT_PROVIDER.get(env));
   if (provider !== 'none' || !tls || envs.XDS_ROOT_CA.get(env)) return;
   const provCert = envs.PROV_CERT.get(env);
+  // Go looks at the mounted certificates' ISTIO_META_TLS_CLIENT_ROOT_CERT before it checks for none.
+  const credentials = './var/run/secrets/workload-spiffe-credentials';
+  const fileMounted = envs.FILE_MOUNTED_CERTS.get(env)
+    || ['cert-chain.pem', 'key.pem', 'root-cert.pem'].every((f) => exists(`${credentials}/${f}`));
+  if (!provCert && fileMounted && envs.ISTIO_META_TLS_CLIENT_ROOT_CERT.get(env)) return;
   defaultRoot(provider, { provCert, mounted: MOUNTED_ROOT_CA, mountedExists: exists(MOUNTED_ROOT_CA), istiod: ISTIOD_ROOT_CA }, 'XDS');
 }

@@ -13,6 +13,7 @@ import * as tls from 'node:tls';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { CaClient } from '../lib/ca-client';
+import { startupRootCheck } from '../lib/cert-provider';
 import { buildConfig } from '../lib/config';
 import { generateKeyAndCsr } from '../lib/csr';
 import { envoyEnvironment, FIPS_TLS12_CIPHERS, tlsRestriction } from '../lib/tls-policy';
@@ -40,6 +41,14 @@ test('ISTIO_META_TLS_CLIENT_*: used for xDS only with mounted certificates and n
   const pm = { FILE_MOUNTED_CERTS: 'true', PROXY_CONFIG: JSON.stringify({ proxyMetadata: meta }) };
   const c = cfg(pm);
   assert.is(upstreamFromConfig(c, { ...c.proxy.proxyMetadata, ...pm }).clientCertFile, '/c.pem');
+});
+
+test('PILOT_CERT_PROVIDER=none: ISTIO_META_TLS_CLIENT_ROOT_CERT of mounted certificates is a root for XDS, as Go looks at it first', () => {
+  const none = { PILOT_CERT_PROVIDER: 'none' };
+  assert.throws(() => startupRootCheck(none, true, () => false), /root CA file for XDS is required/);
+  const env = { ...none, FILE_MOUNTED_CERTS: 'true', ISTIO_META_TLS_CLIENT_ROOT_CERT: '/r.pem' };
+  startupRootCheck(env, true, () => false);
+  assert.throws(() => startupRootCheck({ ...none, ISTIO_META_TLS_CLIENT_ROOT_CERT: '/r.pem' }, true, () => false), /is required/);
 });
 
 interface Pki { serverRoot: string; clientRoot: string; server: { certPem: string; keyPem: string }; client: { certPem: string; keyPem: string } }
