@@ -51,7 +51,8 @@ export interface OciModule {
 }
 
 /** Why a fetch failed, for the cache's log line and its `istio_agent_wasm_remote_fetch_count` result. */
-export type OciFailure = 'reference' | 'blocked' | 'auth' | 'manifest' | 'checksum' | 'too-large' | 'format' | 'download';
+export type OciFailure =
+  | 'reference' | 'blocked' | 'auth' | 'manifest' | 'checksum' | 'too-large' | 'format' | 'download';
 
 export class OciFetchError extends AgentError {
   readonly reason: OciFailure;
@@ -93,11 +94,13 @@ export interface ImageReference {
 const COMPONENT = '[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*';
 const REPOSITORY = new RegExp(`^${COMPONENT}(?:/${COMPONENT})*$`);
 const TAG = /^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$/;
-const HOST = /^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$/;
+const LABEL = '[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?';
+const HOST = new RegExp(`^(?:${LABEL}(?:\\.${LABEL})*|\\[[0-9A-Fa-f:.]+\\])(?::\\d{1,5})?$`);
 
 /** Parses `oci://host/repo:tag`, `host/repo@sha256:...` or a Docker Hub short name, as Docker's reference rules do. */
 export function parseImageReference(ref: string): ImageReference {
-  const bad = (why: string) => new OciFetchError('reference', `invalid OCI image reference ${JSON.stringify(ref.slice(0, 300))}: ${why}`);
+  const shown = JSON.stringify(ref.slice(0, 300));
+  const bad = (why: string) => new OciFetchError('reference', `invalid OCI image reference ${shown}: ${why}`);
   let rest = ref.startsWith('oci://') ? ref.slice(6) : ref;
   if (!rest || rest.length > 1024) throw bad('empty or too long');
   let reference = 'latest';
@@ -140,13 +143,14 @@ export async function fetchOciModule(ref: string, opts: OciFetchOptions): Promis
   log.info(`fetching image ${image.repository} from registry ${image.registry} with tag ${image.reference}`);
   const manifest = await client.manifest();
   if (image.byDigest && manifest.digest !== image.reference) {
-    throw new OciFetchError('checksum', `manifest of ${ref} has digest ${manifest.digest}, not the one it was asked by`);
+    throw new OciFetchError('checksum', `manifest of ${ref} has digest ${manifest.digest}, not the one asked for`);
   }
   const expected = opts.expectedManifestDigest;
   if (expected !== undefined) {
     const want = expected.startsWith('sha256:') ? expected : `sha256:${expected}`;
     if (want.toLowerCase() !== manifest.digest) {
-      throw new OciFetchError('checksum', `image ${ref} has manifest digest ${manifest.digest}, which does not match ${want}`);
+      const why = `image ${ref} has manifest digest ${manifest.digest}, which does not match ${want}`;
+      throw new OciFetchError('checksum', why);
     }
   }
   const module = await extractModule(client, manifest);
@@ -177,7 +181,8 @@ async function extractModule(client: RegistryClient, m: Manifest): Promise<Buffe
   const wasm = m.layers.find((l) => (MEDIA.wasmLayers as readonly string[]).includes(l.mediaType));
   if (!wasm) {
     const types = m.layers.map((l) => l.mediaType).join(', ');
-    throw new OciFetchError('format', `the image has neither a tar layer holding ${WASM_FILE} last nor a Wasm layer (layers: ${types})`);
+    const why = `the image has neither a tar layer holding ${WASM_FILE} last nor a Wasm layer (layers: ${types})`;
+    throw new OciFetchError('format', why);
   }
   return client.blob(wasm, client.opts.maxBytes);
 }
@@ -202,10 +207,12 @@ function unpackLayer(blob: Buffer, maxBytes: number): Buffer {
   }
   if (!entry) throw new OciFetchError('format', `${WASM_FILE} not found in the layer`);
   if (entry.data.length > maxBytes) {
-    throw new OciFetchError('too-large', `${WASM_FILE} is ${entry.data.length} bytes, more than the cap of ${maxBytes}`);
+    throw new OciFetchError('too-large', `${WASM_FILE} is ${entry.data.length} bytes, more than the cap, ${maxBytes}`);
   }
   return Buffer.from(entry.data);
 }
+
+type Headers = Record<string, string>;
 
 interface Response {
   status: number;
@@ -253,7 +260,8 @@ class RegistryClient {
     const o = (doc ?? {}) as Record<string, unknown>;
     const mediaType = typeof o.mediaType === 'string' ? o.mediaType : contentType(res) ?? MEDIA.ociManifest;
     if (mediaType === MEDIA.ociIndex || mediaType === MEDIA.dockerList || Array.isArray(o.manifests)) {
-      throw new OciFetchError('manifest', `${this.image.reference} names an image index (${mediaType}); name one image's manifest or digest`);
+      const why = `${this.image.reference} names an image index (${mediaType}); name one image's tag or digest`;
+      throw new OciFetchError('manifest', why);
     }
     if (mediaType !== MEDIA.ociManifest && mediaType !== MEDIA.dockerManifest) {
       throw new OciFetchError('manifest', `unsupported manifest media type ${JSON.stringify(mediaType.slice(0, 100))}`);
@@ -271,17 +279,21 @@ class RegistryClient {
       throw new OciFetchError('too-large', `layer ${d.digest} is ${d.size} bytes, more than the cap of ${cap}`);
     }
     const res = await this.registryGet(`/v2/${this.image.repository}/blobs/${d.digest}`, {}, d.size, 'layer');
-    if (res.status !== 200) throw new OciFetchError('download', `could not fetch layer ${d.digest}: ${statusText(res)}`);
+    if (res.status !== 200) {
+      throw new OciFetchError('download', `could not fetch layer ${d.digest}: ${statusText(res)}`);
+    }
     if (res.body.length !== d.size) {
       throw new OciFetchError('checksum', `layer ${d.digest} is ${res.body.length} bytes, its manifest says ${d.size}`);
     }
     const got = sha256(res.body);
-    if (got !== d.digest) throw new OciFetchError('checksum', `layer ${d.digest} has digest ${got} (corrupt or tampered)`);
+    if (got !== d.digest) {
+      throw new OciFetchError('checksum', `layer ${d.digest} has digest ${got} (corrupt or tampered)`);
+    }
     return res.body;
   }
 
   /** GET on the registry with auth: on a 401 it answers the challenge once and repeats the request. */
-  private async registryGet(path: string, headers: Record<string, string>, cap: number, what: string): Promise<Response> {
+  private async registryGet(path: string, headers: Headers, cap: number, what: string): Promise<Response> {
     const url = () => new URL(`${this.scheme}://${this.apiHost}${path}`);
     const first = await this.get(url(), headers, cap, what);
     if (first.status !== 401) return first;
@@ -297,7 +309,10 @@ class RegistryClient {
   private async authenticate(challenge: string, res: Response): Promise<void> {
     const parsed = parseChallenge(challenge);
     if (parsed?.scheme === 'basic') {
-      if (!this.creds.basic) throw new OciFetchError('auth', `the registry asks for credentials and there is no pull secret for ${this.image.registry}`);
+      if (!this.creds.basic) {
+        const why = `the registry asks for credentials and there is no pull secret for ${this.image.registry}`;
+        throw new OciFetchError('auth', why);
+      }
       this.authorization = `Basic ${this.creds.basic}`;
       return;
     }
@@ -348,7 +363,7 @@ class RegistryClient {
   }
 
   /** One GET with retries, following redirects; learns the scheme on the first call. */
-  private async get(url: URL, headers: Record<string, string>, cap: number, what: string, auth = true): Promise<Response> {
+  private async get(url: URL, headers: Headers, cap: number, what: string, auth = true): Promise<Response> {
     const attempts = Math.max(1, this.opts.maxRetries);
     let lastErr: unknown;
     for (let attempt = 1; attempt <= attempts; attempt++) {
@@ -357,7 +372,8 @@ class RegistryClient {
         if (!retryable(res.status) || attempt === attempts) return res;
         lastErr = new OciFetchError('download', `${what}: ${statusText(res)}`);
       } catch (err) {
-        if (!(err instanceof TransientError)) throw err;
+        if (err instanceof OciFetchError) throw err;
+        if (!(err instanceof TransientError)) throw new OciFetchError('download', `${what}: ${errorMessage(err)}`, err);
         lastErr = err.cause;
         if (attempt === attempts) break;
       }
@@ -365,15 +381,18 @@ class RegistryClient {
       await sleep(Math.min(2000, 100 * 2 ** (attempt - 1)), this.opts.signal);
     }
     const stage = what === 'manifest' || what === 'token' ? 'manifest' : 'download';
-    throw new OciFetchError(stage, `could not fetch ${what} from ${url.host} after ${attempts} attempts: ${errorMessage(lastErr)}`, lastErr);
+    const why = `could not fetch ${what} from ${url.host} after ${attempts} attempts: ${errorMessage(lastErr)}`;
+    throw new OciFetchError(stage, why, lastErr);
   }
 
-  private async getFollowing(url: URL, headers: Record<string, string>, cap: number, what: string, auth: boolean): Promise<Response> {
+  private async getFollowing(url: URL, headers: Headers, cap: number, what: string, auth: boolean): Promise<Response> {
     let target = url;
     for (let hop = 0; ; hop++) {
       const h: Record<string, string> = { ...headers, 'user-agent': 'pilot-agent-ts wasm' };
       // Credentials go only to the registry itself, never to where it redirects (blob storage, CDNs).
-      if (auth && this.authorization && target.host === url.host && !h.authorization) h.authorization = this.authorization;
+      if (auth && this.authorization && target.host === url.host && !h.authorization) {
+        h.authorization = this.authorization;
+      }
       const res = await this.request(target, h, cap, what);
       const location = res.headers.location;
       if (![301, 302, 303, 307, 308].includes(res.status) || !location) return res;
@@ -385,7 +404,7 @@ class RegistryClient {
         throw new OciFetchError('download', `${what}: redirect to an invalid location`);
       }
       if (next.protocol !== 'https:' && !(next.protocol === 'http:' && this.opts.insecure)) {
-        throw new OciFetchError('download', `${what}: redirect to ${next.protocol} refused (HTTPS only for a secure registry)`);
+        throw new OciFetchError('download', `${what}: redirect to ${next.protocol} refused (HTTPS unless insecure)`);
       }
       target = next;
     }
@@ -401,8 +420,8 @@ class RegistryClient {
     } catch (err) {
       if (!isRegistry || this.schemeKnown || !speaksPlainHttp(err)) throw err;
       if (!this.opts.insecure) {
-        throw new OciFetchError('manifest', `registry ${this.image.registry} answers plain HTTP, and it is not listed as ` +
-          'insecure (WASM_INSECURE_REGISTRIES)', err);
+        const why = `registry ${this.image.registry} answers plain HTTP, and it is not listed as insecure`;
+        throw new OciFetchError('manifest', `${why} (WASM_INSECURE_REGISTRIES)`, err);
       }
       log.info(`registry ${this.image.registry} answers plain HTTP; using HTTP (it is listed as insecure)`);
       this.scheme = 'http';
@@ -430,8 +449,8 @@ class RegistryClient {
         ...(url.protocol === 'https:' ? { rejectUnauthorized: !opts.insecure, ca: opts.ca } : {}),
       });
       // Go's http.Client timeout: the whole request, body included, so a registry that drips bytes cannot hold on.
-      const deadline = setTimeout(() => fail(new TransientError(new Error(`no full answer within ${opts.timeoutMs} ms`))),
-        opts.timeoutMs);
+      const slow = () => fail(new TransientError(new Error(`no full answer within ${opts.timeoutMs} ms`)));
+      const deadline = setTimeout(slow, opts.timeoutMs);
       deadline.unref();
       const fail = (err: unknown) => {
         clearTimeout(deadline);
@@ -497,7 +516,9 @@ function descriptor(v: unknown, field: string): Descriptor {
     throw new OciFetchError('manifest', `manifest ${field} lacks mediaType, digest or size`);
   }
   if (!DIGEST.test(o.digest)) throw new OciFetchError('manifest', `manifest ${field}.digest is not a sha256 digest`);
-  if (!Number.isSafeInteger(o.size) || o.size < 0) throw new OciFetchError('manifest', `manifest ${field}.size is not a size`);
+  if (!Number.isSafeInteger(o.size) || o.size < 0) {
+    throw new OciFetchError('manifest', `manifest ${field}.size is not a size`);
+  }
   return { mediaType: o.mediaType, digest: o.digest, size: o.size };
 }
 
@@ -510,9 +531,13 @@ export function credentialsFor(registry: string, secret: Buffer | undefined): Cr
   } catch {
     throw new OciFetchError('auth', 'the image pull secret is not JSON (want a docker config: {"auths":{...}})');
   }
-  if (doc === null || typeof doc !== 'object') throw new OciFetchError('auth', 'the image pull secret is not a docker config object');
+  if (doc === null || typeof doc !== 'object') {
+    throw new OciFetchError('auth', 'the image pull secret is not a docker config object');
+  }
   const auths = ((doc as { auths?: unknown }).auths ?? doc) as Record<string, unknown>;
-  if (typeof auths !== 'object' || auths === null) throw new OciFetchError('auth', 'the image pull secret has no "auths" object');
+  if (typeof auths !== 'object' || auths === null) {
+    throw new OciFetchError('auth', 'the image pull secret has no "auths" object');
+  }
   const want = registry === 'docker.io' ? ['docker.io', 'index.docker.io', 'registry-1.docker.io'] : [registry];
   for (const [key, value] of Object.entries(auths)) {
     if (!want.includes(hostOfKey(key)) || value === null || typeof value !== 'object') continue;
@@ -536,7 +561,9 @@ export function parseChallenge(header: string): { scheme: string; params: Record
   if (!m) return undefined;
   const params: Record<string, string> = {};
   const re = /([A-Za-z_]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^,\s]*))\s*,?/g;
-  for (let p = re.exec(m[2]); p; p = re.exec(m[2])) params[p[1].toLowerCase()] = (p[2] ?? p[3] ?? '').replace(/\\(.)/g, '$1');
+  for (let p = re.exec(m[2]); p; p = re.exec(m[2])) {
+    params[p[1].toLowerCase()] = (p[2] ?? p[3] ?? '').replace(/\\(.)/g, '$1');
+  }
   return { scheme: m[1].toLowerCase(), params };
 }
 
@@ -549,8 +576,11 @@ function guardedLookup(isBlocked: (a: string) => boolean): net.LookupFunction {
         const e = Object.assign(new Error('blocked'), { ociError: blockedError(hostname, bad.address) });
         return callback(e as NodeJS.ErrnoException, '', 0);
       }
-      if (addresses.length === 0) return callback(Object.assign(new Error(`${hostname} has no address`), { code: 'ENOTFOUND' }), '', 0);
-      if ((options as { all?: boolean }).all) return (callback as unknown as (e: null, a: dns.LookupAddress[]) => void)(null, addresses);
+      if (addresses.length === 0) {
+        return callback(Object.assign(new Error(`${hostname} has no address`), { code: 'ENOTFOUND' }), '', 0);
+      }
+      type AllCallback = (e: null, a: dns.LookupAddress[]) => void;
+      if ((options as { all?: boolean }).all) return (callback as unknown as AllCallback)(null, addresses);
       callback(null, addresses[0].address, addresses[0].family);
     });
   };
@@ -561,14 +591,16 @@ function isBlockedLookup(err: unknown): boolean {
 }
 
 function blockedError(host: string, address: string): OciFetchError {
-  return new OciFetchError('blocked', `refusing to connect to ${host} (${address}): the address is in the Wasm fetch block list`);
+  const why = `refusing to connect to ${host} (${address}): the address is in the Wasm fetch block list`;
+  return new OciFetchError('blocked', why);
 }
 
 function isInternalIp(host: string): boolean {
   const v = net.isIP(host);
   if (v === 4) {
     const [a, b] = host.split('.').map(Number);
-    return a === 127 || a === 10 || (a === 172 && b >= 16 && b < 32) || (a === 192 && b === 168) || (a === 169 && b === 254) || a === 0;
+    const priv = a === 10 || (a === 172 && b >= 16 && b < 32) || (a === 192 && b === 168);
+    return priv || a === 127 || a === 0 || (a === 169 && b === 254);
   }
   if (v === 6) {
     const h = host.toLowerCase();
@@ -582,7 +614,8 @@ function isInternalIp(host: string): boolean {
 function speaksPlainHttp(err: unknown): boolean {
   const cause = err instanceof TransientError ? err.cause : err;
   const text = errorMessage(cause);
-  return (cause as NodeJS.ErrnoException)?.code === 'EPROTO' || /wrong version number|packet length too long|http request/i.test(text);
+  if ((cause as NodeJS.ErrnoException)?.code === 'EPROTO') return true;
+  return /wrong version number|packet length too long|http request/i.test(text);
 }
 
 function retryable(status: number): boolean {

@@ -28,7 +28,8 @@ export function ensureOciTools(): void {
   });
   if (missing.length) {
     const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
-    const install = () => execFileSync('apt-get', ['install', '-y', '-qq', '--no-install-recommends', ...missing], { stdio: 'inherit', env });
+    const args = ['install', '-y', '-qq', '--no-install-recommends', ...missing];
+    const install = () => execFileSync('apt-get', args, { stdio: 'inherit', env });
     try {
       install();
     } catch {
@@ -115,8 +116,10 @@ export async function startOciRegistry(opts: RegistryOptions = {}): Promise<OciR
       'version: 0.1',
       'log: { level: warn, accesslog: { disabled: true } }',
       `storage: { filesystem: { rootdirectory: ${JSON.stringify(path.join(dir.path, 'data'))} } }`,
-      `http: { addr: ${JSON.stringify(host)}${opts.tls ? `, tls: { certificate: ${JSON.stringify(path.join(dir.path, 'tls.crt'))}, key: ${JSON.stringify(path.join(dir.path, 'tls.key'))} }` : ''} }`,
     ];
+    const file = (name: string) => JSON.stringify(path.join(dir.path, name));
+    const tls = opts.tls ? `, tls: { certificate: ${file('tls.crt')}, key: ${file('tls.key')} }` : '';
+    lines.push(`http: { addr: ${JSON.stringify(host)}${tls} }`);
     let ca: string | undefined;
     if (opts.tls) {
       const root = await makeRoot('oci registry test CA');
@@ -128,14 +131,15 @@ export async function startOciRegistry(opts: RegistryOptions = {}): Promise<OciR
     let realm: string | undefined;
     if (auth === 'htpasswd') {
       fs.writeFileSync(path.join(dir.path, 'htpasswd'), `${user}:${bcrypt(password)}\n`);
-      lines.push(`auth: { htpasswd: { realm: test-registry, path: ${JSON.stringify(path.join(dir.path, 'htpasswd'))} } }`);
+      lines.push(`auth: { htpasswd: { realm: test-registry, path: ${file('htpasswd')} } }`);
     } else if (auth === 'token') {
       const token = await startTokenService(user, password);
       tokenServer = token.server;
       realm = token.realm;
       fs.writeFileSync(path.join(dir.path, 'token-ca.crt'), token.rootPem);
-      lines.push(`auth: { token: { realm: ${JSON.stringify(realm)}, service: ${TOKEN_SERVICE}, issuer: ${TOKEN_ISSUER}, ` +
-        `rootcertbundle: ${JSON.stringify(path.join(dir.path, 'token-ca.crt'))} } }`);
+      const who = `realm: ${JSON.stringify(realm)}, service: ${TOKEN_SERVICE}, issuer: ${TOKEN_ISSUER}`;
+      lines.push(`auth: { token: { ${who}, ` +
+        `rootcertbundle: ${file('token-ca.crt')} } }`);
     }
     const config = path.join(dir.path, 'config.yml');
     fs.writeFileSync(config, lines.join('\n') + '\n');
@@ -189,6 +193,12 @@ function bcrypt(password: string): string {
   return execFileSync('python3', ['-W', 'ignore', '-c', script, password], { encoding: 'utf8' }).trim();
 }
 
+interface TokenService {
+  server: http.Server;
+  realm: string;
+  rootPem: string;
+}
+
 const TOKEN_SERVICE = 'test-registry';
 const TOKEN_ISSUER = 'test-token-issuer';
 
@@ -196,7 +206,7 @@ const TOKEN_ISSUER = 'test-token-issuer';
  * The token service of the registry's token auth (distribution's "token" scheme): Basic credentials in, a JWT
  * signed with ES256 out, its signing certificate in the `x5c` header and its CA in the registry's rootcertbundle.
  */
-async function startTokenService(user: string, password: string): Promise<{ server: http.Server; realm: string; rootPem: string }> {
+async function startTokenService(user: string, password: string): Promise<TokenService> {
   const root = await makeRoot('registry token CA');
   const leaf = await makeLeaf(root, { dns: ['token-signer'] });
   const der = Buffer.from(leaf.certPem.replace(/-----[^-]+-----|\s/g, ''), 'base64');
@@ -231,7 +241,7 @@ async function startTokenService(user: string, password: string): Promise<{ serv
 }
 
 /** Writes the image as an OCI layout directory and copies it into the registry with skopeo. */
-async function pushImage(base: string, host: string, image: WasmImage, creds: string | undefined): Promise<PushedImage> {
+async function pushImage(base: string, host: string, image: WasmImage, creds?: string): Promise<PushedImage> {
   const dir = fs.mkdtempSync(path.join(base, 'layout-'));
   try {
     const { layerDigest } = writeOciLayout(dir, image);
