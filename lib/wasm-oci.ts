@@ -561,8 +561,10 @@ export function parseChallenge(header: string): { scheme: string; params: Record
   if (!m) return undefined;
   const params: Record<string, string> = {};
   const re = /([A-Za-z_]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^,\s]*))\s*,?/g;
+  // Several challenges arrive joined by commas: the first value of a parameter is the first challenge's.
   for (let p = re.exec(m[2]); p; p = re.exec(m[2])) {
-    params[p[1].toLowerCase()] = (p[2] ?? p[3] ?? '').replace(/\\(.)/g, '$1');
+    const key = p[1].toLowerCase();
+    if (!(key in params)) params[key] = (p[2] ?? p[3] ?? '').replace(/\\(.)/g, '$1');
   }
   return { scheme: m[1].toLowerCase(), params };
 }

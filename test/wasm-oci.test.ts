@@ -7,7 +7,9 @@ import * as http from 'node:http';
 import * as net from 'node:net';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { fetchOciModule, type OciFailure, OciFetchError, type OciFetchOptions, parseImageReference } from '../lib/wasm-oci';
+import {
+  fetchOciModule, type OciFailure, OciFetchError, type OciFetchOptions, parseChallenge, parseImageReference,
+} from '../lib/wasm-oci';
 import { findTarFile } from '../lib/tar-reader';
 import { type OciRegistry, startOciRegistry, tarOf } from './helpers/oci-registry';
 
@@ -221,12 +223,23 @@ test('hostile manifests: not JSON, an index, a bad digest, no layer holding the 
     await assertFails(fetchOciModule(ref, opts()), 'manifest', /layers\[0\]\.digest is not a sha256 digest/);
     body = JSON.stringify({ schemaVersion: 2, layers: [{ mediaType: 'text/plain', digest: `sha256:${'0'.repeat(64)}`, size: 1 }] });
     await assertFails(fetchOciModule(ref, opts()), 'format', /neither a tar layer .* nor a Wasm layer/);
+    // Asked by digest, a registry that answers with another manifest is caught.
+    body = JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', layers: [] });
+    const byDigest = ref.replace(':v1', `@sha256:${'1'.repeat(64)}`);
+    await assertFails(fetchOciModule(byDigest, opts()), 'checksum', /not the one asked for/);
     type = 'application/json';
     body = 'x'.repeat(5 << 20);
     await assertFails(fetchOciModule(ref, opts()), 'too-large', /manifest is/);
   } finally {
     await new Promise((r) => server.close(r));
   }
+});
+
+test('challenges: Bearer parameters, several challenges in one header (the first wins)', () => {
+  assert.equal(parseChallenge('Bearer realm="https://auth.test/token",service="reg",scope="repository:a/b:pull"'),
+    { scheme: 'bearer', params: { realm: 'https://auth.test/token', service: 'reg', scope: 'repository:a/b:pull' } });
+  assert.is(parseChallenge('Bearer realm="https://a.test/t", Basic realm="http://169.254.169.254/"')?.params.realm, 'https://a.test/t');
+  assert.is(parseChallenge('Basic realm="Registry Realm"')?.scheme, 'basic');
 });
 
 test('references: Docker Hub short names, ports, digests; bad ones are refused by name', () => {

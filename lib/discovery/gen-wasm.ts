@@ -27,9 +27,11 @@ export const WASM_POLICY_ENV = 'ISTIO_META_WASM_IMAGE_PULL_POLICY';
 export const WASM_RESOURCE_VERSION_ENV = 'ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION';
 
 /** The ECDS resource (and filter) name of a WasmPlugin, as istiod names it. */
-export const wasmResourceName = (namespace: string, name: string) => `extensions.istio.io/wasmplugin/${namespace}.${name}`;
+export const wasmResourceName = (namespace: string, name: string) =>
+  `extensions.istio.io/wasmplugin/${namespace}.${name}`;
 
 const PHASES: readonly WasmPhase[] = ['AUTHN', 'AUTHZ', 'STATS', 'UNSPECIFIED_PHASE'];
+const FAILURE_POLICY = { FAIL_CLOSE: 'FAIL_CLOSED', FAIL_OPEN: 'FAIL_OPEN', FAIL_RELOAD: 'FAIL_RELOAD' } as const;
 
 /** Which listener a filter chain belongs to: decides the workload mode a plugin's `match` is compared with. */
 export type ListenerClass = 'outbound' | 'inbound' | 'gateway';
@@ -71,7 +73,9 @@ function selectedPlugins(push: PushContext, proxy: Proxy): Config<WasmPluginSpec
     if (p.meta.namespace !== ns) return false;
     const { targetGateways, selector } = p.spec;
     // As istiod's policy matcher: targetRefs apply only to Gateway API gateways; a selector only to the rest.
-    if (gatewayName !== undefined) return targetGateways ? ns === proxy.namespace && targetGateways.includes(gatewayName) : false;
+    if (gatewayName !== undefined) {
+      return !!targetGateways && ns === proxy.namespace && targetGateways.includes(gatewayName);
+    }
     if (targetGateways) return false;
     return !selector || labelsMatch(selector, proxy.labels);
   }));
@@ -93,7 +97,7 @@ function ecdsFilter(p: Config<WasmPluginSpec>, type: WasmPluginSpec['type']): Re
     config_discovery: {
       // Envoy waits for the filter however long it takes: it may be what authenticates or authorises requests.
       config_source: { ...ADS_SOURCE, initial_fetch_timeout: dur(0) },
-      type_urls: type === 'HTTP' ? [typeUrl(WASM_HTTP), typeUrl(RBAC_HTTP)] : [typeUrl(WASM_NETWORK), typeUrl(RBAC_NETWORK)],
+      type_urls: (type === 'HTTP' ? [WASM_HTTP, RBAC_HTTP] : [WASM_NETWORK, RBAC_NETWORK]).map(typeUrl),
     },
   };
 }
@@ -138,7 +142,7 @@ export function wasmPluginConfig(p: Config<WasmPluginSpec>, secret: string): Rec
       code: codeSource(spec),
       environment_variables: { key_values: keyValues, ...(hostEnvKeys.length && { host_env_keys: hostEnvKeys }) },
     },
-    failure_policy: { FAIL_CLOSE: 'FAIL_CLOSED', FAIL_OPEN: 'FAIL_OPEN', FAIL_RELOAD: 'FAIL_RELOAD' }[spec.failStrategy],
+    failure_policy: FAILURE_POLICY[spec.failStrategy],
   };
   return config;
 }

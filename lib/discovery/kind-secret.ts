@@ -2,7 +2,8 @@
 // directory, in the shapes Istio reads from Kubernetes (istio/istio 86c9f01f, pilot/pkg/credentials/kube/secrets.go):
 // `tls.crt`/`tls.key`/`ca.crt` (type kubernetes.io/tls) or the generic `cert`/`key`/`cacert`, in `data` (base64) or
 // `stringData` (text). Checked at load: every PEM block parses, and the key belongs to the certificate. Messages
-// name the field only: key material never reaches a log line.
+// name the field only: key material never reaches a log line. Also image pull secrets (type
+// kubernetes.io/dockerconfigjson, `.dockerconfigjson`) for a WasmPlugin's imagePullSecret (./gen-wasm.ts).
 
 import { createPrivateKey, X509Certificate } from 'node:crypto';
 import type { SecretSpec } from './model';

@@ -13,6 +13,8 @@ const FIELDS = [
 ];
 const SCHEMES = ['oci:', 'http:', 'https:', 'file:'];
 const GATEWAY_GROUP = 'gateway.networking.k8s.io';
+const FAIL_STRATEGIES = ['FAIL_CLOSE', 'FAIL_OPEN', 'FAIL_RELOAD'] as const;
+const SHA256 = { pattern: /^[a-f0-9]{64}$/, patternText: '64 lowercase hex digits' };
 
 export function readWasmPlugin(r: Reader, v: unknown, path: Path): WasmPluginSpec | undefined {
   const o = r.object(v, path, FIELDS, ['url']);
@@ -25,8 +27,7 @@ export function readWasmPlugin(r: Reader, v: unknown, path: Path): WasmPluginSpe
       readonly WasmPhase[]) ?? 'UNSPECIFIED_PHASE',
     imagePullPolicy: r.oneOf(o.imagePullPolicy, [...path, 'imagePullPolicy'],
       ['UNSPECIFIED_POLICY', 'IfNotPresent', 'Always'] as const) ?? 'UNSPECIFIED_POLICY',
-    failStrategy: r.oneOf(o.failStrategy, [...path, 'failStrategy'], ['FAIL_CLOSE', 'FAIL_OPEN', 'FAIL_RELOAD'] as const)
-      ?? 'FAIL_CLOSE',
+    failStrategy: r.oneOf(o.failStrategy, [...path, 'failStrategy'], FAIL_STRATEGIES) ?? 'FAIL_CLOSE',
     type: (r.oneOf(o.type, [...path, 'type'], ['UNSPECIFIED_PLUGIN_TYPE', 'HTTP', 'NETWORK'] as const) ?? 'HTTP')
       .replace('UNSPECIFIED_PLUGIN_TYPE', 'HTTP') as WasmPluginSpec['type'],
     env: [],
@@ -34,7 +35,7 @@ export function readWasmPlugin(r: Reader, v: unknown, path: Path): WasmPluginSpe
   };
   const priority = r.int(o.priority, [...path, 'priority'], { min: -(2 ** 31), max: 2 ** 31 - 1 });
   if (priority !== undefined) out.priority = priority;
-  const sha = r.string(o.sha256, [...path, 'sha256'], { pattern: /^[a-f0-9]{64}$/, patternText: '64 lowercase hex digits' });
+  const sha = r.string(o.sha256, [...path, 'sha256'], SHA256);
   if (sha) out.sha256 = sha;
   const secret = r.string(o.imagePullSecret, [...path, 'imagePullSecret']);
   if (secret) {
@@ -44,8 +45,9 @@ export function readWasmPlugin(r: Reader, v: unknown, path: Path): WasmPluginSpe
     else out.imagePullSecret = name;
   }
   const pluginName = r.string(o.pluginName, [...path, 'pluginName']);
-  if (pluginName !== undefined && pluginName.length > 256) r.fail([...path, 'pluginName'], 'is longer than 256 characters');
-  else if (pluginName) out.pluginName = pluginName;
+  if (pluginName !== undefined && pluginName.length > 256) {
+    r.fail([...path, 'pluginName'], 'is longer than 256 characters');
+  } else if (pluginName) out.pluginName = pluginName;
   if (o.pluginConfig !== undefined && o.pluginConfig !== null) {
     const pc = r.mapping(o.pluginConfig, [...path, 'pluginConfig']);
     if (pc && Object.keys(pc).length) out.pluginConfigJson = JSON.stringify(pc);
@@ -61,7 +63,9 @@ function readUrl(r: Reader, v: unknown, path: Path): string | undefined {
   if (s === undefined) return undefined;
   const schemeMatch = /^([A-Za-z][A-Za-z0-9+.-]*):\/\//.exec(s);
   const scheme = schemeMatch ? `${schemeMatch[1].toLowerCase()}:` : 'oci:';
-  if (!SCHEMES.includes(scheme)) return r.fail(path, `scheme ${scheme.slice(0, -1)} is not one of oci, http, https, file`);
+  if (!SCHEMES.includes(scheme)) {
+    return r.fail(path, `scheme ${scheme.slice(0, -1)} is not one of oci, http, https, file`);
+  }
   if (/\s/.test(s)) return r.fail(path, 'must not contain white space');
   try {
     const u = new URL(schemeMatch ? s : `oci://${s}`);
@@ -79,8 +83,11 @@ function readSelection(r: Reader, o: Record<string, unknown>, path: Path, out: W
   }
   const refs: { v: unknown; path: Path }[] = [];
   if (o.targetRef !== undefined && o.targetRef !== null) refs.push({ v: o.targetRef, path: [...path, 'targetRef'] });
-  r.array(o.targetRefs, [...path, 'targetRefs']).forEach((t, i) => refs.push({ v: t, path: [...path, 'targetRefs', i] }));
-  if (o.targetRef !== undefined && o.targetRefs !== undefined) r.fail([...path, 'targetRef'], 'targetRef and targetRefs are exclusive');
+  const refsPath = [...path, 'targetRefs'];
+  r.array(o.targetRefs, refsPath).forEach((t, i) => refs.push({ v: t, path: [...refsPath, i] }));
+  if (o.targetRef !== undefined && o.targetRefs !== undefined) {
+    r.fail([...path, 'targetRef'], 'targetRef and targetRefs are exclusive');
+  }
   if (refs.length && out.selector) r.fail([...path, 'selector'], 'selector and targetRef(s) are exclusive');
   const names: string[] = [];
   for (const ref of refs) {
@@ -110,7 +117,7 @@ function readVmConfig(r: Reader, v: unknown, path: Path, out: WasmPluginSpec): v
     const value = r.string(eo.value, [...ep, 'value']) ?? '';
     if (name === undefined) return;
     if (name.length > 256) r.fail([...ep, 'name'], 'is longer than 256 characters');
-    else if (name.startsWith('ISTIO_META_')) r.fail([...ep, 'name'], 'ISTIO_META_ variables are the agent\'s (it removes them)');
+    else if (name.startsWith('ISTIO_META_')) r.fail([...ep, 'name'], 'ISTIO_META_ variables are the agent\'s');
     else if (env.some((x) => x.name === name)) r.fail([...ep, 'name'], `"${name}" is listed twice`);
     else if (valueFrom !== 'INLINE' && value) r.fail([...ep, 'value'], 'may only be set when valueFrom is INLINE');
     else env.push({ name, value, valueFrom });
