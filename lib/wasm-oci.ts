@@ -142,9 +142,6 @@ export async function fetchOciModule(ref: string, opts: OciFetchOptions): Promis
   const client = new RegistryClient(image, opts);
   log.info(`fetching image ${image.repository} from registry ${image.registry} with tag ${image.reference}`);
   const manifest = await client.manifest();
-  if (image.byDigest && manifest.digest !== image.reference) {
-    throw new OciFetchError('checksum', `manifest of ${ref} has digest ${manifest.digest}, not the one asked for`);
-  }
   const expected = opts.expectedManifestDigest;
   if (expected !== undefined) {
     const want = expected.startsWith('sha256:') ? expected : `sha256:${expected}`;
@@ -167,6 +164,11 @@ interface Manifest {
   digest: string;
   mediaType: string;
   layers: Descriptor[];
+}
+
+interface Index {
+  digest: string;
+  index: (Descriptor & { platform?: { os: string; architecture: string } })[];
 }
 
 async function extractModule(client: RegistryClient, m: Manifest): Promise<Buffer> {
@@ -245,10 +247,36 @@ class RegistryClient {
     return this.image.registry === 'docker.io' ? 'registry-1.docker.io' : this.image.registry;
   }
 
+  /**
+   * The image's manifest. A tag or digest that names an image index (a multi-platform image, or one with build
+   * attestations) resolves, as go-containerregistry does for Istio, to its linux/amd64 image: the manifest
+   * digest is then that image's.
+   */
   async manifest(): Promise<Manifest> {
+    const top = await this.fetchManifest(this.image.reference, MAX_MANIFEST_BYTES);
+    if (this.image.byDigest && top.digest !== this.image.reference) {
+      const why = `manifest ${this.image.reference} came back with digest ${top.digest}, not the one asked for`;
+      throw new OciFetchError('checksum', why);
+    }
+    if (!('index' in top)) return top;
+    const child = top.index.find((m) => m.platform?.os === 'linux' && m.platform.architecture === 'amd64');
+    if (!child) {
+      const have = top.index.map((m) => (m.platform ? `${m.platform.os}/${m.platform.architecture}` : '?')).join(', ');
+      const why = `the image index ${top.digest} has no linux/amd64 image (it has: ${have || 'none'})`;
+      throw new OciFetchError('manifest', why);
+    }
+    const m = await this.fetchManifest(child.digest, Math.min(child.size, MAX_MANIFEST_BYTES));
+    if (m.digest !== child.digest) {
+      throw new OciFetchError('checksum', `manifest ${child.digest} of the index came back with digest ${m.digest}`);
+    }
+    if ('index' in m) throw new OciFetchError('manifest', `the image index ${top.digest} names another index`);
+    return m;
+  }
+
+  private async fetchManifest(reference: string, cap: number): Promise<Manifest | Index> {
     const accept = [MEDIA.ociManifest, MEDIA.dockerManifest, MEDIA.ociIndex, MEDIA.dockerList].join(', ');
-    const path = `/v2/${this.image.repository}/manifests/${this.image.reference}`;
-    const res = await this.registryGet(path, { accept }, MAX_MANIFEST_BYTES, 'manifest');
+    const path = `/v2/${this.image.repository}/manifests/${reference}`;
+    const res = await this.registryGet(path, { accept }, cap, 'manifest');
     if (res.status !== 200) throw new OciFetchError('manifest', `could not fetch manifest: ${statusText(res)}`);
     const digest = sha256(res.body);
     let doc: unknown;
@@ -260,8 +288,10 @@ class RegistryClient {
     const o = (doc ?? {}) as Record<string, unknown>;
     const mediaType = typeof o.mediaType === 'string' ? o.mediaType : contentType(res) ?? MEDIA.ociManifest;
     if (mediaType === MEDIA.ociIndex || mediaType === MEDIA.dockerList || Array.isArray(o.manifests)) {
-      const why = `${this.image.reference} names an image index (${mediaType}); name one image's tag or digest`;
-      throw new OciFetchError('manifest', why);
+      if (o.schemaVersion !== 2 || !Array.isArray(o.manifests)) {
+        throw new OciFetchError('manifest', 'the image index is not schema version 2 with a list of manifests');
+      }
+      return { digest, index: o.manifests.map((m, i) => indexEntry(m, `manifests[${i}]`)) };
     }
     if (mediaType !== MEDIA.ociManifest && mediaType !== MEDIA.dockerManifest) {
       throw new OciFetchError('manifest', `unsupported manifest media type ${JSON.stringify(mediaType.slice(0, 100))}`);
@@ -520,6 +550,15 @@ function descriptor(v: unknown, field: string): Descriptor {
     throw new OciFetchError('manifest', `manifest ${field}.size is not a size`);
   }
   return { mediaType: o.mediaType, digest: o.digest, size: o.size };
+}
+
+function indexEntry(v: unknown, field: string): Index['index'][number] {
+  const d = descriptor(v, field);
+  const p = (v as { platform?: { os?: unknown; architecture?: unknown } }).platform;
+  if (p && typeof p.os === 'string' && typeof p.architecture === 'string') {
+    return { ...d, platform: { os: p.os, architecture: p.architecture } };
+  }
+  return d;
 }
 
 /** The pull secret's credentials for this registry (docker config JSON `auths`, keys with or without scheme). */

@@ -74,6 +74,22 @@ test('the docker layout really is a Docker schema 2 manifest with a Docker layer
   assert.is((await fetchOciModule(pushed.ref, opts())).manifestDigest, pushed.manifestDigest);
 });
 
+test('an image index (multi-platform) resolves to its linux/amd64 image, whose digest is the manifest digest', async () => {
+  const other = Buffer.concat([WASM, Buffer.from([0])]);
+  for (const layout of ['compat', 'artifact'] as const) {
+    const pushed = await plain.push({ repo: `wasm/index-${layout}`, tag: 'v1', module: WASM, layout, index: { otherModule: other } });
+    assert.ok(pushed.indexDigest && pushed.indexDigest !== pushed.manifestDigest);
+    for (const ref of [pushed.ref, pushed.refByDigest]) {
+      const got = await fetchOciModule(ref, opts());
+      assert.ok(got.module.equals(WASM), 'the amd64 module, not the arm64 one');
+      assert.is(got.manifestDigest, pushed.manifestDigest);
+    }
+  }
+  const noAmd = await plain.push({ repo: 'wasm/index-arm', tag: 'v1', module: WASM, layout: 'compat',
+    index: { otherModule: other, otherPlatform: null } });
+  assert.ok((await fetchOciModule(noAmd.ref, opts())).module.equals(WASM), 'an attestation-like entry with no platform is skipped');
+});
+
 test('htpasswd registry: Basic credentials from the pull secret; none or wrong ones fail as auth', async () => {
   const reg = await startOciRegistry({ auth: 'htpasswd' });
   registries.push(reg);
@@ -217,8 +233,10 @@ test('hostile manifests: not JSON, an index, a bad digest, no layer holding the 
   try {
     body = '{"schemaVersion": 2, "layers": [';
     await assertFails(fetchOciModule(ref, opts()), 'manifest', /not JSON/);
-    body = JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.index.v1+json', manifests: [] });
-    await assertFails(fetchOciModule(ref, opts()), 'manifest', /image index/);
+    const arm = { mediaType: 'application/vnd.oci.image.manifest.v1+json', digest: `sha256:${'2'.repeat(64)}`, size: 10,
+      platform: { os: 'linux', architecture: 'arm64' } };
+    body = JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.index.v1+json', manifests: [arm] });
+    await assertFails(fetchOciModule(ref, opts()), 'manifest', /has no linux\/amd64 image \(it has: linux\/arm64\)/);
     body = JSON.stringify({ schemaVersion: 2, layers: [{ mediaType: 'x', digest: 'sha256:../../etc', size: 1 }] });
     await assertFails(fetchOciModule(ref, opts()), 'manifest', /layers\[0\]\.digest is not a sha256 digest/);
     body = JSON.stringify({ schemaVersion: 2, layers: [{ mediaType: 'text/plain', digest: `sha256:${'0'.repeat(64)}`, size: 1 }] });

@@ -48,6 +48,11 @@ export interface WasmImage {
   tag: string;
   module: Buffer;
   layout: WasmLayout;
+  /**
+   * Push an image index (OCI) naming this image as linux/amd64 and a second one, with `otherModule`, as
+   * linux/arm64 (or with no platform at all when `otherPlatform` is null).
+   */
+  index?: { otherModule: Buffer; otherPlatform?: { os: string; architecture: string } | null };
 }
 
 export interface PushedImage {
@@ -59,6 +64,8 @@ export interface PushedImage {
   manifestDigest: string;
   /** The layer that holds the module (a tar.gz or the raw module), as the manifest lists it. */
   layerDigest: string;
+  /** With `index`: the index's digest (what the tag names); manifestDigest is then the linux/amd64 image's. */
+  indexDigest?: string;
 }
 
 export interface RegistryOptions {
@@ -244,12 +251,13 @@ async function startTokenService(user: string, password: string): Promise<TokenS
 async function pushImage(base: string, host: string, image: WasmImage, creds?: string): Promise<PushedImage> {
   const dir = fs.mkdtempSync(path.join(base, 'layout-'));
   try {
-    const { layerDigest } = writeOciLayout(dir, image);
+    const written = writeOciLayout(dir, image);
     const digestFile = path.join(dir, 'pushed-digest');
     const args = ['--insecure-policy', 'copy', '--quiet', '--dest-tls-verify=false', '--digestfile', digestFile];
     if (creds) args.push('--dest-creds', creds);
     // Docker schema 2 with Docker media types: skopeo converts the manifest, the layer bytes stay the same.
     if (image.layout === 'docker') args.push('--format', 'v2s2');
+    if (image.index) args.push('--all');
     args.push(`oci:${dir}:${image.tag}`, `docker://${host}/${image.repo}:${image.tag}`);
     await new Promise<void>((resolve, reject) => {
       execFile('skopeo', args, { timeout: 60_000 }, (err, _out, stderr) => {
@@ -257,12 +265,15 @@ async function pushImage(base: string, host: string, image: WasmImage, creds?: s
         else resolve();
       });
     });
-    const manifestDigest = fs.readFileSync(digestFile, 'utf8').trim();
+    const pushed = fs.readFileSync(digestFile, 'utf8').trim();
+    if (image.index && pushed !== written.indexDigest) throw new Error(`skopeo pushed ${pushed}, not the index written`);
+    const manifestDigest = image.index ? written.manifestDigest : pushed;
     return {
       ref: `oci://${host}/${image.repo}:${image.tag}`,
-      refByDigest: `oci://${host}/${image.repo}@${manifestDigest}`,
+      refByDigest: `oci://${host}/${image.repo}@${pushed}`,
       manifestDigest,
-      layerDigest,
+      layerDigest: written.layerDigest,
+      ...(image.index && { indexDigest: pushed }),
     };
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
@@ -272,35 +283,54 @@ async function pushImage(base: string, host: string, image: WasmImage, creds?: s
 const sha256 = (b: Buffer) => `sha256:${createHash('sha256').update(b).digest('hex')}`;
 
 /** An OCI image layout (oci-layout, index.json, blobs/sha256/...) holding the module in the given layout. */
-export function writeOciLayout(dir: string, image: WasmImage): { manifestDigest: string; layerDigest: string } {
+export function writeOciLayout(dir: string, image: WasmImage): { manifestDigest: string; layerDigest: string; indexDigest?: string } {
   fs.mkdirSync(path.join(dir, 'blobs', 'sha256'), { recursive: true });
   const blob = (b: Buffer) => {
     const d = sha256(b);
     fs.writeFileSync(path.join(dir, 'blobs', 'sha256', d.slice(7)), b);
     return { digest: d, size: b.length };
   };
-  let layer: { mediaType: string; digest: string; size: number };
-  let config: { mediaType: string; digest: string; size: number };
-  if (image.layout === 'artifact') {
-    layer = { mediaType: 'application/vnd.module.wasm.content.layer.v1+wasm', ...blob(image.module) };
-    config = { mediaType: 'application/vnd.module.wasm.config.v1+json', ...blob(Buffer.from('{}')) };
-  } else {
-    const tar = tarOf('plugin.wasm', image.module);
-    layer = { mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', ...blob(zlib.gzipSync(tar)) };
-    const cfg = { architecture: 'amd64', os: 'linux', rootfs: { type: 'layers', diff_ids: [sha256(tar)] }, config: {} };
-    config = { mediaType: 'application/vnd.oci.image.config.v1+json', ...blob(Buffer.from(JSON.stringify(cfg))) };
+  const imageManifest = (module: Buffer) => {
+    let layer: { mediaType: string; digest: string; size: number };
+    let config: { mediaType: string; digest: string; size: number };
+    if (image.layout === 'artifact') {
+      layer = { mediaType: 'application/vnd.module.wasm.content.layer.v1+wasm', ...blob(module) };
+      config = { mediaType: 'application/vnd.module.wasm.config.v1+json', ...blob(Buffer.from('{}')) };
+    } else {
+      const tar = tarOf('plugin.wasm', module);
+      layer = { mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', ...blob(zlib.gzipSync(tar)) };
+      const cfg = { architecture: 'amd64', os: 'linux', rootfs: { type: 'layers', diff_ids: [sha256(tar)] }, config: {} };
+      config = { mediaType: 'application/vnd.oci.image.config.v1+json', ...blob(Buffer.from(JSON.stringify(cfg))) };
+    }
+    const manifest = Buffer.from(JSON.stringify({
+      schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', config, layers: [layer],
+    }));
+    return { ...blob(manifest), layerDigest: layer.digest };
+  };
+  const m = imageManifest(image.module);
+  const MANIFEST = 'application/vnd.oci.image.manifest.v1+json';
+  let top = { mediaType: MANIFEST, digest: m.digest, size: m.size };
+  let indexDigest: string | undefined;
+  if (image.index) {
+    const other = imageManifest(image.index.otherModule);
+    const otherPlatform = image.index.otherPlatform === undefined ? { os: 'linux', architecture: 'arm64' } : image.index.otherPlatform;
+    const index = Buffer.from(JSON.stringify({
+      schemaVersion: 2, mediaType: 'application/vnd.oci.image.index.v1+json',
+      manifests: [
+        { mediaType: MANIFEST, digest: other.digest, size: other.size, ...(otherPlatform && { platform: otherPlatform }) },
+        { mediaType: MANIFEST, digest: m.digest, size: m.size, platform: { os: 'linux', architecture: 'amd64' } },
+      ],
+    }));
+    const i = blob(index);
+    indexDigest = i.digest;
+    top = { mediaType: 'application/vnd.oci.image.index.v1+json', ...i };
   }
-  const manifest = Buffer.from(JSON.stringify({
-    schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', config, layers: [layer],
-  }));
-  const m = blob(manifest);
   fs.writeFileSync(path.join(dir, 'oci-layout'), '{"imageLayoutVersion":"1.0.0"}');
   fs.writeFileSync(path.join(dir, 'index.json'), JSON.stringify({
     schemaVersion: 2,
-    manifests: [{ mediaType: 'application/vnd.oci.image.manifest.v1+json', ...m,
-      annotations: { 'org.opencontainers.image.ref.name': image.tag } }],
+    manifests: [{ ...top, annotations: { 'org.opencontainers.image.ref.name': image.tag } }],
   }));
-  return { manifestDigest: m.digest, layerDigest: layer.digest };
+  return { manifestDigest: m.digest, layerDigest: m.layerDigest, ...(indexDigest && { indexDigest }) };
 }
 
 /** A one-file ustar archive. */
