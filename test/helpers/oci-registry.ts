@@ -103,9 +103,13 @@ export async function startOciRegistry(opts: RegistryOptions = {}): Promise<OciR
   let child: ChildProcess | undefined;
   let tokenServer: http.Server | undefined;
   let stopped = false;
+  // A test process that dies without its after-hook must not leave a registry behind.
+  const killOnExit = () => child?.kill('SIGKILL');
+  process.once('exit', killOnExit);
   const stop = async () => {
     if (stopped) return;
     stopped = true;
+    process.removeListener('exit', killOnExit);
     if (child && child.exitCode === null && child.signalCode === null) {
       const exited = new Promise((r) => child!.once('exit', r));
       child.kill('SIGTERM');
@@ -266,7 +270,9 @@ async function pushImage(base: string, host: string, image: WasmImage, creds?: s
       });
     });
     const pushed = fs.readFileSync(digestFile, 'utf8').trim();
-    if (image.index && pushed !== written.indexDigest) throw new Error(`skopeo pushed ${pushed}, not the index written`);
+    if (image.index && pushed !== written.indexDigest) {
+      throw new Error(`skopeo pushed ${pushed}, not the index written`);
+    }
     const manifestDigest = image.index ? written.manifestDigest : pushed;
     return {
       ref: `oci://${host}/${image.repo}:${image.tag}`,
@@ -282,8 +288,14 @@ async function pushImage(base: string, host: string, image: WasmImage, creds?: s
 
 const sha256 = (b: Buffer) => `sha256:${createHash('sha256').update(b).digest('hex')}`;
 
+export interface WrittenLayout {
+  manifestDigest: string;
+  layerDigest: string;
+  indexDigest?: string;
+}
+
 /** An OCI image layout (oci-layout, index.json, blobs/sha256/...) holding the module in the given layout. */
-export function writeOciLayout(dir: string, image: WasmImage): { manifestDigest: string; layerDigest: string; indexDigest?: string } {
+export function writeOciLayout(dir: string, image: WasmImage): WrittenLayout {
   fs.mkdirSync(path.join(dir, 'blobs', 'sha256'), { recursive: true });
   const blob = (b: Buffer) => {
     const d = sha256(b);
@@ -299,7 +311,8 @@ export function writeOciLayout(dir: string, image: WasmImage): { manifestDigest:
     } else {
       const tar = tarOf('plugin.wasm', module);
       layer = { mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', ...blob(zlib.gzipSync(tar)) };
-      const cfg = { architecture: 'amd64', os: 'linux', rootfs: { type: 'layers', diff_ids: [sha256(tar)] }, config: {} };
+      const rootfs = { type: 'layers', diff_ids: [sha256(tar)] };
+      const cfg = { architecture: 'amd64', os: 'linux', rootfs, config: {} };
       config = { mediaType: 'application/vnd.oci.image.config.v1+json', ...blob(Buffer.from(JSON.stringify(cfg))) };
     }
     const manifest = Buffer.from(JSON.stringify({
@@ -313,11 +326,15 @@ export function writeOciLayout(dir: string, image: WasmImage): { manifestDigest:
   let indexDigest: string | undefined;
   if (image.index) {
     const other = imageManifest(image.index.otherModule);
-    const otherPlatform = image.index.otherPlatform === undefined ? { os: 'linux', architecture: 'arm64' } : image.index.otherPlatform;
+    const given = image.index.otherPlatform;
+    const otherPlatform = given === undefined ? { os: 'linux', architecture: 'arm64' } : given;
     const index = Buffer.from(JSON.stringify({
       schemaVersion: 2, mediaType: 'application/vnd.oci.image.index.v1+json',
       manifests: [
-        { mediaType: MANIFEST, digest: other.digest, size: other.size, ...(otherPlatform && { platform: otherPlatform }) },
+        {
+          mediaType: MANIFEST, digest: other.digest, size: other.size,
+          ...(otherPlatform && { platform: otherPlatform }),
+        },
         { mediaType: MANIFEST, digest: m.digest, size: m.size, platform: { os: 'linux', architecture: 'amd64' } },
       ],
     }));
