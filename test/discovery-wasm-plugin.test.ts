@@ -299,7 +299,7 @@ function headerModule(): Buffer {
   }
 }
 
-test('a real Envoy ACKs the listener and its ECDS filter, runs the plugin, and takes a plugin change over ECDS alone', async () => {
+for (const delta of [false, true]) test(`a real Envoy (${delta ? 'Delta' : 'SotW'}) ACKs the listener and its ECDS filter, runs the plugin, takes a plugin change over ECDS alone`, async () => {
   const dir = tempDir('pa-wasm-envoy-');
   const backend = http.createServer((req, res) => {
     req.resume();
@@ -333,7 +333,7 @@ spec:
     fs.writeFileSync(path.join(cfg, 'c.yaml'), plugin(1));
     server = new DiscoveryServer({ configDir: cfg, listen: `unix:${path.join(dir.path, 'xds.sock')}`, debounceMs: 20 });
     await server.start();
-    const bootstrap = adsBootstrap({ nodeId: 'sidecar~127.0.0.1~web-0.test~test.svc.cluster.local', adminPort, delta: false, xdsAddress: server.address });
+    const bootstrap = adsBootstrap({ nodeId: 'sidecar~127.0.0.1~web-0.test~test.svc.cluster.local', adminPort, delta, xdsAddress: server.address });
     envoy = await spawnTestEnvoy(bootstrap, adminPort, 'pa-wasm-envoy-');
     const get = () => httpRequest(`http://127.0.0.1:${servicePort}/`, { headers: { host: 'web.test.local' }, timeoutMs: 5000 });
     const ok = () => get().then((r) => (r.status === 200 ? r : undefined), () => undefined);
