@@ -2,7 +2,8 @@
 // plugin selects get an extension_config_discovery filter per plugin (phase and priority order, match by mode and
 // port), and ECDS serves the TypedExtensionConfig with the module as a remote data source and the agent's
 // ISTIO_META_WASM_* settings (the pull secret itself only to an authenticated proxy). Bad specs are refused with
-// the file, line and field. A real Envoy ACKs the listener and ECDS and runs a real proxy-wasm module (file://).
+// the file, line and field. A real Envoy ACKs the listener and ECDS and runs a real proxy-wasm module (file://),
+// on its own (SotW and Delta) and behind the whole standalone agent (dist/pilot-agent proxy --standalone).
 
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -20,7 +21,8 @@ import { formatIssue, parseConfigFile } from '../lib/discovery/yaml-file';
 import { unpackAny } from '../lib/envoy-protos';
 import { adsBootstrap } from './helpers/ads-bootstrap';
 import { spawnTestEnvoy } from './helpers/discovery-envoy';
-import { freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { startAgent } from './helpers/agent';
+import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
 
 const ECDS_HTTP_TYPES = [
   'type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm',
@@ -358,6 +360,52 @@ spec:
   } finally {
     await envoy?.stop();
     await server?.close();
+    await new Promise((r) => backend.close(r));
+    dir.cleanup();
+  }
+});
+
+test('standalone agent: a WasmPlugin in the config directory runs in its Envoy (file:// module, through the xDS proxy)', async () => {
+  const dir = tempDir('pa-wasm-agent-');
+  const backend = http.createServer((req, res) => {
+    req.resume();
+    res.end('backend');
+  });
+  await new Promise<void>((r) => backend.listen(0, '127.0.0.1', r));
+  const module = path.join(dir.path, 'plugin.wasm');
+  fs.writeFileSync(module, headerModule());
+  const [servicePort, status, admin] = [await freePort(), await freePort(), await freePort()];
+  const cfgDir = path.join(dir.path, 'mesh');
+  fs.mkdirSync(cfgDir);
+  fs.writeFileSync(path.join(cfgDir, 'mesh.yaml'), `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: { name: web, namespace: test }
+spec:
+  hosts: [web.test.local]
+  ports: [{ number: ${servicePort}, name: http, protocol: HTTP }]
+  endpoints: [{ address: 127.0.0.1, ports: { http: ${(backend.address() as AddressInfo).port} } }]
+---
+apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata: { name: header, namespace: istio-system }
+spec: { url: "file://${module}", phase: STATS }
+`);
+  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
+    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin,
+      drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
+    POD_NAME: 'web-client', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
+    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+  }, dir.path);
+  try {
+    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    const res = await waitFor('a response through the plugin', async () => {
+      const r = await httpRequest(`http://127.0.0.1:${servicePort}/`, { headers: { host: 'web.test.local' } });
+      return r.status === 200 && r.headers['x-wasm-plugin'] === 'ran' && r;
+    }, 20_000, 200).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    assert.is(res.body, 'backend');
+  } finally {
+    await agent.stop();
     await new Promise((r) => backend.close(r));
     dir.cleanup();
   }
