@@ -26,7 +26,7 @@ export interface OciFetchOptions {
   pullSecret?: Buffer;
   /** Registries (host or host:port) reached over plain HTTP and/or without TLS verification. */
   insecure: boolean;
-  /** Per-request timeout and retries of the whole fetch. */
+  /** Per-request timeout (body included; 0: Go's default, 15 s) and attempts per request (Go counts them so). */
   timeoutMs: number;
   maxRetries: number;
   /** The module (and any layer read) may not be larger than this. */
@@ -479,8 +479,10 @@ class RegistryClient {
         ...(url.protocol === 'https:' ? { rejectUnauthorized: !opts.insecure, ca: opts.ca } : {}),
       });
       // Go's http.Client timeout: the whole request, body included, so a registry that drips bytes cannot hold on.
-      const slow = () => fail(new TransientError(new Error(`no full answer within ${opts.timeoutMs} ms`)));
-      const deadline = setTimeout(slow, opts.timeoutMs);
+      // Go's default when none is set (WASM_HTTP_REQUEST_TIMEOUT 0).
+      const timeoutMs = opts.timeoutMs > 0 ? opts.timeoutMs : 15_000;
+      const slow = () => fail(new TransientError(new Error(`no full answer within ${timeoutMs} ms`)));
+      const deadline = setTimeout(slow, timeoutMs);
       deadline.unref();
       const fail = (err: unknown) => {
         clearTimeout(deadline);

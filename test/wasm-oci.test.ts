@@ -2,6 +2,7 @@
 // layout Istio reads, Basic and Bearer auth from a pull secret, TLS, and every way a fetch must fail (wrong digest,
 // corrupt blob, registry down or silent, over the cap, blocked address, unsafe token realm, plain HTTP when secure).
 
+import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
 import * as net from 'node:net';
@@ -221,6 +222,40 @@ test('a registry that sends the token request to a metadata or internal address 
     assert.ok(seen.length >= 1);
   } finally {
     await new Promise((r) => hostile.close(r));
+  }
+});
+
+test('a blob redirected to storage elsewhere: followed without the credentials; a redirect to a blocked address refused', async () => {
+  const blob = WASM;
+  const digest = `sha256:${createHash('sha256').update(blob).digest('hex')}`;
+  const manifest = JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json',
+    layers: [{ mediaType: 'application/vnd.module.wasm.content.layer.v1+wasm', digest, size: blob.length }] });
+  const cdnSaw: (string | undefined)[] = [];
+  const cdn = http.createServer((req, res) => {
+    cdnSaw.push(req.headers.authorization);
+    res.end(blob);
+  });
+  await new Promise<void>((r) => cdn.listen(0, '127.0.0.2', r));
+  const cdnUrl = `http://127.0.0.2:${(cdn.address() as net.AddressInfo).port}/blob`;
+  const auth = `Basic ${Buffer.from('u:p').toString('base64')}`;
+  const registry = http.createServer((req, res) => {
+    if (req.headers.authorization !== auth) return res.writeHead(401, { 'www-authenticate': 'Basic realm="r"' }).end();
+    if (req.url?.includes('/manifests/')) return res.writeHead(200, { 'content-type': 'application/vnd.oci.image.manifest.v1+json' }).end(manifest);
+    res.writeHead(307, { location: cdnUrl }).end();
+  });
+  await new Promise<void>((r) => registry.listen(0, '127.0.0.1', r));
+  try {
+    const host = `127.0.0.1:${(registry.address() as net.AddressInfo).port}`;
+    const pullSecret = Buffer.from(JSON.stringify({ auths: { [host]: { username: 'u', password: 'p' } } }));
+    const got = await fetchOciModule(`oci://${host}/wasm/redirect:v1`, opts({ pullSecret }));
+    assert.ok(got.module.equals(blob));
+    assert.equal(cdnSaw, [undefined], 'the storage host never sees the registry credentials');
+    const isBlocked = (a: string) => a === '127.0.0.2';
+    await assertFails(fetchOciModule(`oci://${host}/wasm/redirect:v1`, opts({ pullSecret, isBlocked })), 'blocked', /127\.0\.0\.2/);
+    assert.is(cdnSaw.length, 1, 'nothing reached the blocked address');
+  } finally {
+    await new Promise((r) => registry.close(r));
+    await new Promise((r) => cdn.close(r));
   }
 });
 
