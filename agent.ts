@@ -306,7 +306,7 @@ async function proxylessCommand(
   });
   // The app's probes (Kubernetes' rewritten ones) are answered as beside Envoy.
   const probes = appProbers.size ? new appProbe.AppProbes({
-    probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort,
+    probers: appProbers, destination: appProbe.appProbeDestination(env), connections: appProbe.appProbeConnections(env), statusPort: cfg.proxy.statusPort,
     ownPorts: [cfg.proxy.proxyAdminPort],
   }) : undefined;
   const components = [status, probes, discovery, identity?.cache, xds, dns, new GrpcReady(bootstrapFile), stopper]
@@ -455,7 +455,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const optional: Array<Component | undefined> = [
       status,
       appProbers.size ? new appProbe.AppProbes({
-        probers: appProbers, destination: appProbe.appProbeDestination(env), statusPort: cfg.proxy.statusPort,
+        probers: appProbers, destination: appProbe.appProbeDestination(env), connections: appProbe.appProbeConnections(env), statusPort: cfg.proxy.statusPort,
         ownPorts: [cfg.proxy.proxyAdminPort, cfg.envoyStatusPort, cfg.envoyPrometheusPort],
       }) : undefined,
       argv.profiling === false ? undefined : new Profiling({ heapSnapshots: envs.PILOT_AGENT_HEAP_SNAPSHOTS.get(env) }),

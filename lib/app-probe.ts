@@ -8,7 +8,9 @@
 //   a 3xx answers 200, anything else the app's own code; failures answer 500; a redirect to a port of the agent or
 //   Envoy is never followed (the answer goes to the status port's caller, who may be remote);
 // - TCP: a connect; gRPC: grpc.health.v1.Health/Check, SERVING -> 200, else 500.
-// Each probe gets its timeoutSeconds (1 s when unset, kubelet's default).
+// Each probe gets its timeoutSeconds (1 s when unset, kubelet's default). Each HTTP probe path has its own client
+// (lib/probe-client.ts): HTTP/2 by ALPN for HTTPS (ISTIO_ENABLE_HTTP2_PROBING), connections kept or not
+// (ENABLE_PROBE_KEEPALIVE_CONNECTIONS), as the Go agent's per-path http.Client.
 
 import type * as http from 'node:http';
 import * as net from 'node:net';
@@ -18,6 +20,7 @@ import type { Env } from './env';
 import * as envs from './env';
 import { scope } from './log';
 import { grpcProbe, httpProbe, probeTarget, tcpProbe, type ProbeResult } from './probe';
+import { ProbeClient, type ProbeClientOptions } from './probe-client';
 import type { Reply } from './component';
 
 const log = scope('probes');
@@ -120,6 +123,13 @@ export interface AppProbesOptions {
   statusPort: number;
   /** The agent's and Envoy's other ports (admin, readiness, Prometheus): app redirects to them are not followed. */
   ownPorts?: readonly number[];
+  /** Connection policy of HTTP probes (see appProbeConnections); Go's defaults when absent. */
+  connections?: ProbeClientOptions;
+}
+
+/** ISTIO_ENABLE_HTTP2_PROBING and ENABLE_PROBE_KEEPALIVE_CONNECTIONS. */
+export function appProbeConnections(env: Env): ProbeClientOptions {
+  return { http2: envs.ISTIO_ENABLE_HTTP2_PROBING.get(env), keepAlive: envs.ENABLE_PROBE_KEEPALIVE_CONNECTIONS.get(env) };
 }
 
 // Istio's fixed sidecar ports (admin, capture, tunnel, status, readiness, DNS, Prometheus...), refused as redirect
@@ -133,9 +143,12 @@ export class AppProbes implements Component {
   private readonly stop = new AbortController();
   private readonly refusedPorts: ReadonlySet<number>;
   private readonly warned = new Set<string>();
+  private readonly clients = new Map<string, ProbeClient>();
 
   constructor(private readonly o: AppProbesOptions) {
     this.refusedPorts = new Set([...ISTIO_PORTS, o.statusPort, ...(o.ownPorts ?? [])]);
+    const c = o.connections ?? { http2: true, keepAlive: false };
+    for (const [path, p] of o.probers) if (p.httpGet) this.clients.set(path, new ProbeClient(c));
   }
 
   async start(): Promise<void> {
@@ -144,6 +157,7 @@ export class AppProbes implements Component {
 
   async close(): Promise<void> {
     this.stop.abort();
+    for (const c of this.clients.values()) c.close();
     this.sig.resolve();
   }
 
@@ -160,7 +174,7 @@ export class AppProbes implements Component {
     const p = this.o.probers.get(path);
     // Go's words, for tooling that matches them.
     if (!p) return { status: 400, body: `app prober config does not exists for ${path}` };
-    const r = await this.run(p, req);
+    const r = await this.run(path, p, req);
     if (r.reason) log.warn(`app probe ${path} failed: ${r.reason}`);
     else if (r.warning && !this.warned.has(path)) {
       this.warned.add(path);
@@ -169,14 +183,15 @@ export class AppProbes implements Component {
     return { status: r.status, body: r.body };
   }
 
-  private run(p: AppProber, req: http.IncomingMessage): Promise<ProbeResult> {
+  private run(path: string, p: AppProber, req: http.IncomingMessage): Promise<ProbeResult> {
     const timeoutMs = p.timeoutSeconds * 1000;
     const signal = this.stop.signal;
     if (p.httpGet) {
       const g = p.httpGet;
       const t = probeTarget(g.host ?? this.o.destination);
       const headers = this.headers(req, g.port, g.httpHeaders);
-      return httpProbe({ scheme: g.scheme, ...t, port: g.port, path: g.path, headers, refusedPorts: this.refusedPorts, timeoutMs, signal });
+      const client = this.clients.get(path);
+      return httpProbe({ scheme: g.scheme, ...t, port: g.port, path: g.path, headers, refusedPorts: this.refusedPorts, client, timeoutMs, signal });
     }
     if (p.tcpSocket) {
       return tcpProbe({ ...probeTarget(p.tcpSocket.host ?? this.o.destination), port: p.tcpSocket.port, timeoutMs, signal });

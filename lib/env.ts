@@ -173,6 +173,8 @@ export const ENVOY_GID = str('ENVOY_GID', '', 'Run Envoy with this gid or group 
 export const ISTIO_KUBE_APP_PROBERS = str('ISTIO_KUBE_APP_PROBERS', '', 'App probes rewritten by the injector: JSON keyed by /app-health/<container>/<kind> (httpGet, tcpSocket or grpc)');
 export const POD_IP = str('POD_IP', '', 'Pod IP; where app probes go when INSTANCE_IP is unset');
 export const REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = bool('REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION', false, 'Send app probes to localhost instead of the pod IP');
+export const ISTIO_ENABLE_HTTP2_PROBING = bool('ISTIO_ENABLE_HTTP2_PROBING', true, 'HTTPS app probes offer h2 by ALPN and use it when the app picks it (HTTP probes stay HTTP/1.1)');
+export const ENABLE_PROBE_KEEPALIVE_CONNECTIONS = bool('ENABLE_PROBE_KEEPALIVE_CONNECTIONS', false, 'HTTP app probes keep and reuse their connections (false: a new connection per probe, Connection: close, as kubelet)');
 export const ISTIO_PROMETHEUS_ANNOTATIONS = str('ISTIO_PROMETHEUS_ANNOTATIONS', '', 'Where the app serves metrics for the merged /stats/prometheus: JSON {scrape, path, port} (or {targets: [{port, path}]})');
 
 // ---- Go agent parity (issue 13) ----

@@ -5,6 +5,8 @@
 // Kubernetes' `..data` symlink swaps replace the file being watched. A slow poll backs fs.watch up, since some file
 // systems (and bind mounts) deliver no events. Checks stat() every file and read only those whose stat changed,
 // asynchronously and through lib/named-file.ts: a FIFO or a device put in a watched place is never read.
+// A directory that cannot be watched (missing, no permission, the inotify limit) is polled instead, and counted in
+// `failures`, as the Go agent counts its certificate watcher's (num_file_watcher_failures_total).
 
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
@@ -71,6 +73,8 @@ export class FileWatcher {
   private checking = false;
   private again = false;
   private closed = false;
+  /** Watches that could not be added, and errors of added ones (the directory is polled meanwhile). */
+  failures = 0;
 
   constructor(
     private readonly onChange: (changed: string[]) => void,
@@ -125,9 +129,13 @@ export class FileWatcher {
       d = { files: 0 };
       try {
         const w = fs.watch(dir, { persistent: false }, () => this.kick(dir));
-        w.on('error', () => undefined);
+        w.on('error', (err) => {
+          this.failures++;
+          log.debug(`watch of ${dir} failed (${err.message}); polling it`);
+        });
         d.watcher = w;
       } catch (err) {
+        this.failures++;
         log.debug(`cannot watch ${dir} (${(err as Error).message}); polling it`);
       }
       this.dirs.set(dir, d);

@@ -3,12 +3,11 @@
 // checker. A probe never throws: every failure becomes a result with a reason, so a hanging, resetting or
 // garbage-answering target costs its timeout and nothing else.
 
-import * as http from 'node:http';
 import type * as http2 from 'node:http2';
-import type * as https from 'node:https';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import { errorMessage } from './errors';
+import { ProbeClient } from './probe-client';
 
 export interface ProbeResult {
   /** HTTP status to answer with: the app's code (3xx -> 200), 200 for TCP/gRPC success, 500 for any failure. */
@@ -35,6 +34,11 @@ export interface HttpProbeOptions {
    * called the status port, so following one would hand a remote caller the agent's loopback-only pages.
    */
   refusedPorts?: ReadonlySet<number>;
+  /**
+   * The connections to use (the app probes' per-path client: keep-alive, HTTP/2). Without one, a single-use
+   * HTTP/1.1 client, as the Go agent's VM health checks (DisableKeepAlives, no h2).
+   */
+  client?: ProbeClient;
   signal?: AbortSignal;
 }
 
@@ -74,54 +78,6 @@ function deadline(timeoutMs: number, outer?: AbortSignal): { signal: AbortSignal
   return { signal: ac.signal, done: () => (clearTimeout(t), outer?.removeEventListener('abort', onOuter)) };
 }
 
-interface OneResponse {
-  status: number;
-  location?: string;
-  body: string;
-}
-
-function getOnce(url: URL, o: HttpProbeOptions, signal: AbortSignal): Promise<OneResponse> {
-  return new Promise((resolve, reject) => {
-    const headers: Record<string, string | string[]> = {};
-    for (const [k, v] of o.headers) {
-      const key = k.toLowerCase();
-      const prev = headers[key];
-      headers[key] = prev === undefined ? v : ([] as string[]).concat(prev, v);
-    }
-    // node:https and node:http2 load on the first probe that needs them: most agents never make one, and loading
-    // them (TLS included) would be on the path to Envoy's spawn.
-    // eslint-disable-next-line @typescript-eslint/no-require-imports
-    const mod = url.protocol === 'https:' ? (require('node:https') as typeof https) : http;
-    const req = mod.request(url, {
-      method: 'GET',
-      headers,
-      agent: false,
-      localAddress: o.localAddress,
-      // Kubelet does not verify the app's certificate either.
-      rejectUnauthorized: false,
-      signal,
-    }, (res) => {
-      const chunks: Buffer[] = [];
-      let size = 0;
-      const finish = () => {
-        res.removeAllListeners('data');
-        // No keep-alive: the rest of a large body is never read, the connection is dropped.
-        req.destroy();
-        resolve({ status: res.statusCode ?? 0, location: res.headers.location, body: Buffer.concat(chunks).subarray(0, MAX_BODY).toString('utf8') });
-      };
-      res.on('data', (c: Buffer) => {
-        chunks.push(c);
-        size += c.length;
-        if (size >= MAX_BODY) finish();
-      });
-      res.on('end', finish);
-      res.on('error', (e) => reject(e));
-    });
-    req.on('error', reject);
-    req.end();
-  });
-}
-
 const portOf = (u: URL): number => Number(u.port || (u.protocol === 'https:' ? 443 : 80));
 
 /**
@@ -133,9 +89,10 @@ export async function httpProbe(o: HttpProbeOptions): Promise<ProbeResult> {
   const host = net.isIPv6(o.host) ? `[${o.host}]` : o.host;
   let url = new URL(`${o.scheme}://${host}:${o.port}${o.path.startsWith('/') ? o.path : '/' + o.path}`);
   const first = url.hostname;
+  const client = o.client ?? new ProbeClient({ keepAlive: false, http2: false });
   try {
     for (let redirects = 0; ; redirects++) {
-      const r = await getOnce(url, o, d.signal);
+      const r = await client.get({ url, headers: o.headers, localAddress: o.localAddress, signal: d.signal, maxBody: MAX_BODY });
       if (FOLLOWED.has(r.status) && r.location) {
         const next = new URL(r.location, url);
         if (next.hostname !== first) return { status: 200, body: '' };
@@ -158,6 +115,7 @@ export async function httpProbe(o: HttpProbeOptions): Promise<ProbeResult> {
     return fail(`GET ${url.href} failed: ${errorMessage(e)}`);
   } finally {
     d.done();
+    if (!o.client) client.close();
   }
 }
 

@@ -76,10 +76,16 @@ export interface SecretCacheOptions {
   random?: () => number;
 }
 
-/** The mounted-certificate directory to use, if any (credentials directory first, then ./etc/certs). */
-export function mountedCertsDir(fileMountedCerts: boolean, exists: (p: string) => boolean = fs.existsSync): string | undefined {
+/**
+ * The mounted-certificate directory to use, if any (credentials directory first, then ./etc/certs). Not
+ * ./etc/certs when OUTPUT_CERTS writes there (Istio's VM default): those are this agent's own issued files, and
+ * reading them back would stop rotation (Go's outputToCertificatePath).
+ */
+export function mountedCertsDir(fileMountedCerts: boolean, exists: (p: string) => boolean = fs.existsSync, outputDir = ''): string | undefined {
   if (exists(path.join(CREDENTIALS_DIR, CERT_CHAIN)) && exists(path.join(CREDENTIALS_DIR, KEY))) return CREDENTIALS_DIR;
-  if (fileMountedCerts || (exists(path.join(MOUNTED_CERTS_DIR, CERT_CHAIN)) && exists(path.join(MOUNTED_CERTS_DIR, KEY)))) return MOUNTED_CERTS_DIR;
+  if (fileMountedCerts) return MOUNTED_CERTS_DIR;
+  if (outputDir && path.resolve(outputDir) === path.resolve(MOUNTED_CERTS_DIR)) return undefined;
+  if (exists(path.join(MOUNTED_CERTS_DIR, CERT_CHAIN)) && exists(path.join(MOUNTED_CERTS_DIR, KEY))) return MOUNTED_CERTS_DIR;
   return undefined;
 }
 
@@ -141,6 +147,8 @@ export class SecretCache implements Component, SecretProvider {
   private state: 'new' | 'running' | 'closed' = 'new';
   private readonly ca = { lastSuccess: 0, lastFailure: 0, lastError: '', reachable: undefined as boolean | undefined };
   private readonly counts = { issued: 0, rotated: 0, failed: new Map<FailureReason, number>() };
+  /** Reads of certificate files (file-cert:, file-root:, mounted) that failed: Go's num_file_secret_failures_total. */
+  private fileSecretFailures = 0;
   private readonly now: () => number;
   private readonly rand: () => number;
 
@@ -264,6 +272,9 @@ export class SecretCache implements Component, SecretProvider {
       name: 'istio_agent_certificate_failures_total', help: 'Certificates or CA answers refused, by reason', labelNames: ['reason'], registers: [],
       collect() { this.reset(); for (const [reason, n] of c.failed) this.inc({ reason }, n); },
     }));
+    // The Go agent's names (security/pkg/nodeagent/cache/monitoring.go).
+    registry.registerMetric(new Counter({ name: 'istio_agent_num_file_watcher_failures_total', help: 'Number of times file watcher failed to add watchers', registers: [], collect() { this.reset(); this.inc(self.watcher?.failures ?? 0); } }));
+    registry.registerMetric(new Counter({ name: 'istio_agent_num_file_secret_failures_total', help: 'Number of times secret generation failed for files', registers: [], collect() { this.reset(); this.inc(self.fileSecretFailures); } }));
     registry.registerMetric(new Gauge({
       name: 'istio_agent_cert_expiry_seconds', help: 'Seconds until the workload certificate expires', registers: [],
       collect() { if (self.workload) this.set((self.workload.leaf.notAfter - self.now()) / 1000); },
@@ -392,6 +403,7 @@ export class SecretCache implements Component, SecretProvider {
       this.nextRotation = undefined;
       return true;
     } catch (e) {
+      this.fileSecretFailures++;
       this.fail('bad_file', `${errorMessage(e)}${this.workload ? `; keeping serial ${this.workload.leaf.serial}` : ''}`);
       return false;
     }
@@ -443,6 +455,7 @@ export class SecretCache implements Component, SecretProvider {
       if (changed) this.emit(f.name);
     } catch (e) {
       if (this.fileSecrets.get(f.name) !== f || this.state !== 'running') return;
+      this.fileSecretFailures++;
       const again = f.error === errorMessage(e);
       f.error = errorMessage(e);
       this.failing.add(f);

@@ -44,7 +44,7 @@ export async function workloadIdentity(
     log.info(`an SDS server already serves ${cfg.sdsSocket}; Envoy uses it and the agent serves no secrets`);
     return undefined;
   }
-  const mounted = mountedCertsDir(envs.FILE_MOUNTED_CERTS.get(env));
+  const mounted = mountedCertsDir(envs.FILE_MOUNTED_CERTS.get(env), undefined, envs.OUTPUT_CERTS.get(env));
   let signer: CaClient | undefined;
   if (!mounted) {
     if (standaloneSocket) {

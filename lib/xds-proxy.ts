@@ -36,7 +36,7 @@
 
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import type { Registry } from 'prom-client';
+import { Counter, type Registry } from 'prom-client';
 import type { Component, StatusRoute } from './component';
 import { AgentError, wrap } from './errors';
 import { counterFrom, registerCounters } from './metrics';
@@ -222,7 +222,20 @@ export class XdsProxy implements Component {
     counterFrom(registry, 'istio_agent_xds_proxy_requests', 'The total number of Xds Proxy Requests', () => c.requests_to_upstream);
     counterFrom(registry, 'istio_agent_xds_proxy_responses', 'The total number of Xds Proxy Responses', () => c.responses_to_envoy);
     counterFrom(registry, 'istio_agent_istiod_connection_failures', 'The total number of connection failures to Istiod', () => c.upstream_dial_failures_total);
-    counterFrom(registry, 'istio_agent_istiod_connection_terminations', 'The total number of connection errors to Istiod', () => c.upstream_terminations_total);
+    // Go: istiodDisconnections and envoyDisconnections, type="cancelled" | "error" (pkg/istio-agent/metrics).
+    const byType = (name: string, help: string, read: () => [number, number]) => registry.registerMetric(new Counter({
+      name, help, labelNames: ['type'], registers: [],
+      collect() {
+        this.reset();
+        const [cancelled, error] = read();
+        if (cancelled) this.inc({ type: 'cancelled' }, cancelled);
+        if (error) this.inc({ type: 'error' }, error);
+      },
+    }));
+    byType('istio_agent_istiod_connection_terminations', 'The total number of connection errors to Istiod',
+      () => [c.istiod_stream_cancellations_total, c.istiod_stream_errors_total]);
+    byType('istio_agent_envoy_connection_terminations', 'The total number of connection errors from envoy',
+      () => [c.envoy_stream_cancellations_total, c.envoy_stream_errors_total]);
   }
 
   routes(): StatusRoute[] {

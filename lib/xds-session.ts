@@ -67,6 +67,20 @@ export interface Counters {
   upstream_dial_failures_total: number;
   /** Connected upstream streams that ended (Go: istio_agent_istiod_connection_terminations). */
   upstream_terminations_total: number;
+  /**
+   * Envoy's streams that ended, as Go's downstreamErr sorts them (istio_agent_envoy_connection_terminations):
+   * closed by Envoy or cancelled (its connection gone) -> cancelled; a stream error, a status gRPC itself sent, or
+   * a stream this proxy ended for a malformed message -> error. The proxy's own shutdown is neither.
+   */
+  envoy_stream_cancellations_total: number;
+  envoy_stream_errors_total: number;
+  /**
+   * The connected upstream streams that ended, as Go's upstreamErr sorts them (the `type` of
+   * istio_agent_istiod_connection_terminations): ended by the server (OK), cancelled, past a deadline, or its
+   * connection dropped -> cancelled; anything else, and a stream this proxy reset for bad input -> error.
+   */
+  istiod_stream_cancellations_total: number;
+  istiod_stream_errors_total: number;
 }
 
 export function newCounters(): Counters {
@@ -77,6 +91,8 @@ export function newCounters(): Counters {
     envoy_nacks_total: 0, agent_acks_total: 0, agent_nacks_total: 0, bad_messages_total: 0,
     downstream_streams_refused_total: 0,
     upstream_dial_failures_total: 0, upstream_terminations_total: 0,
+    envoy_stream_cancellations_total: 0, envoy_stream_errors_total: 0,
+    istiod_stream_cancellations_total: 0, istiod_stream_errors_total: 0,
   };
 }
 
@@ -171,14 +187,14 @@ export class Session {
   ) {
     this.subs = kind === 'sotw' ? new SotwSubscriptions() : new DeltaSubscriptions();
     call.on('data', (b: Buffer) => this.onEnvoyMessage(b));
-    call.on('end', () => this.close('Envoy closed its side of the stream', true));
-    call.on('error', (e) => this.close(`stream error: ${errorMessage(e)}`, false, true));
+    call.on('end', () => this.envoyEnded('cancelled', 'Envoy closed its side of the stream', true));
+    call.on('error', (e) => this.envoyEnded('error', `stream error: ${errorMessage(e)}`, false, true));
     call.on('cancelled', () => {
       const st = statusOf();
-      if (!st?.details) return this.close('cancelled by Envoy or the connection closed', false);
+      if (!st?.details) return this.envoyEnded('cancelled', 'cancelled by Envoy or the connection closed', false);
       // grpc-js ended the call itself, e.g. a message over the size limit.
-      if (st.code === 8 /* RESOURCE_EXHAUSTED */) ctx.counters.bad_messages_total++;
-      this.close(`gRPC ended it: ${st.details}`, false, true);
+      if (!this.done && st.code === 8 /* RESOURCE_EXHAUSTED */) ctx.counters.bad_messages_total++;
+      this.envoyEnded('error', `gRPC ended it: ${st.details}`, false, true);
     });
     // Logged at info once it sends a request (start()): a stream cancelled before that is not worth a line.
     if (log.enabled('debug')) log.debug(`Envoy opened ${METHOD[kind]} stream ${id}`, { peer: call.getPeer() });
@@ -523,7 +539,11 @@ export class Session {
     if (this.upstream === up) this.upstream = undefined;
     if (this.done) return;
     this.ctx.counters.upstream_failures_total++;
-    if (wasConnected) this.ctx.counters.upstream_terminations_total++;
+    if (wasConnected) {
+      this.ctx.counters.upstream_terminations_total++;
+      if (!up.endReason && expectedEnd(s)) this.ctx.counters.istiod_stream_cancellations_total++;
+      else this.ctx.counters.istiod_stream_errors_total++;
+    }
     else this.ctx.counters.upstream_dial_failures_total++;
     if (s.code === 8 /* RESOURCE_EXHAUSTED: a message over the size limit */) this.ctx.counters.bad_messages_total++;
     // Start the backoff over only after a stream that worked for a while, so a server that answers once and
@@ -551,8 +571,16 @@ export class Session {
 
   // ---- shutdown ----
 
+  /** Envoy's stream ended (or failed): counted once, as Go counts its terminations, then closed. */
+  private envoyEnded(kind: 'cancelled' | 'error', why: string, graceful: boolean, abnormal = false): void {
+    if (this.done) return;
+    if (kind === 'cancelled') this.ctx.counters.envoy_stream_cancellations_total++;
+    else this.ctx.counters.envoy_stream_errors_total++;
+    this.close(why, graceful, abnormal);
+  }
+
   private endDownstream(code: number, details: string): void {
-    this.close(details, false, true);
+    this.envoyEnded('error', details, false, true);
     // A status error ends only this call; the server and other streams carry on.
     this.call.emit('error', { code, details });
   }
@@ -634,4 +662,10 @@ const STATUS_NAMES = ['OK', 'CANCELLED', 'UNKNOWN', 'INVALID_ARGUMENT', 'DEADLIN
   'UNAVAILABLE', 'DATA_LOSS', 'UNAUTHENTICATED'];
 function statusName(code: number): string {
   return STATUS_NAMES[code] ?? `code ${code}`;
+}
+
+/** Go's GRPCErrorType: the peer went away (EOF, Canceled, DeadlineExceeded, Unavailable for a lost connection). */
+function expectedEnd(s: { code: number; details: string }): boolean {
+  if (s.code === 0 || s.code === 1 || s.code === 4) return true;
+  return s.code === 14 && /connection dropped|ECONNRESET|EOF|transport is closing|client disconnected|GOAWAY/i.test(s.details);
 }

@@ -4,6 +4,7 @@
 #
 #   install-vm.sh --standalone DIR [options]                       # no istiod: Istio YAML in DIR
 #   install-vm.sh --istiod HOST:PORT --root-cert FILE --token FILE [options]
+#   install-vm.sh --istio-vm DIR [options]                         # Istio's VM onboarding (istioctl's output)
 #   install-vm.sh --uninstall [--purge]                            # --purge: config, state and the user too
 # Options: --binary FILE (default dist/pilot-agent), --envoy FILE (default: scripts/install-envoy.sh),
 #   --type sidecar|router|ingress|waypoint (default sidecar), --namespace NS (default vm),
@@ -20,6 +21,13 @@
 # linked from /etc/pilot-agent/standalone/ca; identities are replaced as a set, tokens 0600 istio-proxy; a root
 # in DIR/ca (root-cert.pem + root-key.pem, to share one between hosts) replaces the installed one, else the
 # installed or first-start root is kept. This host's own token is DIR/ca/identities/NS/SA.
+# --istio-vm DIR: the directory `istioctl x workload entry configure -o DIR` wrote (cluster.env, mesh.yaml,
+# root-cert.pem, istio-token, hosts; a sidecar.env beside them is installed too). cluster.env and sidecar.env go
+# where Istio's VM start reads them, /var/lib/istio/envoy/, and are read as it reads them (pilot-agent-vm-env:
+# capture from their ISTIO_* variables, POD_NAMESPACE, INSTANCE_IP, CA_ADDR...); root-cert.pem goes to
+# /var/lib/pilot-agent/etc/certs (the agent's ./etc/certs), the token to the agent's token path, hosts' lines are
+# added to /etc/hosts when missing, and mesh.yaml becomes /etc/pilot-agent/mesh.yaml with this host's binaryPath,
+# configPath and terminationDrainDuration added unless it sets them (rewritten at each --istio-vm install).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 UNIT=pilot-agent.service
@@ -28,7 +36,9 @@ STATE=/var/lib/pilot-agent
 UNIT_FILE=/etc/systemd/system/$UNIT
 HELPER=/usr/local/lib/pilot-agent/pilot-agent-systemd
 binary="$root/dist/pilot-agent" envoy="" standalone="" istiod="" root_cert="" token="" type=sidecar ns=vm
-start=1 force=0 uninstall=0 purge=0 sa=default low_ports=""
+start=1 force=0 uninstall=0 purge=0 sa=default low_ports="" istio_vm=""
+VM_ENV=/usr/local/lib/pilot-agent/pilot-agent-vm-env
+ISTIO_ENV_DIR=/var/lib/istio/envoy
 DROPIN_DIR=/etc/systemd/system/$UNIT.d
 LOW_PORTS_DROPIN=$DROPIN_DIR/bind-low-ports.conf
 
@@ -41,6 +51,7 @@ while [ $# -gt 0 ]; do
     --envoy) need_arg "$@"; envoy="$2"; shift 2 ;;
     --standalone) need_arg "$@"; standalone="$2"; shift 2 ;;
     --istiod) need_arg "$@"; istiod="$2"; shift 2 ;;
+    --istio-vm) need_arg "$@"; istio_vm="$2"; shift 2 ;;
     --root-cert) need_arg "$@"; root_cert="$2"; shift 2 ;;
     --token) need_arg "$@"; token="$2"; shift 2 ;;
     --type) need_arg "$@"; type="$2"; shift 2 ;;
@@ -52,7 +63,7 @@ while [ $# -gt 0 ]; do
     --force-config) force=1; shift ;;
     --uninstall) uninstall=1; shift ;;
     --purge) purge=1; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "install-vm: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -63,11 +74,13 @@ if [ "$uninstall" = 1 ]; then
   if systemd_running; then
     systemctl disable --now "$UNIT" 2>/dev/null || true
   fi
-  rm -f "$UNIT_FILE" /usr/local/bin/pilot-agent /usr/local/bin/envoy "$HELPER" "$LOW_PORTS_DROPIN"
+  rm -f "$UNIT_FILE" /usr/local/bin/pilot-agent /usr/local/bin/envoy "$HELPER" "$VM_ENV" "$LOW_PORTS_DROPIN"
   rmdir /usr/local/lib/pilot-agent "$DROPIN_DIR" 2>/dev/null || true
   if systemd_running; then systemctl daemon-reload; systemctl reset-failed "$UNIT" 2>/dev/null || true; fi
   if [ "$purge" = 1 ]; then
     rm -rf "$ETC" "$STATE"
+    rm -f "$ISTIO_ENV_DIR/cluster.env" "$ISTIO_ENV_DIR/sidecar.env"
+    rmdir "$ISTIO_ENV_DIR" /var/lib/istio 2>/dev/null || true
     if id istio-proxy >/dev/null 2>&1; then userdel istio-proxy 2>/dev/null || true; fi
     if getent group istio-proxy >/dev/null; then groupdel istio-proxy 2>/dev/null || true; fi
     say "removed pilot-agent, its configuration, state and the istio-proxy user"
@@ -78,8 +91,19 @@ if [ "$uninstall" = 1 ]; then
 fi
 
 case "$type" in sidecar|router|ingress|waypoint) ;; *) die "--type: want sidecar, router, ingress or waypoint, got $type" ;; esac
-if [ -n "$standalone" ] && [ -n "$istiod" ]; then die "give --standalone DIR or --istiod HOST:PORT, not both"; fi
-if [ -z "$standalone" ] && [ -z "$istiod" ] && [ ! -f "$ETC/mesh.yaml" ]; then die "first install: give --standalone DIR or --istiod HOST:PORT"; fi
+modes=0; for m in "$standalone" "$istiod" "$istio_vm"; do [ -n "$m" ] && modes=$((modes + 1)); done
+[ "$modes" -le 1 ] || die "give one of --standalone DIR, --istiod HOST:PORT or --istio-vm DIR"
+if [ "$modes" = 0 ] && [ ! -f "$ETC/mesh.yaml" ]; then die "first install: give --standalone DIR, --istiod HOST:PORT or --istio-vm DIR"; fi
+if [ -n "$istio_vm" ]; then
+  [ -d "$istio_vm" ] || die "--istio-vm: $istio_vm is not a directory"
+  for f in cluster.env mesh.yaml root-cert.pem istio-token; do
+    [ -f "$istio_vm/$f" ] || die "--istio-vm: $istio_vm has no $f (istioctl x workload entry configure -o DIR writes it)"
+  done
+  [ -s "$istio_vm/istio-token" ] || die "--istio-vm: $istio_vm/istio-token is empty"
+  grep -q '^defaultConfig:[[:space:]]*$' "$istio_vm/mesh.yaml" || die "--istio-vm: $istio_vm/mesh.yaml has no defaultConfig: block (istioctl's mesh.yaml has one)"
+  bash -n "$istio_vm/cluster.env" 2>/dev/null || die "--istio-vm: $istio_vm/cluster.env is not valid shell (it is sourced as Istio's istio-start.sh sources it)"
+  if [ -f "$istio_vm/sidecar.env" ]; then bash -n "$istio_vm/sidecar.env" 2>/dev/null || die "--istio-vm: $istio_vm/sidecar.env is not valid shell"; fi
+fi
 if [ -n "$standalone" ] && [ ! -d "$standalone" ]; then die "--standalone: $standalone is not a directory"; fi
 # The embedded CA's rule for a namespace or service account name (a DNS label).
 label='^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'
@@ -134,6 +158,7 @@ put() { local src="$1" dst="$2" mode="$3"; install -D -m "$mode" "$src" "$dst.ne
 put "$binary" /usr/local/bin/pilot-agent 0755
 put "$envoy" /usr/local/bin/envoy 0755
 put "$root/packaging/systemd/pilot-agent-systemd" "$HELPER" 0755
+put "$root/packaging/systemd/pilot-agent-vm-env" "$VM_ENV" 0755
 put "$root/packaging/systemd/pilot-agent.service" "$UNIT_FILE" 0644
 if [ "$low_ports" = 1 ]; then
   install -d -m 0755 "$DROPIN_DIR"
@@ -211,6 +236,23 @@ if [ -n "$istiod" ]; then
   install -m 0640 -g istio-proxy "$root_cert" "$ETC/root-cert.pem"
   install_token "$token"
 fi
+if [ -n "$istio_vm" ]; then
+  install -d -m 0755 /var/lib/istio "$ISTIO_ENV_DIR"
+  for f in cluster.env sidecar.env; do
+    if [ -f "$istio_vm/$f" ]; then put "$istio_vm/$f" "$ISTIO_ENV_DIR/$f" 0640; chgrp istio-proxy "$ISTIO_ENV_DIR/$f"; say "installed $ISTIO_ENV_DIR/$f"; fi
+  done
+  # The agent's ./etc/certs: the root verifies istiod (xDS and CA), and OUTPUT_CERTS writes the issued files beside it.
+  install -d -m 0750 -o istio-proxy -g istio-proxy "$STATE/etc" "$STATE/etc/certs"
+  install -m 0644 -o istio-proxy -g istio-proxy "$istio_vm/root-cert.pem" "$STATE/etc/certs/root-cert.pem.new"
+  mv -f "$STATE/etc/certs/root-cert.pem.new" "$STATE/etc/certs/root-cert.pem"
+  install_token "$istio_vm/istio-token"
+  if [ -f "$istio_vm/hosts" ]; then
+    while IFS= read -r line || [ -n "$line" ]; do
+      case "$line" in ''|'#'*) continue ;; esac
+      grep -qxF -- "$line" /etc/hosts || { printf '%s\n' "$line" >> /etc/hosts; say "added to /etc/hosts: $line"; }
+    done < "$istio_vm/hosts"
+  fi
+fi
 
 write_config() { # file, then content on stdin: written when absent or with --force-config
   local file="$1" tmp
@@ -230,9 +272,12 @@ PILOT_AGENT_ARGS=$args
 PILOT_AGENT_READY_PORT=15021
 PILOT_AGENT_STATUS_PORT=15020
 POD_NAME=$(hostname)
-POD_NAMESPACE=$ns
-SERVICE_ACCOUNT=$sa
 EOT
+  if [ -n "$istio_vm" ]; then
+    echo "# POD_NAMESPACE, SERVICE_ACCOUNT, ISTIO_* and the rest: $ISTIO_ENV_DIR/cluster.env (and sidecar.env), read after this file."
+  else
+    printf 'POD_NAMESPACE=%s\nSERVICE_ACCOUNT=%s\n' "$ns" "$sa"
+  fi
   if [ -n "$istiod" ]; then
     cat <<EOT
 # istiod: its root certificate, for both xDS and the CA. The token is read from
@@ -252,7 +297,17 @@ defaultConfig:
   terminationDrainDuration: 5s
 EOT
   if [ -n "$istiod" ]; then echo "  discoveryAddress: $istiod"; fi
-} | write_config "$ETC/mesh.yaml"
+} | if [ -n "$istio_vm" ]; then
+  # istioctl's mesh.yaml, with what this host needs inserted under defaultConfig: unless it sets it already.
+  cat >/dev/null
+  m="$istio_vm/mesh.yaml" extra="  # Added by install-vm.sh (this host's Envoy and its writable config directory):\n"
+  grep -q '^  binaryPath:' "$m" || extra="$extra  binaryPath: /usr/local/bin/envoy\n"
+  grep -q '^  configPath:' "$m" || extra="$extra  configPath: $STATE/proxy\n"
+  grep -q '^  terminationDrainDuration:' "$m" || extra="$extra  terminationDrainDuration: 5s\n"
+  force=1 write_config "$ETC/mesh.yaml" < <(awk -v extra="$extra" '{ print } /^defaultConfig:[[:space:]]*$/ && !done { printf "%s", extra; done = 1 }' "$m")
+else
+  write_config "$ETC/mesh.yaml"
+fi
 
 if systemd_running; then
   systemctl daemon-reload
