@@ -8,6 +8,7 @@
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
+import * as net from 'node:net';
 import type { AddressInfo } from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -291,6 +292,35 @@ function headerModule(): Buffer {
   (func (export "proxy_on_log") (param i32))
   (func (export "proxy_on_delete") (param i32))
 )`;
+  return assemble(wat);
+}
+
+/** A proxy-wasm module with the network callbacks, passing every byte on: a NETWORK plugin for a TCP port. */
+function networkModule(): Buffer {
+  return assemble(`(module
+  (memory (export "memory") 2)
+  (global $heap (mut i32) (i32.const 4096))
+  (func (export "proxy_abi_version_0_2_1"))
+  (func (export "proxy_on_memory_allocate") (param $size i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (i32.add (local.get $size) (i32.const 8))))
+    (local.get $p))
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_vm_start") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_configure") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_new_connection") (param i32) (result i32) (i32.const 0))
+  (func (export "proxy_on_downstream_data") (param i32 i32 i32) (result i32) (i32.const 0))
+  (func (export "proxy_on_upstream_data") (param i32 i32 i32) (result i32) (i32.const 0))
+  (func (export "proxy_on_downstream_connection_close") (param i32 i32))
+  (func (export "proxy_on_upstream_connection_close") (param i32 i32))
+  (func (export "proxy_on_done") (param i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_log") (param i32))
+  (func (export "proxy_on_delete") (param i32))
+)`);
+}
+
+function assemble(wat: string): Buffer {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'pa-wat-'));
   try {
     fs.writeFileSync(path.join(dir, 'm.wat'), wat);
@@ -361,6 +391,59 @@ spec:
     await envoy?.stop();
     await server?.close();
     await new Promise((r) => backend.close(r));
+    dir.cleanup();
+  }
+});
+
+test('a real Envoy ACKs a NETWORK plugin\'s ECDS filter before tcp_proxy and TCP traffic passes through it', async () => {
+  const dir = tempDir('pa-wasm-net-');
+  const echo = net.createServer((c) => c.pipe(c));
+  await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
+  let server: DiscoveryServer | undefined;
+  let envoy: Awaited<ReturnType<typeof spawnTestEnvoy>> | undefined;
+  try {
+    fs.writeFileSync(path.join(dir.path, 'tcp.wasm'), networkModule());
+    const [port, adminPort] = [await freePort(), await freePort()];
+    const cfg = path.join(dir.path, 'config');
+    fs.mkdirSync(cfg);
+    fs.writeFileSync(path.join(cfg, 'c.yaml'), `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: { name: echo, namespace: test }
+spec:
+  hosts: [echo.test.local]
+  ports: [{ number: ${port}, name: tcp, protocol: TCP }]
+  endpoints: [{ address: 127.0.0.1, ports: { tcp: ${(echo.address() as AddressInfo).port} } }]
+---
+apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata: { name: tcp, namespace: test }
+spec: { type: NETWORK, url: "file://${path.join(dir.path, 'tcp.wasm')}" }
+`);
+    server = new DiscoveryServer({ configDir: cfg, listen: `unix:${path.join(dir.path, 'xds.sock')}` });
+    await server.start();
+    const bootstrap = adsBootstrap({ nodeId: 'sidecar~127.0.0.1~a.test~test.svc.cluster.local', adminPort, delta: false, xdsAddress: server.address });
+    envoy = await spawnTestEnvoy(bootstrap, adminPort, 'pa-wasm-net-envoy-');
+    const roundTrip = () => new Promise<string>((resolve) => {
+      let got = '';
+      const c = net.connect(port, '127.0.0.1', () => c.write('ping'));
+      c.on('data', (d) => {
+        got += d.toString();
+        if (got === 'ping') c.end();
+      });
+      c.on('error', () => resolve(''));
+      c.on('close', () => resolve(got));
+      c.setTimeout(2000, () => c.destroy());
+    });
+    await waitFor('an echo through the listener with the network plugin', async () => (await roundTrip()) === 'ping', 20_000, 200);
+    const dump = JSON.parse((await httpRequest(`http://127.0.0.1:${adminPort}/config_dump`)).body) as Obj;
+    const ecds = dump.configs.find((c: Obj) => c['@type'].includes('EcdsConfigDump'));
+    assert.is(ecds.ecds_filters[0].ecds_filter.name, name('test', 'tcp'));
+    assert.match(ecds.ecds_filters[0].ecds_filter.typed_config['@type'], /filters\.network\.wasm\.v3\.Wasm$/);
+    assert.equal(server.status().nacks, [], 'no NACK');
+  } finally {
+    await envoy?.stop();
+    await server?.close();
+    await new Promise((r) => echo.close(r));
     dir.cleanup();
   }
 });
