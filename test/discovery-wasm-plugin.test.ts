@@ -215,9 +215,15 @@ test('ECDS: the Wasm filter with remote code, sha256, config, env, failure polic
     assert.equal(high.vm_config.code, { local: { filename: '/opt/plugins/stats.wasm' } });
     assert.is(got.get(name('test', 'tcp-filter'))!.typed_config.type_url, 'type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm');
 
-    // A Gateway API gateway of the namespace gets its targetRefs plugin (and not the selector-less ones of test).
-    const gw = proxyFromNode({ id: 'router~10.0.0.3~edge-0.test~test.svc.cluster.local', metadata: labelsMeta({ 'gateway.networking.k8s.io/gateway-name': 'edge' }) });
-    assert.equal([...generate(push, gw, TYPE_URLS.extensionConfig).keys()], [name('test', 'for-gw')]);
+    // A Gateway API gateway of the namespace gets its targetRefs plugin, and, as istiod by default, the plugins
+    // that select by labels (none here: the selector-less ones); another gateway name does not get it.
+    const gwMeta = (n: string) => labelsMeta({ 'gateway.networking.k8s.io/gateway-name': n });
+    const gw = proxyFromNode({ id: 'router~10.0.0.3~edge-0.test~test.svc.cluster.local', metadata: gwMeta('edge') });
+    const gwNames = [...generate(push, gw, TYPE_URLS.extensionConfig).keys()];
+    assert.ok(gwNames.includes(name('test', 'for-gw')) && gwNames.includes(name('test', 'stats-low')), gwNames.join());
+    assert.ok(!gwNames.includes(name('test', 'authz')), 'its selector does not pick the gateway');
+    const other = proxyFromNode({ id: 'router~10.0.0.4~edge-0.test~test.svc.cluster.local', metadata: gwMeta('inner') });
+    assert.ok(![...generate(push, other, TYPE_URLS.extensionConfig).keys()].includes(name('test', 'for-gw')));
   } finally {
     dir.cleanup();
   }

@@ -72,11 +72,11 @@ function selectedPlugins(push: PushContext, proxy: Proxy): Config<WasmPluginSpec
   const picked = namespaces.flatMap((ns) => push.wasmPlugins.filter((p) => {
     if (p.meta.namespace !== ns) return false;
     const { targetGateways, selector } = p.spec;
-    // As istiod's policy matcher: targetRefs apply only to Gateway API gateways; a selector only to the rest.
-    if (gatewayName !== undefined) {
-      return !!targetGateways && ns === proxy.namespace && targetGateways.includes(gatewayName);
+    // As istiod's policy matcher: targetRefs apply only to Gateway API gateways of the plugin's namespace; a
+    // plugin without them selects by labels (Gateway API gateways too: ENABLE_SELECTOR_BASED_K8S_GATEWAY_POLICY).
+    if (targetGateways) {
+      return gatewayName !== undefined && ns === proxy.namespace && targetGateways.includes(gatewayName);
     }
-    if (targetGateways) return false;
     return !selector || labelsMatch(selector, proxy.labels);
   }));
   const prio = (p: Config<WasmPluginSpec>) => p.spec.priority ?? -(2 ** 31);
