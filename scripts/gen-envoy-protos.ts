@@ -37,6 +37,9 @@ const FILES = [
   'envoy/extensions/retry/priority/previous_priorities/v3/previous_priorities_config.proto',
   // tracing providers istiod configures on the HTTP connection manager
   'envoy/config/trace/v3/zipkin.proto',
+  // WasmPlugin: the Wasm filters the discovery server serves over ECDS (wraps envoy/extensions/wasm/v3)
+  'envoy/extensions/filters/http/wasm/v3/wasm.proto',
+  'envoy/extensions/filters/network/wasm/v3/wasm.proto',
 ];
 
 const root = new protobuf.Root();
@@ -52,6 +55,13 @@ root.resolvePath = (origin, target) => {
   return protobuf.util.path.resolve(origin, target);
 };
 root.loadSync(FILES, { keepCase: true });
+// The vendored Envoy API predates PluginConfig.failure_policy (field 7, Envoy 1.35), which istiod sets for a
+// WasmPlugin's failStrategy; added here as Envoy declares it.
+const wasmNs = root.lookup('envoy.extensions.wasm.v3') as protobuf.Namespace;
+if (!wasmNs.get('FailurePolicy')) {
+  wasmNs.add(new protobuf.Enum('FailurePolicy', { UNSPECIFIED: 0, FAIL_RELOAD: 1, FAIL_CLOSED: 2, FAIL_OPEN: 3 }));
+  (wasmNs.get('PluginConfig') as protobuf.Type).add(new protobuf.Field('failure_policy', 7, 'FailurePolicy'));
+}
 root.resolveAll();
 const out = path.resolve(__dirname, '..', 'proto', 'envoy.json');
 fs.writeFileSync(out, JSON.stringify(root.toJSON()));

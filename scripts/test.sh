@@ -27,6 +27,12 @@ if ! command -v curl >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; th
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl util-linux; } >&2 \
     || echo "test: could not install curl" >&2
 fi
+# The Wasm OCI tests run Debian's docker-registry and push images with skopeo (test/helpers/oci-registry.ts).
+if ! command -v docker-registry >/dev/null 2>&1 || ! command -v skopeo >/dev/null 2>&1; then
+  echo "test: installing docker-registry and skopeo" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-registry skopeo; } >&2 \
+    || echo "test: could not install docker-registry and skopeo" >&2
+fi
 if ! ENVOY_BIN="$(bash scripts/install-envoy.sh)"; then
   echo "test: no real Envoy could be found or installed; tests that need Envoy cannot run"
   echo "0 passed, 1 failed"; exit 1

@@ -13,6 +13,7 @@
 //   destination (the app on the host's address) from 127.0.0.6, the source the capture rules never redirect.
 // Envoy's own upstream connections are not captured again because it runs as the uid/gid the rules exclude.
 
+import type { ProxyWasm } from './gen-wasm';
 import { type AnyMessage, packAny, typeUrl } from '../envoy-protos';
 import { allocateVips } from './auto-vip';
 import { tcpProxyFilter } from './gen-tcp';
@@ -39,12 +40,13 @@ const TLS_INSPECTOR = emptyFilter('envoy.filters.listener.tls_inspector', 'envoy
 /** Filter chains another generator adds to virtualInbound (e.g. per-port mTLS), matched before the passthrough. */
 export type InboundChains = readonly Record<string, unknown>[];
 
-export function captureListeners(push: PushContext, scope: ProxyScope, inbound: InboundChains = [], tracing?: Record<string, unknown>): Map<string, Resource> {
+export function captureListeners(push: PushContext, scope: ProxyScope, inbound: InboundChains = [], tracing?: Record<string, unknown>,
+  wasm?: ProxyWasm): Map<string, Resource> {
   const out = new Map<string, Resource>();
   const add = (l: Record<string, unknown>) => out.set(l.name as string, encodeResource(LISTENER, l.name as string, l));
   add(virtualOutbound(scope.outboundTrafficPolicy));
   add(virtualInbound(inbound));
-  for (const l of outboundListeners(push, scope, tracing)) add(l);
+  for (const l of outboundListeners(push, scope, tracing, wasm)) add(l);
   return out;
 }
 
@@ -114,7 +116,7 @@ function prefixRange(addr: string): Record<string, unknown> {
   return { address_prefix: addr, prefix_len: { value: addr.includes(':') ? 128 : 32 } };
 }
 
-function outboundListeners(push: PushContext, scope: ProxyScope, tracing?: Record<string, unknown>): Record<string, unknown>[] {
+function outboundListeners(push: PushContext, scope: ProxyScope, tracing?: Record<string, unknown>, wasm?: ProxyWasm): Record<string, unknown>[] {
   const http = new Set<number>();
   const tcp = new Map<number, Service[]>();
   for (const svc of scope.services) {
@@ -130,7 +132,7 @@ function outboundListeners(push: PushContext, scope: ProxyScope, tracing?: Recor
     const base = { name, address: { socket_address: { address: '0.0.0.0', port_value: port } }, bind_to_port: { value: false }, traffic_direction: 'OUTBOUND' };
     // A port with both HTTP and TCP services is served as HTTP, as in loopback mode.
     if (http.has(port)) {
-      out.push({ ...base, filter_chains: [{ filters: [hcmFilter(name, sidecarRouteName(port), false, tracing)] }] });
+      out.push({ ...base, filter_chains: [{ filters: [hcmFilter(name, sidecarRouteName(port), false, tracing, wasm?.http('outbound', port))] }] });
       continue;
     }
     const used = new Set<string>(); // Envoy rejects two chains with the same match: the first service keeps an address
@@ -138,7 +140,8 @@ function outboundListeners(push: PushContext, scope: ProxyScope, tracing?: Recor
     for (const svc of tcp.get(port)!) {
       const addrs = serviceAddresses(push, svc).filter((a) => !used.has(a) && used.add(a));
       if (!addrs.length) continue;
-      chains.push({ name: `${port}|${svc.hostname}`, filter_chain_match: { prefix_ranges: addrs.map(prefixRange) }, filters: [tcpProxyFilter(push, svc, port, scope.namespace)] });
+      const filters = [...(wasm?.network('outbound', port) ?? []), tcpProxyFilter(push, svc, port, scope.namespace)];
+      chains.push({ name: `${port}|${svc.hostname}`, filter_chain_match: { prefix_ranges: addrs.map(prefixRange) }, filters });
     }
     out.push({ ...base, filter_chains: chains, default_filter_chain: passthroughChain(scope.outboundTrafficPolicy) });
   }

@@ -31,8 +31,12 @@ export function gatewayServerRouteName(gw: Config<GatewaySpec>, s: GatewayServer
   return undefined;
 }
 
-/** `tracing`: the HCM's tracing block (./gen-tracing.ts), when tracing is configured. */
-export function hcmFilter(statPrefix: string, routeName: string, edge: boolean, tracing?: Record<string, unknown>): Record<string, unknown> {
+/**
+ * `tracing`: the HCM's tracing block (./gen-tracing.ts), when tracing is configured. `wasm`: WasmPlugin filters
+ * (./gen-wasm.ts), which istiod puts before its own (grpc_stats, fault, cors, router).
+ */
+export function hcmFilter(statPrefix: string, routeName: string, edge: boolean, tracing?: Record<string, unknown>,
+  wasm: readonly Record<string, unknown>[] = []): Record<string, unknown> {
   // The settings istiod puts on every HTTP connection manager (istio/istio 86c9f01f,
   // pilot/pkg/networking/core/listener_builder.go buildHTTPConnectionManager). No mTLS here, so no client
   // certificate to forward: SANITIZE_SET drops any x-forwarded-client-cert a client sent.
@@ -42,7 +46,7 @@ export function hcmFilter(statPrefix: string, routeName: string, edge: boolean, 
       stat_prefix: statPrefix,
       codec_type: 'AUTO',
       rds: { config_source: { ...ADS_SOURCE, initial_fetch_timeout: dur(0) }, route_config_name: routeName },
-      http_filters: HTTP_FILTERS,
+      http_filters: wasm.length ? [...wasm, ...HTTP_FILTERS] : HTTP_FILTERS,
       use_remote_address: { value: edge },
       normalize_path: { value: true },
       path_with_escaped_slashes_action: 'KEEP_UNCHANGED',

@@ -19,6 +19,7 @@ import type { Config, GatewayServer, GatewaySpec, RouteDestination, ServerTls, T
 import type { PushContext } from './push-context';
 import { ADS_SOURCE, clusterName, encodeResource, LISTENER, type Resource } from './resources';
 import { exportedTo } from './visibility';
+import type { ProxyWasm } from './gen-wasm';
 
 const DOWNSTREAM_TLS = 'envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext';
 const TCP_PROXY = 'envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy';
@@ -29,7 +30,8 @@ const ALPN_ISTIO_TCP = ['istio-peer-exchange', 'istio', 'h2', 'http/1.1'];
 type Entry = { gw: Config<GatewaySpec>; server: GatewayServer };
 
 /** `tracing`: the gateway HCMs' tracing block (./gen-tracing.ts), when tracing is configured. */
-export function routerListeners(push: PushContext, gws: readonly Config<GatewaySpec>[], proxyNs: string, tracing: Record<string, unknown> | undefined): Map<string, Resource> {
+export function routerListeners(push: PushContext, gws: readonly Config<GatewaySpec>[], proxyNs: string, tracing: Record<string, unknown> | undefined,
+  wasm?: ProxyWasm): Map<string, Resource> {
   // One listener per port, named by the first server's bind address (two binds of one port would not both bind).
   const byPort = new Map<number, { bind: string; port: number; entries: Entry[] }>();
   for (const gw of gws) {
@@ -45,8 +47,8 @@ export function routerListeners(push: PushContext, gws: readonly Config<GatewayS
   for (const l of byPort.values()) {
     const name = `${l.bind}_${l.port}`;
     const chains = isPlainHttp(l.entries[0]!.server)
-      ? [{ filters: [hcmFilter(name, `http.${l.port}`, true, tracing)] }]
-      : tlsChains(push, l.entries, name, proxyNs, tracing);
+      ? [{ filters: [hcmFilter(name, `http.${l.port}`, true, tracing, wasm?.http('gateway', l.port))] }]
+      : tlsChains(push, l.entries, name, proxyNs, tracing, wasm);
     if (!chains.length) continue; // a TCP or TLS server no route binds: istiod leaves the listener out too
     const listener: Record<string, unknown> = {
       name,
@@ -68,7 +70,8 @@ interface Chain {
   filters: Record<string, unknown>[];
 }
 
-function tlsChains(push: PushContext, entries: readonly Entry[], listenerName: string, proxyNs: string, tracing: Record<string, unknown> | undefined): Chain[] {
+function tlsChains(push: PushContext, entries: readonly Entry[], listenerName: string, proxyNs: string, tracing: Record<string, unknown> | undefined,
+  wasm?: ProxyWasm): Chain[] {
   const chains: Chain[] = [];
   const sniSeen = new Set<string>();
   for (const { gw, server } of entries) {
@@ -77,14 +80,15 @@ function tlsChains(push: PushContext, entries: readonly Entry[], listenerName: s
     const sni = sniHosts(server);
     const match = sni.length ? { server_names: sni } : undefined;
     if (terminatesHttps(server)) {
-      const chain: Chain = { transport_socket: downstreamTls(tls!, false), filters: [hcmFilter(listenerName, gatewayServerRouteName(gw, server)!, true, tracing)] };
+      const hcm = hcmFilter(listenerName, gatewayServerRouteName(gw, server)!, true, tracing, wasm?.http('gateway', server.port.number));
+      const chain: Chain = { transport_socket: downstreamTls(tls!, false), filters: [hcm] };
       if (match) chain.filter_chain_match = match;
       chains.push(chain);
     } else if (!tls || tls.mode !== 'PASSTHROUGH') {
       // TCP, or TLS terminated here: the first `tcp` route of a bound VirtualService whose hosts the server takes.
       const route = tcpRouteFor(vss, gw, server);
       if (!route) continue;
-      const chain: Chain = { filters: [tcpProxy(push, route.vs, route.dests)] };
+      const chain: Chain = { filters: [...(wasm?.network('gateway', server.port.number) ?? []), tcpProxy(push, route.vs, route.dests)] };
       if (tls) {
         chain.transport_socket = downstreamTls(tls, true);
         if (match) chain.filter_chain_match = match;
@@ -100,7 +104,8 @@ function tlsChains(push: PushContext, entries: readonly Entry[], listenerName: s
             // Envoy refuses two chains with one match: the first route to claim an SNI host keeps it, as istiod.
             if (m.sniHosts.some((h) => sniSeen.has(h))) continue;
             for (const h of m.sniHosts) sniSeen.add(h);
-            chains.push({ filter_chain_match: { server_names: m.sniHosts }, filters: [tcpProxy(push, vs, t.route)] });
+            const filters = [...(wasm?.network('gateway', server.port.number) ?? []), tcpProxy(push, vs, t.route)];
+            chains.push({ filter_chain_match: { server_names: m.sniHosts }, filters });
           }
         }
       }

@@ -12,6 +12,7 @@ import type { PushContext } from './push-context';
 import { CLUSTER, dur, encodeResource, LISTENER, type Resource } from './resources';
 import { SDS_SOURCE } from './gen-secrets';
 import { hcmTracing, tracingKey } from './gen-tracing';
+import { type ProxyWasm, proxyWasm } from './gen-wasm';
 
 const HCM = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
 const ROUTER = 'envoy.extensions.filters.http.router.v3.Router';
@@ -55,14 +56,15 @@ export function inboundListeners(push: PushContext, proxy: Proxy): Resource[] {
   // connection to 15006, and the app keeps its own port on the host's address.
   if (proxy.capture) return [];
   const mode = push.peerAuthenticationMode(proxy);
-  return push.memoize(`inbound-lds|${proxy.ip}|${proxy.type}|${mode}|${tracingKey(push, proxy)}`, () => ownPorts(push, proxy).map((i) => {
+  const wasm = proxyWasm(push, proxy);
+  return push.memoize(`inbound-lds|${proxy.ip}|${proxy.type}|${mode}|${tracingKey(push, proxy)}|${wasm.key}`, () => ownPorts(push, proxy).map((i) => {
     const name = `inbound_${proxy.ip}_${i.port}`;
     return encodeResource(LISTENER, name, {
       name,
       address: { socket_address: { address: proxy.ip, port_value: i.port } },
       traffic_direction: 'INBOUND',
       listener_filters: mode === 'PERMISSIVE' ? [{ name: 'envoy.filters.listener.tls_inspector', typed_config: packAny(TLS_INSPECTOR, {}) }] : [],
-      filter_chains: portChains(i, mode, hcmTracing(push, proxy, 'inbound')),
+      filter_chains: portChains(i, mode, hcmTracing(push, proxy, 'inbound'), wasm),
     });
   }));
 }
@@ -71,7 +73,8 @@ export function inboundListeners(push: PushContext, proxy: Proxy): Resource[] {
 export function inboundCaptureChains(push: PushContext, proxy: Proxy): Record<string, unknown>[] {
   const mode = push.peerAuthenticationMode(proxy);
   const tracing = hcmTracing(push, proxy, 'inbound');
-  return ownPorts(push, proxy).flatMap((i) => portChains(i, mode, tracing).map((c) => ({
+  const wasm = proxyWasm(push, proxy);
+  return ownPorts(push, proxy).flatMap((i) => portChains(i, mode, tracing, wasm).map((c) => ({
     ...c,
     name: `${inboundClusterName(i.port)}${c.transport_socket ? 'mtls' : ''}`,
     filter_chain_match: { destination_port: { value: i.port }, ...(c.filter_chain_match as object | undefined) },
@@ -79,15 +82,15 @@ export function inboundCaptureChains(push: PushContext, proxy: Proxy): Record<st
 }
 
 /** STRICT accepts only mTLS; DISABLE only plaintext; PERMISSIVE both, told apart by the TLS inspector. */
-function portChains(i: ServiceInstance, mode: string, tracing: Record<string, unknown> | undefined): Record<string, unknown>[] {
-  const filters = [filter(i, tracing)];
+function portChains(i: ServiceInstance, mode: string, tracing: Record<string, unknown> | undefined, wasm: ProxyWasm): Record<string, unknown>[] {
+  const filters = isHttp(i.servicePort.protocol) ? [filter(i, tracing, wasm)] : [...wasm.network('inbound', i.port), filter(i, tracing, wasm)];
   const mtls = { filters, transport_socket: downstreamTls() };
   if (mode === 'STRICT') return [mtls];
   if (mode === 'DISABLE') return [{ filters }];
   return [{ ...mtls, filter_chain_match: { transport_protocol: 'tls' } }, { filters }];
 }
 
-function filter(i: ServiceInstance, tracing: Record<string, unknown> | undefined): Record<string, unknown> {
+function filter(i: ServiceInstance, tracing: Record<string, unknown> | undefined, wasm: ProxyWasm): Record<string, unknown> {
   const cluster = inboundClusterName(i.port);
   if (!isHttp(i.servicePort.protocol)) {
     return { name: 'envoy.filters.network.tcp_proxy', typed_config: packAny(TCP_PROXY, { stat_prefix: cluster, cluster }) };
@@ -98,7 +101,7 @@ function filter(i: ServiceInstance, tracing: Record<string, unknown> | undefined
       stat_prefix: cluster,
       codec_type: 'AUTO',
       route_config: { name: cluster, virtual_hosts: [{ name: 'inbound', domains: ['*'], routes: [{ match: { prefix: '/' }, route: { cluster, timeout: dur(0) } }] }] },
-      http_filters: [{ name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) }],
+      http_filters: [...wasm.http('inbound', i.port), { name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) }],
       // As istiod's inbound HCM (listener_inbound.go buildSidecarInboundHTTPOpts, util.GetProxyHeaders): the
       // caller's certificate details (subject, SPIFFE URI, DNS SANs) are appended to any x-forwarded-client-cert
       // already there, for the app.

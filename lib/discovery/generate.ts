@@ -8,6 +8,7 @@ import { GRPC_GENERATOR, generateGrpc } from './gen-grpc';
 import { buildNameTableResources } from './gen-nametable';
 import { buildRoutes } from './gen-routes';
 import { buildSecrets } from './gen-secrets';
+import { buildExtensionConfigs } from './gen-wasm';
 import type { Proxy } from './proxy';
 import type { ProxyScope, PushContext } from './push-context';
 import { type Resource, TYPE_URLS } from './resources';
@@ -37,6 +38,8 @@ export function generate(push: PushContext, proxy: Proxy, typeUrl: string, names
       return buildSecrets(push, proxy);
     case TYPE_URLS.nameTable:
       return buildNameTableResources(push, proxy);
+    case TYPE_URLS.extensionConfig:
+      return buildExtensionConfigs(push, proxy);
     default:
       return new Map();
   }

@@ -2,21 +2,23 @@
 // directory, in the shapes Istio reads from Kubernetes (istio/istio 86c9f01f, pilot/pkg/credentials/kube/secrets.go):
 // `tls.crt`/`tls.key`/`ca.crt` (type kubernetes.io/tls) or the generic `cert`/`key`/`cacert`, in `data` (base64) or
 // `stringData` (text). Checked at load: every PEM block parses, and the key belongs to the certificate. Messages
-// name the field only: key material never reaches a log line.
+// name the field only: key material never reaches a log line. Also image pull secrets (type
+// kubernetes.io/dockerconfigjson, `.dockerconfigjson`) for a WasmPlugin's imagePullSecret (./gen-wasm.ts).
 
 import { createPrivateKey, X509Certificate } from 'node:crypto';
 import type { SecretSpec } from './model';
 import type { Path, Reader } from './schema';
 
 export const SECRET_TOP_KEYS = ['apiVersion', 'kind', 'metadata', 'type', 'data', 'stringData', 'immutable'] as const;
-const TYPES = ['kubernetes.io/tls', 'Opaque'] as const;
+const TYPES = ['kubernetes.io/tls', 'Opaque', 'kubernetes.io/dockerconfigjson'] as const;
+const DOCKER_CONFIG = '.dockerconfigjson';
 // Field names per role, Kubernetes' TLS form first (Istio's order of lookup).
 const CERT_KEYS = ['tls.crt', 'cert'];
 const KEY_KEYS = ['tls.key', 'key'];
 const CA_KEYS = ['ca.crt', 'cacert'];
 
 export function readSecret(r: Reader, top: Record<string, unknown>): SecretSpec | undefined {
-  r.oneOf(top.type, ['type'], TYPES);
+  const type = r.oneOf(top.type, ['type'], TYPES);
   r.bool(top.immutable, ['immutable']);
   const fields = new Map<string, { text: string; path: Path }>();
   const data = r.mapping(top.data, ['data']) ?? {};
@@ -32,6 +34,7 @@ export function readSecret(r: Reader, top: Record<string, unknown>): SecretSpec 
     const s = r.string(v, ['stringData', k]);
     if (s !== undefined) fields.set(k, { text: s, path: ['stringData', k] });
   }
+  if (type === 'kubernetes.io/dockerconfigjson') return dockerConfig(r, fields.get(DOCKER_CONFIG));
   const pick = (keys: string[]) => keys.map((k) => fields.get(k)).find((f) => f !== undefined);
   const cert = pick(CERT_KEYS);
   const key = pick(KEY_KEYS);
@@ -58,6 +61,20 @@ export function readSecret(r: Reader, top: Record<string, unknown>): SecretSpec 
     out.ca = ca.text;
   }
   return out;
+}
+
+/** An image pull secret (a WasmPlugin's imagePullSecret): `.dockerconfigjson`, a JSON object with `auths`. */
+function dockerConfig(r: Reader, f: { text: string; path: Path } | undefined): SecretSpec | undefined {
+  if (!f) return r.fail([], `a kubernetes.io/dockerconfigjson Secret needs ${DOCKER_CONFIG} in data or stringData`);
+  let doc: unknown;
+  try {
+    doc = JSON.parse(f.text);
+  } catch {
+    return r.fail(f.path, 'is not JSON');
+  }
+  const auths = (doc as { auths?: unknown } | null)?.auths;
+  if (!auths || typeof auths !== 'object' || Array.isArray(auths)) return r.fail(f.path, 'has no "auths" mapping');
+  return { dockerConfigJson: f.text };
 }
 
 /** Every CERTIFICATE block of a PEM text, parsed; a problem when there is none or one does not parse. */

@@ -8,12 +8,14 @@ import { readSecret, SECRET_TOP_KEYS } from './kind-secret';
 import { readServiceEntry, readWorkload } from './kind-service-entry';
 import { readSidecar } from './kind-sidecar';
 import { readVirtualService } from './kind-virtual-service';
+import { readWasmPlugin } from './kind-wasm-plugin';
 import type { Config, Kind, PeerAuthenticationSpec } from './model';
 import { KINDS } from './model';
 import { DNS_LABEL, DNS_NAME, type Path, type Problem, Reader } from './schema';
 
 const API_VERSIONS = ['networking.istio.io/v1', 'networking.istio.io/v1beta1', 'networking.istio.io/v1alpha3'];
 const SECURITY_API_VERSIONS = ['security.istio.io/v1', 'security.istio.io/v1beta1'];
+const EXTENSIONS_API_VERSIONS = ['extensions.istio.io/v1alpha1'];
 
 export interface ReadResult {
   config?: Config;
@@ -34,7 +36,8 @@ export function readDocument(doc: unknown): ReadResult {
     r.fail(['kind'], `unknown or unsupported kind "${kindText}" (supported: ${KINDS.join(', ')})`);
   }
   const api = r.string(top.apiVersion, ['apiVersion'], { required: true });
-  const apis = kindText === 'PeerAuthentication' ? SECURITY_API_VERSIONS : kindText === 'Secret' ? ['v1'] : API_VERSIONS;
+  const apis = kindText === 'PeerAuthentication' ? SECURITY_API_VERSIONS : kindText === 'Secret' ? ['v1']
+    : kindText === 'WasmPlugin' ? EXTENSIONS_API_VERSIONS : API_VERSIONS;
   if (api !== undefined && !apis.includes(api)) r.fail(['apiVersion'], `"${api}" is not one of ${apis.join(', ')}`);
   const md = r.object(top.metadata, ['metadata'], ['name', 'namespace', 'labels', 'annotations', 'resourceVersion', 'uid', 'generation', 'creationTimestamp'], ['name']);
   const name = r.string(md?.name, ['metadata', 'name'], { required: true, pattern: DNS_NAME, patternText: 'a lowercase DNS name' });
@@ -58,6 +61,7 @@ const SPEC_READERS: Record<Exclude<Kind, 'Secret'>, SpecReader> = {
   Gateway: readGateway,
   Sidecar: readSidecar,
   PeerAuthentication: readPeerAuthentication,
+  WasmPlugin: readWasmPlugin,
 };
 
 function readPeerAuthentication(r: Reader, v: unknown, path: Path): PeerAuthenticationSpec | undefined {

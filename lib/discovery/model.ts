@@ -3,7 +3,7 @@
 
 import type { MeshTracing } from './mesh-tracing';
 
-export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar', 'PeerAuthentication', 'Secret'] as const;
+export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar', 'PeerAuthentication', 'Secret', 'WasmPlugin'] as const;
 export type Kind = (typeof KINDS)[number];
 
 export type Event = 'add' | 'update' | 'delete';
@@ -32,7 +32,8 @@ export interface Config<S = Spec> {
   spec: S;
 }
 
-export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec | SidecarSpec | PeerAuthenticationSpec | SecretSpec;
+export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec | SidecarSpec | PeerAuthenticationSpec | SecretSpec
+  | WasmPluginSpec;
 
 /** meshConfig fields the server honours. */
 export interface MeshConfig {
@@ -334,4 +335,34 @@ export interface SecretSpec {
   key?: string;
   /** Trust bundle for client or server verification (`ca.crt` / `cacert`). */
   ca?: string;
+  /** `.dockerconfigjson` of a `kubernetes.io/dockerconfigjson` Secret: a WasmPlugin's imagePullSecret. */
+  dockerConfigJson?: string;
+}
+
+// ---- extensions (./kind-wasm-plugin.ts, ./gen-wasm.ts) ----
+
+export type WasmPhase = 'AUTHN' | 'AUTHZ' | 'STATS' | 'UNSPECIFIED_PHASE';
+export type WorkloadMode = 'UNDEFINED' | 'CLIENT' | 'SERVER' | 'CLIENT_AND_SERVER';
+
+/** A WasmPlugin (extensions.istio.io/v1alpha1), defaults filled in. */
+export interface WasmPluginSpec {
+  selector?: Readonly<Record<string, string>>;
+  /** Gateway API Gateways (`gateway.networking.k8s.io` kind Gateway) by name, in the plugin's namespace. */
+  targetGateways?: readonly string[];
+  phase: WasmPhase;
+  /** Higher first within a phase; absent sorts last (istiod: MinInt32). */
+  priority?: number;
+  /** As written; no scheme means `oci://`. */
+  url: string;
+  sha256?: string;
+  imagePullPolicy: 'UNSPECIFIED_POLICY' | 'IfNotPresent' | 'Always';
+  /** Name of a Secret of the plugin's namespace. */
+  imagePullSecret?: string;
+  /** pluginConfig, as JSON text (istiod sends it as a StringValue). */
+  pluginConfigJson?: string;
+  pluginName?: string;
+  failStrategy: 'FAIL_CLOSE' | 'FAIL_OPEN' | 'FAIL_RELOAD';
+  env: readonly { name: string; value: string; valueFrom: 'INLINE' | 'HOST' }[];
+  match: readonly { mode: WorkloadMode; ports: readonly number[] }[];
+  type: 'HTTP' | 'NETWORK';
 }

@@ -6,7 +6,7 @@
 import type { ConfigStore } from './config-store';
 import {
   type Config, DEFAULT_MESH, type DestinationRuleSpec, type MeshConfig, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
-  type PeerAuthenticationSpec, type SecretSpec, type SidecarSpec, type VirtualServiceSpec,
+  type PeerAuthenticationSpec, type SecretSpec, type SidecarSpec, type VirtualServiceSpec, type WasmPluginSpec,
 } from './model';
 import { egressAdmits, exportedTo, hostCovers } from './visibility';
 import { usesSourceLabels } from './source-match';
@@ -41,6 +41,8 @@ export class PushContext {
   readonly peerAuthentications: readonly Config<PeerAuthenticationSpec>[];
   /** credentialName Secrets (./gen-secrets.ts). */
   readonly secrets: readonly Config<SecretSpec>[];
+  /** WasmPlugins (./gen-wasm.ts), by namespace and name. */
+  readonly wasmPlugins: readonly Config<WasmPluginSpec>[];
   /** Are Secrets' private keys sent to routers? Not over a plaintext connection that leaves the host. */
   readonly servePrivateKeys: boolean;
   /** Does any DestinationRule originate TLS with a credentialName? */
@@ -63,9 +65,11 @@ export class PushContext {
       sidecars: Config<SidecarSpec>[];
       pas: Config<PeerAuthenticationSpec>[];
       secrets?: Config<SecretSpec>[];
+      wasmPlugins?: Config<WasmPluginSpec>[];
       servePrivateKeys?: boolean;
     },
   ) {
+    this.wasmPlugins = Object.freeze(sortByKey(parts.wasmPlugins ?? []));
     this.peerAuthentications = Object.freeze(sortByKey(parts.pas));
     this.secrets = Object.freeze(sortByKey(parts.secrets ?? []));
     this.servePrivateKeys = parts.servePrivateKeys ?? true;
@@ -141,6 +145,7 @@ export class PushContext {
       gateways: store.list('Gateway') as Config<GatewaySpec>[],
       sidecars: store.list('Sidecar') as Config<SidecarSpec>[],
       secrets: store.list('Secret') as Config<SecretSpec>[],
+      wasmPlugins: store.list('WasmPlugin') as Config<WasmPluginSpec>[],
       servePrivateKeys: opts.servePrivateKeys,
     });
   }

@@ -10,6 +10,7 @@ export const ENDPOINTS = 'envoy.config.endpoint.v3.ClusterLoadAssignment';
 export const LISTENER = 'envoy.config.listener.v3.Listener';
 export const ROUTE = 'envoy.config.route.v3.RouteConfiguration';
 export const SECRET = 'envoy.extensions.transport_sockets.tls.v3.Secret';
+export const EXTENSION_CONFIG = 'envoy.config.core.v3.TypedExtensionConfig';
 
 export const TYPE_URLS = {
   cluster: typeUrl(CLUSTER),
@@ -20,11 +21,15 @@ export const TYPE_URLS = {
   secret: typeUrl(SECRET),
   /** NDS, for the agent's DNS proxy (./gen-nametable.ts). */
   nameTable: NAME_TABLE_TYPE,
+  /** ECDS: WasmPlugin filters (./gen-wasm.ts), asked for by name. */
+  extensionConfig: typeUrl(EXTENSION_CONFIG),
 } as const;
 
 /** Push order that lets Envoy warm clusters before endpoints and listeners before routes. */
 // Secrets last: Envoy asks for them while warming the clusters and listeners that name them.
-export const PUSH_ORDER: readonly string[] = [TYPE_URLS.cluster, TYPE_URLS.endpoint, TYPE_URLS.listener, TYPE_URLS.route, TYPE_URLS.secret, TYPE_URLS.nameTable];
+// ECDS after the listeners whose filters name its resources, as istiod orders it.
+export const PUSH_ORDER: readonly string[] = [TYPE_URLS.cluster, TYPE_URLS.endpoint, TYPE_URLS.listener, TYPE_URLS.route, TYPE_URLS.secret, TYPE_URLS.nameTable,
+  TYPE_URLS.extensionConfig];
 
 /** Types whose empty subscription means "everything" (wildcard). */
 export const WILDCARD_TYPES: ReadonlySet<string> = new Set([TYPE_URLS.cluster, TYPE_URLS.listener, TYPE_URLS.nameTable]);
