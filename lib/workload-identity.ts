@@ -5,11 +5,11 @@
 // serverCertificate, a DestinationRule's caCertificates) and no workload certificate. Undefined when another SDS
 // server (e.g. SPIRE's agent) already serves the socket: then Envoy uses that one, as in Istio.
 
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { CaClient, caClientOptions } from './ca-client';
 import type { AgentConfig } from './config';
 import { keyAlgorithm, spiffeId } from './csr';
-import { caDeclared } from './discovery/ca';
 import * as envs from './env';
 import type { Env } from './env';
 import { SdsServer } from './sds-server';
@@ -48,7 +48,8 @@ export async function workloadIdentity(
   let signer: CaClient | undefined;
   if (!mounted) {
     if (standaloneSocket) {
-      if (caDeclared(cfg.standaloneDir)) {
+      // The embedded CA's own test (lib/discovery/ca.ts caDeclared), not imported: that module is the CA server.
+      if (fs.existsSync(path.join(cfg.standaloneDir, 'ca', 'identities'))) {
         const o = caClientOptions(cfg, env);
         signer = new CaClient({ ...o, address: `unix:${path.resolve(standaloneSocket)}`, tls: false, headers: { ClusterID: cfg.clusterId } });
       }
