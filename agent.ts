@@ -374,9 +374,10 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
     const algorithm = keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv),
       envs.ECC_CURVE.get(agentEnv));
-    // The workload key is made while Envoy starts when a CA will be asked (mounted files may still make it moot).
+    // The workload key is made while Envoy starts when a CA will be asked (mounted files may still make it moot);
+    // asked for just after the spawn: the first key pair also initialises OpenSSL's key code on this thread (3-14 ms).
     const standaloneCa = cfg.standaloneDir && fs.existsSync(path.join(cfg.standaloneDir, 'ca', 'identities'));
-    if (!envs.FILE_MOUNTED_CERTS.get(agentEnv) && (!cfg.standaloneDir || standaloneCa)) pregenerateKey(algorithm);
+    const wantKey = !envs.FILE_MOUNTED_CERTS.get(agentEnv) && (!cfg.standaloneDir || standaloneCa);
     envs.METRICS_LOCALHOST_ACCESS_ONLY.get(agentEnv);
     envs.PILOT_AGENT_MERGE_ENVOY_STATS.get(agentEnv);
     const certProvider = await import('./lib/cert-provider');
@@ -404,6 +405,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const sdsUnavailable = sdsServedElsewhere ? undefined : await prebindUnixSocket(cfg.sdsSocket).then(() => undefined, (err: Error) => err);
     signals.whenEnvoy(envoy);
     await envoy.start();
+    if (wantKey) pregenerateKey(algorithm);
     // Beside Envoy the gRPC bootstrap is a by-product (an app may use proxyless gRPC next to the sidecar): a failure
     // to write it is logged, and like Envoy's bootstrap it is removed when the agent exits.
     await writeGrpcBootstrap(resolved, agentEnv).then(
