@@ -121,7 +121,7 @@ interface DeltaRequest {
 
 
 // What the server reads, in the shape protobufjs gave (snake_case, absent fields undefined).
-const status = (e: { code: number; message: string } | undefined) => e && { code: e.code, message: e.message };
+const status = (e: { code: number; message: string } | undefined) => e && { code: e.code, message: e.message || undefined };
 function readSotw(b: Buffer): DiscoveryRequest {
   const r = parseSotwRequest(b);
   return {
