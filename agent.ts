@@ -494,8 +494,9 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
 }
 
 // `proxy` flags the fast path below parses itself: those taking a value, and the booleans.
-const PROXY_VALUE_FLAGS = new Set(['log_output_level', 'log_target', 'log_caller', 'log_stacktrace_level', 'domain', 'meshConfig',
-  'serviceCluster', 'proxyLogLevel', 'proxyComponentLogLevel', 'concurrency', 'templateFile', 'outlierLogPath', 'standalone']);
+const PROXY_VALUE_FLAGS = new Set(['log_output_level', 'log_target', 'log_caller', 'log_stacktrace_level', 'domain',
+  'meshConfig', 'serviceCluster', 'proxyLogLevel', 'proxyComponentLogLevel', 'concurrency', 'templateFile',
+  'outlierLogPath', 'standalone']);
 const PROXY_BOOLEAN_FLAGS = new Set(['log_as_json', 'profiling']);
 
 /**

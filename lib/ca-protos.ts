@@ -81,7 +81,8 @@ const WT_VARINT = 0;
 const WT_LEN = 2;
 
 function want(wt: number, expected: number, what: string, field: number): void {
-  if (wt !== expected) throw new AgentError('BAD_INPUT', `${what}: field ${field} has wire type ${wt}, want ${expected}`);
+  if (wt === expected) return;
+  throw new AgentError('BAD_INPUT', `${what}: field ${field} has wire type ${wt}, want ${expected}`);
 }
 
 export function encodeCertificateRequest(r: CertificateRequest): Buffer {

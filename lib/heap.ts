@@ -39,7 +39,9 @@ export function collectStartupGarbage(): void {
     const t0 = performance.now();
     gc({ type: 'major', execution: 'sync', flavor: 'last-resort' });
     const ms = (performance.now() - t0).toFixed(1);
-    log.debug(`start-up garbage collected in ${ms} ms: heap ${(before / 1048576).toFixed(1)} -> ${(process.memoryUsage().heapUsed / 1048576).toFixed(1)} MiB`);
+    const mib = (n: number) => (n / 1048576).toFixed(1);
+    const after = process.memoryUsage().heapUsed;
+    log.debug(`start-up garbage collected in ${ms} ms: heap ${mib(before)} -> ${mib(after)} MiB`);
   } catch (err) {
     log.debug(`no start-up collection: ${(err as Error).message}`);
   }

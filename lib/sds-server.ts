@@ -24,7 +24,9 @@ import { AgentError, wrap } from './errors';
 import { scope } from './log';
 import { bindUnixSocket, type BoundUnixServer } from './grpc-unix';
 import { parseSecretName, SecretReferences, namesFile } from './secret-names';
-import { encodeDeltaResponse, encodeSotwResponse, nodeId, packAnyBytes, parseDeltaRequest, parseSotwRequest } from './xds-codec';
+import {
+  encodeDeltaResponse, encodeSotwResponse, nodeId, packAnyBytes, parseDeltaRequest, parseSotwRequest,
+} from './xds-codec';
 
 const log = scope('sds');
 
@@ -97,7 +99,8 @@ export function secretResource(name: string, v: SecretValue): AnyMessage {
   const body = v.kind === 'tls'
     ? lenField(2, Buffer.concat([inlineBytes(1, v.certChainPem), inlineBytes(2, v.keyPem)]))
     : lenField(4, inlineBytes(1, v.rootPem));
-  return { type_url: `type.googleapis.com/${SECRET_TYPE_NAME}`, value: Buffer.concat([lenField(1, Buffer.from(name)), body]) };
+  const value = Buffer.concat([lenField(1, Buffer.from(name)), body]);
+  return { type_url: `type.googleapis.com/${SECRET_TYPE_NAME}`, value };
 }
 
 interface DiscoveryRequest {
@@ -121,11 +124,13 @@ interface DeltaRequest {
 
 
 // What the server reads, in the shape protobufjs gave (snake_case, absent fields undefined).
-const status = (e: { code: number; message: string } | undefined) => e && { code: e.code, message: e.message || undefined };
+const status = (e: { code: number; message: string } | undefined) =>
+  e && { code: e.code, message: e.message || undefined };
 function readSotw(b: Buffer): DiscoveryRequest {
   const r = parseSotwRequest(b);
   return {
-    version_info: r.versionInfo || undefined, resource_names: r.resourceNames, response_nonce: r.responseNonce || undefined,
+    version_info: r.versionInfo || undefined, resource_names: r.resourceNames,
+    response_nonce: r.responseNonce || undefined,
     type_url: r.typeUrl || undefined, error_detail: status(r.errorDetail), node: r.node && { id: nodeId(r.node) },
   };
 }
@@ -137,13 +142,16 @@ function readDelta(b: Buffer): DeltaRequest {
     type_url: r.typeUrl || undefined, error_detail: status(r.errorDetail), node: r.node && { id: nodeId(r.node) },
   };
 }
-const anyBytes = (a: AnyMessage) => packAnyBytes(a.type_url, Buffer.from(a.value.buffer, a.value.byteOffset, a.value.byteLength));
+const anyBytes = (a: AnyMessage) =>
+  packAnyBytes(a.type_url, Buffer.from(a.value.buffer, a.value.byteOffset, a.value.byteLength));
 interface SotwAnswer { version_info: string; resources: AnyMessage[]; type_url: string; nonce: string }
 interface DeltaAnswer {
-  system_version_info: string; resources: { name: string; version: string; resource: AnyMessage }[]; type_url: string; nonce: string;
+  system_version_info: string; resources: { name: string; version: string; resource: AnyMessage }[];
+  type_url: string; nonce: string;
 }
-const writeSotw = (r: SotwAnswer): Buffer =>
-  encodeSotwResponse({ versionInfo: r.version_info, resources: r.resources.map(anyBytes), typeUrl: r.type_url, nonce: r.nonce });
+const writeSotw = (r: SotwAnswer): Buffer => encodeSotwResponse({
+  versionInfo: r.version_info, resources: r.resources.map(anyBytes), typeUrl: r.type_url, nonce: r.nonce,
+});
 const writeDelta = (r: DeltaAnswer): Buffer => encodeDeltaResponse({
   systemVersionInfo: r.system_version_info, typeUrl: r.type_url, nonce: r.nonce,
   resources: r.resources.map((x) => ({ name: x.name, version: x.version, any: anyBytes(x.resource) })),

@@ -356,7 +356,9 @@ export function packAnyBytes(typeUrl: string, value: Buffer): Buffer {
 }
 
 /** A DiscoveryResponse from resources already packed as Any bytes (the SDS server's answers). */
-export function encodeSotwResponse(r: { versionInfo: string; resources: Buffer[]; typeUrl: string; nonce: string }): Buffer {
+export function encodeSotwResponse(r: {
+  versionInfo: string; resources: Buffer[]; typeUrl: string; nonce: string;
+}): Buffer {
   const w = new Writer().string(RS_VERSION, r.versionInfo);
   for (const any of r.resources) w.message(RS_RESOURCES, any);
   return w.string(RS_TYPE, r.typeUrl).string(RS_NONCE, r.nonce).finish();
@@ -364,12 +366,14 @@ export function encodeSotwResponse(r: { versionInfo: string; resources: Buffer[]
 
 /** A DeltaDiscoveryResponse; each resource's Any is already packed. */
 export function encodeDeltaResponse(r: {
-  systemVersionInfo: string; resources: { name: string; version: string; any: Buffer }[]; typeUrl: string; nonce: string;
+  systemVersionInfo: string; resources: { name: string; version: string; any: Buffer }[]; typeUrl: string;
+  nonce: string;
   removed?: string[];
 }): Buffer {
   const w = new Writer().string(DS_VERSION, r.systemVersionInfo);
   for (const res of r.resources) {
-    w.message(DS_RESOURCES, new Writer().string(RES_VERSION, res.version).message(RES_ANY, res.any).string(RES_NAME, res.name).finish());
+    const resource = new Writer().string(RES_VERSION, res.version).message(RES_ANY, res.any).string(RES_NAME, res.name);
+    w.message(DS_RESOURCES, resource.finish());
   }
   w.string(DS_TYPE, r.typeUrl).string(DS_NONCE, r.nonce);
   for (const n of r.removed ?? []) w.lenField(DS_REMOVED, Buffer.from(n, 'utf8'));

@@ -35,9 +35,11 @@ test('the hand-written codec and protobufjs (from CA_DESCRIPTOR) read each other
   const root = protobuf.Root.fromJSON(CA_DESCRIPTOR as unknown as protobuf.INamespace);
   const Req = root.lookupType('istio.v1.auth.IstioCertificateRequest');
   const Resp = root.lookupType('istio.v1.auth.IstioCertificateResponse');
-  const ours = encodeCertificateRequest({ csr: 'PEM\n', validityDuration: 2 ** 40, metadata: { CertSigner: 'signer-a', 'é': '' } });
+  const metadata = { CertSigner: 'signer-a', 'é': '' };
+  const ours = encodeCertificateRequest({ csr: 'PEM\n', validityDuration: 2 ** 40, metadata });
   assert.equal(Req.toObject(Req.decode(ours), { longs: Number }), {
-    csr: 'PEM\n', validity_duration: 2 ** 40, metadata: { fields: { CertSigner: { stringValue: 'signer-a' }, 'é': { stringValue: '' } } },
+    csr: 'PEM\n', validity_duration: 2 ** 40,
+    metadata: { fields: { CertSigner: { stringValue: 'signer-a' }, 'é': { stringValue: '' } } },
   });
   const theirs = Buffer.from(Req.encode(Req.fromObject({
     csr: 'x', validity_duration: 7, metadata: { fields: { CertSigner: { stringValue: 's' }, n: { numberValue: 3 } } },
@@ -47,8 +49,10 @@ test('the hand-written codec and protobufjs (from CA_DESCRIPTOR) read each other
   const negative = Buffer.from(Req.encode(Req.fromObject({ csr: 'x', validity_duration: -5 })).finish());
   assert.ok(decodeCertificateRequest(negative).validityDuration < 0);
   const chain = ['leaf', '', 'root'];
-  assert.equal(Resp.toObject(Resp.decode(encodeCertificateResponse({ certChain: chain })), { arrays: true }).cert_chain, chain);
-  assert.equal(decodeCertificateResponse(Buffer.from(Resp.encode(Resp.fromObject({ cert_chain: chain })).finish())).certChain, chain);
+  const ourChain = encodeCertificateResponse({ certChain: chain });
+  assert.equal(Resp.toObject(Resp.decode(ourChain), { arrays: true }).cert_chain, chain);
+  const theirChain = Buffer.from(Resp.encode(Resp.fromObject({ cert_chain: chain })).finish());
+  assert.equal(decodeCertificateResponse(theirChain).certChain, chain);
 });
 
 test('a field of the wrong wire type is refused, an unknown field skipped', () => {

@@ -7,13 +7,14 @@ import * as assert from 'uvu/assert';
 import yargs from 'yargs';
 import { fastProxyArgv } from '../agent';
 
-const VALUE = ['log_output_level', 'log_target', 'log_caller', 'log_stacktrace_level', 'domain', 'meshConfig', 'serviceCluster',
-  'proxyLogLevel', 'proxyComponentLogLevel', 'templateFile', 'outlierLogPath', 'standalone'];
+const VALUE = ['log_output_level', 'log_target', 'log_caller', 'log_stacktrace_level', 'domain', 'meshConfig',
+  'serviceCluster', 'proxyLogLevel', 'proxyComponentLogLevel', 'templateFile', 'outlierLogPath', 'standalone'];
 
 /** What the agent's yargs definition of `proxy` yields, reduced to the keys the agent reads. */
 async function viaYargs(args: string[]): Promise<Record<string, unknown>> {
   let got: Record<string, unknown> = {};
-  let y = yargs(args).parserConfiguration({ 'unknown-options-as-args': false, 'camel-case-expansion': false }).strict(false);
+  const config = { 'unknown-options-as-args': false, 'camel-case-expansion': false };
+  let y = yargs(args).parserConfiguration(config).strict(false);
   y = y.command('proxy [type]', '', (c) => {
     let o = c.positional('type', { type: 'string', default: 'sidecar' })
       .option('log_as_json', { type: 'boolean', default: false })
@@ -27,14 +28,17 @@ async function viaYargs(args: string[]): Promise<Record<string, unknown>> {
   await y.parseAsync();
   const last = (v: unknown) => (Array.isArray(v) ? v[v.length - 1] : v);
   const out: Record<string, unknown> = { type: got.type, log_as_json: got.log_as_json, profiling: got.profiling };
-  for (const k of [...VALUE, 'concurrency']) if (got[k] !== undefined) out[k] = k === 'log_target' ? ([] as unknown[]).concat(got[k]) : last(got[k]);
+  for (const k of [...VALUE, 'concurrency']) {
+    if (got[k] !== undefined) out[k] = k === 'log_target' ? ([] as unknown[]).concat(got[k]) : last(got[k]);
+  }
   return out;
 }
 
 const same = [
   ['proxy'],
   ['proxy', 'sidecar'],
-  ['proxy', 'router', '--domain', 'ns.svc.cluster.local', '--proxyLogLevel=warning', '--proxyComponentLogLevel=misc:error'],
+  ['proxy', 'router', '--domain', 'ns.svc.cluster.local', '--proxyLogLevel=warning',
+    '--proxyComponentLogLevel=misc:error'],
   ['proxy', 'sidecar', '--log_output_level=default:info', '--concurrency', '2', '--log_as_json'],
   ['proxy', '--log_target', 'stdout', '--log_target=/tmp/x.log', 'sidecar', '--profiling=false'],
   ['proxy', 'sidecar', '--domain', 'a', '--domain=b', '--log_as_json=false', '--meshConfig', './etc/istio/config/mesh'],
@@ -51,9 +55,10 @@ test('the common forms parse as yargs parses them', async () => {
 
 test('every other form is left to yargs', () => {
   const others = [
-    ['proxy', '--help'], ['proxy', '-h'], ['proxy', 'sidecar', 'extra'], ['proxy', '--unknown=1'], ['proxy', '--domain'],
-    ['proxy', '--domain', '--log_as_json'], ['proxy', '--domain='], ['proxy', '--concurrency', 'two'], ['proxy', '--log_as_json', 'true'],
-    ['proxy', '--profiling'], ['proxy', '--no-profiling'], ['proxy', '--log_as_json=yes'], ['proxy', '--', 'x'], ['bootstrap'], ['version'],
+    ['proxy', '--help'], ['proxy', '-h'], ['proxy', 'sidecar', 'extra'], ['proxy', '--unknown=1'],
+    ['proxy', '--domain'], ['proxy', '--domain', '--log_as_json'], ['proxy', '--domain='],
+    ['proxy', '--concurrency', 'two'], ['proxy', '--log_as_json', 'true'], ['proxy', '--profiling'],
+    ['proxy', '--no-profiling'], ['proxy', '--log_as_json=yes'], ['proxy', '--', 'x'], ['bootstrap'], ['version'],
   ];
   for (const args of others) assert.is(fastProxyArgv(args), undefined, args.join(' '));
 });
