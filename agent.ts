@@ -378,9 +378,10 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
     const algorithm = keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv),
       envs.ECC_CURVE.get(agentEnv));
-    // The workload key is made while Envoy starts when a CA will be asked (mounted files may still make it moot).
+    // The workload key is made while Envoy starts when a CA will be asked (mounted files may still make it moot);
+    // asked for just after the spawn: the first key pair also initialises OpenSSL's key code on this thread (3-14 ms).
     const standaloneCa = cfg.standaloneDir && fs.existsSync(path.join(cfg.standaloneDir, 'ca', 'identities'));
-    if (!envs.FILE_MOUNTED_CERTS.get(agentEnv) && (!cfg.standaloneDir || standaloneCa)) pregenerateKey(algorithm);
+    const wantKey = !envs.FILE_MOUNTED_CERTS.get(agentEnv) && (!cfg.standaloneDir || standaloneCa);
     envs.METRICS_LOCALHOST_ACCESS_ONLY.get(agentEnv);
     envs.PILOT_AGENT_MERGE_ENVOY_STATS.get(agentEnv);
     const certProvider = await import('./lib/cert-provider');
@@ -408,6 +409,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const sdsUnavailable = sdsServedElsewhere ? undefined : await prebindUnixSocket(cfg.sdsServeSocket).then(() => undefined, (err: Error) => err);
     signals.whenEnvoy(envoy);
     await envoy.start();
+    if (wantKey) pregenerateKey(algorithm);
     // Beside Envoy the gRPC bootstrap is a by-product (an app may use proxyless gRPC next to the sidecar): a failure
     // to write it is logged, and like Envoy's bootstrap it is removed when the agent exits.
     await writeGrpcBootstrap(resolved, agentEnv).then(
@@ -499,11 +501,71 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   }
 }
 
+// `proxy` flags the fast path below parses itself: those taking a value, and the booleans.
+const PROXY_VALUE_FLAGS = new Set(['log_output_level', 'log_target', 'log_caller', 'log_stacktrace_level', 'domain',
+  'meshConfig', 'serviceCluster', 'proxyLogLevel', 'proxyComponentLogLevel', 'concurrency', 'templateFile',
+  'outlierLogPath', 'standalone']);
+const PROXY_BOOLEAN_FLAGS = new Set(['log_as_json', 'profiling']);
+
+/**
+ * `proxy [type] --flag=value --flag value ...` with only the flags above, as the injector and every bench run it,
+ * parsed without loading yargs (its load and parse were ~10 ms of the agent's start before Envoy's spawn). Anything
+ * else (help, an unknown or repeated-positional form, a boolean written otherwise, a value that looks like a flag)
+ * returns undefined and goes to yargs, so errors and help stay yargs'.
+ */
+export function fastProxyArgv(args: string[]): Record<string, unknown> | undefined {
+  if (args[0] !== 'proxy') return undefined;
+  const argv: Record<string, unknown> = { log_as_json: false, profiling: true, type: 'sidecar' };
+  let positional = false;
+  for (let i = 1; i < args.length; i++) {
+    const a = args[i]!;
+    if (!a.startsWith('--')) {
+      if (positional || a.startsWith('-') || a === '') return undefined;
+      positional = true;
+      argv.type = a;
+      continue;
+    }
+    const eq = a.indexOf('=');
+    const name = a.slice(2, eq < 0 ? undefined : eq);
+    let value: string;
+    if (PROXY_BOOLEAN_FLAGS.has(name)) {
+      const v = eq < 0 ? (name === 'log_as_json' ? 'true' : '') : a.slice(eq + 1);
+      // yargs takes a following "true"/"false" as the boolean's value; that form is left to it.
+      if ((v !== 'true' && v !== 'false') || (eq < 0 && /^(true|false)$/.test(args[i + 1] ?? ''))) return undefined;
+      argv[name] = v === 'true';
+      continue;
+    }
+    if (!PROXY_VALUE_FLAGS.has(name)) return undefined;
+    if (eq >= 0) value = a.slice(eq + 1);
+    else {
+      const next = args[i + 1];
+      if (next === undefined || next.startsWith('-')) return undefined;
+      value = next;
+      i++;
+    }
+    if (value === '') return undefined;
+    if (name === 'concurrency') {
+      if (!/^\d+$/.test(value)) return undefined;
+      argv[name] = Number(value);
+    } else if (name === 'log_target') {
+      argv[name] = [...((argv[name] as string[] | undefined) ?? []), value];
+    } else {
+      argv[name] = value;
+    }
+  }
+  return argv;
+}
+
 export async function main(args: string[]): Promise<number> {
   // The most common call by scripts and image checks, answered without loading the command-line parser.
   if (args.length === 1 && args[0] === 'version') {
     process.stdout.write(versionText('', false));
     return 0;
+  }
+  const fast = fastProxyArgv(args);
+  if (fast) {
+    setUpLogging(fast);
+    return proxyCommand(fast);
   }
   // istio-iptables keeps Istio's own flag syntax (pflag: -p 15001, -x "", grouped shorthands), so it bypasses yargs.
   const sub = args.findIndex((a) => !a.startsWith('-'));

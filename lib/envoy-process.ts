@@ -4,7 +4,7 @@
 
 import { spawn as nodeSpawn, execFile } from 'node:child_process';
 import * as fs from 'node:fs';
-import * as readline from 'node:readline';
+import type * as readline from 'node:readline';
 import { DNS_PROXY_ADDR, ENVOY_GID, ENVOY_UID, type Env } from './env';
 import { configError } from './errors';
 import { systemIds, type IdLookup } from './os-users';
@@ -164,7 +164,9 @@ export const spawnEnvoy = (binary: string, args: string[], opts: SpawnOptions): 
       resolve({ code, signal });
     });
   });
-  readline.createInterface({ input: child.stderr! }).on('line', (line) => {
+  // Loaded after the fork, not with this module: it is on the path to Envoy's spawn otherwise (the agent's start).
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  (require('node:readline') as typeof readline).createInterface({ input: child.stderr! }).on('line', (line) => {
     output.push(line);
     opts.passThrough(line);
   });

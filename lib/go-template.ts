@@ -53,8 +53,12 @@ function split(src: string): Piece[] {
   // Line numbers for errors, counted once over the text (positions only move forward).
   let counted = 0;
   let line = 1;
+  // indexOf, not a loop over each character: this runs once per start-up, before the code is optimised.
   const lineAt = (i: number) => {
-    for (; counted < i; counted++) if (src.charCodeAt(counted) === 10) line++;
+    for (let nl = src.indexOf('\n', counted); nl >= 0 && nl < i; nl = src.indexOf('\n', counted)) {
+      line++;
+      counted = nl + 1;
+    }
     return line;
   };
   for (;;) {

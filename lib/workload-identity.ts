@@ -7,11 +7,11 @@
 // one and the agent serves only file certificates, on cfg.sdsServeSocket, as Go's ServeOnlyFiles.
 // Undefined when a server appeared on the agent's socket since: then Envoy uses that one.
 
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { CaClient, caClientOptions } from './ca-client';
 import type { AgentConfig } from './config';
 import { keyAlgorithm, spiffeId } from './csr';
-import { caDeclared } from './discovery/ca';
 import * as envs from './env';
 import type { Env } from './env';
 import { SdsServer } from './sds-server';
@@ -54,7 +54,8 @@ export async function workloadIdentity(
   let signer: CaClient | undefined;
   if (!mounted && !filesOnly) {
     if (standaloneSocket) {
-      if (caDeclared(cfg.standaloneDir)) {
+      // The embedded CA's own test (lib/discovery/ca.ts caDeclared), not imported: that module is the CA server.
+      if (fs.existsSync(path.join(cfg.standaloneDir, 'ca', 'identities'))) {
         const o = caClientOptions(cfg, env);
         signer = new CaClient({ ...o, address: `unix:${path.resolve(standaloneSocket)}`, tls: false, headers: { ClusterID: cfg.clusterId } });
       }

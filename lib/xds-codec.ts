@@ -295,7 +295,8 @@ function varintBytes(n: number): number[] {
   return out;
 }
 
-class Writer {
+/** Writes protobuf fields in the order they are added (also used by lib/ca-protos.ts). */
+export class Writer {
   private parts: Buffer[] = [];
   lenField(field: number, value: Buffer): this {
     this.parts.push(Buffer.from([...varintBytes(field * 8 + WT_LEN), ...varintBytes(value.length)]), value);
@@ -308,6 +309,10 @@ class Writer {
   varint(field: number, value: number): this {
     if (value) this.parts.push(Buffer.from([...varintBytes(field * 8 + WT_VARINT), ...varintBytes(value)]));
     return this;
+  }
+  /** A message field: written even when empty (a oneof member must be present to be chosen). */
+  message(field: number, value: Buffer): this {
+    return this.lenField(field, value);
   }
   finish(): Buffer {
     return Buffer.concat(this.parts);
@@ -342,6 +347,36 @@ export function encodeDeltaRequest(r: Partial<DeltaRequest> & { typeUrl: string 
   for (const [k, v] of r.initialVersions ?? []) w.lenField(DQ_INITIAL, new Writer().string(1, k).string(2, v).finish());
   w.string(DQ_NONCE, r.responseNonce);
   if (r.errorDetail) w.lenField(DQ_ERROR, encodeStatus(r.errorDetail));
+  return w.finish();
+}
+
+/** google.protobuf.Any: type_url = 1, value = 2. */
+export function packAnyBytes(typeUrl: string, value: Buffer): Buffer {
+  return new Writer().string(1, typeUrl).lenField(2, value).finish();
+}
+
+/** A DiscoveryResponse from resources already packed as Any bytes (the SDS server's answers). */
+export function encodeSotwResponse(r: {
+  versionInfo: string; resources: Buffer[]; typeUrl: string; nonce: string;
+}): Buffer {
+  const w = new Writer().string(RS_VERSION, r.versionInfo);
+  for (const any of r.resources) w.message(RS_RESOURCES, any);
+  return w.string(RS_TYPE, r.typeUrl).string(RS_NONCE, r.nonce).finish();
+}
+
+/** A DeltaDiscoveryResponse; each resource's Any is already packed. */
+export function encodeDeltaResponse(r: {
+  systemVersionInfo: string; resources: { name: string; version: string; any: Buffer }[]; typeUrl: string;
+  nonce: string;
+  removed?: string[];
+}): Buffer {
+  const w = new Writer().string(DS_VERSION, r.systemVersionInfo);
+  for (const res of r.resources) {
+    const resource = new Writer().string(RES_VERSION, res.version).message(RES_ANY, res.any).string(RES_NAME, res.name);
+    w.message(DS_RESOURCES, resource.finish());
+  }
+  w.string(DS_TYPE, r.typeUrl).string(DS_NONCE, r.nonce);
+  for (const n of r.removed ?? []) w.lenField(DS_REMOVED, Buffer.from(n, 'utf8'));
   return w.finish();
 }
 
