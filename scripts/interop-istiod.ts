@@ -253,7 +253,35 @@ async function cleanup(): Promise<void> {
     try { sh('ip', ['netns', 'del', ns]); } catch { /* gone */ }
   }
   namespaces.length = 0;
-  if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+  if (tmp) {
+    removeLeftShm();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+}
+
+/**
+ * An agent of this run that did not end by itself (killed with its parent) cannot remove its Envoy's shared
+ * memory: remove what an owner file under this run's directory names, once that owner is gone.
+ */
+function removeLeftShm(): void {
+  for (const f of fs.readdirSync('/dev/shm').filter((n) => /^pilot-agent-envoy-shm-owner_\d+$/.test(n))) {
+    try {
+      const text = fs.readFileSync(path.join('/dev/shm', f), 'utf8');
+      const owner = JSON.parse(text) as { configPath?: string; pid?: unknown };
+      if (!owner.configPath?.startsWith(tmp + path.sep)) continue;
+      try {
+        process.kill(Number(owner.pid), 0);
+        continue;
+      } catch {
+        // the owner is gone
+      }
+      const n = f.slice(f.lastIndexOf('_') + 1);
+      fs.rmSync(path.join('/dev/shm', `envoy_shared_memory_${n}`), { force: true });
+      fs.rmSync(path.join('/dev/shm', f), { force: true });
+    } catch {
+      // not ours or already gone
+    }
+  }
 }
 
 function topology(): void {
@@ -503,7 +531,8 @@ async function checkPair(client: Agent, server: Agent): Promise<void> {
   const label = `${client.kind} -> ${server.kind}`;
   try {
     const [ra, rb] = await Promise.all([waitReady(client), waitReady(server)]);
-    check(`${label}: both sidecars ready on 15021`, true, `A ${ra} ms after its start, B ${rb} ms (polled every 100 ms)`);
+    check(`${label}: both sidecars ready on 15021`, true,
+      `A ${ra} ms after its start, B ${rb} ms (polled every 100 ms)`);
   } catch (e) {
     check(`${label}: both sidecars ready on 15021`, false, (e as Error).message);
     return;
@@ -677,9 +706,14 @@ async function main(): Promise<number> {
   }
   tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'pa-interop-istiod-'));
   fs.chmodSync(tmp, 0o755);
-  const onSignal = () => void cleanup().finally(() => process.exit(130));
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
+  // Ctrl-C reaches the whole process group (and npx/tsx relay it again): clean up once, ignore the repeats.
+  let ending = false;
+  const onSignal = () => {
+    if (ending) return;
+    ending = true;
+    void cleanup().finally(() => process.exit(130));
+  };
+  process.on('SIGINT', onSignal).on('SIGTERM', onSignal);
   try {
     topology();
     for (const side of ['a', 'b'] as Side[]) capture(side);
