@@ -678,8 +678,9 @@ async function bench(c: Ctx, rounds: number): Promise<void> {
     const row = (what: string, x: number[], y: number[]) =>
       `  ${what.padEnd(28)} ${String(median(x)).padStart(8)} ms ${String(median(y)).padStart(8)} ms ` +
       `${(median(x) / median(y)).toFixed(2).padStart(7)}x`;
+    const load = `${os.cpus().length} cores, load average ${os.loadavg()[0]!.toFixed(1)}`;
     process.stdout.write(`\nstart-up against istiod, medians of ${t.ready.length} (same run, same istiod, ` +
-      `same server sidecar; ${os.cpus().length} shared cores: compare the ratio)\n` +
+      `same server sidecar; ${load}: compare the ratio)\n` +
       `  ${''.padEnd(28)} ${'this agent'.padStart(11)} ${'Go agent'.padStart(11)} ${'ratio'.padStart(8)}\n` +
       `${row('start -> 15021 ready', t.ready, g.ready)}\n${row('start -> first mTLS request', t.mtls, g.mtls)}\n`);
     check('bench: every round measured', t.ready.length === rounds && g.ready.length === rounds);
