@@ -463,7 +463,8 @@ function startAgent(c: Ctx, kind: Kind, side: Side, who: { ns: string; sa: strin
       configPath: path.join(dir, 'proxy'), binaryPath: proxyless ? '/nonexistent/envoy' : ENVOY,
       discoveryAddress: `${hubIp(side)}:15012`, drainDuration: '1s', terminationDrainDuration: '1s',
     }),
-    POD_NAME: `${who.sa}-${agentSeq}`, POD_NAMESPACE: who.ns, SERVICE_ACCOUNT: who.sa, INSTANCE_IP: ip(side),
+    // The same pod name for both agents on a side: istiod's config for them can be compared as it is.
+    POD_NAME: `${who.sa}-${side}`, POD_NAMESPACE: who.ns, SERVICE_ACCOUNT: who.sa, INSTANCE_IP: ip(side),
     ISTIOD_SAN, XDS_ROOT_CA: c.root, CA_ROOT_CA: c.root, ISTIO_META_CLUSTER_ID: 'Kubernetes',
     ...(kind === 'ts' && { ENVOY_UID: '1337', ENVOY_GID: '1337' }),
     // Proxyless: the certificate from istiod into files for gRPC's file_watcher provider.
@@ -556,6 +557,51 @@ async function checkPair(client: Agent, server: Agent): Promise<void> {
     plain[0] !== 0 && !plain[1].startsWith('200'), `curl exit ${plain[0]} ${plain[1].trim().split('\n').pop()}`);
 }
 
+/** What istiod generated for a connected proxy (`<pod>.<namespace>`), without fields that change on every push. */
+function configDump(proxy: string): unknown {
+  const [code, body] = curl('hub', [`http://127.0.0.1:15014/debug/config_dump?proxyID=${proxy}`]);
+  if (code !== 0) return undefined;
+  try {
+    return JSON.parse(body, (k, v) => {
+      if (k === 'last_updated' || k === 'version_info' || k === 'lastUpdated' || k === 'versionInfo') return undefined;
+      // Resource lists come in istiod's map order, which changes between pushes: order them by name.
+      if (/^(dynamic|static)/.test(k) && Array.isArray(v)) {
+        return [...v].sort((x, y) => resName(x).localeCompare(resName(y)));
+      }
+      return v;
+    });
+  } catch {
+    return undefined;
+  }
+}
+
+/** `N listeners, N clusters, ...` in a config dump. */
+function resources(dump: unknown): string {
+  const configs = (dump as { configs?: Record<string, unknown>[] }).configs ?? [];
+  const count = (key: string) => configs.reduce((n, c) => n + (Array.isArray(c[key]) ? c[key].length : 0), 0);
+  return `${count('dynamicListeners')} listeners, ${count('dynamicActiveClusters')} clusters, ` +
+    `${count('dynamicRouteConfigs')} route configs`;
+}
+
+function resName(r: unknown): string {
+  const e = r as { name?: string; activeState?: { listener?: { name?: string } }; cluster?: { name?: string };
+    routeConfig?: { name?: string } };
+  return e.name ?? e.activeState?.listener?.name ?? e.cluster?.name ?? e.routeConfig?.name ?? JSON.stringify(r);
+}
+
+/** Paths where two JSON values differ (arrays by index). */
+function differences(x: unknown, y: unknown, at = ''): string[] {
+  if (typeof x !== typeof y || Array.isArray(x) !== Array.isArray(y) || x === null || y === null ||
+    typeof x !== 'object') {
+    return JSON.stringify(x) === JSON.stringify(y) ? [] : [`${at || '/'}: ${clip(x)} vs ${clip(y)}`];
+  }
+  const o = x as Record<string, unknown>;
+  const p = y as Record<string, unknown>;
+  return [...new Set([...Object.keys(o), ...Object.keys(p)])].flatMap((k) => differences(o[k], p[k], `${at}/${k}`));
+}
+
+const clip = (v: unknown) => (JSON.stringify(v) ?? 'undefined').slice(0, 80);
+
 const APP = `require('http').createServer((q, s) => { q.resume(); s.end(String(q.headers['x-forwarded-client-cert'] ||
   'no xfcc')); }).listen(9080, '0.0.0.0', () => console.log('listening'));`;
 
@@ -567,10 +613,17 @@ async function checks(c: Ctx): Promise<void> {
   let a = startAgent(c, 'ts', 'a', cli);
   let b = startAgent(c, 'ts', 'b', srv);
   await checkPair(a, b);
+  const tsDump = configDump('client-a.shop');
   // Mixed: the Go agent as the client, then as the server.
   await stop(a.p);
   a = startAgent(c, 'go', 'a', cli);
   await checkPair(a, b);
+  const goDump = configDump('client-a.shop');
+  const diffs = differences(tsDump, goDump);
+  check('istiod generated the same xDS for this agent as for the Go agent (its /debug/config_dump of the client)',
+    tsDump !== undefined && goDump !== undefined && diffs.length === 0,
+    tsDump === undefined || goDump === undefined ? 'no config dump' : `${diffs.length} differing fields in ` +
+      `${resources(tsDump)}` + (diffs.length ? `: ${diffs.slice(0, 8).join('; ')}` : ''));
   await stop(a.p);
   await stop(b.p);
   a = startAgent(c, 'ts', 'a', cli);
