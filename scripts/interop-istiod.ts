@@ -3,7 +3,7 @@
 // by a veth pair (the hub routes between them). Sidecars capture with this agent's istio-iptables and run the real
 // Envoy; istiod is their xDS server and CA (JWT_RULE authenticates each agent's RS256 token). Started by
 // scripts/interop-istiod.sh; usage:
-//   npx tsx scripts/interop-istiod.ts CACHE_DIR [--bench [ROUNDS]]
+//   npx tsx scripts/interop-istiod.ts CACHE_DIR [--bench [ROUNDS]] [--logs DIR]
 // Checks (default): certificates from istiod (SPIFFE ids seen by the peers), A -> B over mTLS, plaintext to B
 // refused under STRICT, 15021 ready, mixed pairs with the Go agent both ways, and a proxyless gRPC client
 // (DISABLE_ENVOY agent, @grpc/grpc-js-xds) routed by a VirtualService through istiod's grpc generator.
@@ -227,12 +227,19 @@ function forget(p: Proc): void {
   if (i >= 0) procs.splice(i, 1);
 }
 
+/** --logs DIR: every process's output is kept there when it ends. */
+let logDir = '';
+let logSeq = 0;
+
 async function stop(p: Proc, ms = 15_000): Promise<number | null> {
   if (p.proc.exitCode === null && p.proc.signalCode === null) {
     p.proc.kill('SIGTERM');
     const t = setTimeout(() => p.proc.kill('SIGKILL'), ms);
     await p.exited;
     clearTimeout(t);
+  }
+  if (logDir) {
+    fs.writeFileSync(path.join(logDir, `${String(++logSeq).padStart(2, '0')}-${p.name.replace(/\W+/g, '-')}.log`), p.out());
   }
   forget(p);
   return p.proc.exitCode;
@@ -467,6 +474,9 @@ function startAgent(c: Ctx, kind: Kind, side: Side, who: { ns: string; sa: strin
     POD_NAME: `${who.sa}-${side}`, POD_NAMESPACE: who.ns, SERVICE_ACCOUNT: who.sa, INSTANCE_IP: ip(side),
     ISTIOD_SAN, XDS_ROOT_CA: c.root, CA_ROOT_CA: c.root, ISTIO_META_CLUSTER_ID: 'Kubernetes',
     ...(kind === 'ts' && { ENVOY_UID: '1337', ENVOY_GID: '1337' }),
+    // The Go agent probes cloud metadata servers (169.254.169.254) for up to 5 s unless told the platform; this
+    // agent does no such detection, and an unreachable metadata address here cost the Go agent ~2 s at random.
+    ...(kind === 'go' && { CLOUD_PLATFORM: 'none' }),
     // Proxyless: the certificate from istiod into files for gRPC's file_watcher provider.
     ...(proxyless && { DISABLE_ENVOY: 'true', OUTPUT_CERTS: path.join(dir, 'certs') }),
   };
@@ -688,6 +698,18 @@ async function proxyless(c: Ctx): Promise<void> {
   check('proxyless: agent exits 0 on SIGTERM', exit === 0, `exit ${exit}`);
 }
 
+/** utime + stime of a process, in ms (CLK_TCK 100 on Linux). */
+function cpuMs(pid: number): number {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // After "(comm) ": state is [0], utime [11], stime [12].
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(f[11]) + Number(f[12])) * 10;
+  } catch {
+    return NaN;
+  }
+}
+
 function median(xs: number[]): number {
   const s = [...xs].sort((x, y) => x - y);
   return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
@@ -699,8 +721,8 @@ async function bench(c: Ctx, rounds: number): Promise<void> {
     process.execPath, '-e', APP]), 'listening');
   const server = startAgent(c, 'ts', 'b', { ns: 'shop', sa: 'server' });
   await waitReady(server);
-  const figures: Record<Kind, { ready: number[]; mtls: number[] }> = {
-    ts: { ready: [], mtls: [] }, go: { ready: [], mtls: [] },
+  const figures: Record<Kind, { ready: number[]; mtls: number[]; cpu: number[] }> = {
+    ts: { ready: [], mtls: [], cpu: [] }, go: { ready: [], mtls: [], cpu: [] },
   };
   // One unmeasured round each first: page cache and istiod's first push for a new proxy are not start-up.
   for (let r = 0; r <= rounds; r++) {
@@ -709,6 +731,8 @@ async function bench(c: Ctx, rounds: number): Promise<void> {
       await waitLine(probe, 'polling');
       const a = startAgent(c, kind, 'a', { ns: 'shop', sa: 'client' });
       await probe.exited;
+      // Just after both answered: the agent's own CPU (not Envoy's) so far, which the load average moves far less.
+      const cpu = cpuMs(a.p.proc.pid!);
       forget(probe);
       const out = JSON.parse(probe.out().trim().split('\n').pop()!) as { ready?: number; mtls?: number; body?: string };
       await stop(a.p);
@@ -718,10 +742,11 @@ async function bench(c: Ctx, rounds: number): Promise<void> {
       }
       const [ready, mtls] = [out.ready - a.spawnedAt, out.mtls - a.spawnedAt];
       log(`round ${r}${r === 0 ? ' (warm-up, not counted)' : ''} ${kind === 'ts' ? 'this agent' : 'Go agent  '}: ` +
-        `ready ${ready} ms, first mTLS request ${mtls} ms`);
+        `ready ${ready} ms, first mTLS request ${mtls} ms, agent CPU ${cpu} ms`);
       if (r > 0) {
         figures[kind].ready.push(ready);
         figures[kind].mtls.push(mtls);
+        figures[kind].cpu.push(cpu);
       }
     }
   }
@@ -735,7 +760,8 @@ async function bench(c: Ctx, rounds: number): Promise<void> {
     process.stdout.write(`\nstart-up against istiod, medians of ${t.ready.length} (same run, same istiod, ` +
       `same server sidecar; ${load}: compare the ratio)\n` +
       `  ${''.padEnd(28)} ${'this agent'.padStart(11)} ${'Go agent'.padStart(11)} ${'ratio'.padStart(8)}\n` +
-      `${row('start -> 15021 ready', t.ready, g.ready)}\n${row('start -> first mTLS request', t.mtls, g.mtls)}\n`);
+      `${row('start -> 15021 ready', t.ready, g.ready)}\n${row('start -> first mTLS request', t.mtls, g.mtls)}\n` +
+      `${row('agent CPU until then', t.cpu, g.cpu)}\n`);
     check('bench: every round measured', t.ready.length === rounds && g.ready.length === rounds);
   }
 }
@@ -745,6 +771,11 @@ async function main(): Promise<number> {
   if (!cache || !fs.existsSync(path.join(cache, 'bin', 'pilot-discovery'))) {
     process.stderr.write('usage: interop-istiod.ts CACHE_DIR [--bench [ROUNDS]] (CACHE_DIR/bin/pilot-discovery)\n');
     return 2;
+  }
+  const logsAt = rest.indexOf('--logs');
+  if (logsAt >= 0) {
+    logDir = path.resolve(rest[logsAt + 1] ?? '');
+    fs.mkdirSync(logDir, { recursive: true });
   }
   const benchAt = rest.indexOf('--bench');
   const rounds = benchAt >= 0 ? Number(rest[benchAt + 1] ?? 3) : 0;
