@@ -239,7 +239,8 @@ async function stop(p: Proc, ms = 15_000): Promise<number | null> {
     clearTimeout(t);
   }
   if (logDir) {
-    fs.writeFileSync(path.join(logDir, `${String(++logSeq).padStart(2, '0')}-${p.name.replace(/\W+/g, '-')}.log`), p.out());
+    const name = `${String(++logSeq).padStart(2, '0')}-${p.name.replace(/\W+/g, '-')}.log`;
+    fs.writeFileSync(path.join(logDir, name), p.out());
   }
   forget(p);
   return p.proc.exitCode;
