@@ -5,10 +5,11 @@
 // scripts/interop-istiod.sh; usage:
 //   npx tsx scripts/interop-istiod.ts CACHE_DIR [--bench [ROUNDS]] [--logs DIR]
 // Checks (default): certificates from istiod (SPIFFE ids seen by the peers), A -> B over mTLS, plaintext to B
-// refused under STRICT, 15021 ready, mixed pairs with the Go agent both ways, and a proxyless gRPC client
-// (DISABLE_ENVOY agent, @grpc/grpc-js-xds) routed by a VirtualService through istiod's grpc generator.
-// --bench: start -> 15021 ready and start -> first mTLS request, this agent and the Go agent alternately as the
-// client against the same istiod and server sidecar; medians. The same file, run with a mode word first
+// refused under STRICT, 15021 ready, mixed pairs with the Go agent both ways, istiod's xDS for the client the same
+// for both agents, and a proxyless gRPC client (DISABLE_ENVOY agent, @grpc/grpc-js-xds) routed by a VirtualService
+// through istiod's grpc generator. --bench: start -> 15021 ready, start -> first mTLS request and the agent's own
+// CPU, this agent and the Go agent alternately as the client against the same istiod and server sidecar; medians.
+// --logs DIR keeps every process's output. The same file, run with a mode word first
 // (`jwks`, `root`, `probe`, `backend`), is the helper process started inside a namespace.
 
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
