@@ -7,8 +7,9 @@
 // Checks (default): certificates from istiod (SPIFFE ids seen by the peers), A -> B over mTLS, plaintext to B
 // refused under STRICT, 15021 ready, mixed pairs with the Go agent both ways, istiod's xDS for the client the same
 // for both agents, and a proxyless gRPC client (DISABLE_ENVOY agent, @grpc/grpc-js-xds) routed by a VirtualService
-// through istiod's grpc generator. --bench: start -> 15021 ready, start -> first mTLS request and the agent's own
-// CPU, this agent and the Go agent alternately as the client against the same istiod and server sidecar; medians.
+// through istiod's grpc generator, and over mTLS to a proxyless xDS server under STRICT.
+// --bench: start -> 15021 ready, start -> first mTLS request and the agent's own CPU, this agent and the Go agent
+// alternately as the client against the same istiod and server sidecar; medians.
 // --logs DIR keeps every process's output. The same file, run with a mode word first
 // (`jwks`, `root`, `probe`, `backend`), is the helper process started inside a namespace.
 
@@ -18,6 +19,7 @@ import * as fs from 'node:fs';
 import * as http from 'node:http';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import type * as Grpc from '@grpc/grpc-js';
 
 const REPO = path.resolve(__dirname, '..');
 const AGENT = path.join(REPO, 'dist', 'pilot-agent');
@@ -29,6 +31,7 @@ const TRUST = 'spiffe://cluster.local';
 const SERVER_VIP = '240.240.0.10';
 const SERVER_HOST = 'server.shop.svc.cluster.local';
 const GRPC_HOST = 'echo.grpc.svc.cluster.local';
+const GRPC_TLS_HOST = 'echo-tls.grpcs.svc.cluster.local';
 /** Workload namespaces: index n is joined to the hub as 10.88.n.2 (the hub is 10.88.n.1 on that link). */
 const LINKS = { a: 1, b: 2, p: 3 } as const;
 type Side = keyof typeof LINKS;
@@ -145,15 +148,24 @@ async function probeMode(a: { timeoutMs: number }): Promise<void> {
 }
 
 /** Plain gRPC servers answering /test.Echo/Who with their name (the proxyless client's backends). */
-async function backendMode(a: { servers: { address: string; name: string }[] }): Promise<void> {
+async function backendMode(a: { servers: { address: string; name: string }[]; xds?: boolean }): Promise<void> {
   const grpc = await import('@grpc/grpc-js');
+  const xds = await import('@grpc/grpc-js-xds');
+  // An xDS server (GRPC_XDS_BOOTSTRAP set): its transport is what the control plane's inbound listener says.
+  if (a.xds) xds.register();
   const id = (b: Buffer) => b;
   const echo = { Who: { path: '/test.Echo/Who', requestStream: false, responseStream: false,
     requestSerialize: id, requestDeserialize: id, responseSerialize: id, responseDeserialize: id } };
   for (const s of a.servers) {
-    const server = new grpc.Server();
-    server.addService(echo, { Who: (_c: unknown, cb: (e: null, r: Buffer) => void) => cb(null, Buffer.from(s.name)) });
-    await new Promise<void>((resolve, reject) => server.bindAsync(s.address, grpc.ServerCredentials.createInsecure(),
+    const server = a.xds ? new xds.XdsServer() : new grpc.Server();
+    server.addService(echo, { Who: (call: Grpc.ServerUnaryCall<Buffer, Buffer>, cb: Grpc.sendUnaryData<Buffer>) => {
+      const auth = call.getAuthContext();
+      const peer = auth.sslPeerCertificate?.subjectaltname ?? '-';
+      cb(null, Buffer.from(a.xds ? `${s.name} ${auth.transportSecurityType ?? 'insecure'} ${peer}` : s.name));
+    } });
+    const insecure = grpc.ServerCredentials.createInsecure();
+    const creds = a.xds ? new xds.XdsServerCredentials(insecure) : insecure;
+    await new Promise<void>((resolve, reject) => server.bindAsync(s.address, creds,
       (e) => (e ? reject(e) : resolve())));
   }
   process.stdout.write('bound\n');
@@ -382,6 +394,30 @@ spec:
   - match: [{headers: {x-version: {exact: v2}}}]
     route: [{destination: {host: ${GRPC_HOST}, subset: v2}}]
   - route: [{destination: {host: ${GRPC_HOST}, subset: v1}}]
+---
+# grpcs: a proxyless xDS server behind STRICT, called with ISTIO_MUTUAL (istiod's grpc generator does no auto-mTLS)
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: echo-tls, namespace: grpcs}
+spec:
+  hosts: [${GRPC_TLS_HOST}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 7070, name: grpc, protocol: GRPC}]
+  endpoints:
+  - {address: ${ip('p')}, ports: {grpc: 7073}, labels: {security.istio.io/tlsMode: istio}, serviceAccount: echo}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo-tls, namespace: grpcs}
+spec:
+  host: ${GRPC_TLS_HOST}
+  trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: grpcs}
+spec: {mtls: {mode: STRICT}}
 `;
 }
 
@@ -455,7 +491,8 @@ interface Agent {
 let agentSeq = 0;
 
 /** A sidecar (or, with `proxyless`, a DISABLE_ENVOY agent) in `side`'s namespace, as gid 1337 (not captured). */
-function startAgent(c: Ctx, kind: Kind, side: Side, who: { ns: string; sa: string }, proxyless = false): Agent {
+function startAgent(c: Ctx, kind: Kind, side: Side, who: { ns: string; sa: string }, proxyless = false,
+  proxyConfig: Record<string, unknown> = {}): Agent {
   const dir = path.join(tmp, `${side}-${kind}-${++agentSeq}`);
   fs.mkdirSync(path.join(dir, 'var/run/secrets/tokens'), { recursive: true });
   fs.writeFileSync(path.join(dir, 'var/run/secrets/tokens/istio-token'), token(c.key, who.ns, who.sa));
@@ -470,7 +507,7 @@ function startAgent(c: Ctx, kind: Kind, side: Side, who: { ns: string; sa: strin
   const env: Record<string, string> = {
     PROXY_CONFIG: JSON.stringify({
       configPath: path.join(dir, 'proxy'), binaryPath: proxyless ? '/nonexistent/envoy' : ENVOY,
-      discoveryAddress: `${hubIp(side)}:15012`, drainDuration: '1s', terminationDrainDuration: '1s',
+      discoveryAddress: `${hubIp(side)}:15012`, drainDuration: '1s', terminationDrainDuration: '1s', ...proxyConfig,
     }),
     // The same pod name for both agents on a side: istiod's config for them can be compared as it is.
     POD_NAME: `${who.sa}-${side}`, POD_NAMESPACE: who.ns, SERVICE_ACCOUNT: who.sa, INSTANCE_IP: ip(side),
@@ -696,8 +733,55 @@ async function proxyless(c: Ctx): Promise<void> {
   check('proxyless: istiod\'s grpc generator served the node (bootstrap GENERATOR=grpc; LDS, RDS, CDS, EDS pushed)',
     node.metadata.GENERATOR === 'grpc' && ['LDS', 'RDS', 'CDS', 'EDS'].every((t) => pushes.includes(t)),
     `GENERATOR=${node.metadata.GENERATOR}, pushes to ${pod}: ${[...new Set(pushes)].join(',')}`);
+  await proxylessMtls(c, bootstrap);
   const exit = await stop(a.p);
   check('proxyless: agent exits 0 on SIGTERM', exit === 0, `exit ${exit}`);
+}
+
+/** The grpc-js-xds client in P (`bootstrap`: its agent's): the answers, or why there are none. */
+async function grpcClient(bootstrap: string, args: Record<string, unknown>): Promise<string[] | string> {
+  const client = spawnIn('grpc-xds client', nsName('p'), process.execPath, ['--import', 'tsx',
+    path.join(REPO, 'test/helpers/grpc-xds-client.ts'), JSON.stringify(args)],
+  { env: { GRPC_XDS_BOOTSTRAP: bootstrap } });
+  const timeout = new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 60_000).unref());
+  const code = await Promise.race([client.exited, timeout]);
+  if (code === 'timeout') await stop(client);
+  else forget(client);
+  try {
+    return (JSON.parse(client.out().trim().split('\n').pop() ?? '') as { answers: string[] }).answers;
+  } catch {
+    return `client exit ${code}: ${client.out().slice(-1500)}`;
+  }
+}
+
+/** A second DISABLE_ENVOY agent (grpcs/echo) with a grpc-js-xds XdsServer behind STRICT; the client over mTLS. */
+async function proxylessMtls(c: Ctx, clientBootstrap: string): Promise<void> {
+  const srv = startAgent(c, 'ts', 'p', { ns: 'grpcs', sa: 'echo' }, true, { statusPort: 15120 });
+  try {
+    await waitFor('the xDS server\'s agent ready on 15120', () => {
+      if (srv.p.proc.exitCode !== null) throw new Error(`exited with ${srv.p.proc.exitCode}`);
+      return curl('p', ['-o', '/dev/null', '-w', '%{http_code}', 'http://127.0.0.1:15120/healthz/ready'])[1] === '200';
+    }, 60_000, 200);
+  } catch (e) {
+    check('proxyless mTLS: the xDS server\'s agent ready', false,
+      `${(e as Error).message}\n${srv.p.out().slice(-3000)}`);
+    return;
+  }
+  const server = spawnIn('gRPC xDS server', nsName('p'), process.execPath, ['--import', 'tsx', __filename, 'backend',
+    JSON.stringify({ servers: [{ address: `${ip('p')}:7073`, name: 'tls' }], xds: true })],
+  { env: { GRPC_XDS_BOOTSTRAP: path.join(srv.dir, 'etc/istio/proxy/grpc-bootstrap.json') } });
+  await waitLine(server, 'bound');
+  const target = `${GRPC_TLS_HOST}:7070`;
+  const mtls = await grpcClient(clientBootstrap, { target, calls: [{}, {}], xdsCreds: true });
+  const want = `tls ssl URI:${TRUST}/ns/grpc/sa/client`;
+  check('proxyless mTLS: grpc-js-xds client -> xDS server with certificates from istiod (server sees the client id)',
+    Array.isArray(mtls) && mtls.every((x) => x === want), Array.isArray(mtls) ? mtls.join(', ') : mtls);
+  const plain = await grpcClient(clientBootstrap, { target, calls: [{}], deadlineMs: 5000 });
+  check('proxyless mTLS: a plaintext client is refused by the STRICT xDS server',
+    Array.isArray(plain) && plain.length === 1 && plain[0]!.startsWith('error:'),
+    Array.isArray(plain) ? plain[0] : plain);
+  await stop(server);
+  await stop(srv.p);
 }
 
 /** utime + stime of a process, in ms (CLK_TCK 100 on Linux). */
