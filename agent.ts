@@ -358,6 +358,7 @@ async function proxylessCommand(
  * in the settings is one line and exit 1 before Envoy is spawned.
  */
 async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
+  serving = true;
   const flags = proxyFlags(argv);
   const env = process.env;
   const startedAt = Date.now();
@@ -655,6 +656,7 @@ export async function main(args: string[]): Promise<number> {
           .option('meshConfig', { type: 'string', requiresArg: true, describe: 'Mesh config file whose tracing fields (enableTracing, defaultProviders.tracing) apply' }),
       (argv) => {
         setUpLogging(argv);
+        serving = true;
         result = import('./lib/discovery/index').then((m) => m.runDiscoveryCommand({ configDir: argv['config-dir'], grpcAddr: argv['grpc-addr'], outboundTrafficPolicy: argv['outbound-traffic-policy'] as 'ALLOW_ANY' | 'REGISTRY_ONLY' | undefined, meshConfigFile: argv['meshConfig'] }));
       },
     )
@@ -691,17 +693,25 @@ function exitAfterFlush(code: number): void {
   process.stderr.write('', done);
 }
 
+/** Set by the long-running commands: output that closes under them is not a reason to stop. */
+let serving = false;
+
 /** The executable's entry: runs the command line and exits. The V8 startup snapshot calls it as its main function. */
 export function runCli(): void {
   applyV8Flags(envs.PILOT_AGENT_V8_FLAGS.get(process.env));
   const profile = envs.PILOT_AGENT_CPU_PROFILE.get(process.env);
   // eslint-disable-next-line @typescript-eslint/no-require-imports
   if (profile) (require('./lib/cpu-profile') as typeof import('./lib/cpu-profile')).startCpuProfile(profile);
-  // A reader that went away (`pilot-agent request ... | head`): stop quietly, as a Go program does on SIGPIPE.
-  process.stdout.on('error', (err: NodeJS.ErrnoException) => {
-    if (err.code === 'EPIPE') process.exit(0);
-    throw err;
-  });
+  // A reader that went away (`pilot-agent request ... | head`): a one-shot command stops quietly, as a Go program
+  // does on SIGPIPE. `proxy` and `discovery` keep serving without their output (their log lines are dropped): the
+  // Go agent dies there and leaves Envoy running without its agent, and its shared memory behind.
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on('error', (err: NodeJS.ErrnoException) => {
+      if (serving) return;
+      if (err.code === 'EPIPE') process.exit(0);
+      throw err;
+    });
+  }
   main(process.argv.slice(2)).then(
     (code) => exitAfterFlush(code),
     (err) => {

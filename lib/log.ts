@@ -46,7 +46,7 @@ const state: LogState = {
   levels: new Map(),
   json: false,
   journal: stderrIsJournal(process.env.JOURNAL_STREAM),
-  write: (line) => process.stderr.write(line + '\n'),
+  write: (line) => writeStream(process.stderr, line + '\n'),
   callers: new Set(),
   stackDefault: 'none',
   stackLevels: new Map(),
@@ -107,6 +107,14 @@ export function parseOutputLevels(spec: string): { defaultLevel?: Level; levels:
   return { defaultLevel, levels };
 }
 
+/**
+ * A line for a stream whose reader went away (a closed pipe, a journal that stopped) is dropped: a serving agent
+ * keeps serving when its log output closes (agent.ts decides which commands stop instead).
+ */
+function writeStream(stream: NodeJS.WriteStream, line: string): void {
+  if (stream.writable && !stream.destroyed) stream.write(line);
+}
+
 export interface LoggingOptions {
   outputLevel?: string;
   json?: boolean;
@@ -144,8 +152,8 @@ export function configureLogging(opts: LoggingOptions): void {
 function setTargets(targets: readonly string[]): void {
   const fds: number[] = [];
   const writers = targets.map((t): ((line: string) => void) => {
-    if (t === 'stdout') return (line) => process.stdout.write(line);
-    if (t === 'stderr') return (line) => process.stderr.write(line);
+    if (t === 'stdout') return (line) => writeStream(process.stdout, line);
+    if (t === 'stderr') return (line) => writeStream(process.stderr, line);
     let fd: number;
     try {
       fd = fs.openSync(t, 'a', 0o600);
@@ -154,7 +162,13 @@ function setTargets(targets: readonly string[]): void {
       throw new Error(`--log_target ${t}: ${(e as Error).message}`);
     }
     fds.push(fd);
-    return (line) => fs.writeSync(fd, line);
+    return (line) => {
+      try {
+        fs.writeSync(fd, line);
+      } catch {
+        // A full disk or a removed mount loses log lines, never the caller's work.
+      }
+    };
   });
   for (const f of state.fds) fs.closeSync(f);
   state.fds = fds;
@@ -169,7 +183,7 @@ export function resetLogging(): void {
   state.levels.clear();
   state.json = false;
   state.journal = stderrIsJournal(process.env.JOURNAL_STREAM);
-  state.write = (line) => process.stderr.write(line + '\n');
+  state.write = (line) => writeStream(process.stderr, line + '\n');
   state.callers.clear();
   state.stackDefault = 'none';
   state.stackLevels.clear();
