@@ -90,7 +90,8 @@ export const TRANSITIONS: {
     drained: ['backoff', 'remember: the shutdown that follows need not drain'],
     drain: ['draining', 'cancel the retry, readiness off, drain the serving epoch, wait'],
     stop: ['stopping', 'cancel the retry, SIGKILL every epoch'],
-    // retry: one is already due; give-up: only a retry gives up, and none is asked for until this one is due.
+    // retry: one is already due. give-up needs a retry asked for (none is, until this one is due) or a first
+    // epoch failing twice (with nothing ever live at most one epoch runs, and it has just failed).
     launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'all-exited': _, 'give-up': _,
   },
   launching: {
@@ -114,6 +115,7 @@ export const TRANSITIONS: {
     drained: ['launching-backoff', 'remember: the shutdown that follows need not drain'],
     drain: ['draining', 'cancel the retry, readiness off, drain the serving epoch, wait'],
     stop: ['stopping', 'cancel the retry, SIGKILL every epoch'],
+    // retry, give-up: as in backoff.
     launch: _, retry: _, 'all-exited': _, 'give-up': _,
   },
   draining: {
