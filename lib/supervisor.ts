@@ -15,7 +15,7 @@
 //  - a draining parent that dies does not abort the live child (the seed aborts every other epoch on any
 //    abnormal exit; that stays so only for an epoch that was serving).
 //
-// Every way the supervisor ends (`done` resolves; agent.ts exits with the code):
+// Every way the supervisor ends (`done` resolves; agent.ts exits with the code), the rows into `ended` below:
 //  1. shutdown(graceful) after SIGTERM/SIGINT: drain, wait, SIGKILL every epoch -> 0
 //  2. shutdown(immediate): /quitquitquit, a second SIGTERM -> SIGKILL every epoch -> 0
 //  3. the restart budget is spent with no Envoy running -> 1
@@ -24,10 +24,120 @@
 // Nothing else ends it. In particular a serving Envoy that exits by itself, even with code 0 (someone POSTed
 // its admin /quitquitquit), is a failure: restarted after the backoff, spending the budget. Istio's agent
 // exits 0 there; a supervisor whose job is to keep Envoy up must not, or `Restart=on-failure` leaves no proxy.
+//
+// The supervisor's own lifecycle is one state value and the table below (consul-dataplane's Envoy proxy is the
+// model): every change goes through fire(), which looks the event up, logs the transition at debug and returns
+// whether it applied; the caller does the row's action only then. An event a state does not take is a no-op
+// (logged at debug), so every public method is a no-op where it does not apply.
+//   idle               no desired config yet
+//   running            nothing in flight: reconcile() may start the next epoch
+//   backoff            a retry is due when the backoff timer fires
+//   launching          the next epoch is being prepared (bootstrap, validation, hot restart version check, a cold
+//                      restart's drain and stop) and spawned; one launch at a time
+//   launching-backoff  the same, and an epoch exited meanwhile: a retry is due as well
+//   draining           graceful shutdown: the serving epoch drains, the supervisor waits
+//   stopping           every epoch got SIGKILL; waiting for their exits
+//   ended              `done` resolved
+// The backoff timer exists exactly in backoff and launching-backoff: fire() clears it on the way to any other state.
+// Events: desire (setDesired with a new hash), launch (reconcile starts the target), launched / launch-failed (the
+// launch resolved / threw), cold-stopped (a cold restart's epochs are gone), retry (a failure with budget left),
+// retry-due (the backoff timer fired), drained (markDrained: POST /drain), drain / stop (shutdown; stop also when a
+// drain wait ends or a second signal comes), all-exited (no epoch left), give-up (exit paths 3 and 4).
 
 import { scope } from './log';
 import type { AdminAddress } from './envoy-admin';
 import type { EnvoyProcess, ExitStatus } from './envoy-process';
+
+export const SUPERVISOR_STATES = [
+  'idle', 'running', 'backoff', 'launching', 'launching-backoff', 'draining', 'stopping', 'ended',
+] as const;
+export type SupervisorState = (typeof SUPERVISOR_STATES)[number];
+export const SUPERVISOR_EVENTS = [
+  'desire', 'launch', 'launched', 'launch-failed', 'cold-stopped', 'retry', 'retry-due', 'drained', 'drain', 'stop',
+  'all-exited', 'give-up',
+] as const;
+export type SupervisorEvent = (typeof SUPERVISOR_EVENTS)[number];
+/** A row: the next state, and what the caller does once fire() accepted the event. */
+export type Transition = readonly [to: SupervisorState, action: string];
+/** A state that does not take an event: a no-op, logged at debug. */
+export const IGNORED = '-';
+
+const _ = IGNORED;
+/** state x event -> next state + action. Complete by type: every cell is a row or IGNORED. */
+export const TRANSITIONS: {
+  readonly [S in SupervisorState]: { readonly [E in SupervisorEvent]: Transition | typeof IGNORED };
+} = {
+  idle: {
+    desire: ['running', 'adopt the config (budgets reset), reconcile'],
+    drained: ['idle', 'remember: the shutdown that follows need not drain'],
+    stop: ['stopping', 'nothing to kill: end at once'],
+    launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'retry-due': _, drain: _,
+    'all-exited': _, 'give-up': _,
+  },
+  running: {
+    desire: ['running', 'adopt the config (budgets reset, rejection cleared), reconcile'],
+    launch: ['launching', 'write, validate and spawn the target as the next epoch'],
+    retry: ['backoff', 'spend one retry of the budget, arm the backoff timer'],
+    'give-up': ['ended', 'drop the base id, end with code 1'],
+    drained: ['running', 'remember: the shutdown that follows need not drain'],
+    drain: ['draining', 'readiness off, drain the serving epoch, wait'],
+    stop: ['stopping', 'SIGKILL every epoch'],
+    launched: _, 'launch-failed': _, 'cold-stopped': _, 'retry-due': _, 'all-exited': _,
+  },
+  backoff: {
+    desire: ['running', 'adopt the config (the retry is cancelled), reconcile'],
+    'retry-due': ['running', 'reconcile'],
+    drained: ['backoff', 'remember: the shutdown that follows need not drain'],
+    drain: ['draining', 'cancel the retry, readiness off, drain the serving epoch, wait'],
+    stop: ['stopping', 'cancel the retry, SIGKILL every epoch'],
+    // retry: one is already due. give-up needs a retry asked for (none is, until this one is due) or a first
+    // epoch failing twice (with nothing ever live at most one epoch runs, and it has just failed).
+    launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'all-exited': _, 'give-up': _,
+  },
+  launching: {
+    desire: ['launching', 'adopt the config; the launch drops a config no longer wanted, reconcile follows it'],
+    launched: ['running', 'reconcile'],
+    'launch-failed': ['running', 'record the failure, then a retry on the launch budget'],
+    retry: ['launching-backoff', 'spend one retry of the budget, arm the backoff timer; the launch goes on'],
+    'give-up': ['ended', 'drop the base id, end with code 1 (the launch stops at its next step)'],
+    drained: ['launching', 'remember: the shutdown that follows need not drain'],
+    drain: ['draining', 'readiness off, drain the serving epoch, wait (the launch stops at its next step)'],
+    stop: ['stopping', 'SIGKILL every epoch (the launch stops at its next step)'],
+    // cold-stopped: no retry is due, so nothing to cancel.
+    launch: _, 'cold-stopped': _, 'retry-due': _, 'all-exited': _,
+  },
+  'launching-backoff': {
+    desire: ['launching', 'adopt the config (the retry is cancelled); reconcile follows the launch'],
+    launched: ['backoff', 'none: the retry is still due'],
+    'launch-failed': ['backoff', 'record the failure; the retry already due covers it'],
+    'cold-stopped': ['launching', 'cancel the retry the stopped epochs\' exits armed: this restart is deliberate'],
+    'retry-due': ['launching', 'none: reconcile follows the launch'],
+    drained: ['launching-backoff', 'remember: the shutdown that follows need not drain'],
+    drain: ['draining', 'cancel the retry, readiness off, drain the serving epoch, wait'],
+    stop: ['stopping', 'cancel the retry, SIGKILL every epoch'],
+    // retry, give-up: as in backoff.
+    launch: _, retry: _, 'all-exited': _, 'give-up': _,
+  },
+  draining: {
+    stop: ['stopping', 'SIGKILL every epoch (the drain wait ends)'],
+    // all-exited: the drain wait wakes on its own promise, then stops.
+    desire: _, launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'retry-due': _,
+    drained: _, drain: _, 'all-exited': _, 'give-up': _,
+  },
+  stopping: {
+    'all-exited': ['ended', 'drop the base id, end with code 0'],
+    desire: _, launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'retry-due': _,
+    drained: _, drain: _, stop: _, 'give-up': _,
+  },
+  ended: {
+    desire: _, launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'retry-due': _,
+    drained: _, drain: _, stop: _, 'all-exited': _, 'give-up': _,
+  },
+};
+
+/** The states in which the backoff timer runs. */
+const RETRY_DUE: ReadonlySet<SupervisorState> = new Set(['backoff', 'launching-backoff']);
+const SHUTTING_DOWN: ReadonlySet<SupervisorState> = new Set(['draining', 'stopping', 'ended']);
 
 const log = scope('supervisor');
 
@@ -139,25 +249,28 @@ export interface SupervisorEnd {
 }
 
 export class Supervisor {
+  private stateValue: SupervisorState = 'idle';
   private desired: DesiredConfig | undefined;
   private current: DesiredConfig | undefined;
   private readonly epochs = new Map<number, Epoch>();
   private budget = RESTART_BUDGET;
   /** Retries of launches that failed before Envoy ran (bootstrap write, spawn): not Envoy's budget. */
   private launchBudget = RESTART_BUDGET;
+  /** The backoff timer, while the state is backoff or launching-backoff, and when it fires. */
   private retryTimer: NodeJS.Timeout | undefined;
   private retryAt: number | undefined;
+  /** The desired config given up on (Envoy rejected it, or its budget is spent) until the next one. */
   private rejectedHash: string | undefined;
   private lastGood: DesiredConfig | undefined;
   /** How the first epoch failed, while nothing has gone live yet. */
   private startFailure: string | undefined;
-  /** The last good config, relaunched once to restore an admin port a failed hot-restart child closed. */
-  private adminRestore: DesiredConfig | undefined;
-  private adminRestoreTried = false;
-  private launching = false;
-  private closing = false;
-  private killing = false;
-  private alreadyDrained = false;
+  /**
+   * Once per desired config: the last good config, relaunched to restore an admin port a failed hot-restart child
+   * closed ('untried' until then, 'given-up' once its budget is spent).
+   */
+  private adminRestore: DesiredConfig | 'untried' | 'given-up' = 'untried';
+  /** POST /drain drained Envoy (a preStop hook): the shutdown that follows need not drain again. */
+  private drainedOnRequest = false;
   private baseId: number | undefined;
   private lastFailure: Failure | undefined;
   private readonly metricsData: SupervisorMetrics = {
@@ -169,7 +282,6 @@ export class Supervisor {
     cold_restarts_total: 0,
   };
   private endResolve!: (end: SupervisorEnd) => void;
-  private ended = false;
   /** Resolves once the supervisor is finished and every Envoy is gone. */
   readonly done: Promise<SupervisorEnd>;
   private readonly liveListeners: Array<(epoch: number) => void> = [];
@@ -181,23 +293,54 @@ export class Supervisor {
     this.done = new Promise((r) => (this.endResolve = r));
   }
 
-  /** A new desired config: resets the budget and reconciles (a no-op when nothing changed). */
+  /** The supervisor's own state (see the table at the top). */
+  get state(): SupervisorState {
+    return this.stateValue;
+  }
+
+  private can(event: SupervisorEvent): boolean {
+    return TRANSITIONS[this.stateValue][event] !== IGNORED;
+  }
+
+  /** The one way the state changes: looks the event up in the table, logs it; false when the state ignores it. */
+  private fire(event: SupervisorEvent): boolean {
+    const from = this.stateValue;
+    const row = TRANSITIONS[from][event];
+    if (row === IGNORED) {
+      log.debug(`${event} ignored in state ${from}`);
+      return false;
+    }
+    const [to, action] = row;
+    this.stateValue = to;
+    if (!RETRY_DUE.has(to) && this.retryTimer) {
+      clearTimeout(this.retryTimer);
+      this.retryTimer = undefined;
+      this.retryAt = undefined;
+    }
+    log.debug(`state ${from} -> ${to} on ${event}: ${action}`);
+    return true;
+  }
+
+  private shuttingDown(): boolean {
+    return SHUTTING_DOWN.has(this.stateValue);
+  }
+
+  /** A new desired config: resets the budget and reconciles (a no-op when nothing changed or shutting down). */
   setDesired(cfg: DesiredConfig): void {
-    if (this.closing) return;
     if (this.desired?.hash === cfg.hash) return;
+    if (!this.fire('desire')) return;
     log.info(`new desired config ${short(cfg.hash)}`);
     this.desired = cfg;
     this.budget = RESTART_BUDGET;
     this.launchBudget = RESTART_BUDGET;
-    this.adminRestore = undefined;
-    this.adminRestoreTried = false;
-    this.cancelRetry();
+    this.adminRestore = 'untried';
+    this.rejectedHash = undefined;
     this.reconcile();
   }
 
   /** Envoy's listeners were drained on request (a preStop hook): the shutdown that follows need not drain again. */
   markDrained(): void {
-    this.alreadyDrained = true;
+    if (this.fire('drained')) this.drainedOnRequest = true;
   }
 
   onLive(fn: (epoch: number) => void): void {
@@ -211,7 +354,7 @@ export class Supervisor {
 
   /** Ready: the newest epoch that went live is still live, and the agent is not shutting down. */
   ready(): boolean {
-    if (this.closing) return false;
+    if (this.shuttingDown()) return false;
     const live = [...this.epochs.values()].filter((e) => e.liveAt !== undefined);
     if (live.length === 0) return false;
     return live.reduce((a, b) => (a.n > b.n ? a : b)).state === 'live';
@@ -252,7 +395,7 @@ export class Supervisor {
       nextRetry: this.retryAt === undefined ? null : new Date(this.retryAt).toISOString(),
       baseId: this.baseId ?? null,
       lastFailure: this.lastFailure ?? null,
-      shuttingDown: this.closing,
+      shuttingDown: this.shuttingDown(),
     };
   }
 
@@ -265,11 +408,13 @@ export class Supervisor {
   private target(): DesiredConfig | undefined {
     const want = this.desired;
     if (!want || this.rejectedHash !== want.hash) return want;
-    return this.epochs.size === 0 ? this.lastGood : this.adminRestore;
+    if (this.epochs.size === 0) return this.lastGood;
+    return typeof this.adminRestore === 'object' ? this.adminRestore : undefined;
   }
 
+  /** Starts the target as the next epoch when it is not running; only in state running (the table's launch). */
   private reconcile(): void {
-    if (this.closing || this.launching || this.retryTimer) return;
+    if (!this.can('launch')) return;
     const want = this.target();
     if (!want || this.current?.hash === want.hash) return;
     const starting = [...this.epochs.values()].find((e) => e.state === 'starting');
@@ -277,16 +422,16 @@ export class Supervisor {
       log.debug(`epoch ${starting.n} is still starting; the next epoch waits until it is live`);
       return;
     }
-    this.launching = true;
+    this.fire('launch');
     this.launch(want).then(
       () => {
-        this.launching = false;
+        this.fire('launched');
         this.reconcile();
       },
       (err: Error) => {
         // Writing the bootstrap or spawning failed (disk full, binary gone): retry with backoff, never in a loop,
         // and on a budget of its own, so a full disk does not leave a healthy Envoy none for its own crashes.
-        this.launching = false;
+        this.fire('launch-failed');
         this.recordFailure(undefined, want.hash, `could not start a new epoch: ${err.message}`);
         this.scheduleRetry('launch');
       },
@@ -300,43 +445,47 @@ export class Supervisor {
   }
 
   private async launch(cfg: DesiredConfig): Promise<void> {
+    const rt = this.opts.runtime;
     let n = this.latestEpoch() + 1;
-    let file = this.opts.runtime.writeBootstrap(n, cfg);
+    let file = rt.writeBootstrap(n, cfg);
     // Both checks run Envoy once; run them side by side, they are independent.
-    const versionCheck = n > 0 ? this.opts.runtime.binaryHotRestartVersion(cfg.binaryPath).catch((e: Error) => `unknown (${e.message})`) : undefined;
+    const versionCheck = n > 0
+      ? rt.binaryHotRestartVersion(cfg.binaryPath).catch((e: Error) => `unknown (${e.message})`)
+      : undefined;
     if (this.opts.validate && !cfg.validated) {
-      const problem = await this.opts.runtime.validate(cfg, file);
-      if (this.closing || this.target() !== cfg) {
-        this.opts.runtime.removeBootstrap(file);
+      const problem = await rt.validate(cfg, file);
+      if (this.shuttingDown() || this.target() !== cfg) {
+        rt.removeBootstrap(file);
         return;
       }
       if (problem !== undefined) {
-        this.opts.runtime.removeBootstrap(file);
+        rt.removeBootstrap(file);
         this.rejectedHash = cfg.hash;
         this.metricsData.configs_rejected_total++;
-        this.recordFailure(n, cfg.hash, `Envoy rejected the new bootstrap; it was not launched and the running epoch keeps serving: ${problem}`);
+        this.recordFailure(n, cfg.hash,
+          `Envoy rejected the new bootstrap; it was not launched and the running epoch keeps serving: ${problem}`);
         return;
       }
     }
     if (versionCheck) {
       const parent = this.epochs.get(n - 1);
       const want = await versionCheck;
-      if (this.closing) {
-        this.opts.runtime.removeBootstrap(file);
+      if (this.shuttingDown()) {
+        rt.removeBootstrap(file);
         return;
       }
       if (parent?.hotRestartVersion && want !== parent.hotRestartVersion) {
-        log.warn(`hot restart version of ${cfg.binaryPath} is ${want}, the running epoch ${n - 1} has ${parent.hotRestartVersion}: ` +
-          'they cannot hand over sockets, so draining and cold-restarting instead');
+        log.warn(`hot restart version of ${cfg.binaryPath} is ${want}, the running epoch ${n - 1} has ` +
+          `${parent.hotRestartVersion}: they cannot hand over sockets, so draining and cold-restarting instead`);
         this.metricsData.cold_restarts_total++;
         await this.drainAndStopAll(this.opts.coldRestartDrainMs ?? this.opts.terminationDrainMs);
-        if (this.closing) {
-          this.opts.runtime.removeBootstrap(file);
+        if (this.shuttingDown()) {
+          rt.removeBootstrap(file);
           return;
         }
-        this.opts.runtime.removeBootstrap(file);
+        rt.removeBootstrap(file);
         n = this.latestEpoch() + 1;
-        file = this.opts.runtime.writeBootstrap(n, cfg);
+        file = rt.writeBootstrap(n, cfg);
       }
     }
     // Envoy allows at most three overlapping epochs: N-3 and older must be gone before N starts.
@@ -354,18 +503,21 @@ export class Supervisor {
     if (n === 0) this.dropBaseId();
     const proc = this.opts.runtime.spawn(n, cfg, file, baseId);
     this.launchBudget = RESTART_BUDGET;
-    const epoch: Epoch = { n, config: cfg, proc, file, state: 'starting', startedAt: this.now(), aborted: false, baseId };
+    const epoch: Epoch = {
+      n, config: cfg, proc, file, state: 'starting', startedAt: this.now(), aborted: false, baseId,
+    };
     this.epochs.set(n, epoch);
     this.current = cfg;
     this.metricsData.epochs_started_total++;
-    log.info(`epoch ${n} started (pid ${proc.pid}, config ${short(cfg.hash)}${baseId === undefined ? ', dynamic base id' : `, base id ${baseId}`})`);
+    const base = baseId === undefined ? 'dynamic base id' : `base id ${baseId}`;
+    log.info(`epoch ${n} started (pid ${proc.pid}, config ${short(cfg.hash)}, ${base})`);
     void proc.exited.then((status) => this.onExit(epoch, status));
     void this.watchUntilLive(epoch);
   }
 
   private async watchUntilLive(e: Epoch): Promise<void> {
     const every = this.opts.probeIntervalMs ?? 50;
-    while (e.state === 'starting' && !this.killing) {
+    while (e.state === 'starting' && this.stateValue !== 'stopping' && this.stateValue !== 'ended') {
       await sleep(every);
       if (e.state !== 'starting') return;
       if (this.startTimedOut(e)) return;
@@ -396,8 +548,9 @@ export class Supervisor {
    * asks, so the first ready answer does not wait up to a probe interval after Envoy is live.
    */
   async checkStartingNow(): Promise<void> {
-    if (this.killing || this.closing) return;
-    await Promise.all([...this.epochs.values()].filter((e) => e.state === 'starting').map((e) => this.checkLive(e)));
+    if (this.shuttingDown()) return;
+    const starting = [...this.epochs.values()].filter((e) => e.state === 'starting');
+    await Promise.all(starting.map((e) => this.checkLive(e)));
   }
 
   /**
@@ -444,7 +597,8 @@ export class Supervisor {
     const ms = this.healthyResetMs();
     if (!ms) return;
     const t = setTimeout(() => {
-      if (e.state !== 'live' || this.closing || this.retryTimer || this.launching) return;
+      // Only in running: no shutdown, no retry due, no launch in flight.
+      if (e.state !== 'live' || this.stateValue !== 'running') return;
       const want = this.target();
       if (want && this.current?.hash !== want.hash) return;
       if ([...this.epochs.values()].some((x) => x.n > e.n)) return;
@@ -463,7 +617,8 @@ export class Supervisor {
 
   private onExit(e: Epoch, status: ExitStatus): void {
     const wasLive = e.liveAt !== undefined;
-    const wasSuperseded = e.state === 'draining' && [...this.epochs.values()].some((x) => x.n > e.n && x.state === 'live');
+    const wasSuperseded = e.state === 'draining'
+      && [...this.epochs.values()].some((x) => x.n > e.n && x.state === 'live');
     e.state = 'exited';
     this.epochs.delete(e.n);
     this.opts.runtime.removeBootstrap(e.file);
@@ -472,9 +627,9 @@ export class Supervisor {
     const how = status.signal ? `signal ${status.signal}` : `code ${status.code}`;
 
     if (this.epochs.size === 0) for (const w of this.exitWaiters.splice(0)) w();
-    if (this.closing) {
+    if (this.shuttingDown()) {
       log.info(`epoch ${e.n} exited (${how})`);
-      this.maybeFinishShutdown();
+      this.endIfAllExited();
       return;
     }
     if (e.aborted) {
@@ -493,13 +648,15 @@ export class Supervisor {
     // An epoch that served for the reset duration before it died starts the count afresh (the timer may not
     // have restored it when a retry was pending at that moment).
     const ms = this.healthyResetMs();
-    if (wasLive && ms && this.now() - e.liveAt! >= ms) this.restoreBudget(`epoch ${e.n} had been live for ${this.now() - e.liveAt!} ms`);
+    const servedMs = wasLive ? this.now() - e.liveAt! : 0;
+    if (wasLive && ms && servedMs >= ms) this.restoreBudget(`epoch ${e.n} had been live for ${servedMs} ms`);
     if (status.code === 0 && wasLive) {
       // Istio's agent treats this as "done". The agent's job is to keep Envoy up, and it stops Envoy itself
       // (SIGTERM, its own /quitquitquit), so a serving Envoy that quits (someone POSTed its admin /quitquitquit,
       // or a drain without skip_exit) is an outage to recover from, budget and backoff included.
-      this.recordFailure(e.n, e.config.hash, `epoch ${e.n} exited with code 0 without the agent asking (Envoy's own admin /quitquitquit?); ` +
-        'restarting it (the agent stops Envoy only on SIGTERM/SIGINT or its own /quitquitquit)');
+      this.recordFailure(e.n, e.config.hash, `epoch ${e.n} exited with code 0 without the agent asking ` +
+        '(Envoy\'s own admin /quitquitquit?); restarting it (the agent stops Envoy only on SIGTERM/SIGINT or its ' +
+        'own /quitquitquit)');
       for (const other of this.epochs.values()) this.abort(other);
     } else {
       if (!wasLive) for (const fn of this.failedStartListeners) fn(e.n, e.config);
@@ -510,31 +667,37 @@ export class Supervisor {
         if (e.baseId !== undefined && !this.opts.runtime.clearInitializing(e.baseId)) {
           log.warn(`could not clear the INITIALIZING flag of base id ${e.baseId}; the next hot restart may be refused`);
         }
-        const what = e.timedOut ? `did not go live within ${this.opts.startTimeoutMs} ms` : `exited (${how}) before it went live`;
-        this.recordFailure(e.n, e.config.hash, `new epoch ${e.n} ${what}; epoch ${newest?.n} keeps serving${reason && !e.timedOut ? `: ${reason}` : ''}`);
+        const what = e.timedOut
+          ? `did not go live within ${this.opts.startTimeoutMs} ms`
+          : `exited (${how}) before it went live`;
+        const why = reason && !e.timedOut ? `: ${reason}` : '';
+        this.recordFailure(e.n, e.config.hash, `new epoch ${e.n} ${what}; epoch ${newest?.n} keeps serving${why}`);
       } else if (!wasLive && this.lastGood === undefined) {
         // Nothing has ever gone live: Envoy cannot start at all (a binary that exits at once, a port taken).
         // Once to tell a passing hiccup from that; the same failure again is a start-up error, not ten restarts.
-        const what = `Envoy epoch ${e.n} exited (${how}) before it ever went live${reason ? `: ${reason}` : ' (no output)'}`;
+        const what = `Envoy epoch ${e.n} exited (${how}) before it ever went live` +
+          (reason ? `: ${reason}` : ' (no output)');
         // Ignoring numbers (pids, base ids) and the marker protobuf randomly puts in its debug strings.
         const signature = `${how}\0${reason.replace(/goo\.gle\/debug\w*/g, '').replace(/\d+/g, 'N')}`;
         if (this.startFailure === signature) {
           this.recordFailure(e.n, e.config.hash, `${what}; it failed the same way twice, giving up`);
-          this.finish(1, `Envoy cannot start: ${what}`);
+          if (this.fire('give-up')) this.end(1, `Envoy cannot start: ${what}`);
           return;
         }
         this.startFailure = signature;
         this.recordFailure(e.n, e.config.hash, `${what}; trying once more (the same failure again ends the agent)`);
       } else {
-        this.recordFailure(e.n, e.config.hash, `epoch ${e.n} exited abnormally (${how})${reason ? `: ${reason}` : ''}; aborting the other epochs`);
+        this.recordFailure(e.n, e.config.hash,
+          `epoch ${e.n} exited abnormally (${how})${reason ? `: ${reason}` : ''}; aborting the other epochs`);
         for (const other of this.epochs.values()) this.abort(other);
       }
     }
     this.scheduleRetry();
   }
 
+  /** A failure: arms the backoff timer (the table's retry), or, when the budget is spent, gives up. */
   private scheduleRetry(kind: 'envoy' | 'launch' = 'envoy'): void {
-    if (this.retryTimer || this.closing) return;
+    if (!this.can('retry')) return; // a retry is already due, or shutting down
     const want = this.target();
     if (want && this.current?.hash === want.hash) return;
     const left = kind === 'launch' ? this.launchBudget : this.budget;
@@ -542,13 +705,14 @@ export class Supervisor {
       this.metricsData.restart_budget_exhausted_total++;
       if (this.epochs.size === 0) {
         log.error('restart budget spent and no Envoy is running; giving up');
-        this.finish(1, 'restart budget spent with no Envoy running');
+        if (this.fire('give-up')) this.end(1, 'restart budget spent with no Envoy running');
         return;
       }
       const serving = this.newestLive();
       if (want && want === this.adminRestore) {
-        this.adminRestore = undefined;
-        this.recordFailure(undefined, want.hash, `could not restore the admin port; epoch ${serving?.n} keeps serving without it until the next change`);
+        this.adminRestore = 'given-up';
+        this.recordFailure(undefined, want.hash,
+          `could not restore the admin port; epoch ${serving?.n} keeps serving without it until the next change`);
         return;
       }
       if (want) this.rejectedHash = want.hash;
@@ -560,11 +724,15 @@ export class Supervisor {
     const delay = (this.opts.initialBackoffMs ?? INITIAL_BACKOFF_MS) * 2 ** (RESTART_BUDGET - left);
     if (kind === 'launch') this.launchBudget--;
     else this.budget--;
-    log.info(kind === 'launch' ? `retrying the launch in ${delay} ms (${this.launchBudget} retries left)` : `restarting in ${delay} ms (restart budget left ${this.budget})`);
+    log.info(kind === 'launch'
+      ? `retrying the launch in ${delay} ms (${this.launchBudget} retries left)`
+      : `restarting in ${delay} ms (restart budget left ${this.budget})`);
+    this.fire('retry');
     this.retryAt = this.now() + delay;
     this.retryTimer = setTimeout(() => {
       this.retryTimer = undefined;
       this.retryAt = undefined;
+      this.fire('retry-due');
       this.reconcile();
     }, delay);
   }
@@ -575,22 +743,16 @@ export class Supervisor {
    * new config is given up on, the last good config is started once more as a new epoch, which brings it back.
    */
   private checkAdmin(serving: { n: number; config: DesiredConfig }): void {
-    if (this.adminRestoreTried || !this.lastGood) return;
+    if (this.adminRestore !== 'untried' || !this.lastGood) return;
     this.opts.runtime.probe(serving.config.admin).then(() => undefined, (err: NodeJS.ErrnoException) => {
       // Refused on TCP; on the admin's Unix socket (ENVOY_ADMIN_MODE=uds) also a socket file that is gone.
-      if ((err?.code !== 'ECONNREFUSED' && err?.code !== 'ENOENT') || this.closing || this.adminRestoreTried || !this.lastGood) return;
-      this.adminRestoreTried = true;
-      log.warn(`epoch ${serving.n} serves without its admin port (a failed hot restart closed it); starting the last good config as a new epoch to restore it`);
+      if (err?.code !== 'ECONNREFUSED' && err?.code !== 'ENOENT') return;
+      if (this.shuttingDown() || this.adminRestore !== 'untried' || !this.lastGood) return;
+      log.warn(`epoch ${serving.n} serves without its admin port (a failed hot restart closed it); starting the ` +
+        'last good config as a new epoch to restore it');
       this.adminRestore = { ...this.lastGood, hash: `${this.lastGood.hash}+admin` };
       this.reconcile();
     });
-  }
-
-  private cancelRetry(): void {
-    if (this.retryTimer) clearTimeout(this.retryTimer);
-    this.retryTimer = undefined;
-    this.retryAt = undefined;
-    this.rejectedHash = undefined;
   }
 
   private abort(e: Epoch): void {
@@ -610,28 +772,27 @@ export class Supervisor {
   /**
    * graceful: readiness off, drain the live epoch's listeners, wait terminationDrainDuration (or, with
    * EXIT_ON_ZERO_ACTIVE_CONNECTIONS, until connections reach zero, between the minimum and the cap), then SIGKILL.
-   * A second call, or graceful false, kills at once.
+   * A second call, or graceful false, kills at once; once stopping or ended, a call only returns `done`.
    */
   async shutdown(graceful: boolean, why: string): Promise<SupervisorEnd> {
-    if (this.closing) {
-      if (!this.killing) {
+    switch (this.stateValue) {
+      case 'stopping':
+      case 'ended':
+        return this.done;
+      case 'draining':
         log.warn(`${why}: killing Envoy now`);
         this.killAll();
-      }
-      return this.done;
+        return this.done;
+      default:
     }
-    this.closing = true;
-    if (this.retryTimer) clearTimeout(this.retryTimer);
-    this.retryTimer = undefined;
-    if (graceful && this.alreadyDrained) {
+    if (graceful && this.drainedOnRequest) {
       log.info(`${why}: Envoy was already drained by POST /drain; stopping it now`);
       graceful = false;
     }
     log.info(`${why}: shutting down${graceful ? ' gracefully' : ''}`);
+    const drain = graceful && this.epochs.size > 0 && this.fire('drain');
     for (const e of this.epochs.values()) if (e.state === 'live') e.state = 'draining';
-    if (graceful && this.epochs.size > 0) {
-      await this.drainWait();
-    }
+    if (drain) await this.drainWait();
     this.killAll();
     return this.done;
   }
@@ -651,7 +812,8 @@ export class Supervisor {
     const deadline = this.now() + this.opts.maximumDrainMs;
     await Promise.race([sleep(this.opts.minimumDrainMs), allExited]);
     let errors = 0;
-    while (!this.killing && this.epochs.size > 0 && this.now() < deadline) {
+    // A second signal moves the state on to stopping, which ends this loop.
+    while (this.stateValue === 'draining' && this.epochs.size > 0 && this.now() < deadline) {
       try {
         const active = await this.opts.runtime.activeConnections(serving.config.admin);
         errors = 0;
@@ -666,12 +828,15 @@ export class Supervisor {
           return;
         }
       }
-      await Promise.race([sleep(Math.min(this.opts.connectionPollMs ?? 1000, Math.max(0, deadline - this.now()))), allExited]);
+      const pause = Math.min(this.opts.connectionPollMs ?? 1000, Math.max(0, deadline - this.now()));
+      await Promise.race([sleep(pause), allExited]);
     }
-    if (this.epochs.size > 0 && this.now() >= deadline) log.warn(`drain cap of ${this.opts.maximumDrainMs} ms reached with connections still open`);
+    if (this.epochs.size > 0 && this.now() >= deadline) {
+      log.warn(`drain cap of ${this.opts.maximumDrainMs} ms reached with connections still open`);
+    }
   }
 
-  /** Synchronous last resort (process exit): SIGKILL every epoch. */
+  /** Synchronous last resort (process exit): SIGKILL every epoch, whatever the state. */
   killAllNow(): void {
     for (const e of this.epochs.values()) e.proc.kill('SIGKILL');
   }
@@ -685,20 +850,21 @@ export class Supervisor {
   }
 
   private killAll(): void {
-    this.killing = true;
+    if (!this.fire('stop')) return;
     for (const e of this.epochs.values()) this.abort(e);
-    this.maybeFinishShutdown();
+    this.endIfAllExited();
   }
 
-  private maybeFinishShutdown(): void {
-    if (this.killing && this.epochs.size === 0) this.finish(0, 'shut down');
+  private endIfAllExited(): void {
+    if (this.epochs.size === 0 && this.fire('all-exited')) this.end(0, 'shut down');
   }
 
   /** For a cold restart: drain the live epochs, wait, and stop them all (the agent keeps running). */
   private async drainAndStopAll(waitMs: number): Promise<void> {
     const serving = this.newestLive();
     if (serving) {
-      await this.opts.runtime.drain(serving.config.admin, false).catch((err: Error) => log.warn(`could not drain before the cold restart: ${err.message}`));
+      await this.opts.runtime.drain(serving.config.admin, false)
+        .catch((err: Error) => log.warn(`could not drain before the cold restart: ${err.message}`));
       await sleep(waitMs);
     }
     const gone = [...this.epochs.values()].map((e) => {
@@ -706,10 +872,8 @@ export class Supervisor {
       return e.proc.exited;
     });
     await Promise.all(gone);
-    // onExit ran for each; clear the retries they scheduled, this restart is deliberate.
-    if (this.retryTimer) clearTimeout(this.retryTimer);
-    this.retryTimer = undefined;
-    this.retryAt = undefined;
+    // onExit ran for each and may have armed a retry: this restart is deliberate, the table cancels it.
+    this.fire('cold-stopped');
   }
 
   /**
@@ -723,11 +887,8 @@ export class Supervisor {
     this.opts.runtime.clearBaseId();
   }
 
-  private finish(code: number, reason: string): void {
-    if (this.ended) return;
-    this.ended = true;
-    this.closing = true;
-    if (this.retryTimer) clearTimeout(this.retryTimer);
+  /** The action of the rows into ended (after fire() took give-up or all-exited). */
+  private end(code: number, reason: string): void {
     this.dropBaseId();
     this.endResolve({ code, reason });
   }
