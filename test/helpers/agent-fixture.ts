@@ -52,6 +52,8 @@ export type Readiness =
   | 'ready'
   /** The status server answers at all (any status). */
   | 'listening'
+  /** Envoy's first epoch is live (/debug/epochs): for a custom bootstrap that readiness does not cover. */
+  | 'live'
   /** Nothing: the test waits for what it needs. */
   | 'none'
   /** Resolves truthy once ready (polled). */
@@ -196,7 +198,9 @@ export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixt
         ? async () => (await status('/healthz/ready', 1000)).status === 200
         : ready === 'listening'
           ? async () => (await status('/healthz/ready', 1000)).status > 0
-          : () => ready(fixture);
+          : ready === 'live'
+            ? async () => JSON.parse((await status('/debug/epochs', 1000)).body).epochs?.some((e: { state: string }) => e.state === 'live')
+            : () => ready(fixture);
       const started = running;
       await waitFor('the agent ready', async () => {
         if (started.proc.exitCode !== null || started.proc.signalCode !== null) throw new Error('the agent exited');
@@ -209,14 +213,16 @@ export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixt
       closing ??= (async () => {
         if (running) {
           const a = running;
-          const envoys = childrenOf(a.pid);
+          let envoys: number[] = [];
+          // Its children only while it runs: once it is reaped, its pid may be another process's.
           if (a.proc.exitCode === null && a.proc.signalCode === null) {
+            envoys = childrenOf(a.pid);
             a.proc.kill('SIGTERM');
             const t = setTimeout(() => a.proc.kill('SIGKILL'), graceMs);
             await a.exited;
             clearTimeout(t);
           }
-          for (const pid of [...envoys, ...childrenOf(a.pid)]) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
+          for (const pid of envoys) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
           await a.stop(); // removes what a killed agent left in /dev/shm
         }
         if (ownNetns) netns!.remove();
