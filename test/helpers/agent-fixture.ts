@@ -30,11 +30,15 @@ export interface AgentPorts {
 }
 
 /** Istio's own ports: only inside a network namespace the test made. */
-export const FIXED_PORTS: Readonly<AgentPorts> = Object.freeze({ status: 15020, admin: 15000, envoyStatus: 15021, prometheus: 15090 });
+export const FIXED_PORTS: Readonly<AgentPorts> = Object.freeze({
+  status: 15020, admin: 15000, envoyStatus: 15021, prometheus: 15090,
+});
 
 export interface FixtureOptions {
   /** Prefix of the temp dir's name. */
   prefix?: string;
+  /** A temp dir the test made already (close() removes it too) instead of a new one. */
+  dir?: TempDir;
   /** Mode of the temp dir (0o755 where another uid, such as Envoy's, must enter it). */
   mode?: number;
   /**
@@ -89,6 +93,8 @@ export interface AgentFixture {
   start(opts?: StartOptions): Promise<RunningAgent>;
   /** The running agent (after start()). */
   readonly agent: RunningAgent;
+  /** The environment it was started with (after start(); PATH and HOME aside), e.g. to run it again one-shot. */
+  readonly env: Record<string, string>;
   readonly proc: ChildProcess;
   readonly pid: number;
   readonly exited: RunningAgent['exited'];
@@ -108,7 +114,7 @@ export interface AgentFixture {
 
 /** Makes the temp dir (and namespace) and picks the ports; start() runs the agent. */
 export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixture> {
-  const dir = tempDir(opts.prefix ?? 'pa-agent-');
+  const dir = opts.dir ?? tempDir(opts.prefix ?? 'pa-agent-');
   if (opts.mode !== undefined) fs.chmodSync(dir.path, opts.mode);
   let netns: Netns | undefined;
   let ownNetns = false;
@@ -124,9 +130,13 @@ export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixt
   }
   const picked = netns
     ? { ...FIXED_PORTS }
-    : { status: await freePort(), admin: await freePort(), envoyStatus: await freePort(), prometheus: await freePort() };
+    : {
+      status: await freePort(), admin: await freePort(),
+      envoyStatus: await freePort(), prometheus: await freePort(),
+    };
   const ports: AgentPorts = { ...picked, ...opts.ports };
   let running: RunningAgent | undefined;
+  let startedEnv: Record<string, string> | undefined;
   let closing: Promise<void> | undefined;
   const agentOf = (): RunningAgent => {
     if (!running) throw new Error('the agent fixture was not started');
@@ -148,6 +158,10 @@ export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixt
     netns,
     get agent() {
       return agentOf();
+    },
+    get env() {
+      agentOf();
+      return startedEnv!;
     },
     get proc() {
       return agentOf().proc;
@@ -187,6 +201,7 @@ export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixt
         ...s.env,
       };
       const defined = Object.fromEntries(Object.entries(env).filter((e): e is [string, string] => e[1] !== undefined));
+      startedEnv = defined;
       const prefix = [
         ...(netns ? ['ip', 'netns', 'exec', netns.name] : []),
         ...(s.uid !== undefined ? ['setpriv', `--reuid=${s.uid}`, `--regid=${s.uid}`, '--clear-groups'] : []),
@@ -199,7 +214,7 @@ export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixt
         : ready === 'listening'
           ? async () => (await status('/healthz/ready', 1000)).status > 0
           : ready === 'live'
-            ? async () => JSON.parse((await status('/debug/epochs', 1000)).body).epochs?.some((e: { state: string }) => e.state === 'live')
+            ? async () => liveEpoch((await status('/debug/epochs', 1000)).body)
             : () => ready(fixture);
       const started = running;
       await waitFor('the agent ready', async () => {
@@ -244,6 +259,11 @@ export async function startTestAgent(opts: FixtureOptions & StartOptions = {}): 
     throw e;
   }
   return a;
+}
+
+/** Does a /debug/epochs answer list a live epoch? */
+function liveEpoch(body: string): boolean {
+  return ((JSON.parse(body) as { epochs?: { state: string }[] }).epochs ?? []).some((e) => e.state === 'live');
 }
 
 /** Pids whose parent is `pid` (the agent's Envoys), read from /proc. */
