@@ -28,10 +28,7 @@ async function runCase(extraEnv: Record<string, string>, check: (out: string, se
   const agent = await agentFixture({ prefix: 'pa-knobs-certs-' });
   const { dir, ports: { status } } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'web'), 'web-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'web-token');
+  agent.writeTokens(cfgDir, { web: 'web-token' }, 'web');
   const out = path.join(dir.path, 'out-certs');
   let envoy: Awaited<ReturnType<typeof startSdsEnvoy>> | undefined;
   try {

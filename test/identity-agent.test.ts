@@ -30,10 +30,7 @@ test('standalone agent: the embedded CA signs the declared identity, the SDS soc
   const agent = await agentFixture({ prefix: 'pa-identity-' });
   const { dir, ports: { status } } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'web'), 'web-bootstrap-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'web-bootstrap-token');
+  agent.writeTokens(cfgDir, { web: 'web-bootstrap-token' }, 'web');
   let envoy: Awaited<ReturnType<typeof startSdsEnvoy>> | undefined;
   try {
     await agent.start({

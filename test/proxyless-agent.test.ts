@@ -25,10 +25,7 @@ test('DISABLE_ENVOY: no Envoy, the gRPC bootstrap and certificate files written 
   const agent = await agentFixture({ prefix: 'pa-proxyless-' });
   const { dir } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'echo'), 'echo-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'echo-token');
+  agent.writeTokens(cfgDir, { echo: 'echo-token' }, 'echo');
   const certs = path.join(dir.path, 'var/lib/istio/data');
   try {
     await agent.start({ args: ['proxy', 'sidecar', '--standalone', cfgDir], ...proxyless(dir.path, { OUTPUT_CERTS: certs, ISTIO_META_CLUSTER_ID: 'Kubernetes', SECRET_TTL: '6s' }) });
@@ -143,10 +140,7 @@ test('security: another local uid reads the gRPC bootstrap (no secret in it) but
   const { dir } = agent;
   fs.chmodSync(dir.path, 0o755);
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'echo'), 'echo-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'echo-token');
+  agent.writeTokens(cfgDir, { echo: 'echo-token' }, 'echo');
   // The directories as a pod's shared volumes have them (traversable): the files' own modes are what is tested.
   const certs = path.join(dir.path, 'certs');
   for (const d of [certs, path.join(dir.path, 'etc/istio/proxy'), path.join(dir.path, 'proxy')]) fs.mkdirSync(d, { recursive: true, mode: 0o755 });

@@ -28,10 +28,7 @@ test('uid 65534 gets an allocation profile from /debug/pprof/heap, never a key; 
   const agent = await agentFixture({ prefix: 'pa-sec-heap-' });
   const { dir, ports: { status } } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'web'), 'web-bootstrap-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'web-bootstrap-token', { mode: 0o600 });
+  agent.writeTokens(cfgDir, { web: 'web-bootstrap-token' }, 'web', 0o600);
   let envoy: Awaited<ReturnType<typeof startSdsEnvoy>> | undefined;
   try {
     const base = `http://127.0.0.1:${status}`;

@@ -122,11 +122,7 @@ test('a standalone gateway ISTIO_MUTUAL server presents its workload certificate
   const agent = await agentFixture({ prefix: 'pa-gwmtls-' });
   const { dir } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'ingress'), 'gw-token\n', { mode: 0o600 });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'client'), 'client-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'gw-token');
+  agent.writeTokens(cfgDir, { ingress: 'gw-token', client: 'client-token' }, 'ingress');
   fs.writeFileSync(path.join(dir.path, 'client-token'), 'client-token');
   const backend = http.createServer((req, res) => {
     req.resume();

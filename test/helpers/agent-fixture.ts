@@ -89,6 +89,11 @@ export interface AgentFixture {
   ports: AgentPorts;
   /** The namespace it runs in, if any. */
   netns?: Netns;
+  /**
+   * For a standalone agent with the embedded CA: each service account's token in `cfgDir`/ca/identities/test
+   * (what the CA accepts), and `own`'s as the agent's istio-token in the temp dir (what it presents).
+   */
+  writeTokens(cfgDir: string, tokens: Record<string, string>, own: string, tokenMode?: number): void;
   /** Spawns the agent and waits for readiness; on failure the error carries the end of its log. Once. */
   start(opts?: StartOptions): Promise<RunningAgent>;
   /** The running agent (after start()). */
@@ -175,6 +180,17 @@ export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixt
     log: () => running?.log() ?? '',
     stop: () => agentOf().stop(),
     status,
+    writeTokens(cfgDir, tokens, own, tokenMode) {
+      const ids = path.join(cfgDir, 'ca', 'identities', 'test');
+      fs.mkdirSync(ids, { recursive: true });
+      for (const [sa, token] of Object.entries(tokens)) {
+        fs.writeFileSync(path.join(ids, sa), `${token}\n`, { mode: 0o600 });
+      }
+      const dirOfToken = path.join(dir.path, 'var/run/secrets/tokens');
+      fs.mkdirSync(dirOfToken, { recursive: true });
+      const mode = tokenMode === undefined ? {} : { mode: tokenMode };
+      fs.writeFileSync(path.join(dirOfToken, 'istio-token'), tokens[own]!, mode);
+    },
     withLog(e: Error): never {
       throw new Error(`${e.message}\nagent log:\n${fixture.log().slice(-4000)}`);
     },
