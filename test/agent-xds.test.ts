@@ -6,16 +6,16 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import * as path from 'node:path';
-import { startAgent } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
 import { dig } from './helpers/dns';
 import { CLUSTER, ControlPlane, ENDPOINT, LISTENER, ROUTE, edsCluster, endpoints, listener, route } from './helpers/control-plane';
-import { envoyBin, freePort, httpRequest, sleep, tempDir, waitFor } from './helpers/harness';
+import { freePort, httpRequest, sleep, waitFor } from './helpers/harness';
 import { startLoad } from './helpers/load';
 import { encodeNameTable, NAME_TABLE_TYPE, PROXY_CONFIG_TYPE } from '../lib/xds-istio';
 
 test('generated bootstrap + xDS proxy + control plane: ready only with config, name table kept, hot restart under load', async () => {
-  const dir = tempDir('pa-agent-xds-');
+  const agent = await agentFixture({ prefix: 'pa-agent-xds-' });
+  const { ports: { status } } = agent;
   const backend = http.createServer((req, res) => {
     req.resume();
     res.end('from-backend');
@@ -24,23 +24,17 @@ test('generated bootstrap + xDS proxy + control plane: ready only with config, n
   const cp = new ControlPlane();
   await cp.start();
   const listenPort = await freePort();
-  const status = await freePort();
   const dnsPort = await freePort();
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({
-      configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(),
-      discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE', drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
-    }),
-    POD_NAME: 'client-1', POD_NAMESPACE: 'ns', INSTANCE_IP: '127.0.0.1', ISTIO_META_DNS_CAPTURE: 'true', PROXY_CONFIG_XDS_AGENT: 'true',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    DNS_PROXY_ADDR: `127.0.0.1:${dnsPort}`,
-  }, dir.path);
   const ready = async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status;
   try {
     // Envoy is up and waiting for its config (its xDS stream reached the control plane through the proxy);
     // until the config arrives, Envoy is not live and the agent is not ready.
-    await waitFor('Envoy subscribed through the proxy', () => cp.requests.some((r) => r.typeUrl === CLUSTER), 20_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({
+      proxyConfig: { discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE' },
+      env: { POD_NAME: 'client-1', POD_NAMESPACE: 'ns', ISTIO_META_DNS_CAPTURE: 'true', PROXY_CONFIG_XDS_AGENT: 'true', DNS_PROXY_ADDR: `127.0.0.1:${dnsPort}` },
+      ready: () => cp.requests.some((r) => r.typeUrl === CLUSTER),
+      readyTimeoutMs: 20_000,
+    });
     assert.is(JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/epochs`)).body).epochs[0]?.state, 'starting');
     assert.is(await ready(), 503);
     cp.set(CLUSTER, 'c1', [edsCluster('backend')]);
@@ -85,12 +79,15 @@ test('generated bootstrap + xDS proxy + control plane: ready only with config, n
     }
     assert.match(metrics, /^istio_agent_xds_proxy_requests [1-9]\d*$/m);
   } finally {
-    agent.proc.kill('SIGTERM');
-    await waitFor('agent exit', () => agent.exited, 15_000);
-    await agent.stop();
-    await cp.stop();
-    backend.close();
-    dir.cleanup();
+    try {
+      agent.proc.kill('SIGTERM');
+      await waitFor('agent exit', () => agent.exited, 15_000);
+      await agent.stop();
+      await cp.stop();
+      backend.close();
+    } finally {
+      await agent.close();
+    }
   }
 });
 

@@ -7,7 +7,8 @@ import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
 import * as path from 'node:path';
-import { agentBin, startAgent } from './helpers/agent';
+import { agentBin } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
 import { envoyBin, freePort, httpRequest, pidAlive, tempDir, waitFor } from './helpers/harness';
 
 function run(args: string[], env: Record<string, string>, cwd: string): Promise<{ code: number; stdout: string; stderr: string }> {
@@ -166,19 +167,18 @@ for (const c of CASES) {
 const proxy = suite('proxy with the generated bootstrap');
 
 proxy('proxy writes envoy-rev0.json and starts the real Envoy, whose admin answers', async () => {
-  const dir = tempDir();
-  const admin = await freePort();
-  const status = await freePort();
-  const agent = startAgent(['proxy', '--concurrency', '1', '--proxyLogLevel', 'info,misc:error', '--someIstioFlagWeDoNotKnow', 'x'], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), proxyAdminPort: admin, statusPort: status, discoveryAddress: '127.0.0.1:1' }),
-    POD_NAME: 'web-1',
-    POD_NAMESPACE: 'shop',
-    INSTANCE_IP: '10.20.30.40',
-    ENVOY_STATUS_PORT: String(await freePort()),
-    ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    ISTIO_META_APP: 'web',
-  }, dir.path);
+  const agent = await agentFixture();
+  const { dir, ports: { admin, status } } = agent;
   try {
+    await agent.start({
+      args: ['proxy', '--concurrency', '1', '--proxyLogLevel', 'info,misc:error', '--someIstioFlagWeDoNotKnow', 'x'],
+      proxyConfig: {
+        discoveryAddress: '127.0.0.1:1',
+        drainDuration: undefined, parentShutdownDuration: undefined, terminationDrainDuration: undefined,
+      },
+      env: { POD_NAME: 'web-1', POD_NAMESPACE: 'shop', INSTANCE_IP: '10.20.30.40', ISTIO_META_APP: 'web' },
+      ready: 'none',
+    });
     const info = await waitFor('Envoy /server_info', async () => {
       const r = await httpRequest(`http://127.0.0.1:${admin}/server_info`);
       return r.status === 200 ? JSON.parse(r.body) : undefined;
@@ -195,13 +195,16 @@ proxy('proxy writes envoy-rev0.json and starts the real Envoy, whose admin answe
     const ready = await httpRequest(`http://127.0.0.1:${status}/healthz/ready`);
     assert.is(ready.status, 503);
   } finally {
-    const pids = await httpRequest(`http://127.0.0.1:${status}/debug/epochs`).then((r) => JSON.parse(r.body).epochs.map((e: { pid: number }) => e.pid), () => []);
-    agent.proc.kill('SIGTERM');
-    await waitFor('agent exit', () => agent.exited, 15_000);
-    for (const pid of pids) assert.not.ok(pidAlive(pid), 'Envoy gone after the agent');
-    assert.equal(fs.readdirSync(path.join(dir.path, 'proxy')), [], 'bootstrap removed at exit');
-    await agent.stop();
-    dir.cleanup();
+    try {
+      const pids = await httpRequest(`http://127.0.0.1:${status}/debug/epochs`).then((r) => JSON.parse(r.body).epochs.map((e: { pid: number }) => e.pid), () => []);
+      agent.proc.kill('SIGTERM');
+      await waitFor('agent exit', () => agent.exited, 15_000);
+      for (const pid of pids) assert.not.ok(pidAlive(pid), 'Envoy gone after the agent');
+      assert.equal(fs.readdirSync(path.join(dir.path, 'proxy')), [], 'bootstrap removed at exit');
+      await agent.stop();
+    } finally {
+      await agent.close();
+    }
   }
 });
 

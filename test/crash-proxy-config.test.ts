@@ -9,8 +9,9 @@ import * as assert from 'uvu/assert';
 import { buildConfig } from '../lib/config';
 import { configureLogging, resetLogging } from '../lib/log';
 import { parseProxyConfigLayer, proxyConfigJson } from '../lib/proxy-config';
-import { startAgent, waitLiveEpoch } from './helpers/agent';
-import { envoyBin, freePort, tempDir } from './helpers/harness';
+import { waitLiveEpoch } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort } from './helpers/harness';
 import { staticBootstrap } from './helpers/static-bootstrap';
 
 const ENV = 'environment variable PROXY_CONFIG';
@@ -89,26 +90,25 @@ test('names that cannot be a proto field (__proto__, constructor, junk) are warn
 });
 
 test('the real agent starts with PROXY_CONFIG {fileFlushMinSizeKb, connectionSettings, proxy_metadata} and gives Envoy --file-flush-min-size-kb', async () => {
-  const dir = tempDir('pa-pc-');
-  const ports = { admin: await freePort(), status: await freePort(), listen: await freePort() };
-  const custom = path.join(dir.path, 'custom.json');
+  const agent = await agentFixture({ prefix: 'pa-pc-' });
+  const ports = { ...agent.ports, listen: await freePort() };
+  const custom = path.join(agent.dir.path, 'custom.json');
   fs.writeFileSync(custom, JSON.stringify(staticBootstrap(ports, 'ok')));
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({
-      configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), customConfigFile: custom, statusPort: ports.status, proxyAdminPort: ports.admin,
-      drainDuration: '1s', terminationDrainDuration: '1s', fileFlushMinSizeKb: 64, connectionSettings: {}, proxy_metadata: { FOO: 'bar' },
-    }),
-    POD_NAME: 'pc', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
   try {
+    await agent.start({
+      proxyConfig: {
+        customConfigFile: custom, parentShutdownDuration: undefined,
+        fileFlushMinSizeKb: 64, connectionSettings: {}, proxy_metadata: { FOO: 'bar' },
+      },
+      env: { POD_NAME: 'pc' },
+      ready: 'none',
+    });
     const live = await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     const argv = fs.readFileSync(`/proc/${live.pid}/cmdline`, 'utf8').split('\0');
     assert.is(argv[argv.indexOf('--file-flush-min-size-kb') + 1], '64');
     assert.is(agent.log().match(/ignoring ProxyConfig field connectionSettings/g)?.length, 1, agent.log());
   } finally {
-    await agent.stop();
-    dir.cleanup();
+    await agent.close();
   }
 });
 

@@ -6,8 +6,9 @@ import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
-import { debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
-import { envoyBin, freePort, pidAlive, tempDir, waitFor, type TempDir } from './helpers/harness';
+import { debugEpochs, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
+import { envoyBin, freePort, pidAlive, waitFor, type TempDir } from './helpers/harness';
 import { staticBootstrap } from './helpers/static-bootstrap';
 
 interface Run {
@@ -18,26 +19,19 @@ interface Run {
 }
 
 async function run(opts: { binary?: (dir: string) => string; listen?: number; env?: Record<string, string> } = {}): Promise<Run> {
-  const dir = tempDir('pa-start-');
-  const ports = { admin: await freePort(), status: await freePort(), listen: opts.listen ?? (await freePort()) };
+  const fixture = await agentFixture({ prefix: 'pa-start-' });
+  const { dir } = fixture;
+  const ports = { admin: fixture.ports.admin, status: fixture.ports.status, listen: opts.listen ?? (await freePort()) };
   const custom = path.join(dir.path, 'custom.json');
   fs.writeFileSync(custom, JSON.stringify(staticBootstrap(ports, 'up')));
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({
-      configPath: path.join(dir.path, 'proxy'), binaryPath: opts.binary ? opts.binary(dir.path) : envoyBin(), customConfigFile: custom,
-      statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
-    }),
-    POD_NAME: 'start', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    ...opts.env,
-  }, dir.path);
-  const cleanup = async () => {
-    const pids = await debugEpochs(ports.status).then((d) => d.epochs.map((e) => e.pid), () => [] as number[]);
-    await agent.stop();
-    for (const p of pids) if (pidAlive(p)) process.kill(p, 'SIGKILL');
-    dir.cleanup();
-  };
-  return { dir, agent, ports, cleanup };
+  await fixture.start({
+    proxyConfig: { ...(opts.binary ? { binaryPath: opts.binary(dir.path) } : {}), customConfigFile: custom },
+    env: { POD_NAME: 'start', ...opts.env },
+    ready: 'none',
+  });
+  // SIGKILL at once: some of these Envoys are scripts that would not drain.
+  const cleanup = () => fixture.close(0);
+  return { dir, agent: fixture.agent, ports, cleanup };
 }
 
 function script(dir: string, body: string): string {

@@ -9,8 +9,8 @@ import * as path from 'node:path';
 import * as tls from 'node:tls';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, waitFor } from './helpers/harness';
 import { startSdsEnvoy } from './helpers/sds-envoy';
 
 function peerCert(port: number, ca: string): Promise<X509Certificate> {
@@ -25,24 +25,17 @@ function peerCert(port: number, ca: string): Promise<X509Certificate> {
 }
 
 async function runCase(extraEnv: Record<string, string>, check: (out: string, served: X509Certificate, metrics: string) => void): Promise<void> {
-  const dir = tempDir('pa-knobs-certs-');
+  const agent = await agentFixture({ prefix: 'pa-knobs-certs-' });
+  const { dir, ports: { status } } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'web'), 'web-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'web-token');
+  agent.writeTokens(cfgDir, { web: 'web-token' }, 'web');
   const out = path.join(dir.path, 'out-certs');
-  const status = await freePort();
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(), drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'web-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'web', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    ECC_SIGNATURE_ALGORITHM: 'ECDSA', ECC_CURVE: 'P384', OUTPUT_CERTS: out, ...extraEnv,
-  }, dir.path);
   let envoy: Awaited<ReturnType<typeof startSdsEnvoy>> | undefined;
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({
+      args: ['proxy', 'sidecar', '--standalone', cfgDir],
+      env: { POD_NAME: 'web-1', SERVICE_ACCOUNT: 'web', ECC_SIGNATURE_ALGORITHM: 'ECDSA', ECC_CURVE: 'P384', OUTPUT_CERTS: out, ...extraEnv },
+    });
     const port = await freePort();
     envoy = await startSdsEnvoy({ sdsSocket: path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket'), inbound: { port, backendPort: await freePort() } });
     const root = fs.readFileSync(path.join(cfgDir, 'ca', 'root-cert.pem'), 'utf8');
@@ -51,8 +44,7 @@ async function runCase(extraEnv: Record<string, string>, check: (out: string, se
     check(out, served, (await httpRequest(`http://127.0.0.1:${status}/stats/prometheus`)).body);
   } finally {
     await envoy?.stop();
-    await agent.stop();
-    dir.cleanup();
+    await agent.close();
   }
 }
 

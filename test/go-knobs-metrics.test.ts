@@ -14,10 +14,12 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { startAgent, type RunningAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor, type TempDir } from './helpers/harness';
+import type { RunningAgent } from './helpers/agent';
+import { type AgentFixture, agentFixture } from './helpers/agent-fixture';
+import { httpRequest, type TempDir } from './helpers/harness';
 
 interface Running {
+  fixture: AgentFixture;
   agent: RunningAgent;
   dir: TempDir;
   status: number;
@@ -27,29 +29,22 @@ interface Running {
 }
 
 async function start(env: Record<string, string>, proxyConfig: Record<string, unknown> = {}): Promise<Running> {
-  const dir = tempDir('pa-knobs-metrics-');
+  const fixture = await agentFixture({ prefix: 'pa-knobs-metrics-' });
+  const { dir, ports: { status, envoyStatus, prometheus: envoyProm, admin: adminPort } } = fixture;
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(cfgDir);
-  const [status, envoyStatus, envoyProm, adminPort] = [await freePort(), await freePort(), await freePort(), await freePort()];
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: adminPort,
-      drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s', ...proxyConfig }),
-    POD_NAME: 'web-1', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(envoyStatus), ENVOY_PROMETHEUS_PORT: String(envoyProm), ...env,
-  }, dir.path);
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000);
+    await fixture.start({ args: ['proxy', 'sidecar', '--standalone', cfgDir], proxyConfig, env: { POD_NAME: 'web-1', ...env } });
   } catch (e) {
-    await agent.stop();
-    dir.cleanup();
-    throw new Error(`${(e as Error).message}\n${agent.log()}`);
+    await fixture.close();
+    throw e;
   }
-  return { agent, dir, status, envoyStatus, envoyProm, adminPort };
+  return { fixture, agent: fixture.agent, dir, status, envoyStatus, envoyProm, adminPort };
 }
 
 async function stop(r: Running): Promise<void> {
   await r.agent.stop();
-  r.dir.cleanup();
+  await r.fixture.close();
 }
 
 /** This host's address that is not loopback: a peer from there is "not localhost" to the status server. */

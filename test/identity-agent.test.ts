@@ -9,8 +9,8 @@ import * as path from 'node:path';
 import * as tls from 'node:tls';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, waitFor } from './helpers/harness';
 import { startSdsEnvoy } from './helpers/sds-envoy';
 
 const ID = 'spiffe://cluster.local/ns/test/sa/web';
@@ -27,22 +27,16 @@ function peerCert(port: number, ca: string): Promise<{ serial: string; san: stri
 }
 
 test('standalone agent: the embedded CA signs the declared identity, the SDS socket serves it to Envoy, rotation follows SECRET_TTL', async () => {
-  const dir = tempDir('pa-identity-');
+  const agent = await agentFixture({ prefix: 'pa-identity-' });
+  const { dir, ports: { status } } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'web'), 'web-bootstrap-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'web-bootstrap-token');
-  const status = await freePort();
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(), drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'web-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'web', INSTANCE_IP: '127.0.0.1', SECRET_TTL: '6s',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
+  agent.writeTokens(cfgDir, { web: 'web-bootstrap-token' }, 'web');
   let envoy: Awaited<ReturnType<typeof startSdsEnvoy>> | undefined;
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({
+      args: ['proxy', 'sidecar', '--standalone', cfgDir],
+      env: { POD_NAME: 'web-1', SERVICE_ACCOUNT: 'web', SECRET_TTL: '6s' },
+    });
     const sock = path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket');
     assert.is((fs.statSync(sock).mode & 0o777).toString(8), '660');
     const port = await freePort();
@@ -62,14 +56,17 @@ test('standalone agent: the embedded CA signs the declared identity, the SDS soc
     assert.match(metrics, /istio_agent_sds_pushes_total [1-9]/);
     assert.not.match(agent.log(), /PRIVATE KEY/);
   } finally {
-    await envoy?.stop();
-    agent.proc.kill('SIGTERM');
-    const exit = await waitFor('agent exit', () => agent.exited, 15_000);
-    await agent.stop();
-    assert.is(exit.code, 0, agent.log().slice(-2000));
-    const sockLeft = fs.existsSync(path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket'));
-    dir.cleanup();
-    assert.not.ok(sockLeft, 'the SDS socket is removed');
+    try {
+      await envoy?.stop();
+      agent.proc.kill('SIGTERM');
+      const exit = await waitFor('agent exit', () => agent.exited, 15_000);
+      await agent.stop();
+      assert.is(exit.code, 0, agent.log().slice(-2000));
+      const sockLeft = fs.existsSync(path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket'));
+      assert.not.ok(sockLeft, 'the SDS socket is removed');
+    } finally {
+      await agent.close();
+    }
   }
 });
 

@@ -9,35 +9,26 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentFixture, type StartOptions } from './helpers/agent-fixture';
+import { httpRequest, waitFor } from './helpers/harness';
 
-async function proxylessEnv(dir: string, extra: Record<string, string>, proxyConfig: Record<string, unknown> = {}): Promise<{ env: Record<string, string>; status: number }> {
-  const status = await freePort();
+/** start() options for DISABLE_ENVOY: no Envoy to run, so none of its ports or drain settings. */
+function proxyless(dir: string, extra: Record<string, string>, proxyConfig: Record<string, unknown> = {}): StartOptions {
+  const none = { proxyAdminPort: undefined, drainDuration: undefined, parentShutdownDuration: undefined, terminationDrainDuration: undefined };
   return {
-    status,
-    env: {
-      DISABLE_ENVOY: 'true',
-      PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir, 'proxy'), binaryPath: path.join(dir, 'no-such-envoy'), statusPort: status, ...proxyConfig }),
-      POD_NAME: 'echo-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'echo', INSTANCE_IP: '127.0.0.1',
-      ...extra,
-    },
+    proxyConfig: { binaryPath: path.join(dir, 'no-such-envoy'), ...none, ...proxyConfig },
+    env: { DISABLE_ENVOY: 'true', POD_NAME: 'echo-1', SERVICE_ACCOUNT: 'echo', ENVOY_STATUS_PORT: undefined, ENVOY_PROMETHEUS_PORT: undefined, ...extra },
   };
 }
 
 test('DISABLE_ENVOY: no Envoy, the gRPC bootstrap and certificate files written (and rotated), ready, SIGTERM exits 0', async () => {
-  const dir = tempDir('pa-proxyless-');
+  const agent = await agentFixture({ prefix: 'pa-proxyless-' });
+  const { dir } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'echo'), 'echo-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'echo-token');
+  agent.writeTokens(cfgDir, { echo: 'echo-token' }, 'echo');
   const certs = path.join(dir.path, 'var/lib/istio/data');
-  const { env, status } = await proxylessEnv(dir.path, { OUTPUT_CERTS: certs, ISTIO_META_CLUSTER_ID: 'Kubernetes', SECRET_TTL: '6s' });
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], env, dir.path);
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({ args: ['proxy', 'sidecar', '--standalone', cfgDir], ...proxyless(dir.path, { OUTPUT_CERTS: certs, ISTIO_META_CLUSTER_ID: 'Kubernetes', SECRET_TTL: '6s' }) });
     // Istio's default location, relative to the working directory.
     const file = path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json');
     assert.is(fs.statSync(file).mode & 0o777, 0o644);
@@ -60,26 +51,29 @@ test('DISABLE_ENVOY: no Envoy, the gRPC bootstrap and certificate files written 
     const first = fs.readFileSync(path.join(certs, 'cert-chain.pem'), 'utf8');
     await waitFor('a rotated certificate file', () => fs.readFileSync(path.join(certs, 'cert-chain.pem'), 'utf8') !== first, 20_000, 200);
   } finally {
-    agent.proc.kill('SIGTERM');
-    const exit = await waitFor('agent exit', () => agent.exited, 15_000);
-    await agent.stop();
-    const log = agent.log();
-    dir.cleanup();
-    assert.is(exit.code, 0, log.slice(-2000));
-    assert.match(log, /agent exiting with code 0: SIGTERM/);
+    try {
+      agent.proc.kill('SIGTERM');
+      const exit = await waitFor('agent exit', () => agent.exited, 15_000);
+      await agent.stop();
+      const log = agent.log();
+      assert.is(exit.code, 0, log.slice(-2000));
+      assert.match(log, /agent exiting with code 0: SIGTERM/);
+    } finally {
+      await agent.close();
+    }
   }
 });
 
 test('DISABLE_ENVOY: not ready while the file_watcher certificate files do not exist (CA unreachable); app probes answered', async () => {
-  const dir = tempDir('pa-proxyless-');
+  const agent = await agentFixture({ prefix: 'pa-proxyless-' });
+  const { dir, ports: { status } } = agent;
   const certs = path.join(dir.path, 'certs');
   const boot = path.join(dir.path, 'boot', 'grpc.json');
   const app = net.createServer((c) => c.destroy());
   await new Promise<void>((r) => app.listen(0, '127.0.0.1', r));
   const probers = JSON.stringify({ '/app-health/app/livez': { tcpSocket: { port: (app.address() as net.AddressInfo).port } } });
-  const { env, status } = await proxylessEnv(dir.path, { OUTPUT_CERTS: certs, GRPC_XDS_BOOTSTRAP: boot, CA_ADDR: '127.0.0.1:1', ISTIO_KUBE_APP_PROBERS: probers }, { discoveryAddress: '127.0.0.1:1' });
-  const agent = startAgent(['proxy', 'sidecar'], env, dir.path);
   try {
+    await agent.start({ args: ['proxy', 'sidecar'], ...proxyless(dir.path, { OUTPUT_CERTS: certs, GRPC_XDS_BOOTSTRAP: boot, CA_ADDR: '127.0.0.1:1', ISTIO_KUBE_APP_PROBERS: probers }, { discoveryAddress: '127.0.0.1:1' }), ready: 'none' });
     const r = await waitFor('a readiness answer', async () => {
       const x = await httpRequest(`http://127.0.0.1:${status}/healthz/ready`).catch(() => undefined);
       return x && x.status !== 0 ? x : undefined;
@@ -91,41 +85,44 @@ test('DISABLE_ENVOY: not ready while the file_watcher certificate files do not e
     // The app's rewritten probes are answered with no Envoy too.
     assert.is((await httpRequest(`http://127.0.0.1:${status}/app-health/app/livez`)).status, 200);
   } finally {
-    app.close();
-    agent.proc.kill('SIGTERM');
-    const exit = await waitFor('agent exit', () => agent.exited, 15_000);
-    await agent.stop();
-    const log = agent.log();
-    dir.cleanup();
-    assert.is(exit.code, 0, log.slice(-2000));
+    try {
+      app.close();
+      agent.proc.kill('SIGTERM');
+      const exit = await waitFor('agent exit', () => agent.exited, 15_000);
+      await agent.stop();
+      const log = agent.log();
+      assert.is(exit.code, 0, log.slice(-2000));
+    } finally {
+      await agent.close();
+    }
   }
 });
 
 test('beside Envoy the gRPC bootstrap is written too (an app may use proxyless gRPC next to the sidecar), and removed at exit', async () => {
-  const dir = tempDir('pa-proxyless-');
-  const status = await freePort();
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({
-      configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(), discoveryAddress: '127.0.0.1:1',
-      drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
-    }),
-    POD_NAME: 'web-1', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
+  const agent = await agentFixture({ prefix: 'pa-proxyless-' });
+  const { dir } = agent;
   const file = path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json');
   try {
-    await waitFor('the gRPC bootstrap', () => fs.existsSync(file), 20_000).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({
+      proxyConfig: { discoveryAddress: '127.0.0.1:1' },
+      env: { POD_NAME: 'web-1' },
+      ready: () => fs.existsSync(file),
+      readyTimeoutMs: 20_000,
+    });
     const b = JSON.parse(fs.readFileSync(file, 'utf8'));
     assert.is(b.node.id, 'sidecar~127.0.0.1~web-1.test~test.svc.cluster.local');
     assert.is(b.xds_servers[0].server_uri, `unix://${path.join(dir.path, 'proxy', 'XDS')}`);
   } finally {
-    agent.proc.kill('SIGTERM');
-    const exit = await waitFor('agent exit', () => agent.exited, 20_000);
-    await agent.stop();
-    const left = fs.existsSync(file);
-    dir.cleanup();
-    assert.is(exit.code, 0, agent.log().slice(-2000));
-    assert.not.ok(left, 'removed at exit');
+    try {
+      agent.proc.kill('SIGTERM');
+      const exit = await waitFor('agent exit', () => agent.exited, 20_000);
+      await agent.stop();
+      const left = fs.existsSync(file);
+      assert.is(exit.code, 0, agent.log().slice(-2000));
+      assert.not.ok(left, 'removed at exit');
+    } finally {
+      await agent.close();
+    }
   }
 });
 
@@ -139,22 +136,17 @@ function asNobody(cmd: string[]): { ok: boolean; out: string } {
 }
 
 test('security: another local uid reads the gRPC bootstrap (no secret in it) but neither the key files nor the XDS socket', async () => {
-  const dir = tempDir('pa-proxyless-');
+  const agent = await agentFixture({ prefix: 'pa-proxyless-' });
+  const { dir } = agent;
   fs.chmodSync(dir.path, 0o755);
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'echo'), 'echo-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'echo-token');
+  agent.writeTokens(cfgDir, { echo: 'echo-token' }, 'echo');
   // The directories as a pod's shared volumes have them (traversable): the files' own modes are what is tested.
   const certs = path.join(dir.path, 'certs');
   for (const d of [certs, path.join(dir.path, 'etc/istio/proxy'), path.join(dir.path, 'proxy')]) fs.mkdirSync(d, { recursive: true, mode: 0o755 });
   for (const d of [path.join(dir.path, 'etc'), path.join(dir.path, 'etc/istio'), path.join(dir.path, 'etc/istio/proxy'), certs, path.join(dir.path, 'proxy')]) fs.chmodSync(d, 0o755);
-  const { env, status } = await proxylessEnv(dir.path, { OUTPUT_CERTS: certs });
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], env, dir.path);
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({ args: ['proxy', 'sidecar', '--standalone', cfgDir], ...proxyless(dir.path, { OUTPUT_CERTS: certs }) });
     const boot = asNobody(['cat', path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json')]);
     assert.ok(boot.ok, boot.out);
     assert.not.match(boot.out, /PRIVATE KEY|echo-token/);
@@ -168,10 +160,13 @@ test('security: another local uid reads the gRPC bootstrap (no secret in it) but
     assert.not.ok(sock.ok, 'XDS socket reachable by another uid');
     assert.match(sock.out, /EACCES/, sock.out);
   } finally {
-    agent.proc.kill('SIGTERM');
-    await waitFor('agent exit', () => agent.exited, 15_000);
-    await agent.stop();
-    dir.cleanup();
+    try {
+      agent.proc.kill('SIGTERM');
+      await waitFor('agent exit', () => agent.exited, 15_000);
+      await agent.stop();
+    } finally {
+      await agent.close();
+    }
   }
 });
 

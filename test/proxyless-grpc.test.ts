@@ -13,7 +13,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { DiscoveryServer } from '../lib/discovery/index';
 import { configureLogging, resetLogging } from '../lib/log';
-import { startAgent, type RunningAgent } from './helpers/agent';
+import { type AgentFixture, agentFixture } from './helpers/agent-fixture';
 import { freePort, httpRequest, REPO, tempDir, type TempDir, waitFor } from './helpers/harness';
 
 const HOST = 'echo.test.svc.cluster.local';
@@ -84,36 +84,42 @@ function runClient(bootstrap: string, args: Record<string, unknown>): Promise<st
 }
 
 /** `cfgDir`: standalone mode; a `host:port` instead: that plaintext control plane. */
-async function proxylessAgent(dir: TempDir, cfgDir: string, who = { pod: 'client-1', sa: 'client' }, extra: Record<string, string> = {}): Promise<{ agent: RunningAgent; status: number; bootstrap: string }> {
-  const status = await freePort();
+async function proxylessAgent(dir: TempDir, cfgDir: string, who = { pod: 'client-1', sa: 'client' }, extra: Record<string, string> = {}): Promise<{ agent: AgentFixture; status: number; bootstrap: string }> {
   const remote = !cfgDir.startsWith('/');
-  const agent = startAgent(['proxy', 'sidecar', ...(remote ? [] : ['--standalone', cfgDir])], {
-    DISABLE_ENVOY: 'true',
-    PROXY_CONFIG: JSON.stringify({
-      configPath: path.join(dir.path, 'proxy'), binaryPath: '/nonexistent/envoy', statusPort: status,
-      ...(remote && { discoveryAddress: cfgDir, controlPlaneAuthPolicy: 'NONE' }),
-    }),
-    POD_NAME: who.pod, POD_NAMESPACE: 'test', SERVICE_ACCOUNT: who.sa, INSTANCE_IP: '127.0.0.1',
-    ...extra,
-  }, dir.path);
-  await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`).catch(() => ({ status: 0 }))).status === 200, 30_000)
-    .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
-  return { agent, status, bootstrap: path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json') };
+  const agent = await agentFixture({ dir });
+  const none = { proxyAdminPort: undefined, drainDuration: undefined, parentShutdownDuration: undefined, terminationDrainDuration: undefined };
+  await agent.start({
+    args: ['proxy', 'sidecar', ...(remote ? [] : ['--standalone', cfgDir])],
+    proxyConfig: { binaryPath: '/nonexistent/envoy', ...none, ...(remote && { discoveryAddress: cfgDir, controlPlaneAuthPolicy: 'NONE' }) },
+    env: {
+      DISABLE_ENVOY: 'true', POD_NAME: who.pod, SERVICE_ACCOUNT: who.sa,
+      ENVOY_STATUS_PORT: undefined, ENVOY_PROMETHEUS_PORT: undefined, ...extra,
+    },
+  }).catch(async (e: Error) => {
+    await agent.close();
+    throw e;
+  });
+  return { agent, status: agent.ports.status, bootstrap: path.join(dir.path, 'etc/istio/proxy/grpc-bootstrap.json') };
 }
 
-async function stopAgent(agent: RunningAgent | undefined): Promise<{ code: number | null; log: string } | undefined> {
+/** SIGTERM and its exit; then agentFixture's cleanup, also when it did not exit in time. */
+async function stopAgent(agent: AgentFixture | undefined): Promise<{ code: number | null; log: string } | undefined> {
   if (!agent) return undefined;
-  agent.proc.kill('SIGTERM');
-  const exit = await waitFor('agent exit', () => agent.exited, 15_000);
-  await agent.stop();
-  return { code: exit.code, log: agent.log() };
+  try {
+    agent.proc.kill('SIGTERM');
+    const exit = await waitFor('agent exit', () => agent.exited, 15_000);
+    await agent.stop();
+    return { code: exit.code, log: agent.log() };
+  } finally {
+    await agent.close();
+  }
 }
 
 test('proxyless: a grpc-js-xds client routes by a VirtualService through a DISABLE_ENVOY standalone agent (no Envoy)', async () => {
   const dir = tempDir('pa-proxyless-grpc-');
   const v1 = await backend('v1');
   const v2 = await backend('v2');
-  let agent: RunningAgent | undefined;
+  let agent: AgentFixture | undefined;
   try {
     const cfgDir = path.join(dir.path, 'mesh');
     meshConfig(cfgDir, v1.port, v2.port);
@@ -150,7 +156,7 @@ test('proxyless with a remote control plane: the xDS proxy forwards the gRPC lib
   meshConfig(cfgDir, v1.port, v2.port);
   configureLogging({ write: () => undefined });
   const cp = new DiscoveryServer({ configDir: cfgDir, listen: '127.0.0.1:0', debounceMs: 10 });
-  let agent: RunningAgent | undefined;
+  let agent: AgentFixture | undefined;
   try {
     await cp.start();
     const a = await proxylessAgent(dir, cp.address);
@@ -198,8 +204,8 @@ spec: {mtls: {mode: STRICT}}
   fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
   fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'echo'), 'echo-token\n', { mode: 0o600 });
   fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'client'), 'client-token\n', { mode: 0o600 });
-  let srvAgent: RunningAgent | undefined;
-  let cliAgent: RunningAgent | undefined;
+  let srvAgent: AgentFixture | undefined;
+  let cliAgent: AgentFixture | undefined;
   let servers: ChildProcess | undefined;
   try {
     // The server's agent first: its CA creates the root both agents then share.

@@ -8,8 +8,9 @@ import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
-import { debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, pidAlive, tempDir, waitFor, type TempDir } from './helpers/harness';
+import { debugEpochs, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
+import { httpRequest, pidAlive, waitFor, type TempDir } from './helpers/harness';
 
 interface Raw {
   status: number;
@@ -58,30 +59,20 @@ interface Setup {
 }
 
 async function startStandaloneAgent(): Promise<Setup> {
-  const dir = tempDir('pa-public-');
+  const fixture = await agentFixture({ prefix: 'pa-public-' });
+  const { dir, ports: { status, admin, prometheus: prom, envoyStatus: ready } } = fixture;
   const mesh = path.join(dir.path, 'mesh');
   fs.mkdirSync(mesh);
-  const [status, admin, prom, ready] = [await freePort(), await freePort(), await freePort(), await freePort()];
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', mesh], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'public', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(ready), ENVOY_PROMETHEUS_PORT: String(prom),
-    ENVOY_RESTART_INITIAL_BACKOFF: '100ms',
-  }, dir.path);
-  const cleanup = async () => {
-    const pids = await debugEpochs(status).then((d) => d.epochs.map((e) => e.pid), () => [] as number[]);
-    await agent.stop();
-    for (const pid of pids) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
-    dir.cleanup();
-  };
+  const cleanup = () => fixture.close();
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000);
-    await waitFor('Envoy serves its readiness listener', async () => (await raw(ready, 'GET', '/healthz/ready')).status === 200, 10_000);
+    await fixture.start({ args: ['proxy', 'sidecar', '--standalone', mesh], env: { POD_NAME: 'public', ENVOY_RESTART_INITIAL_BACKOFF: '100ms' } });
+    await waitFor('Envoy serves its readiness listener', async () => (await raw(ready, 'GET', '/healthz/ready')).status === 200, 10_000)
+      .catch(fixture.withLog);
   } catch (e) {
     await cleanup();
-    throw new Error(`${(e as Error).message}\nagent log:\n${agent.log()}`);
+    throw e;
   }
-  return { dir, agent, status, admin, prom, ready, cleanup };
+  return { dir, agent: fixture.agent, status, admin, prom, ready, cleanup };
 }
 
 // Every admin endpoint Envoy 1.40 has, and what the agent serves on its status port.

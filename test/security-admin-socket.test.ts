@@ -11,7 +11,8 @@ import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { adminSocketUnreachable, hasCapability } from '../lib/envoy-process';
-import { agentBin, debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { agentBin, debugEpochs, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
 import { staticBootstrap } from './helpers/static-bootstrap';
 import { envoyBin, freePort, httpRequest, pidAlive, tempDir, waitFor, type TempDir } from './helpers/harness';
 
@@ -29,39 +30,25 @@ interface Setup {
 
 /** A standalone agent (generated bootstrap, embedded discovery) with ENVOY_ADMIN_MODE=uds, ready. */
 async function startUdsAgent(extraEnv: Record<string, string | undefined> = {}, extraArgs: string[] = []): Promise<Setup> {
-  const dir = tempDir('pa-admin-uds-');
   // Other users may walk down to configPath: only the admin socket's own directory and mode may stop them.
-  fs.chmodSync(dir.path, 0o755);
+  const fixture = await agentFixture({ prefix: 'pa-admin-uds-', mode: 0o755 });
+  const { dir } = fixture;
   const mesh = path.join(dir.path, 'mesh');
   fs.mkdirSync(mesh, { mode: 0o755 });
   const configPath = path.join(dir.path, 'proxy');
-  const ports = { status: await freePort(), admin: await freePort(), prom: await freePort(), ready: await freePort() };
-  const env: Record<string, string> = {
-    PROXY_CONFIG: JSON.stringify({ configPath, binaryPath: envoyBin(), statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'admin', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(ports.ready), ENVOY_PROMETHEUS_PORT: String(ports.prom),
-    ENVOY_RESTART_INITIAL_BACKOFF: '100ms',
-    ENVOY_ADMIN_MODE: 'uds',
-  };
-  for (const [k, v] of Object.entries(extraEnv)) {
-    if (v === undefined) delete env[k];
-    else env[k] = v;
-  }
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', mesh, ...extraArgs], env, dir.path);
-  const cleanup = async () => {
-    const pids = await debugEpochs(ports.status).then((d) => d.epochs.map((e) => e.pid), () => [] as number[]);
-    await agent.stop();
-    for (const pid of pids) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
-    dir.cleanup();
-  };
+  const ports = { status: fixture.ports.status, admin: fixture.ports.admin, prom: fixture.ports.prometheus, ready: fixture.ports.envoyStatus };
+  const cleanup = () => fixture.close();
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${ports.status}/healthz/ready`).catch(() => ({ status: 0 }))).status === 200, 30_000);
+    await fixture.start({
+      args: ['proxy', 'sidecar', '--standalone', mesh, ...extraArgs],
+      env: { POD_NAME: 'admin', ENVOY_RESTART_INITIAL_BACKOFF: '100ms', ENVOY_ADMIN_MODE: 'uds', ...extraEnv },
+    });
   } catch (e) {
     await cleanup();
-    throw new Error(`${(e as Error).message}\nagent log:\n${agent.log()}`);
+    throw e;
   }
   fs.chmodSync(configPath, 0o755);
-  return { dir, agent, env, configPath, socket: path.join(configPath, 'admin', 'envoy-admin.sock'), ports, cleanup };
+  return { dir, agent: fixture.agent, env: fixture.env, configPath, socket: path.join(configPath, 'admin', 'envoy-admin.sock'), ports, cleanup };
 }
 
 /** What connecting to a Unix socket gives: 'connected' or the error code. */
@@ -232,11 +219,12 @@ test('ENVOY_ADMIN_MODE=uds with Istio\'s stock bootstrap template (ISTIO_BOOTSTR
 });
 
 test('ENVOY_ADMIN_MODE=uds, custom bootstrap: a hot-restart child that fails after taking the admin socket leaves the parent serving, and the agent restores the admin', async () => {
-  const dir = tempDir('pa-admin-uds-restore-');
+  const agent = await agentFixture({ prefix: 'pa-admin-uds-restore-' });
+  const { dir } = agent;
   const blocker = net.createServer();
   const blocked = await freePort();
   await new Promise<void>((r) => blocker.listen(blocked, '127.0.0.1', () => r()));
-  const ports = { admin: await freePort(), status: await freePort(), listen: await freePort() };
+  const ports = { admin: agent.ports.admin, status: agent.ports.status, listen: await freePort() };
   const custom = path.join(dir.path, 'custom.json');
   const write = (b: Record<string, unknown>) => {
     fs.writeFileSync(custom + '.tmp', JSON.stringify(b));
@@ -245,14 +233,11 @@ test('ENVOY_ADMIN_MODE=uds, custom bootstrap: a hot-restart child that fails aft
   write(staticBootstrap(ports, 'v0'));
   const configPath = path.join(dir.path, 'proxy');
   const socket = path.join(configPath, 'admin', 'envoy-admin.sock');
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({ configPath, binaryPath: envoyBin(), customConfigFile: custom, statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'restore', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    FILE_DEBOUNCE_DURATION: '50ms', ENVOY_RESTART_INITIAL_BACKOFF: '5ms', ENVOY_ADMIN_MODE: 'uds',
-  }, dir.path);
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${ports.status}/healthz/ready`).catch(() => ({ status: 0 }))).status === 200, 30_000);
+    await agent.start({
+      proxyConfig: { configPath, customConfigFile: custom },
+      env: { POD_NAME: 'restore', FILE_DEBOUNCE_DURATION: '50ms', ENVOY_RESTART_INITIAL_BACKOFF: '5ms', ENVOY_ADMIN_MODE: 'uds' },
+    });
     assert.is((await overSocket(socket, 'GET', '/ready')).status, 200, 'the custom bootstrap\'s admin is on the socket');
     assert.is(await connectTcp(ports.admin), 'ECONNREFUSED');
     // Valid, but cannot bind at run time: each child takes the admin socket over from epoch 0, then exits.
@@ -267,11 +252,8 @@ test('ENVOY_ADMIN_MODE=uds, custom bootstrap: a hot-restart child that fails aft
     assert.is((await httpRequest(`http://127.0.0.1:${ports.listen}/`)).body, 'v0', 'the last good config serves');
     assert.is(fs.lstatSync(socket).mode & 0o777, 0o600);
   } finally {
-    const pids = await debugEpochs(ports.status).then((d) => d.epochs.map((e) => e.pid), () => [] as number[]);
-    await agent.stop();
-    for (const pid of pids) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
     blocker.close();
-    dir.cleanup();
+    await agent.close();
   }
 });
 

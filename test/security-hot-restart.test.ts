@@ -8,8 +8,9 @@ import * as assert from 'uvu/assert';
 import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { debugEpochs, startAgent, waitLiveEpoch } from './helpers/agent';
-import { envoyBin, freePort, pidAlive, sleep, tempDir, waitFor } from './helpers/harness';
+import { debugEpochs, waitLiveEpoch } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, pidAlive, sleep, waitFor } from './helpers/harness';
 import { staticBootstrap } from './helpers/static-bootstrap';
 
 // One hot-restart Request{terminate} (HotRestartMessage field 1, Request field 5), 8-byte big-endian length first.
@@ -35,22 +36,14 @@ function asNobody(args: string[]): Promise<string> {
 }
 
 test('another uid cannot terminate Envoy over its hot-restart sockets; hot restart still works; the sockets go with the agent', async () => {
-  const dir = tempDir('pa-hrsock-');
-  fs.chmodSync(dir.path, 0o755); // the attacker may walk up to configPath
-  const ports = { admin: await freePort(), status: await freePort(), listen: await freePort() };
+  const agent = await agentFixture({ prefix: 'pa-hrsock-', mode: 0o755 }); // the attacker may walk up to configPath
+  const { dir } = agent;
+  const ports = { admin: agent.ports.admin, status: agent.ports.status, listen: await freePort() };
   const custom = path.join(dir.path, 'custom.json');
   fs.writeFileSync(custom, JSON.stringify(staticBootstrap(ports, 'hr')));
   const configPath = path.join(dir.path, 'proxy');
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({
-      configPath, binaryPath: envoyBin(), customConfigFile: custom, statusPort: ports.status, proxyAdminPort: ports.admin,
-      drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
-    }),
-    POD_NAME: 'hr', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
   try {
-    await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({ proxyConfig: { configPath, customConfigFile: custom }, env: { POD_NAME: 'hr' }, ready: 'live' });
     const d = await debugEpochs(ports.status);
     const scaled = d.baseId! * 10;
     const envoy0 = d.epochs[0]!.pid;
@@ -78,8 +71,7 @@ test('another uid cannot terminate Envoy over its hot-restart sockets; hot resta
     assert.is((await waitFor('agent exit', () => agent.exited, 30_000)).code, 0);
     assert.not.ok(fs.existsSync(socketDir), 'the hot-restart sockets are removed with the agent');
   } finally {
-    await agent.stop();
-    dir.cleanup();
+    await agent.close();
   }
 });
 

@@ -5,34 +5,27 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
-import * as path from 'node:path';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort } from './helpers/harness';
 import { makeCerts } from './helpers/test-certs';
 
 test('a file the bootstrap names (tracer TLS roots) is served to Envoy without any xDS config', async () => {
-  const dir = tempDir('pa-sds-boot-');
-  const certs = await makeCerts(dir.path, { ca: {} });
-  const [status, admin, zipkin] = [await freePort(), await freePort(), await freePort()];
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({
-      configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin,
-      discoveryAddress: '127.0.0.1:1', drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
-      tracing: { zipkin: { address: `127.0.0.1:${zipkin}` }, tlsSettings: { mode: 'SIMPLE', caCertificates: certs.ca!.certPath } },
-    }),
-    POD_NAME: 'app-0', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
+  const agent = await agentFixture({ prefix: 'pa-sds-boot-' });
+  const certs = await makeCerts(agent.dir.path, { ca: {} });
+  const zipkin = await freePort();
   try {
-    await waitFor('the tracer roots sent to Envoy', () => agent.log().includes(`SDS: sent file-root:${certs.ca!.certPath}@`), 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log().slice(-3000)}`); });
+    await agent.start({
+      proxyConfig: {
+        discoveryAddress: '127.0.0.1:1',
+        tracing: { zipkin: { address: `127.0.0.1:${zipkin}` }, tlsSettings: { mode: 'SIMPLE', caCertificates: certs.ca!.certPath } },
+      },
+      env: { POD_NAME: 'app-0' },
+      ready: () => agent.log().includes(`SDS: sent file-root:${certs.ca!.certPath}@`),
+    });
     assert.not.match(agent.log(), /does not reference: not served/);
     assert.ok(fs.existsSync(certs.ca!.certPath));
   } finally {
-    agent.proc.kill('SIGTERM');
-    await waitFor('agent exit', () => agent.exited, 15_000).catch(() => undefined);
-    await agent.stop();
-    dir.cleanup();
+    await agent.close();
   }
 });
 

@@ -15,8 +15,8 @@ import * as https from 'node:https';
 import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import type { TLSSocket } from 'node:tls';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, waitFor } from './helpers/harness';
 import { makeCerts } from './helpers/test-certs';
 
 const ENVOY = 1337;
@@ -51,7 +51,8 @@ function attack(socket: string, names: string[]): Promise<Map<string, string>> {
 
 test('VM recipe (root agent, ENVOY_UID=1337): Envoy gets the file certificate 1337 may read, not one whose key only root may read; uid 1337 on the SDS socket gets no unreferenced file', async () => {
   assert.is(process.getuid?.(), 0, 'this test runs as root, as CI does');
-  const dir = tempDir('pa-sds-uid-');
+  const agent = await agentFixture({ prefix: 'pa-sds-uid-' });
+  const { dir } = agent;
   fs.chmodSync(dir.path, 0o755);
   const certs = await makeCerts(dir.path, { ca: {}, ok: { ca: 'ca', hosts: ['ok.example.com'] }, bad: { ca: 'ca', hosts: ['bad.example.com'] } });
   const own = (p: string, mode: number, uid: number) => {
@@ -67,7 +68,7 @@ test('VM recipe (root agent, ENVOY_UID=1337): Envoy gets the file certificate 13
     res.end('app');
   });
   await new Promise<void>((r) => backend.listen(0, '127.0.0.1', () => r()));
-  const [servicePort, okPort, badPort, status, admin] = [await freePort(), await freePort(), await freePort(), await freePort(), await freePort()];
+  const [servicePort, okPort, badPort] = [await freePort(), await freePort(), await freePort()];
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(cfgDir);
   const server = (name: string, port: number, c: { certPath: string; keyPath: string }) => `  - port: {number: ${port}, name: ${name}, protocol: HTTPS}
@@ -99,17 +100,13 @@ spec:
   - route: [{destination: {host: app.example.local}}]
 `;
   fs.writeFileSync(path.join(cfgDir, 'gw.yaml'), config(false));
-  const agent = startAgent(['proxy', 'router', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'ingress-0', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    ENVOY_UID: String(ENVOY), ENVOY_GID: String(ENVOY),
-  }, dir.path);
-  const withLog = (e: Error) => {
-    throw new Error(`${e.message}\n${agent.log().slice(-4000)}`);
-  };
+  const { withLog } = agent;
   try {
-    await waitFor('the status port', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`, { timeoutMs: 1000 })).status > 0, 30_000).catch(withLog);
+    await agent.start({
+      args: ['proxy', 'router', '--standalone', cfgDir],
+      env: { POD_NAME: 'ingress-0', ENVOY_UID: String(ENVOY), ENVOY_GID: String(ENVOY) },
+      ready: 'listening',
+    });
     const fp = await waitFor('the file certificate uid 1337 may read, served', () => fetchTls(okPort, 'ok.example.com', certs.ca!.cert).catch(() => undefined), 30_000).catch(withLog);
     assert.is(fp, new X509Certificate(certs.ok!.cert).fingerprint256);
     const socket = path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket');
@@ -129,11 +126,8 @@ spec:
     assert.not.match(agent.log(), /PRIVATE KEY/);
     assert.is(await fetchTls(okPort, 'ok.example.com', certs.ca!.cert), fp, 'the good server is still served');
   } finally {
-    agent.proc.kill('SIGTERM');
-    await waitFor('agent exit', () => agent.exited, 15_000).catch(() => undefined);
-    await agent.stop();
     backend.close();
-    dir.cleanup();
+    await agent.close();
   }
 });
 

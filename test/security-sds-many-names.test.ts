@@ -11,8 +11,8 @@ import * as http from 'node:http';
 import * as https from 'node:https';
 import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, waitFor } from './helpers/harness';
 import { makeCerts } from './helpers/test-certs';
 
 const N = 1000;
@@ -30,7 +30,8 @@ function get(port: number, sni: string, ca: string): Promise<number> {
 }
 
 test('1000 file certificates over SDS through the real Envoy: each sent once, the agent answers within a second throughout, and released names are forgotten', async () => {
-  const dir = tempDir('pa-sds-many-');
+  const agent = await agentFixture({ prefix: 'pa-sds-many-' });
+  const { dir, ports: { status } } = agent;
   const certs = await makeCerts(dir.path, { ca: {}, w: { ca: 'ca', hosts: ['*.example.com'] } });
   const files: { cert: string; key: string }[] = [];
   for (let i = 0; i < N; i++) {
@@ -46,7 +47,7 @@ test('1000 file certificates over SDS through the real Envoy: each sent once, th
     res.end('app');
   });
   await new Promise<void>((r) => backend.listen(0, '127.0.0.1', () => r()));
-  const [servicePort, gatewayPort, status, admin] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const [servicePort, gatewayPort] = [await freePort(), await freePort()];
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(cfgDir);
   const config = (n: number) => `apiVersion: networking.istio.io/v1
@@ -77,18 +78,15 @@ spec:
   - route: [{destination: {host: app.example.local}}]
 `;
   fs.writeFileSync(path.join(cfgDir, 'gw.yaml'), config(N));
-  const agent = startAgent(['proxy', 'router', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'ingress-0', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
-  const withLog = (e: Error) => {
-    throw new Error(`${e.message}\n${agent.log().slice(-3000)}`);
-  };
+  const { withLog } = agent;
   const certsDebug = async () => JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/certs`, { timeoutMs: 1000 })).body) as { fileSecrets: { loaded: boolean }[]; watchedFiles: number };
   const pushes = async () => Number(/^istio_agent_sds_pushes_total (\d+)/m.exec((await httpRequest(`http://127.0.0.1:${status}/stats/prometheus`, { timeoutMs: 5000 })).body)?.[1] ?? -1);
   try {
-    await waitFor('the status port', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`, { timeoutMs: 1000 })).status > 0, 30_000).catch(withLog);
+    await agent.start({
+      args: ['proxy', 'router', '--standalone', cfgDir],
+      env: { POD_NAME: 'ingress-0' },
+      ready: 'listening',
+    });
     // While Envoy asks for the 1000 names, the status port keeps answering (a 2 s timeout: the machine is shared).
     let failed = 0;
     let requests = 0;
@@ -122,11 +120,8 @@ spec:
     assert.is((await certsDebug()).watchedFiles, 2, 'only the remaining certificate and key are watched');
     assert.is(await get(gatewayPort, 'h0.example.com', certs.ca!.cert), 200);
   } finally {
-    agent.proc.kill('SIGTERM');
-    await waitFor('agent exit', () => agent.exited, 15_000).catch(() => undefined);
-    await agent.stop();
     backend.close();
-    dir.cleanup();
+    await agent.close();
   }
 });
 

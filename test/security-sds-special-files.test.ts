@@ -14,8 +14,8 @@ import * as https from 'node:https';
 import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import type { TLSSocket } from 'node:tls';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, sleep, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, sleep, waitFor } from './helpers/harness';
 import { makeCerts } from './helpers/test-certs';
 
 function fetchTls(port: number, sni: string, ca: string): Promise<string> {
@@ -32,7 +32,8 @@ function fetchTls(port: number, sni: string, ca: string): Promise<string> {
 }
 
 test('SDS names that point at a FIFO, /dev/zero or a huge file are refused without wedging the agent: the status port answers, the good server is served, SIGTERM ends it', async () => {
-  const dir = tempDir('pa-sds-special-');
+  const agent = await agentFixture({ prefix: 'pa-sds-special-' });
+  const { dir, ports: { status } } = agent;
   const certs = await makeCerts(dir.path, { ca: {}, b: { ca: 'ca', hosts: ['b.example.com'] } });
   const fifo = path.join(dir.path, 'cert.fifo');
   execFileSync('mkfifo', [fifo]);
@@ -44,7 +45,7 @@ test('SDS names that point at a FIFO, /dev/zero or a huge file are refused witho
     res.end('app');
   });
   await new Promise<void>((r) => backend.listen(0, '127.0.0.1', () => r()));
-  const [servicePort, gatewayPort, badPort, status, admin] = [await freePort(), await freePort(), await freePort(), await freePort(), await freePort()];
+  const [servicePort, gatewayPort, badPort] = [await freePort(), await freePort(), await freePort()];
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(cfgDir);
   // The bad servers come once Envoy serves the good one, on a port of their own: Envoy keeps a listener warming
@@ -82,16 +83,13 @@ spec:
   - route: [{destination: {host: app.example.local}}]
 `;
   fs.writeFileSync(path.join(cfgDir, 'gw.yaml'), config(false));
-  const agent = startAgent(['proxy', 'router', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'ingress-0', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
-  const withLog = (e: Error) => {
-    throw new Error(`${e.message}\n${agent.log().slice(-4000)}`);
-  };
+  const { withLog } = agent;
   try {
-    await waitFor('the status port', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`, { timeoutMs: 1000 })).status > 0, 30_000).catch(withLog);
+    await agent.start({
+      args: ['proxy', 'router', '--standalone', cfgDir],
+      env: { POD_NAME: 'ingress-0' },
+      ready: 'listening',
+    });
     const fp = await waitFor('b.example.com served', () => fetchTls(gatewayPort, 'b.example.com', certs.ca!.cert).catch(() => undefined), 20_000).catch(withLog);
     assert.is(fp, new X509Certificate(certs.b!.cert).fingerprint256);
     fs.writeFileSync(path.join(cfgDir, 'gw.yaml'), config(true));
@@ -110,9 +108,8 @@ spec:
     const end = await waitFor('the agent to end on SIGTERM', () => agent.exited, 15_000).catch(withLog);
     assert.equal(end, { code: 0, signal: null });
   } finally {
-    await agent.stop();
     backend.close();
-    dir.cleanup();
+    await agent.close();
   }
 });
 

@@ -8,8 +8,8 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, waitFor } from './helpers/harness';
 import { startSdsEnvoy } from './helpers/sds-envoy';
 
 /** curl as uid/gid 65534: the status code and the body. */
@@ -25,23 +25,14 @@ function curlAsNobody(url: string): Promise<{ status: number; body: Buffer; at: 
 }
 
 test('uid 65534 gets an allocation profile from /debug/pprof/heap, never a key; parallel profiles are refused, not stacked', async () => {
-  const dir = tempDir('pa-sec-heap-');
+  const agent = await agentFixture({ prefix: 'pa-sec-heap-' });
+  const { dir, ports: { status } } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'web'), 'web-bootstrap-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'web-bootstrap-token', { mode: 0o600 });
-  const status = await freePort();
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(), drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'web-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'web', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
+  agent.writeTokens(cfgDir, { web: 'web-bootstrap-token' }, 'web', 0o600);
   let envoy: Awaited<ReturnType<typeof startSdsEnvoy>> | undefined;
   try {
     const base = `http://127.0.0.1:${status}`;
-    await waitFor('agent ready', async () => (await httpRequest(`${base}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({ args: ['proxy', 'sidecar', '--standalone', cfgDir], env: { POD_NAME: 'web-1', SERVICE_ACCOUNT: 'web' } });
     // An Envoy asking for the workload certificate over SDS: from then on the agent holds its key.
     envoy = await startSdsEnvoy({ sdsSocket: path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket'), inbound: { port: await freePort(), backendPort: await freePort() } });
     await waitFor('the workload certificate', async () => JSON.parse((await httpRequest(`${base}/debug/certs`)).body).certificate, 20_000, 200);
@@ -72,8 +63,7 @@ test('uid 65534 gets an allocation profile from /debug/pprof/heap, never a key; 
     for (const r of four) assert.not.match(r.body.toString('latin1'), /PRIVATE KEY/);
   } finally {
     await envoy?.stop();
-    await agent.stop();
-    dir.cleanup();
+    await agent.close();
   }
 });
 

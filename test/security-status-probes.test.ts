@@ -12,8 +12,8 @@ import * as assert from 'uvu/assert';
 import { AppProbes, type AppProber } from '../lib/app-probe';
 import { configureLogging, resetLogging } from '../lib/log';
 import { StatusServer } from '../lib/status-server';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, waitFor } from './helpers/harness';
 
 const SECRET = 'loopback-only-debug-page';
 const listen = (s: net.Server, host: string): Promise<number> => new Promise((r) => s.listen(0, host, () => r((s.address() as net.AddressInfo).port)));
@@ -102,24 +102,25 @@ test('127.0.0.6, where probes come from, is not a local admin on the status port
 });
 
 test('the real agent: a remote caller probing an app that redirects to Envoy\'s admin or the status port gets neither', async () => {
-  const dir = tempDir('pa-sec-probe-');
+  const agent = await agentFixture({ prefix: 'pa-sec-probe-' });
+  const { dir, ports: { status: statusPort, admin: adminPort } } = agent;
   fs.mkdirSync(path.join(dir.path, 'mesh'));
-  const [statusPort, adminPort, appPort2] = [await freePort(), await freePort(), await freePort()];
+  const appPort2 = await freePort();
   const redirector = http.createServer((req, res) => {
     const to = req.url === '/admin' ? `http://127.0.0.1:${adminPort}/config_dump` : `http://127.0.0.1:${statusPort}/debug/epochs`;
     res.writeHead(302, { location: to }).end();
   });
   await new Promise<void>((r) => redirector.listen(appPort2, '127.0.0.1', () => r()));
   const probe = (p: string) => ({ httpGet: { path: p, port: appPort2 }, timeoutSeconds: 2 });
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', path.join(dir.path, 'mesh')], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort, proxyAdminPort: adminPort, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'web-1', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    ISTIO_KUBE_APP_PROBERS: JSON.stringify({ '/app-health/web/livez': probe('/admin'), '/app-health/web/readyz': probe('/status') }),
-  }, dir.path);
   try {
-    await waitFor('Envoy admin', async () => (await httpRequest(`http://127.0.0.1:${adminPort}/config_dump`).catch(() => undefined))?.status === 200, 30_000, 200)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({
+      args: ['proxy', 'sidecar', '--standalone', path.join(dir.path, 'mesh')],
+      env: {
+        POD_NAME: 'web-1',
+        ISTIO_KUBE_APP_PROBERS: JSON.stringify({ '/app-health/web/livez': probe('/admin'), '/app-health/web/readyz': probe('/status') }),
+      },
+      ready: async () => (await httpRequest(`http://127.0.0.1:${adminPort}/config_dump`).catch(() => undefined))?.status === 200,
+    });
     const own = await waitFor('the status port', () => httpRequest(`http://127.0.0.1:${statusPort}/debug/epochs`).catch(() => undefined), 30_000, 200);
     assert.match(own.body, /epochs/, 'the page exists for the owner');
     const admin = await httpRequest(`http://${ext}:${statusPort}/app-health/web/livez`);
@@ -127,9 +128,8 @@ test('the real agent: a remote caller probing an app that redirects to Envoy\'s 
     const epochs = await httpRequest(`http://${ext}:${statusPort}/app-health/web/readyz`);
     assert.not.match(epochs.body, /epochs/, 'the agent\'s /debug/epochs reached a remote caller');
   } finally {
-    await agent.stop();
     await new Promise((r) => redirector.close(r));
-    dir.cleanup();
+    await agent.close();
   }
 });
 

@@ -6,34 +6,31 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
-import { envoyBin, freePort, pidAlive, tempDir, waitFor, type TempDir } from './helpers/harness';
+import { debugEpochs, type RunningAgent } from './helpers/agent';
+import { type AgentFixture, agentFixture } from './helpers/agent-fixture';
+import { freePort, pidAlive, waitFor } from './helpers/harness';
 import { staticBootstrap } from './helpers/static-bootstrap';
 
 const segment = (id: number) => `/dev/shm/envoy_shared_memory_${id * 10}`;
 const owner = (id: number) => `/dev/shm/pilot-agent-envoy-shm-owner_${id * 10}`;
 
-async function agentIn(dir: TempDir, name: string): Promise<{ agent: RunningAgent; status: number; configPath: string }> {
-  const ports = { admin: await freePort(), status: await freePort(), listen: await freePort() };
-  const custom = path.join(dir.path, `${name}.json`);
+/** An agent with its own temp dir (so another configPath) and a static bootstrap; `started` gets it first. */
+async function agentIn(started: AgentFixture[], name: string): Promise<{ agent: RunningAgent; status: number; configPath: string }> {
+  const fixture = await agentFixture({ prefix: `pa-shm-${name}-` });
+  started.push(fixture);
+  const ports = { admin: fixture.ports.admin, status: fixture.ports.status, listen: await freePort() };
+  const custom = path.join(fixture.dir.path, `${name}.json`);
   fs.writeFileSync(custom, JSON.stringify(staticBootstrap(ports, name)));
-  const configPath = path.join(dir.path, name);
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({ configPath, binaryPath: envoyBin(), customConfigFile: custom, statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: name, POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
-  await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
-  return { agent, status: ports.status, configPath };
+  const configPath = path.join(fixture.dir.path, name);
+  await fixture.start({ proxyConfig: { configPath, customConfigFile: custom }, env: { POD_NAME: name }, ready: 'live' });
+  return { agent: fixture.agent, status: ports.status, configPath };
 }
 
 test('a killed agent\'s shared memory is removed by the next agent on the host, even with another configPath; a clean exit leaves none', async () => {
-  const dir = tempDir('pa-shm-');
-  const started: RunningAgent[] = [];
+  const started: AgentFixture[] = [];
   const ids: number[] = [];
   try {
-    const a = await agentIn(dir, 'a');
-    started.push(a.agent);
+    const a = await agentIn(started, 'a');
     const d = await debugEpochs(a.status);
     const idA = d.baseId!;
     ids.push(idA);
@@ -47,8 +44,7 @@ test('a killed agent\'s shared memory is removed by the next agent on the host, 
     fs.rmSync(a.configPath, { recursive: true, force: true }); // that configPath is never used again
     assert.ok(fs.existsSync(segment(idA)), 'nobody removed it yet');
 
-    const b = await agentIn(dir, 'b');
-    started.push(b.agent);
+    const b = await agentIn(started, 'b');
     const idB = (await debugEpochs(b.status)).baseId!;
     ids.push(idB);
     assert.not.ok(fs.existsSync(segment(idA)), 'the gone agent\'s segment was removed');
@@ -60,8 +56,7 @@ test('a killed agent\'s shared memory is removed by the next agent on the host, 
     assert.is((await waitFor('b exit', () => b.agent.exited, 20_000)).code, 0);
     assert.not.ok(fs.existsSync(segment(idB)) || fs.existsSync(owner(idB)), 'a clean exit removes its segment and its record');
   } finally {
-    for (const s of started) await s.stop();
-    dir.cleanup();
+    for (const s of started) await s.close();
   }
   for (const id of ids) assert.not.ok(fs.existsSync(segment(id)) || fs.existsSync(owner(id)), `nothing left for base id ${id}`);
 });

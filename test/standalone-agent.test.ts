@@ -7,8 +7,8 @@ import * as fs from 'node:fs';
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, pidAlive, sleep, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, pidAlive, sleep, waitFor } from './helpers/harness';
 import { startLoad } from './helpers/load';
 
 function backend(name: string): Promise<{ server: http.Server; port: number }> {
@@ -54,25 +54,18 @@ spec:
 }
 
 test('standalone mode routes real traffic, follows file edits and survives hot restarts with zero failed requests', async () => {
-  const dir = tempDir('pa-standalone-');
+  const agent = await agentFixture({ prefix: 'pa-standalone-' });
+  const { dir, ports: { status } } = agent;
   const [b1, b2] = await Promise.all([backend('v1'), backend('v2')]);
   const servicePort = await freePort();
-  const status = await freePort();
-  const admin = await freePort();
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(cfgDir);
   const file = path.join(cfgDir, 'web.yaml');
   fs.writeFileSync(file, serviceYaml(servicePort, b1.port, b2.port, [100, 0]));
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir, '--log_output_level=metrics:debug'], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'web-client', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
   const url = `http://127.0.0.1:${servicePort}/`;
   let pids: number[] = [];
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({ args: ['proxy', 'sidecar', '--standalone', cfgDir, '--log_output_level=metrics:debug'], env: { POD_NAME: 'web-client' } });
     await waitFor('v1 served', async () => (await httpRequest(url)).body === 'v1', 10_000);
 
     const load = startLoad({ url, concurrency: 4, countBodies: true, maxDurationMs: 60_000 });
@@ -102,16 +95,19 @@ test('standalone mode routes real traffic, follows file edits and survives hot r
     assert.is(sockMode('discovery.sock'), '660', 'the embedded discovery socket: owner and group only');
     pids = JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/epochs`)).body).epochs.map((e: { pid: number }) => e.pid);
   } finally {
-    agent.proc.kill('SIGTERM');
-    const exit = await waitFor('agent exit', () => agent.exited, 15_000);
-    await agent.stop();
-    b1.server.close();
-    b2.server.close();
-    assert.is(exit.code, 0);
-    for (const pid of pids) assert.not.ok(pidAlive(pid));
-    const left = fs.readdirSync(path.join(dir.path, 'proxy'));
-    dir.cleanup();
-    assert.equal(left, [], 'no socket, bootstrap or base id file left behind');
+    try {
+      agent.proc.kill('SIGTERM');
+      const exit = await waitFor('agent exit', () => agent.exited, 15_000);
+      await agent.stop();
+      b1.server.close();
+      b2.server.close();
+      assert.is(exit.code, 0);
+      for (const pid of pids) assert.not.ok(pidAlive(pid));
+      const left = fs.readdirSync(path.join(dir.path, 'proxy'));
+      assert.equal(left, [], 'no socket, bootstrap or base id file left behind');
+    } finally {
+      await agent.close();
+    }
   }
 });
 

@@ -16,8 +16,8 @@ import * as path from 'node:path';
 import type { TLSSocket } from 'node:tls';
 import { CaClient } from '../lib/ca-client';
 import { SecretCache } from '../lib/secret-cache';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, waitFor } from './helpers/harness';
 import { makeCerts } from './helpers/test-certs';
 
 const b64 = (s: string) => Buffer.from(s).toString('base64');
@@ -79,7 +79,8 @@ function fetchTls(port: number, sni: string, ca: string): Promise<{ fingerprint:
 }
 
 test('a standalone gateway serves a Secret over ADS and file certificates over the agent SDS on one port, and rotates the Secret without restarting Envoy', async () => {
-  const dir = tempDir('pa-gwtls-');
+  const agent = await agentFixture({ prefix: 'pa-gwtls-' });
+  const { dir, ports: { status } } = agent;
   const certs = await makeCerts(dir.path, { ca: {}, a1: { ca: 'ca', hosts: ['a.example.com'] }, a2: { ca: 'ca', hosts: ['a.example.com'] }, b: { ca: 'ca', hosts: ['b.example.com'] } });
   const fp = (n: string) => new X509Certificate(certs[n]!.cert).fingerprint256;
   const backend = http.createServer((req, res) => {
@@ -87,22 +88,16 @@ test('a standalone gateway serves a Secret over ADS and file certificates over t
     res.end('app');
   });
   await new Promise<void>((r) => backend.listen(0, '127.0.0.1', () => r()));
-  const [servicePort, gatewayPort, status, admin] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const [servicePort, gatewayPort] = [await freePort(), await freePort()];
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(cfgDir);
   const file = path.join(cfgDir, 'gateway.yaml');
   const files = { cert: certs.b!.certPath, key: certs.b!.keyPath };
   const write = (secret: string) => fs.writeFileSync(file, config(servicePort, (backend.address() as AddressInfo).port, gatewayPort, certs[secret]!, files));
   write('a1');
-  const agent = startAgent(['proxy', 'router', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'ingress-0', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
   const ca = certs.ca!.cert;
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({ args: ['proxy', 'router', '--standalone', cfgDir], env: { POD_NAME: 'ingress-0' } });
     const a = await waitFor('a.example.com served', () => fetchTls(gatewayPort, 'a.example.com', ca).catch(() => undefined), 15_000)
       .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     assert.is(a.body, 'app');
@@ -118,29 +113,23 @@ test('a standalone gateway serves a Secret over ADS and file certificates over t
     assert.equal(await epochs(), before, 'the same Envoy serves the new certificate');
     assert.not.match(agent.log(), /BEGIN (EC )?PRIVATE KEY/, 'no key material in the agent\'s log');
   } finally {
-    agent.proc.kill('SIGTERM');
-    await waitFor('agent exit', () => agent.exited, 15_000).catch(() => undefined);
-    await agent.stop();
     backend.close();
-    dir.cleanup();
+    await agent.close();
   }
 });
 
 test('a standalone gateway ISTIO_MUTUAL server presents its workload certificate from the embedded CA and requires a client certificate of the same CA', async () => {
-  const dir = tempDir('pa-gwmtls-');
+  const agent = await agentFixture({ prefix: 'pa-gwmtls-' });
+  const { dir } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'ingress'), 'gw-token\n', { mode: 0o600 });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'client'), 'client-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'gw-token');
+  agent.writeTokens(cfgDir, { ingress: 'gw-token', client: 'client-token' }, 'ingress');
   fs.writeFileSync(path.join(dir.path, 'client-token'), 'client-token');
   const backend = http.createServer((req, res) => {
     req.resume();
     res.end(String(req.headers['x-forwarded-client-cert'] ?? 'no xfcc'));
   });
   await new Promise<void>((r) => backend.listen(0, '127.0.0.1', () => r()));
-  const [servicePort, gatewayPort, status, admin] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const [servicePort, gatewayPort] = [await freePort(), await freePort()];
   fs.writeFileSync(path.join(cfgDir, 'gw.yaml'), `apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: app, namespace: test}
@@ -168,15 +157,12 @@ spec:
   http:
   - route: [{destination: {host: app.example.local}}]
 `);
-  const agent = startAgent(['proxy', 'router', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'ingress-0', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'ingress', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
   let client: SecretCache | undefined;
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({
+      args: ['proxy', 'router', '--standalone', cfgDir],
+      env: { POD_NAME: 'ingress-0', SERVICE_ACCOUNT: 'ingress' },
+    });
     // A client workload certificate from the same embedded CA, proven with the client's token.
     const signer = new CaClient({ address: `unix:${path.join(dir.path, 'proxy', 'discovery.sock')}`, tls: false, rootCaFile: '', serverName: '', tokenFile: path.join(dir.path, 'client-token'), headers: {} });
     client = new SecretCache({ identity: 'spiffe://cluster.local/ns/test/sa/client', algorithm: { kind: 'ECDSA' }, ttlMs: 3600_000, graceRatio: 0.5, graceJitter: 0.01, signer });
@@ -209,11 +195,8 @@ spec:
     assert.is.not(refused, 'answered', 'no client certificate, no answer');
   } finally {
     await client?.close();
-    agent.proc.kill('SIGTERM');
-    await waitFor('agent exit', () => agent.exited, 15_000).catch(() => undefined);
-    await agent.stop();
     backend.close();
-    dir.cleanup();
+    await agent.close();
   }
 });
 

@@ -10,8 +10,8 @@ import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import { spawn } from 'node:child_process';
 import { DEFAULT_MAX_FILE_BYTES } from '../lib/discovery/file-source';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, pidAlive, sleep, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, pidAlive, sleep, waitFor } from './helpers/harness';
 import { manyServices } from './helpers/large-config';
 
 function webYaml(port: number, backend: number): string {
@@ -71,13 +71,14 @@ const stat = async (admin: number, name: string): Promise<number> => {
 };
 
 test('readiness probes are answered while a config at the size limit loads and reloads; a larger file is refused and Envoy keeps serving', async () => {
-  const dir = tempDir('pa-standalone-big-');
+  const agent = await agentFixture({ prefix: 'pa-standalone-big-' });
+  const { dir, ports: { status, admin } } = agent;
   const server = http.createServer((req, res) => {
     req.resume();
     res.end('web');
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const [servicePort, bigPort, status, admin] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const [servicePort, bigPort] = [await freePort(), await freePort()];
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(cfgDir);
   fs.writeFileSync(path.join(cfgDir, 'web.yaml'), webYaml(servicePort, (server.address() as AddressInfo).port));
@@ -87,16 +88,10 @@ test('readiness probes are answered while a config at the size limit loads and r
   // timeout); /healthz/ready also asks Envoy's admin, which is itself busy while it applies thousands of clusters.
   const loop = prober(`http://127.0.0.1:${status}/debug/epochs`, 2000);
   const probes = prober(`http://127.0.0.1:${status}/healthz/ready`, 5000);
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'web-client', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
   const url = `http://127.0.0.1:${servicePort}/`;
   let pids: number[] = [];
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 120_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log().slice(-3000)}`); });
+    await agent.start({ args: ['proxy', 'sidecar', '--standalone', cfgDir], env: { POD_NAME: 'web-client' }, readyTimeoutMs: 120_000 });
     await waitFor('web served', async () => (await httpRequest(url)).body === 'web', 20_000);
     const clusters = await stat(admin, 'cluster_manager.active_clusters');
     assert.ok(clusters >= big.count, `Envoy has the big file's ${big.count} clusters (${clusters})`);
@@ -134,14 +129,17 @@ test('readiness probes are answered while a config at the size limit loads and r
     assert.ok(agent.log().split('\n').every((l) => l.length < 2000), 'no huge log line');
     pids = JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/epochs`)).body).epochs.map((e: { pid: number }) => e.pid);
   } finally {
-    await Promise.all([probes.stop(), loop.stop()]);
-    agent.proc.kill('SIGTERM');
-    const exit = await waitFor('agent exit', () => agent.exited, 30_000);
-    await agent.stop();
-    server.close();
-    for (const pid of pids) assert.not.ok(pidAlive(pid));
-    dir.cleanup();
-    assert.is(exit.code, 0);
+    try {
+      await Promise.all([probes.stop(), loop.stop()]);
+      agent.proc.kill('SIGTERM');
+      const exit = await waitFor('agent exit', () => agent.exited, 30_000);
+      await agent.stop();
+      server.close();
+      for (const pid of pids) assert.not.ok(pidAlive(pid));
+      assert.is(exit.code, 0);
+    } finally {
+      await agent.close();
+    }
   }
 });
 

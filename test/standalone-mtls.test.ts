@@ -14,8 +14,8 @@ import * as assert from 'uvu/assert';
 import { CaClient } from '../lib/ca-client';
 import { SdsServer } from '../lib/sds-server';
 import { SecretCache } from '../lib/secret-cache';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, waitFor } from './helpers/harness';
 import { startSdsEnvoy, type SdsEnvoy } from './helpers/sds-envoy';
 
 const CLIENT = 'spiffe://cluster.local/ns/test/sa/client';
@@ -44,30 +44,21 @@ spec:
 `;
 
 test('two standalone sidecars talk mTLS with certificates from the embedded CA; DISABLE turns it off', async () => {
-  const dir = tempDir('pa-mtls-');
+  const agent = await agentFixture({ prefix: 'pa-mtls-' });
+  const { dir, ports: { admin } } = agent;
   const cfgDir = path.join(dir.path, 'mesh');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'test'), { recursive: true });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'client'), 'client-token\n', { mode: 0o600 });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'test', 'server'), 'server-token\n', { mode: 0o600 });
-  fs.mkdirSync(path.join(dir.path, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(dir.path, 'var/run/secrets/tokens/istio-token'), 'client-token');
+  agent.writeTokens(cfgDir, { client: 'client-token', server: 'server-token' }, 'client');
   fs.writeFileSync(path.join(dir.path, 'server-token'), 'server-token');
-  const [servicePort, inboundPort, status, admin] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const [servicePort, inboundPort] = [await freePort(), await freePort()];
   fs.writeFileSync(path.join(cfgDir, 'web.yaml'), serviceEntry(servicePort, inboundPort));
   const app = http.createServer((req, res) => {
     req.resume();
     res.end(String(req.headers['x-forwarded-client-cert'] ?? 'no xfcc'));
   });
   await new Promise<void>((r) => app.listen(0, '127.0.0.1', () => r()));
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'client-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'client', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
   let server: { cache: SecretCache; sds: SdsServer; envoy?: SdsEnvoy } | undefined;
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({ args: ['proxy', 'sidecar', '--standalone', cfgDir], env: { POD_NAME: 'client-1', SERVICE_ACCOUNT: 'client' } });
     // The server sidecar: its certificate from the same embedded CA, proven with its own token.
     const signer = new CaClient({ address: `unix:${path.join(dir.path, 'proxy', 'discovery.sock')}`, tls: false, rootCaFile: '', serverName: '', tokenFile: path.join(dir.path, 'server-token'), headers: {} });
     const cache = new SecretCache({ identity: SERVER, algorithm: { kind: 'ECDSA' }, ttlMs: 3600_000, graceRatio: 0.5, graceJitter: 0.01, signer });
@@ -104,16 +95,19 @@ test('two standalone sidecars talk mTLS with certificates from the embedded CA; 
       throw new Error(`${e.message}: last ${last}\nwarming: ${dump.slice(0, 3000)}\nactive: ${active.slice(0, 3000)}`);
     });
   } finally {
-    await server?.envoy?.stop();
-    await server?.cache.close();
-    await server?.sds.close();
-    agent.proc.kill('SIGTERM');
-    const exit = await waitFor('agent exit', () => agent.exited, 15_000);
-    await agent.stop();
-    app.closeAllConnections();
-    app.close();
-    dir.cleanup();
-    assert.is(exit.code, 0);
+    try {
+      await server?.envoy?.stop();
+      await server?.cache.close();
+      await server?.sds.close();
+      agent.proc.kill('SIGTERM');
+      const exit = await waitFor('agent exit', () => agent.exited, 15_000);
+      await agent.stop();
+      app.closeAllConnections();
+      app.close();
+      assert.is(exit.code, 0);
+    } finally {
+      await agent.close();
+    }
   }
 });
 

@@ -10,8 +10,9 @@ import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { agentBin, startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentBin } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
 
 function listen(handler: http.RequestListener): Promise<{ server: http.Server; port: number }> {
   const server = http.createServer(handler);
@@ -19,7 +20,8 @@ function listen(handler: http.RequestListener): Promise<{ server: http.Server; p
 }
 
 test('proxy --standalone --meshConfig: a zipkin default provider traces requests through Envoy', async () => {
-  const dir = tempDir('pa-standalone-tracing-');
+  const agent = await agentFixture({ prefix: 'pa-standalone-tracing-' });
+  const { dir } = agent;
   const spans: Record<string, unknown>[] = [];
   const collector = await listen((req, res) => {
     let body = '';
@@ -34,7 +36,7 @@ test('proxy --standalone --meshConfig: a zipkin default provider traces requests
     req.resume();
     res.end(JSON.stringify(req.headers));
   });
-  const [servicePort, zipkinPort, status, admin] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const [servicePort, zipkinPort] = [await freePort(), await freePort()];
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(cfgDir);
   fs.writeFileSync(path.join(cfgDir, 'services.yaml'), `apiVersion: networking.istio.io/v1
@@ -61,14 +63,12 @@ extensionProviders:
 defaultConfig:
   tracing: { sampling: 100 }
 `);
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir, '--meshConfig', meshFile], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin, drainDuration: '1s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'web-client', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({
+      args: ['proxy', 'sidecar', '--standalone', cfgDir, '--meshConfig', meshFile],
+      proxyConfig: { parentShutdownDuration: undefined },
+      env: { POD_NAME: 'web-client' },
+    });
     const get = async () => {
       const r = await httpRequest(`http://127.0.0.1:${servicePort}/traced`, { headers: { host: 'web.test.local' } });
       if (r.status !== 200) throw new Error(`status ${r.status}`);
@@ -82,12 +82,9 @@ defaultConfig:
     const span = await waitFor('spans at the collector', () => spans.find((s) => String((s.tags as Record<string, string> | undefined)?.['http.url'] ?? '').includes('/traced')), 15_000, 200);
     assert.is((span.tags as Record<string, string>)['istio.namespace'], 'test');
   } finally {
-    agent.proc.kill('SIGTERM');
-    await waitFor('agent exit', () => agent.exited, 15_000).catch(() => undefined);
-    await agent.stop();
     collector.server.close();
     backend.server.close();
-    dir.cleanup();
+    await agent.close();
   }
 });
 

@@ -10,7 +10,8 @@ import * as path from 'node:path';
 import { envoyBin, envoyShm, freePort, httpRequest, pidAlive, sleep, tempDir, waitFor, type TempDir } from './helpers/harness';
 import { startLoad } from './helpers/load';
 import { spawnSync } from 'node:child_process';
-import { agentBin, debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { agentBin, debugEpochs, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
 import { staticBootstrap } from './helpers/static-bootstrap';
 
 interface Ports {
@@ -30,8 +31,9 @@ interface Setup {
 }
 
 async function setUp(opts: { env?: Record<string, string>; proxyConfig?: Record<string, unknown>; body?: string; backendPort?: number; binaryPath?: string; statusPort?: number } = {}): Promise<Setup> {
-  const dir = tempDir('pa-sup-');
-  const ports: Ports = { admin: await freePort(), status: opts.statusPort ?? (await freePort()), listen: await freePort(), slow: opts.backendPort ?? 0 };
+  const fixture = await agentFixture({ prefix: 'pa-sup-', ports: opts.statusPort ? { status: opts.statusPort } : {} });
+  const { dir } = fixture;
+  const ports: Ports = { admin: fixture.ports.admin, status: fixture.ports.status, listen: await freePort(), slow: opts.backendPort ?? 0 };
   const custom = path.join(dir.path, 'custom.json');
   const write = (b: Record<string, unknown>) => {
     // Replace atomically, as config management tools do.
@@ -39,49 +41,25 @@ async function setUp(opts: { env?: Record<string, string>; proxyConfig?: Record<
     fs.renameSync(custom + '.tmp', custom);
   };
   write(staticBootstrap(ports, opts.body ?? 'v0', { backendPort: opts.backendPort }));
-  const proxyConfig = {
-    configPath: path.join(dir.path, 'proxy'),
-    binaryPath: opts.binaryPath ?? envoyBin(),
-    customConfigFile: custom,
-    statusPort: ports.status,
-    proxyAdminPort: ports.admin,
-    drainDuration: '1s',
-    parentShutdownDuration: '2s',
-    terminationDrainDuration: '2s',
-    ...opts.proxyConfig,
-  };
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify(proxyConfig),
-    POD_NAME: 'sup',
-    POD_NAMESPACE: 'test',
-    INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()),
-    ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    FILE_DEBOUNCE_DURATION: '50ms',
-    ...opts.env,
-  }, dir.path);
-  const cleanup = async () => {
-    // Only this agent's own Envoys (another agent may answer on a fixed port if this one failed to bind it).
-    const epochs = await debugEpochs(ports.status).then((d) => d.epochs.filter((e) => parentPid(e.pid) === agent.pid), () => []);
-    await agent.stop();
-    for (const e of epochs) if (pidAlive(e.pid)) process.kill(e.pid, 'SIGKILL');
-    dir.cleanup();
-  };
+  // SIGKILL at once, as before: these tests leave agents mid-restart. close() kills only this agent's own Envoys
+  // (another agent may answer on a fixed port if this one failed to bind it).
+  const cleanup = () => fixture.close(0);
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${ports.status}/healthz/ready`)).status === 200, 20_000);
+    await fixture.start({
+      proxyConfig: {
+        ...(opts.binaryPath ? { binaryPath: opts.binaryPath } : {}),
+        customConfigFile: custom,
+        terminationDrainDuration: '2s',
+        ...opts.proxyConfig,
+      },
+      env: { POD_NAME: 'sup', FILE_DEBOUNCE_DURATION: '50ms', ...opts.env },
+      readyTimeoutMs: 20_000,
+    });
   } catch (e) {
     await cleanup();
-    throw new Error(`${(e as Error).message}\nagent log:\n${agent.log()}`);
+    throw e;
   }
-  return { dir, ports, custom, agent, write, cleanup };
-}
-
-function parentPid(pid: number): number | undefined {
-  try {
-    return Number(fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')[1]);
-  } catch {
-    return undefined;
-  }
+  return { dir, ports, custom, agent: fixture.agent, write, cleanup };
 }
 
 const listenerBody = async (port: number) => (await httpRequest(`http://127.0.0.1:${port}/`)).body;

@@ -3,16 +3,16 @@
 // sidecar's Envoy stops routing to it (real requests, and its /clusters), routes again when it recovers, and the
 // state is re-sent after the control plane restarts. The other agent also serves an app probe and /debug/pprof/.
 
-import { type ChildProcess, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
 import type * as net from 'node:net';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { agentBin, type RunningAgent, startAgent } from './helpers/agent';
+import { type AgentFixture, agentFixture } from './helpers/agent-fixture';
+import { type DiscoveryProcess, startDiscoveryProcess } from './helpers/discovery-process';
 import { type Backend, fetchText, startBackend } from './helpers/discovery-envoy';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
 
 function meshYaml(servicePort: number, a: number, b: number): string {
   const we = (name: string, port: number) => `apiVersion: networking.istio.io/v1
@@ -34,29 +34,6 @@ ${we('vm-a', a)}---
 ${we('vm-b', b)}`;
 }
 
-interface Discovery {
-  proc: ChildProcess;
-  out(): string;
-  stop(): Promise<void>;
-}
-
-function startDiscovery(configDir: string, addr: string): Discovery {
-  const proc = spawn(agentBin(), ['discovery', '--config-dir', configDir, '--grpc-addr', addr], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
-  proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));
-  const exited = new Promise<void>((r) => proc.once('exit', () => r()));
-  return {
-    proc,
-    out: () => out,
-    async stop() {
-      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
-      const t = setTimeout(() => proc.kill('SIGKILL'), 5000);
-      await exited;
-      clearTimeout(t);
-    },
-  };
-}
 
 /** Endpoints (ports) of the VM service in an Envoy's /clusters. */
 async function endpointsSeen(adminPort: number, servicePort: number): Promise<number[]> {
@@ -68,8 +45,8 @@ async function endpointsSeen(adminPort: number, servicePort: number): Promise<nu
 test('standalone fleet: an unhealthy VM leaves the other sidecar\'s endpoints, returns, and the state survives a control-plane restart', async () => {
   const dir = tempDir('pa-vmhealth-');
   const backends: Backend[] = [];
-  const agents: RunningAgent[] = [];
-  let discovery: Discovery | undefined;
+  const agents: AgentFixture[] = [];
+  let discovery: DiscoveryProcess | undefined;
   let healthy = true;
   const app = http.createServer((_req, res) => res.writeHead(healthy ? 200 : 503).end(healthy ? 'ok' : 'draining'));
   await new Promise<void>((r) => app.listen(0, '127.0.0.1', () => r()));
@@ -86,31 +63,23 @@ test('standalone fleet: an unhealthy VM leaves the other sidecar\'s endpoints, r
     fs.mkdirSync(path.join(meshDir, 'ca', 'identities', 'test'), { recursive: true });
     fs.writeFileSync(path.join(meshDir, 'ca', 'identities', 'test', 'vm'), 'vm-token\n', { mode: 0o600 });
     const discoveryAddr = `127.0.0.1:${await freePort()}`;
-    discovery = startDiscovery(meshDir, discoveryAddr);
+    discovery = startDiscoveryProcess(meshDir, discoveryAddr);
     await waitFor('the discovery server', () => discovery!.out().includes('discovery server listening'), 20_000);
 
     const agent = async (name: string, proxyConfig: Record<string, unknown>, env: Record<string, string>) => {
-      const home = path.join(dir.path, name);
-      fs.mkdirSync(home);
+      const fixture = await agentFixture({ prefix: `pa-vmhealth-${name}-` });
+      agents.push(fixture);
+      const home = fixture.dir.path;
       if (env.SERVICE_ACCOUNT === 'vm') {
         fs.mkdirSync(path.join(home, 'var/run/secrets/tokens'), { recursive: true });
         fs.writeFileSync(path.join(home, 'var/run/secrets/tokens/istio-token'), 'vm-token\n', { mode: 0o600 });
       }
-      const ports = { status: await freePort(), admin: await freePort() };
-      const running = startAgent(['proxy', 'sidecar'], {
-        PROXY_CONFIG: JSON.stringify({
-          configPath: path.join(home, 'proxy'), binaryPath: envoyBin(), statusPort: ports.status, proxyAdminPort: ports.admin,
-          discoveryAddress: discoveryAddr, controlPlaneAuthPolicy: 'NONE', drainDuration: '1s', parentShutdownDuration: '2s',
-          terminationDrainDuration: '1s', ...proxyConfig,
-        }),
-        POD_NAME: name, POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-        ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-        ...env,
-      }, home);
-      agents.push(running);
-      await waitFor(`${name} ready`, async () => (await httpRequest(`http://127.0.0.1:${ports.status}/healthz/ready`)).status === 200, 30_000)
-        .catch((e: Error) => { throw new Error(`${e.message}\n${running.log()}`); });
-      return { ...ports, running };
+      const ports = { status: fixture.ports.status, admin: fixture.ports.admin };
+      await fixture.start({
+        proxyConfig: { discoveryAddress: discoveryAddr, controlPlaneAuthPolicy: 'NONE', ...proxyConfig },
+        env: { POD_NAME: name, ...env },
+      });
+      return { ...ports, running: fixture.agent };
     };
     await agent('vm-a', { readinessProbe: { httpGet: { path: '/healthz', port: appPort }, periodSeconds: 1, failureThreshold: 2 } }, { ISTIO_META_WORKLOAD_ENTRY: 'vm-a', SERVICE_ACCOUNT: 'vm' });
     const client = await agent('client', {}, {
@@ -141,7 +110,7 @@ test('standalone fleet: an unhealthy VM leaves the other sidecar\'s endpoints, r
 
     // A new control plane knows nothing of vm-a's health until the VM's agent re-sends it on its new stream.
     await discovery.stop();
-    discovery = startDiscovery(meshDir, discoveryAddr);
+    discovery = startDiscoveryProcess(meshDir, discoveryAddr);
     await waitFor('the re-sent health event at the new control plane', () => /WorkloadEntry test\/vm-a is unhealthy/.test(discovery!.out()), 30_000, 100)
       .catch((e: Error) => { throw new Error(`${e.message}\n${discovery!.out()}`); });
     await waitFor('the other sidecar, reconnected, without the unhealthy VM', async () => JSON.stringify(await endpointsSeen(client.admin, servicePort)) === JSON.stringify([b.port]), 20_000, 200);
@@ -152,9 +121,7 @@ test('standalone fleet: an unhealthy VM leaves the other sidecar\'s endpoints, r
     const after = a.requests;
     await waitFor('requests to reach the recovered VM', async () => (await fetchText(url)) && a.requests > after, 10_000, 20);
   } finally {
-    for (const ag of agents) ag.proc.kill('SIGTERM');
-    await Promise.all(agents.map((ag) => waitFor('agent exit', () => ag.exited, 15_000).catch(() => undefined)));
-    await Promise.all(agents.map((ag) => ag.stop()));
+    await Promise.all(agents.map((ag) => ag.close()));
     await discovery?.stop();
     await Promise.all(backends.map((x) => x.close()));
     app.closeAllConnections();

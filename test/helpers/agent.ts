@@ -22,8 +22,14 @@ export interface RunningAgent {
   stop(): Promise<void>;
 }
 
-export function startAgent(args: string[], env: Record<string, string>, cwd: string): RunningAgent {
-  const proc = spawn(agentBin(), args, { cwd, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+/**
+ * Tests start agents through agentFixture() (./agent-fixture.ts), which calls this. `prefix`: a command that execs
+ * the agent (`ip netns exec NAME`, `setpriv ...`), so that the pid is still the agent's.
+ */
+export function startAgent(args: string[], env: Record<string, string>, cwd: string, opts: { prefix?: string[] } = {}): RunningAgent {
+  const [file, ...pre] = [...(opts.prefix ?? []), agentBin()];
+  const procEnv = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/', ...env };
+  const proc = spawn(file!, [...pre, ...args], { cwd, env: procEnv, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
   proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));
