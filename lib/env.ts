@@ -213,3 +213,13 @@ export const PILOT_AGENT_V8_FLAGS = str('PILOT_AGENT_V8_FLAGS', '--semi-space-gr
 // Read by the embedded discovery server from node metadata STANDALONE_CAPTURE (every ISTIO_META_* variable becomes
 // node metadata), so a shared `pilot-agent discovery` server also tells captured and uncaptured VMs apart.
 export const ISTIO_META_STANDALONE_CAPTURE = bool('ISTIO_META_STANDALONE_CAPTURE', false, 'Standalone sidecar whose traffic istio-iptables captures: the discovery server sends Istio\'s virtualOutbound (15001) and virtualInbound (15006) listeners instead of loopback ones');
+
+// ---- WasmPlugin: the agent fetches remote Wasm modules sent over ECDS (issue 24; Go: pilot-agent, pkg/wasm) ----
+export const ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION = bool('ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION', true, 'The xDS proxy fetches the remote modules of Wasm filters sent over ECDS and gives Envoy local files (false: ECDS passes unchanged)');
+export const WASM_INSECURE_REGISTRIES = str('WASM_INSECURE_REGISTRIES', '', 'Comma-separated hosts (host or host:port; * for all) whose Wasm modules are fetched without TLS verification (OCI: also over plain HTTP)');
+export const WASM_MODULE_EXPIRY = duration('WASM_MODULE_EXPIRY', '24h', 'A cached Wasm module unused this long is removed', { maxMs: Number.MAX_SAFE_INTEGER });
+export const WASM_PURGE_INTERVAL = duration('WASM_PURGE_INTERVAL', '1h', 'How often the Wasm cache looks for expired modules');
+export const WASM_HTTP_REQUEST_TIMEOUT = duration('WASM_HTTP_REQUEST_TIMEOUT', '15s', 'Timeout of one HTTP request when fetching a Wasm module');
+export const WASM_HTTP_REQUEST_MAX_RETRIES = positiveInt('WASM_HTTP_REQUEST_MAX_RETRIES', 5, 'Attempts (as Go counts them) to fetch a Wasm module over HTTP(S) on connection errors and 5xx');
+export const ISTIO_WASM_MAX_BINARY_SIZE_BYTES = positiveInt('ISTIO_WASM_MAX_BINARY_SIZE_BYTES', 256 * 1024 * 1024, 'Largest Wasm module (bytes) the agent fetches; a larger one fails the fetch (the plugin\'s failStrategy applies)');
+export const BLOCKED_CIDRS_IN_WASM_FETCH = str('BLOCKED_CIDRS_IN_WASM_FETCH', '169.254.169.254/32,fd00:ec2::254/128,169.254.170.2/32,100.100.100.200/32', 'Comma-separated CIDRs a Wasm fetch may not connect to (checked on every resolved address and redirect; `none`: no list). The default: cloud metadata addresses');

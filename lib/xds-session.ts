@@ -9,7 +9,8 @@ import { errorMessage } from './errors';
 import { scope } from './log';
 import {
   encodeDeltaRequest, encodeSotwRequest, LISTENER_TYPE, nodeField, TYPE_PREFIX, nodeId, parseDeltaRequest, parseDeltaResponse,
-  parseSotwRequest, parseSotwResponse, sotwResources, withoutFields, type DeltaResponse, type ErrorDetail,
+  parseSotwRequest, parseSotwResponse, sotwResources, withDeltaResources, withoutFields, withSotwResources,
+  type DeltaResponse, type ErrorDetail,
 } from './xds-codec';
 import {
   DeltaSubscriptions, IssuedNonces, namesKey, SotwSubscriptions, STRIP_STALE, type Subscriptions, type XdsKind,
@@ -35,6 +36,13 @@ export interface AgentResponseMeta {
   names?: string[];
   removed?: string[];
 }
+
+/**
+ * Rewrites a type's resources before Envoy gets them, and may take its time (the ECDS Wasm fetch): the response
+ * is held meanwhile while every other response flows. Gets each resource's Any (views into the message) and
+ * returns each one's name and replacement, in order; rejects to NACK the response upstream (Envoy never sees it).
+ */
+export type ResourceRewriter = (resources: Buffer[]) => Promise<Array<{ name: string; any: Buffer }>>;
 
 /** A request the agent itself sends upstream (e.g. HealthInformation); encoded for the stream's kind. */
 export interface AgentRequest {
@@ -63,6 +71,9 @@ export interface Counters {
   bad_messages_total: number;
   /** Envoy streams refused because the proxy already served its most (XdsProxyOptions.maxStreams). */
   downstream_streams_refused_total: number;
+  /** Responses whose resources a rewriter replaced (ECDS Wasm), and those it rejected (NACKed upstream). */
+  responses_rewritten_total: number;
+  rewrite_nacks_total: number;
   /** Upstream attempts that never connected (Go: istio_agent_istiod_connection_failures). */
   upstream_dial_failures_total: number;
   /** Connected upstream streams that ended (Go: istio_agent_istiod_connection_terminations). */
@@ -75,7 +86,7 @@ export function newCounters(): Counters {
     request_bytes_to_upstream: 0, responses_from_upstream: 0, response_bytes_from_upstream: 0, responses_to_envoy: 0,
     response_bytes_to_envoy: 0, upstream_connects_total: 0, upstream_reconnects_total: 0, upstream_failures_total: 0,
     envoy_nacks_total: 0, agent_acks_total: 0, agent_nacks_total: 0, bad_messages_total: 0,
-    downstream_streams_refused_total: 0,
+    downstream_streams_refused_total: 0, responses_rewritten_total: 0, rewrite_nacks_total: 0,
     upstream_dial_failures_total: 0, upstream_terminations_total: 0,
   };
 }
@@ -87,6 +98,7 @@ export interface SessionContext {
   readonly dialTimeoutMs: number;
   readonly counters: Counters;
   handler(typeUrl: string): AgentHandler | undefined;
+  rewriter(typeUrl: string): ResourceRewriter | undefined;
   handlerTypes(): string[];
   isPrimary(s: Session): boolean;
   /** The stream sent its first request: it becomes the one that feeds the agent's handlers. */
@@ -159,6 +171,9 @@ export class Session {
   /** SotW: the last version the agent accepted per agent-handled type, re-sent on reconnect. */
   private readonly agentVersions = new Map<string, string>();
   private readonly agentChains = new Map<string, Promise<void>>();
+  /** Rewritten types: per resource name, the sequence number of the last response that carried it to Envoy. */
+  private readonly rewrittenSeq = new Map<string, number>();
+  private rewriteSeq = 0;
   /** Keys under which this stream's resources reference SDS names (dropped when the stream closes). */
   private readonly secretSources = new Set<string>();
 
@@ -406,6 +421,12 @@ export class Session {
       this.readNext(up);
       return;
     }
+    const rewriter = this.ctx.rewriter(typeUrl);
+    if (rewriter) {
+      this.rewriteAndForward(up, buf, delta, typeUrl, nonce, rewriter);
+      this.readNext(up);
+      return;
+    }
     // Before Envoy sees the response: it may open SDS streams for the names at once.
     if (SECRET_REFERENCING_TYPES.has(typeUrl)) {
       try {
@@ -415,6 +436,12 @@ export class Session {
         log.warn(`cannot read the SDS names of ${shortType(typeUrl)} ${version}: ${errorMessage(e)}`);
       }
     }
+    this.forwardToEnvoy(buf);
+    this.readNext(up);
+  }
+
+  private forwardToEnvoy(buf: Buffer): void {
+    const c = this.ctx.counters;
     c.responses_to_envoy++;
     c.response_bytes_to_envoy += buf.length;
     // Envoy reads slower than the server pushes: stop reading upstream until Envoy has taken most of it, so
@@ -428,7 +455,53 @@ export class Session {
       }
     });
     if (this.downstreamPending > DOWNSTREAM_HIGH_WATER) this.downstreamBlocked = true;
-    this.readNext(up);
+  }
+
+  /**
+   * Holds one response while the rewriter works on it (other responses, of this type too, go on); then forwards
+   * it, or NACKs it upstream as Go does (SotW: with the version Envoy last accepted). Go forwards each rewritten
+   * response when its goroutine ends, so a slow fetch can let an older response overwrite a newer one; here a
+   * resource that a later response has already brought to Envoy is left out of the earlier one, and a response
+   * left with nothing is dropped (Envoy ACKs the later one).
+   */
+  private rewriteAndForward(up: Upstream, buf: Buffer, delta: DeltaResponse | undefined, typeUrl: string, nonce: string, rewrite: ResourceRewriter): void {
+    const seq = ++this.rewriteSeq;
+    const present = delta?.resources.filter((r) => r.any);
+    const resources = present ? present.map((r) => r.any!) : sotwResources(buf);
+    void (async () => {
+      let bytes: Buffer | undefined;
+      try {
+        const out = await rewrite(resources);
+        if (out.length !== resources.length) throw new Error(`rewriter returned ${out.length} resources for ${resources.length}`);
+        if (up !== this.upstream || up.ended) return; // the reconnect's stream brings them again
+        const newer = (name: string) => (this.rewrittenSeq.get(name) ?? 0) > seq;
+        const names = present ? present.map((r) => r.name) : out.map((r) => r.name);
+        const keep = names.map((n) => !newer(n));
+        const removed = delta?.removed ?? [];
+        const kept = keep.filter(Boolean).length + removed.filter((n) => !newer(n)).length;
+        if (kept === 0 && names.length + removed.length > 0) {
+          log.debug(`${shortType(typeUrl)} nonce ${nonce} dropped: a later response already brought all its resources`);
+          return;
+        }
+        for (const n of [...names.filter((_, i) => keep[i]), ...removed.filter((n) => !newer(n))]) this.rewrittenSeq.set(n, seq);
+        bytes = delta
+          ? withDeltaResources(buf, out.map((r, i) => (keep[i] ? r.any : undefined)), (n) => this.rewrittenSeq.get(n) === seq)
+          : withSotwResources(buf, out.filter((_, i) => keep[i]).map((r) => r.any));
+      } catch (err) {
+        if (up !== this.upstream || up.ended || this.done) return;
+        this.ctx.counters.rewrite_nacks_total++;
+        const errorDetail = { code: NACK_CODE, message: errorMessage(err) };
+        log.warn(`agent rejected ${shortType(typeUrl)} (nonce ${nonce}) for Envoy's stream ${this.id}: ${errorDetail.message}`);
+        const nack = this.kind === 'sotw'
+          ? encodeSotwRequest({ typeUrl, versionInfo: this.types.get(typeUrl)?.envoy?.version, responseNonce: nonce, errorDetail })
+          : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
+        this.sendUpstream(up, typeUrl, nack);
+        return;
+      }
+      if (this.done) return;
+      this.ctx.counters.responses_rewritten_total++;
+      this.forwardToEnvoy(bytes);
+    })();
   }
 
   /** SotW: the response is every listener (cluster); Delta: each resource replaces or removes its own names. */
