@@ -492,8 +492,10 @@ export class Session {
         this.ctx.counters.rewrite_nacks_total++;
         const errorDetail = { code: NACK_CODE, message: errorMessage(err) };
         log.warn(`agent rejected ${shortType(typeUrl)} (nonce ${nonce}) for Envoy's stream ${this.id}: ${errorDetail.message}`);
-        const nack = this.kind === 'sotw'
-          ? encodeSotwRequest({ typeUrl, versionInfo: this.types.get(typeUrl)?.envoy?.version, responseNonce: nonce, errorDetail })
+        // SotW: on Envoy's latest request (its names, the version it accepted), so the server sees no change of
+        // subscription (Go sends no names, which reads as a wildcard request).
+        const nack = this.subs.kind === 'sotw'
+          ? Buffer.concat([this.subs.latest(typeUrl) ?? Buffer.alloc(0), encodeSotwRequest({ typeUrl, responseNonce: nonce, errorDetail })])
           : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
         this.sendUpstream(up, typeUrl, nack);
         return;

@@ -37,6 +37,12 @@ export class SotwSubscriptions {
     return [...this.last.keys()];
   }
 
+  /** Envoy's latest request of one type without node, nonce and error: its names and the version it accepted. */
+  latest(typeUrl: string): Buffer | undefined {
+    const l = this.last.get(typeUrl);
+    return l && withoutFields(l.raw, STRIP_SOTW);
+  }
+
   /** Envoy's latest request of each type, without nonce and error (they belong to the old stream). */
   resend(): Resend[] {
     const out: Resend[] = [];
