@@ -20,6 +20,7 @@ import type { WasmCacheOptions } from '../lib/wasm-cache';
 import { blockList } from '../lib/wasm-fetch';
 import { XdsProxy } from '../lib/xds-proxy';
 import { adsBootstrap } from './helpers/ads-bootstrap';
+import { startAgent } from './helpers/agent';
 import { CLUSTER, ControlPlane, LISTENER, NODE_ID, type Resource } from './helpers/control-plane';
 import { envoyBin, freePort, httpRequest, tempDir, waitFor, type TempDir } from './helpers/harness';
 import { ECDS, headerModule, wasmPluginResource } from './helpers/wasm-module';
@@ -366,6 +367,69 @@ test('a resource that is not a TypedExtensionConfig is NACKed upstream by the ag
     assert.is((await answer(w, (x) => x.header === 'one')).status, 200);
   } finally {
     await w.done();
+  }
+});
+
+test('the whole agent: a WasmPlugin change is applied with no new Envoy epoch; the module is in <configPath>/wasm; istio_agent_wasm_* on the status port', async () => {
+  const dir = tempDir('pa-wasm-agent-');
+  const modules = new ModuleServer();
+  await modules.start();
+  modules.files.set('/a.wasm', MODULE_A);
+  modules.files.set('/b.wasm', MODULE_B);
+  const cp = new ControlPlane();
+  await cp.start();
+  const listenPort = await freePort();
+  const status = await freePort();
+  const configPath = path.join(dir.path, 'proxy');
+  const agent = startAgent(['proxy', 'sidecar'], {
+    PROXY_CONFIG: JSON.stringify({
+      configPath, binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(),
+      discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE', drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
+    }),
+    POD_NAME: 'client-1', POD_NAMESPACE: 'ns', INSTANCE_IP: '127.0.0.1',
+    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
+    WASM_HTTP_REQUEST_MAX_RETRIES: '2',
+  }, dir.path);
+  const epochs = async () => (JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/epochs`)).body).epochs as Array<{ epoch: number; state: string }>);
+  const get = (): Promise<{ status: number; header?: string } | undefined> => new Promise((resolve) => {
+    const req = http.get(`http://127.0.0.1:${listenPort}/`, { timeout: 1000 }, (res) => {
+      res.resume();
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, header: res.headers['x-wasm'] as string | undefined }));
+    });
+    req.on('error', () => resolve(undefined));
+    req.on('timeout', () => req.destroy());
+  });
+  try {
+    await waitFor('Envoy subscribed through the agent', () => cp.requests.some((r) => r.typeUrl === CLUSTER), 20_000)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    // Delta: an empty set is never pushed, so one cluster for Envoy's CDS to finish with.
+    cp.set(CLUSTER, 'c1', [{ name: 'other', any: packAny('envoy.config.cluster.v3.Cluster', { name: 'other', type: 'STATIC', connect_timeout: { seconds: 1 } }) }]);
+    cp.set(LISTENER, 'l1', [ecdsListener(listenPort)]);
+    cp.set(ECDS, 'v1', [wasmPluginResource(PLUGIN, { url: modules.url('/a.wasm'), sha256: sha(MODULE_A), failurePolicy: 'FAIL_CLOSED' })]);
+    await waitFor('the plugin runs', async () => (await get())?.header === 'one', 20_000, 100).catch((e: Error) => {
+      const seen = cp.requests.map((q) => `${q.typeUrl.split('.').pop()} ${q.nonce} ${q.error ?? ''}`).join('\n');
+      throw new Error(`${e.message}\n${seen}\n${agent.log()}`);
+    });
+    const before = await epochs();
+    cp.set(ECDS, 'v2', [wasmPluginResource(PLUGIN, { url: modules.url('/b.wasm'), sha256: sha(MODULE_B), failurePolicy: 'FAIL_CLOSED' })]);
+    await waitFor('the changed plugin runs', async () => (await get())?.header === 'two', 20_000, 100);
+    const after = await epochs();
+    assert.equal(after.map((e) => e.epoch), [0], JSON.stringify(after));
+    assert.equal(before.map((e) => e.epoch), [0]);
+    assert.is(after[0]!.state, 'live');
+    const dirs = fs.readdirSync(path.join(configPath, 'wasm'));
+    assert.is(dirs.length, 2, 'one directory per module name (URL)');
+    const m = (await httpRequest(`http://127.0.0.1:${status}/stats/prometheus`)).body;
+    assert.match(m, /istio_agent_wasm_remote_fetch_count\{result="success"\} 2/);
+    assert.match(m, /istio_agent_wasm_config_conversion_count\{result="success"\} 2/);
+    assert.match(m, /istio_agent_wasm_cache_entries 2/);
+    assert.match(m, /istio_agent_wasm_config_conversion_duration_bucket/);
+    assert.ok(!cp.requests.some((q) => q.typeUrl === ECDS && q.error), 'no NACK');
+  } finally {
+    await agent.stop();
+    await cp.stop();
+    await modules.close();
+    dir.cleanup();
   }
 });
 
