@@ -27,6 +27,12 @@ if ! command -v curl >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; th
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl util-linux; } >&2 \
     || echo "test: could not install curl" >&2
 fi
+# The WasmPlugin tests assemble a proxy-wasm module with wabt's wat2wasm (test/helpers/wasm-module.ts also installs it).
+if ! command -v wat2wasm >/dev/null 2>&1; then
+  echo "test: installing wabt" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wabt; } >&2 \
+    || echo "test: could not install wabt" >&2
+fi
 if ! ENVOY_BIN="$(bash scripts/install-envoy.sh)"; then
   echo "test: no real Envoy could be found or installed; tests that need Envoy cannot run"
   echo "0 passed, 1 failed"; exit 1
