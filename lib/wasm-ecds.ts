@@ -90,24 +90,23 @@ export class WasmEcds implements Component {
   }
 
   /**
-   * The xDS proxy's rewriter for TypedExtensionConfig: every resource's Any -> what Envoy gets. All of a response's
-   * fetches run at once; rejects (the proxy NACKs) only for a resource Go would NACK.
+   * The xDS proxy's rewriter for TypedExtensionConfig: every resource's Any -> a promise of what Envoy gets (a
+   * cached module's resolves at once). All fetches run at once; throws (the proxy NACKs) only for a resource Go
+   * would NACK.
    */
-  readonly rewrite = async (resources: Buffer[]): Promise<Rewritten[]> => {
+  readonly rewrite = (resources: Buffer[]): Array<Promise<Rewritten>> => {
     const started = performance.now();
-    try {
-      const parsed = resources.map((any): ExtensionConfig => {
-        try {
-          return readExtensionConfig(any);
-        } catch (e) {
-          this.conversions.unmarshal_failure++;
-          throw e;
-        }
-      });
-      return await Promise.all(parsed.map((c) => this.convert(c)));
-    } finally {
-      this.durations?.observe(performance.now() - started);
-    }
+    const parsed = resources.map((any): ExtensionConfig => {
+      try {
+        return readExtensionConfig(any);
+      } catch (e) {
+        this.conversions.unmarshal_failure++;
+        throw e;
+      }
+    });
+    const out = parsed.map((c) => this.convert(c));
+    void Promise.allSettled(out).then(() => this.durations?.observe(performance.now() - started));
+    return out;
   };
 
   async close(): Promise<void> {

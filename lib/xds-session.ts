@@ -40,9 +40,10 @@ export interface AgentResponseMeta {
 /**
  * Rewrites a type's resources before Envoy gets them, and may take its time (the ECDS Wasm fetch): the response
  * is held meanwhile while every other response flows. Gets each resource's Any (views into the message) and
- * returns each one's name and replacement, in order; rejects to NACK the response upstream (Envoy never sees it).
+ * returns, in order, a promise of each one's name and replacement; throws (or a promise rejects) to NACK the
+ * response upstream (Envoy never sees it).
  */
-export type ResourceRewriter = (resources: Buffer[]) => Promise<Array<{ name: string; any: Buffer }>>;
+export type ResourceRewriter = (resources: Buffer[]) => Array<Promise<{ name: string; any: Buffer }>>;
 
 /** A request the agent itself sends upstream (e.g. HealthInformation); encoded for the stream's kind. */
 export interface AgentRequest {
@@ -458,53 +459,78 @@ export class Session {
   }
 
   /**
-   * Holds one response while the rewriter works on it (other responses, of this type too, go on); then forwards
-   * it, or NACKs it upstream as Go does (SotW: with the version Envoy last accepted). Go forwards each rewritten
-   * response when its goroutine ends, so a slow fetch can let an older response overwrite a newer one; here a
-   * resource that a later response has already brought to Envoy is left out of the earlier one, and a response
-   * left with nothing is dropped (Envoy ACKs the later one).
+   * Holds one response while the rewriter works on it (other responses, of this type too, go on), then forwards
+   * it, or NACKs it upstream as Go does. Resources that need no waiting (a cached module, not a Wasm filter) go to
+   * Envoy at once, in a response of their own with the same nonce and version, and the rest follow when they are
+   * done, so one slow module does not hold up the other plugins of the push (Go holds the whole response). Go
+   * also forwards each converted response when its goroutine ends, so a slow fetch can let an older response
+   * overwrite a newer one; here a resource that a later response has already brought to Envoy is left out of the
+   * earlier one, and a response left with nothing is dropped (Envoy ACKs the later one).
    */
   private rewriteAndForward(up: Upstream, buf: Buffer, delta: DeltaResponse | undefined, typeUrl: string, nonce: string, rewrite: ResourceRewriter): void {
     const seq = ++this.rewriteSeq;
     const present = delta?.resources.filter((r) => r.any);
     const resources = present ? present.map((r) => r.any!) : sotwResources(buf);
-    void (async () => {
-      let bytes: Buffer | undefined;
-      try {
-        const out = await rewrite(resources);
-        if (out.length !== resources.length) throw new Error(`rewriter returned ${out.length} resources for ${resources.length}`);
-        if (up !== this.upstream || up.ended) return; // the reconnect's stream brings them again
-        const newer = (name: string) => (this.rewrittenSeq.get(name) ?? 0) > seq;
-        const names = present ? present.map((r) => r.name) : out.map((r) => r.name);
-        const keep = names.map((n) => !newer(n));
-        const removed = delta?.removed ?? [];
-        const kept = keep.filter(Boolean).length + removed.filter((n) => !newer(n)).length;
-        if (kept === 0 && names.length + removed.length > 0) {
-          log.debug(`${shortType(typeUrl)} nonce ${nonce} dropped: a later response already brought all its resources`);
-          return;
-        }
-        for (const n of [...names.filter((_, i) => keep[i]), ...removed.filter((n) => !newer(n))]) this.rewrittenSeq.set(n, seq);
-        bytes = delta
-          ? withDeltaResources(buf, out.map((r, i) => (keep[i] ? r.any : undefined)), (n) => this.rewrittenSeq.get(n) === seq)
-          : withSotwResources(buf, out.filter((_, i) => keep[i]).map((r) => r.any));
-      } catch (err) {
-        if (up !== this.upstream || up.ended || this.done) return;
-        this.ctx.counters.rewrite_nacks_total++;
-        const errorDetail = { code: NACK_CODE, message: errorMessage(err) };
-        log.warn(`agent rejected ${shortType(typeUrl)} (nonce ${nonce}) for Envoy's stream ${this.id}: ${errorDetail.message}`);
-        // SotW: on Envoy's latest request (its names, the version it accepted), so the server sees no change of
-        // subscription (Go sends no names, which reads as a wildcard request).
-        const nack = this.subs.kind === 'sotw'
-          ? Buffer.concat([this.subs.latest(typeUrl) ?? Buffer.alloc(0), encodeSotwRequest({ typeUrl, responseNonce: nonce, errorDetail })])
-          : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
-        this.sendUpstream(up, typeUrl, nack);
+    const stale = () => up !== this.upstream || up.ended || this.done;
+    const nack = (err: unknown) => {
+      if (stale()) return;
+      this.ctx.counters.rewrite_nacks_total++;
+      const errorDetail = { code: NACK_CODE, message: errorMessage(err) };
+      log.warn(`agent rejected ${shortType(typeUrl)} (nonce ${nonce}) for Envoy's stream ${this.id}: ${errorDetail.message}`);
+      // SotW: on Envoy's latest request (its names, the version it accepted), so the server sees no change of
+      // subscription (Go sends no names, which reads as a wildcard request).
+      const bytes = this.subs.kind === 'sotw'
+        ? Buffer.concat([this.subs.latest(typeUrl) ?? Buffer.alloc(0), encodeSotwRequest({ typeUrl, responseNonce: nonce, errorDetail })])
+        : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
+      this.sendUpstream(up, typeUrl, bytes);
+    };
+    let pending: Array<Promise<{ name: string; any: Buffer }>>;
+    try {
+      pending = rewrite(resources);
+      if (pending.length !== resources.length) throw new Error(`rewriter returned ${pending.length} resources for ${resources.length}`);
+    } catch (err) {
+      nack(err);
+      return;
+    }
+    const out: Array<{ name: string; any: Buffer } | undefined> = new Array(resources.length);
+    const sent = new Array<boolean>(resources.length).fill(false);
+    let removalsSent = false;
+    let finished = false;
+    const emit = (ready: number[]) => {
+      if (stale()) return; // the reconnect's stream brings them again
+      const newer = (name: string) => (this.rewrittenSeq.get(name) ?? 0) > seq;
+      const name = (i: number) => (present ? present[i]!.name : out[i]!.name);
+      const keep = ready.filter((i) => !newer(name(i)));
+      for (const i of ready) sent[i] = true;
+      const removed = removalsSent ? [] : (delta?.removed ?? []).filter((n) => !newer(n));
+      const hadAny = ready.length + (removalsSent ? 0 : delta?.removed.length ?? 0) > 0;
+      removalsSent = true;
+      if (hadAny && keep.length + removed.length === 0) {
+        log.debug(`${shortType(typeUrl)} nonce ${nonce}: left out, later responses already brought its resources to Envoy`);
         return;
       }
-      if (this.done) return;
+      for (const n of [...keep.map(name), ...removed]) this.rewrittenSeq.set(n, seq);
+      const chosen = new Set(keep);
+      const bytes = delta
+        ? withDeltaResources(buf, out.map((r, i) => (chosen.has(i) ? r!.any : undefined)), (n) => removed.includes(n))
+        : withSotwResources(buf, keep.map((i) => out[i]!.any));
       this.ctx.counters.responses_rewritten_total++;
       this.forwardToEnvoy(bytes);
-    })();
+    };
+    pending.forEach((p, i) => void p.then((r) => (out[i] = r), () => undefined));
+    Promise.all(pending).then(() => {
+      finished = true;
+      const rest = out.map((_, i) => i).filter((i) => !sent[i]);
+      if (rest.length || !removalsSent) emit(rest);
+    }, nack).catch((e) => log.error(`forwarding ${shortType(typeUrl)} failed: ${errorMessage(e)}`));
+    // What needed no I/O has resolved by the next turn of the event loop: it goes now, the rest when ready.
+    setImmediate(() => {
+      if (finished) return;
+      const ready = out.map((r, i) => (r ? i : -1)).filter((i) => i >= 0);
+      if (ready.length) emit(ready);
+    });
   }
+
 
   /** SotW: the response is every listener (cluster); Delta: each resource replaces or removes its own names. */
   private noteSecretReferences(typeUrl: string, buf: Buffer, delta: DeltaResponse | undefined): void {

@@ -32,12 +32,12 @@ const MODULE_A = headerModule('x-wasm', 'one');
 const MODULE_B = headerModule('x-wasm', 'two');
 
 /** A listener whose HTTP filter chain is the ECDS filter PLUGIN (Wasm or RBAC, as istiod lists them), then a 200. */
-function ecdsListener(port: number): Resource {
+function ecdsListener(port: number, plugins: string[] = [PLUGIN]): Resource {
   const hcm = packAny('envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager', {
     stat_prefix: 'in',
     route_config: { virtual_hosts: [{ name: 'all', domains: ['*'], routes: [{ match: { prefix: '/' }, direct_response: { status: 200, body: { inline_string: 'ok' } } }] }] },
     http_filters: [
-      { name: PLUGIN, config_discovery: { config_source: { ads: {}, resource_api_version: 'V3' }, type_urls: [WASM_HTTP_TYPE, RBAC_HTTP_TYPE] } },
+      ...plugins.map((name) => ({ name, config_discovery: { config_source: { ads: {}, resource_api_version: 'V3' }, type_urls: [WASM_HTTP_TYPE, RBAC_HTTP_TYPE] } })),
       { name: 'envoy.filters.http.router', typed_config: packAny('envoy.extensions.filters.http.router.v3.Router', {}) },
     ],
   });
@@ -143,7 +143,7 @@ interface World {
   done(): Promise<void>;
 }
 
-async function world(kind: Kind, cache: Partial<WasmCacheOptions> = {}): Promise<World> {
+async function world(kind: Kind, cache: Partial<WasmCacheOptions> = {}, plugins = [PLUGIN]): Promise<World> {
   const dir = tempDir('pa-wasm-ecds-');
   const logs: string[] = [];
   configureLogging({ write: (l) => logs.push(l) });
@@ -162,7 +162,7 @@ async function world(kind: Kind, cache: Partial<WasmCacheOptions> = {}): Promise
     cleanup.push(() => cp.stop());
     const listenPort = await freePort();
     cp.set(CLUSTER, 'c1', []);
-    cp.set(LISTENER, 'l1', [ecdsListener(listenPort)]);
+    cp.set(LISTENER, 'l1', [ecdsListener(listenPort, plugins)]);
     const wasm = new WasmEcds({
       dir: path.join(dir.path, 'wasm'), moduleExpiryMs: 24 * 3600_000, purgeIntervalMs: 3600_000, httpTimeoutMs: 2_000,
       httpMaxRetries: 2, maxBytes: 1024 * 1024, insecureRegistries: new Set(), isBlocked: blockList('169.254.169.254/32'), ...cache,
@@ -186,12 +186,22 @@ async function world(kind: Kind, cache: Partial<WasmCacheOptions> = {}): Promise
 }
 
 /** The listener's answer once it serves (it warms until ECDS arrives). */
-async function answer(w: World, pred: (r: { status: number; header?: string }) => boolean = () => true): Promise<{ status: number; header?: string }> {
+interface Answer {
+  status: number;
+  /** x-wasm */
+  header?: string;
+  /** x-other */
+  other?: string;
+}
+
+async function answer(w: World, pred: (r: Answer) => boolean = () => true): Promise<Answer> {
   return waitFor('an answer through the ECDS filter', async () => {
-    const r = await new Promise<{ status: number; header?: string } | undefined>((resolve) => {
+    const r = await new Promise<Answer | undefined>((resolve) => {
       const req = http.get(w.url, { timeout: 1000 }, (res) => {
         res.resume();
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, header: res.headers['x-wasm'] as string | undefined }));
+        res.on('end', () => resolve({
+          status: res.statusCode ?? 0, header: res.headers['x-wasm'] as string | undefined, other: res.headers['x-other'] as string | undefined,
+        }));
       });
       req.on('error', () => resolve(undefined));
       req.on('timeout', () => req.destroy());
@@ -354,6 +364,41 @@ test('sotw: while a module is being fetched, other types flow (a new cluster rea
     await w.done();
   }
 });
+
+for (const kind of ['sotw', 'delta'] as const) {
+  test(`${kind}: two plugins in one push: the one whose module is cached reaches Envoy while the other is still being fetched`, async () => {
+    const w = await world(kind, {}, [PLUGIN, 'ns.second']);
+    try {
+      const other2 = headerModule('x-other', '2');
+      const other3 = headerModule('x-other', '3');
+      const three = headerModule('x-wasm', 'three');
+      w.modules.files.set('/o2.wasm', other2);
+      w.modules.files.set('/o3.wasm', other3);
+      w.modules.files.set('/three.wasm', three);
+      const push = (v: string, first: string, second: string) => w.cp.set(ECDS, v, [
+        wasmPluginResource(PLUGIN, { url: w.modules.url(first), failurePolicy: 'FAIL_CLOSED' }),
+        wasmPluginResource('ns.second', { url: w.modules.url(second), failurePolicy: 'FAIL_CLOSED' }),
+      ]);
+      push('v1', '/a.wasm', '/o2.wasm');
+      await answer(w, (x) => x.header === 'one' && x.other === '2');
+      // The second plugin's new module is already cached (an earlier push, another proxy's plugin).
+      await w.wasm.cache.get(w.modules.url('/o3.wasm'), {
+        checksum: '', resourceName: 'x', resourceVersion: '', requestTimeoutMs: 5000, pullPolicy: 'Unspecified',
+      });
+      push('v2', '/hold/three.wasm', '/o3.wasm');
+      const mid = await answer(w, (x) => x.other === '3');
+      assert.is(mid.header, 'one', 'the first plugin keeps its module while its new one is fetched');
+      assert.is(w.modules.hit('/hold/three.wasm'), 1);
+      w.modules.release();
+      const end = await answer(w, (x) => x.header === 'three');
+      assert.is(end.other, '3');
+      assert.is(ecdsNacks(w).length, 0);
+      assert.is(w.proxy.metrics().xds_proxy_envoy_nacks_total, 0);
+    } finally {
+      await w.done();
+    }
+  });
+}
 
 test('a resource that is not a TypedExtensionConfig is NACKed upstream by the agent; Envoy never sees it', async () => {
   const w = await world('sotw');
