@@ -103,7 +103,13 @@ export class WasmCache {
     } catch {
       throw new WasmFetchError('download_failure', `fail to parse Wasm module fetch url ${safeUrl(url)}`);
     }
-    const key: Key = { url, name: moduleName(url), checksum: opts.checksum, resourceName: opts.resourceName, resourceVersion: opts.resourceVersion };
+    const key: Key = {
+      url,
+      name: moduleName(url),
+      checksum: opts.checksum,
+      resourceName: opts.resourceName,
+      resourceVersion: opts.resourceVersion,
+    };
     const hit = this.lookup(key, ignoreResourceVersion(opts.pullPolicy, u));
     if (hit.entry) return hit.entry.modulePath;
     key.checksum = hit.checksum;
@@ -129,8 +135,12 @@ export class WasmCache {
     if (u.protocol === 'http:' || u.protocol === 'https:') {
       try {
         bytes = await fetchHttpModule(key.url, {
-          timeoutMs: this.o.httpTimeoutMs, maxRetries: this.o.httpMaxRetries, maxBytes: this.o.maxBytes, insecure,
-          isBlocked: this.o.isBlocked, signal,
+          timeoutMs: this.o.httpTimeoutMs,
+          maxRetries: this.o.httpMaxRetries,
+          maxBytes: this.o.maxBytes,
+          insecure,
+          isBlocked: this.o.isBlocked,
+          signal,
         });
       } catch (e) {
         this.counts.fetches.download_failure++;
@@ -141,8 +151,13 @@ export class WasmCache {
       let m;
       try {
         m = await fetchOciModule(key.url.slice(OCI_PREFIX.length), {
-          pullSecret: opts.pullSecret, insecure, timeoutMs: this.o.httpTimeoutMs, maxRetries: this.o.httpMaxRetries,
-          maxBytes: this.o.maxBytes, isBlocked: this.o.isBlocked, signal,
+          pullSecret: opts.pullSecret,
+          insecure,
+          timeoutMs: this.o.httpTimeoutMs,
+          maxRetries: this.o.httpMaxRetries,
+          maxBytes: this.o.maxBytes,
+          isBlocked: this.o.isBlocked,
+          signal,
         });
       } catch (e) {
         this.counts.fetches.manifest_failure++;
@@ -152,10 +167,17 @@ export class WasmCache {
       actual = m.manifestDigest.replace(/^sha256:/, '');
       if (!HEX64.test(actual)) {
         this.counts.fetches.manifest_failure++;
-        throw new WasmFetchError('manifest_failure', `OCI image ${safeUrl(key.url)} has manifest digest ${JSON.stringify(m.manifestDigest.slice(0, 80))}, not a sha256`);
+        throw new WasmFetchError(
+          'manifest_failure',
+          `OCI image ${safeUrl(key.url)} has manifest digest ` +
+            `${JSON.stringify(m.manifestDigest.slice(0, 80))}, not a sha256`,
+        );
       }
     } else {
-      throw new WasmFetchError('download_failure', `unsupported Wasm module downloading URL scheme: ${u.protocol.replace(/:$/, '')}`);
+      throw new WasmFetchError(
+        'download_failure',
+        `unsupported Wasm module downloading URL scheme: ${u.protocol.replace(/:$/, '')}`,
+      );
     }
     if (key.checksum === '') {
       key.checksum = actual;
@@ -163,11 +185,18 @@ export class WasmCache {
       if (again.entry) return again.entry.modulePath;
     } else if (actual !== key.checksum) {
       this.counts.fetches.checksum_mismatched++;
-      throw new WasmFetchError('checksum_mismatched', `module downloaded from ${safeUrl(key.url)} has checksum ${actual}, which does not match: ${key.checksum}`);
+      throw new WasmFetchError(
+        'checksum_mismatched',
+        `module downloaded from ${safeUrl(key.url)} has checksum ${actual}, which does not match: ${key.checksum}`,
+      );
     }
     if (bytes.length > this.o.maxBytes) {
       this.counts.fetches.download_failure++;
-      throw new WasmFetchError('download_failure', `module from ${safeUrl(key.url)} is ${bytes.length} bytes, more than ISTIO_WASM_MAX_BINARY_SIZE_BYTES (${this.o.maxBytes})`);
+      throw new WasmFetchError(
+        'download_failure',
+        `module from ${safeUrl(key.url)} is ${bytes.length} bytes, ` +
+          `more than ISTIO_WASM_MAX_BINARY_SIZE_BYTES (${this.o.maxBytes})`,
+      );
     }
     if (!isWasmBinary(bytes)) {
       this.counts.fetches.fetch_failure++;
@@ -242,7 +271,8 @@ export class WasmCache {
 
   private giveToEnvoy(p: string): void {
     const owner = this.o.owner;
-    if (owner && (owner.uid !== undefined || owner.gid !== undefined)) fs.chownSync(p, owner.uid ?? -1, owner.gid ?? -1);
+    if (owner && (owner.uid !== undefined || owner.gid !== undefined))
+      fs.chownSync(p, owner.uid ?? -1, owner.gid ?? -1);
   }
 
   /** Go's purge: modules untouched for the expiry are removed, with the checksums their URLs remembered. */
@@ -273,7 +303,8 @@ function removeEarlierModules(dir: string): void {
   for (const d of fs.readdirSync(dir, { withFileTypes: true })) {
     if (!d.isDirectory() || !HEX64.test(d.name)) continue;
     const sub = path.join(dir, d.name);
-    for (const f of fs.readdirSync(sub)) if (/^[0-9a-f]{64}\.wasm(\.\d+\.tmp)?$/.test(f)) fs.rmSync(path.join(sub, f), { force: true });
+    for (const f of fs.readdirSync(sub))
+      if (/^[0-9a-f]{64}\.wasm(\.\d+\.tmp)?$/.test(f)) fs.rmSync(path.join(sub, f), { force: true });
     try {
       fs.rmdirSync(sub);
     } catch {

@@ -31,21 +31,35 @@ export const ALLOW_STAT_PREFIX = 'wasm-default-allow';
 export const DENY_STAT_PREFIX = 'wasm-default-deny';
 
 export type PullPolicy = 'Unspecified' | 'IfNotPresent' | 'Always';
-const PULL_POLICIES: Record<string, PullPolicy> = { UNSPECIFIED_POLICY: 'Unspecified', IfNotPresent: 'IfNotPresent', Always: 'Always' };
+const PULL_POLICIES: Record<string, PullPolicy> = {
+  UNSPECIFIED_POLICY: 'Unspecified',
+  IfNotPresent: 'IfNotPresent',
+  Always: 'Always',
+};
 
 // Field numbers (envoy/config/core/v3, envoy/extensions/wasm/v3, google/protobuf).
-const ANY_TYPE = 1, ANY_VALUE = 2;
-const TEC_NAME = 1, TEC_TYPED_CONFIG = 2;
+const ANY_TYPE = 1,
+  ANY_VALUE = 2;
+const TEC_NAME = 1,
+  TEC_TYPED_CONFIG = 2;
 const WASM_CONFIG = 1; // http and network Wasm: PluginConfig config = 1
-const PC_NAME = 1, PC_VM_CONFIG = 3, PC_FAIL_OPEN = 5, PC_FAILURE_POLICY = 7;
-const VM_CODE = 3, VM_ENV = 7;
+const PC_NAME = 1,
+  PC_VM_CONFIG = 3,
+  PC_FAIL_OPEN = 5,
+  PC_FAILURE_POLICY = 7;
+const VM_CODE = 3,
+  VM_ENV = 7;
 const ENV_KEY_VALUES = 2;
-const ADS_LOCAL = 1, ADS_REMOTE = 2;
+const ADS_LOCAL = 1,
+  ADS_REMOTE = 2;
 const DS_FILENAME = 1;
-const RDS_HTTP_URI = 1, RDS_SHA256 = 2;
-const URI_URI = 1, URI_TIMEOUT = 3;
+const RDS_HTTP_URI = 1,
+  RDS_SHA256 = 2;
+const URI_URI = 1,
+  URI_TIMEOUT = 3;
 const FAILURE_POLICY_FAIL_OPEN = 3;
-const WT_VARINT = 0, WT_LEN = 2;
+const WT_VARINT = 0,
+  WT_LEN = 2;
 
 interface Field {
   field: number;
@@ -60,10 +74,20 @@ interface Field {
 function fieldsOf(buf: Buffer, what: string): Field[] {
   const out: Field[] = [];
   let from = 0;
-  forEachField(buf, (field, wt, b, s, e, varint) => {
-    out.push({ field, wt, raw: b.subarray(from, e), value: wt === WT_LEN ? b.subarray(s, e) : b.subarray(e, e), varint });
-    from = e;
-  }, what);
+  forEachField(
+    buf,
+    (field, wt, b, s, e, varint) => {
+      out.push({
+        field,
+        wt,
+        raw: b.subarray(from, e),
+        value: wt === WT_LEN ? b.subarray(s, e) : b.subarray(e, e),
+        varint,
+      });
+      from = e;
+    },
+    what,
+  );
   return out;
 }
 
@@ -146,7 +170,8 @@ export type ExtensionConfig =
 export function readExtensionConfig(any: Buffer): ExtensionConfig {
   const outer = fieldsOf(any, 'google.protobuf.Any');
   const outerType = lenValue(outer, ANY_TYPE)?.toString('utf8') ?? '';
-  if (outerType !== EXTENSION_CONFIG_TYPE) throw bad(`ECDS resource has type ${JSON.stringify(outerType)}, want ${EXTENSION_CONFIG_TYPE}`);
+  if (outerType !== EXTENSION_CONFIG_TYPE)
+    throw bad(`ECDS resource has type ${JSON.stringify(outerType)}, want ${EXTENSION_CONFIG_TYPE}`);
   const tecBytes = lenValue(outer, ANY_VALUE) ?? Buffer.alloc(0);
   const tec = fieldsOf(tecBytes, 'TypedExtensionConfig');
   const name = lenValue(tec, TEC_NAME)?.toString('utf8') ?? '';
@@ -246,7 +271,10 @@ export function standInFilter(name: string, network: boolean, allow: boolean): B
   const rules = allow ? Buffer.alloc(0) : lenField(1, Buffer.alloc(0)); // rules = 1 in both RBAC filters
   // http RBAC: rules_stat_prefix = 6; network RBAC: stat_prefix = 3.
   const rbac = Buffer.concat([rules, lenField(network ? 3 : 6, prefix)]);
-  const typed = Buffer.concat([lenField(ANY_TYPE, network ? RBAC_NETWORK_TYPE : RBAC_HTTP_TYPE), lenField(ANY_VALUE, rbac)]);
+  const typed = Buffer.concat([
+    lenField(ANY_TYPE, network ? RBAC_NETWORK_TYPE : RBAC_HTTP_TYPE),
+    lenField(ANY_VALUE, rbac),
+  ]);
   const tec = Buffer.concat([lenField(TEC_NAME, name), lenField(TEC_TYPED_CONFIG, typed)]);
   return Buffer.concat([lenField(ANY_TYPE, EXTENSION_CONFIG_TYPE), lenField(ANY_VALUE, tec)]);
 }

@@ -27,11 +27,19 @@ const log = scope('wasm');
 const DEFAULT_FETCH_DEADLINE_MS = 5_000;
 const CONVERSION_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384];
 
-type ConversionResult = 'success' | 'no_remote_load' | 'marshal_failure' | 'unmarshal_failure' | 'fetch_failure' | 'miss_remote_fetch_hint';
+type ConversionResult =
+  'success' | 'no_remote_load' | 'marshal_failure' | 'unmarshal_failure' | 'fetch_failure' | 'miss_remote_fetch_hint';
 
 /** The cache's settings from the agent's environment (Go: pilot-agent's WASM_* and ISTIO_WASM_* variables). */
-export function wasmCacheOptions(env: envs.Env, configPath: string, owner?: WasmCacheOptions['owner']): WasmCacheOptions {
-  const insecure = envs.WASM_INSECURE_REGISTRIES.get(env).split(',').map((s) => s.trim()).filter(Boolean);
+export function wasmCacheOptions(
+  env: envs.Env,
+  configPath: string,
+  owner?: WasmCacheOptions['owner'],
+): WasmCacheOptions {
+  const insecure = envs.WASM_INSECURE_REGISTRIES.get(env)
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   let isBlocked: (a: string) => boolean;
   try {
     isBlocked = blockList(envs.BLOCKED_CIDRS_IN_WASM_FETCH.get(env));
@@ -64,7 +72,12 @@ export class WasmEcds implements Component {
   private resolveClosed!: (e: Error | undefined) => void;
   private cacheOrUndefined: WasmCache | undefined;
   private readonly conversions: Record<ConversionResult, number> = {
-    success: 0, no_remote_load: 0, marshal_failure: 0, unmarshal_failure: 0, fetch_failure: 0, miss_remote_fetch_hint: 0,
+    success: 0,
+    no_remote_load: 0,
+    marshal_failure: 0,
+    unmarshal_failure: 0,
+    fetch_failure: 0,
+    miss_remote_fetch_hint: 0,
   };
   private durations: Histogram | undefined;
   /** Per plugin, the failure last logged: the same one again is not. */
@@ -121,7 +134,8 @@ export class WasmEcds implements Component {
   private async convert(c: ExtensionConfig): Promise<Rewritten> {
     if (c.kind === 'passthrough') {
       this.conversions.no_remote_load++;
-      if (c.why === 'typed_struct') this.logFailure(c.name, 'a TypedStruct extension config is passed to Envoy unconverted', 'debug');
+      if (c.why === 'typed_struct')
+        this.logFailure(c.name, 'a TypedStruct extension config is passed to Envoy unconverted', 'debug');
       return { name: c.name, any: c.any };
     }
     const w = c.wasm;
@@ -142,14 +156,19 @@ export class WasmEcds implements Component {
       });
       const any = c.withLocalFile(file);
       this.conversions.success++;
-      if (this.failing.delete(c.name)) log.info(`Wasm plugin ${c.name}: module from ${safeUrl(w.url)} fetched, the plugin runs again`);
+      if (this.failing.delete(c.name))
+        log.info(`Wasm plugin ${c.name}: module from ${safeUrl(w.url)} fetched, the plugin runs again`);
       return { name: c.name, any };
     } catch (e) {
       this.conversions[result]++;
       const fallback = w.failOpen ? 'allow-all' : 'deny-all';
       const where = w.url === undefined ? '' : ` from ${safeUrl(w.url)}`;
       const why = e instanceof WasmFetchError ? `${e.result}: ${e.message}` : errorMessage(e);
-      this.logFailure(c.name, `cannot fetch the Wasm module${where} (${why}); Envoy gets the ${fallback} stand-in (failStrategy ${w.failOpen ? 'FAIL_OPEN' : 'FAIL_CLOSE'})`);
+      this.logFailure(
+        c.name,
+        `cannot fetch the Wasm module${where} (${why}); Envoy gets the ${fallback} stand-in ` +
+          `(failStrategy ${w.failOpen ? 'FAIL_OPEN' : 'FAIL_CLOSE'})`,
+      );
       return { name: c.name, any: c.standIn() };
     }
   }
@@ -167,13 +186,18 @@ export class WasmEcds implements Component {
     const self = this;
     const conv = this.conversions;
     new Gauge({
-      name: 'istio_agent_wasm_cache_entries', help: 'number of Wasm remote fetch cache entries.', registers: [registry],
+      name: 'istio_agent_wasm_cache_entries',
+      help: 'number of Wasm remote fetch cache entries.',
+      registers: [registry],
       collect() {
         this.set(self.cacheOrUndefined?.entries ?? 0);
       },
     });
     new Counter({
-      name: 'istio_agent_wasm_cache_lookup_count', help: 'number of Wasm remote fetch cache lookups.', labelNames: ['hit'], registers: [registry],
+      name: 'istio_agent_wasm_cache_lookup_count',
+      help: 'number of Wasm remote fetch cache lookups.',
+      labelNames: ['hit'],
+      registers: [registry],
       collect() {
         this.reset();
         const lookups = self.cacheOrUndefined?.counts.lookups;
@@ -183,16 +207,21 @@ export class WasmEcds implements Component {
     new Counter({
       name: 'istio_agent_wasm_remote_fetch_count',
       help: 'number of Wasm remote fetches and results, including success, download failure, and checksum mismatch.',
-      labelNames: ['result'], registers: [registry],
+      labelNames: ['result'],
+      registers: [registry],
       collect() {
         this.reset();
-        for (const [result, n] of Object.entries(self.cacheOrUndefined?.counts.fetches ?? {})) if (n) this.inc({ result }, n);
+        for (const [result, n] of Object.entries(self.cacheOrUndefined?.counts.fetches ?? {}))
+          if (n) this.inc({ result }, n);
       },
     });
     new Counter({
       name: 'istio_agent_wasm_config_conversion_count',
-      help: 'number of Wasm config conversions and results, including success, no remote load, marshal failure, remote fetch failure, miss remote fetch hint.',
-      labelNames: ['result'], registers: [registry],
+      help:
+        'number of Wasm config conversions and results, including success, no remote load, marshal failure, ' +
+        'remote fetch failure, miss remote fetch hint.',
+      labelNames: ['result'],
+      registers: [registry],
       collect() {
         this.reset();
         for (const [result, n] of Object.entries(conv)) if (n) this.inc({ result }, n);
@@ -201,13 +230,20 @@ export class WasmEcds implements Component {
     this.durations = new Histogram({
       name: 'istio_agent_wasm_config_conversion_duration',
       help: 'Total time in milliseconds istio-agent spends on converting remote load in Wasm config.',
-      buckets: CONVERSION_BUCKETS, registers: [registry],
+      buckets: CONVERSION_BUCKETS,
+      registers: [registry],
     });
   }
 
   /** For /debug: what the cache holds and which plugins are failing. */
   debugState(): Record<string, unknown> {
     const c = this.cacheOrUndefined;
-    return { dir: this.opts.dir, cacheEntries: c?.entries ?? 0, counts: c?.counts, conversions: this.conversions, failing: Object.fromEntries(this.failing) };
+    return {
+      dir: this.opts.dir,
+      cacheEntries: c?.entries ?? 0,
+      counts: c?.counts,
+      conversions: this.conversions,
+      failing: Object.fromEntries(this.failing),
+    };
   }
 }

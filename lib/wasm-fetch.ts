@@ -37,7 +37,12 @@ const WASM_MAGIC = Buffer.from([0x00, 0x61, 0x73, 0x6d]);
 export type FetchFailure = 'download_failure' | 'manifest_failure' | 'checksum_mismatched' | 'fetch_failure';
 
 export class WasmFetchError extends AgentError {
-  constructor(readonly result: FetchFailure, message: string, readonly retryable = false, cause?: unknown) {
+  constructor(
+    readonly result: FetchFailure,
+    message: string,
+    readonly retryable = false,
+    cause?: unknown,
+  ) {
     super('UPSTREAM', message, cause);
   }
 }
@@ -49,11 +54,15 @@ export class WasmFetchError extends AgentError {
 export function blockList(text: string): (address: string) => boolean {
   const list = new net.BlockList();
   if (text.trim() !== 'none') {
-    for (const part of text.split(',').map((p) => p.trim()).filter(Boolean)) {
+    for (const part of text
+      .split(',')
+      .map((p) => p.trim())
+      .filter(Boolean)) {
       const m = /^([^/]+)\/(\d+)$/.exec(part);
       const family = m ? net.isIP(m[1]!) : 0;
       const bits = m ? Number(m[2]) : -1;
-      if (!m || !family || bits > (family === 4 ? 32 : 128)) throw new Error(`${JSON.stringify(part)} is not a CIDR (a.b.c.d/n or an IPv6 prefix)`);
+      if (!m || !family || bits > (family === 4 ? 32 : 128))
+        throw new Error(`${JSON.stringify(part)} is not a CIDR (a.b.c.d/n or an IPv6 prefix)`);
       list.addSubnet(m[1]!, bits, family === 4 ? 'ipv4' : 'ipv6');
     }
   }
@@ -82,7 +91,10 @@ export async function fetchHttpModule(url: string, o: HttpFetchOptions): Promise
     }
   }
   if (o.signal?.aborted) {
-    throw new WasmFetchError('download_failure', `wasm module download from ${safeUrl(url)} timed out (last error: ${last?.message ?? 'none'})`);
+    throw new WasmFetchError(
+      'download_failure',
+      `wasm module download from ${safeUrl(url)} timed out (last error: ${last?.message ?? 'none'})`,
+    );
   }
   throw new WasmFetchError(last!.result, `wasm module download from ${safeUrl(url)} failed: ${last!.message}`);
 }
@@ -130,7 +142,9 @@ function getOnce(url: string, o: HttpFetchOptions): Promise<Once> {
     return Promise.reject(new WasmFetchError('download_failure', `${safeUrl(url)} is not a URL`));
   }
   if (u.protocol !== 'http:' && u.protocol !== 'https:') {
-    return Promise.reject(new WasmFetchError('download_failure', `unsupported URL scheme ${u.protocol} (${safeUrl(url)})`));
+    return Promise.reject(
+      new WasmFetchError('download_failure', `unsupported URL scheme ${u.protocol} (${safeUrl(url)})`),
+    );
   }
   const host = u.hostname.replace(/^\[|\]$/g, '');
   // An IP literal never goes through lookup(): check it here.
@@ -143,61 +157,85 @@ function getOnce(url: string, o: HttpFetchOptions): Promise<Once> {
       const list = addresses as dns.LookupAddress[];
       const blocked = list.find((a) => o.isBlocked(a.address));
       if (blocked) {
-        const e = new WasmFetchError('download_failure', `${hostname} resolves to ${blocked.address}, which is in BLOCKED_CIDRS_IN_WASM_FETCH`);
+        const e = new WasmFetchError(
+          'download_failure',
+          `${hostname} resolves to ${blocked.address}, which is in BLOCKED_CIDRS_IN_WASM_FETCH`,
+        );
         return cb(e as unknown as NodeJS.ErrnoException, '', 0);
       }
-      if ((options as { all?: boolean }).all) return (cb as unknown as (e: null, a: dns.LookupAddress[]) => void)(null, list);
+      if ((options as { all?: boolean }).all)
+        return (cb as unknown as (e: null, a: dns.LookupAddress[]) => void)(null, list);
       cb(null, list[0]!.address, list[0]!.family);
     });
   };
   return new Promise<Once>((resolve, reject) => {
     const mod = u.protocol === 'https:' ? https : http;
-    const req = mod.request(u, {
-      method: 'GET',
-      lookup,
-      agent: false,
-      rejectUnauthorized: !o.insecure,
-      signal: o.signal,
-      headers: { 'user-agent': 'pilot-agent-ts wasm fetch', accept: '*/*' },
-    }, (res) => {
-      const status = res.statusCode ?? 0;
-      if ([301, 302, 303, 307, 308].includes(status) && res.headers.location) {
-        res.resume();
-        try {
-          resolve({ kind: 'redirect', location: new URL(res.headers.location, u).toString() });
-        } catch {
-          reject(new WasmFetchError('download_failure', `redirect to a bad location from ${safeUrl(u.toString())}`));
-        }
-        return;
-      }
-      if (status !== 200) {
-        res.resume();
-        const retry = status >= 500 && status !== 501 && status !== 505 && status !== 511;
-        reject(new WasmFetchError('download_failure', `status code ${status}`, retry));
-        return;
-      }
-      const declared = Number(res.headers['content-length']);
-      if (Number.isFinite(declared) && declared > o.maxBytes) {
-        res.destroy();
-        reject(new WasmFetchError('download_failure', `module is ${declared} bytes, more than ISTIO_WASM_MAX_BINARY_SIZE_BYTES (${o.maxBytes})`));
-        return;
-      }
-      const chunks: Buffer[] = [];
-      let n = 0;
-      res.on('data', (c: Buffer) => {
-        n += c.length;
-        if (n > o.maxBytes) {
-          res.destroy();
-          reject(new WasmFetchError('download_failure', `module is more than ISTIO_WASM_MAX_BINARY_SIZE_BYTES (${o.maxBytes}) bytes`));
+    const req = mod.request(
+      u,
+      {
+        method: 'GET',
+        lookup,
+        agent: false,
+        rejectUnauthorized: !o.insecure,
+        signal: o.signal,
+        headers: { 'user-agent': 'pilot-agent-ts wasm fetch', accept: '*/*' },
+      },
+      (res) => {
+        const status = res.statusCode ?? 0;
+        if ([301, 302, 303, 307, 308].includes(status) && res.headers.location) {
+          res.resume();
+          try {
+            resolve({ kind: 'redirect', location: new URL(res.headers.location, u).toString() });
+          } catch {
+            reject(new WasmFetchError('download_failure', `redirect to a bad location from ${safeUrl(u.toString())}`));
+          }
           return;
         }
-        chunks.push(c);
-      });
-      res.on('end', () => resolve({ kind: 'body', body: Buffer.concat(chunks) }));
-      res.on('error', (e) => reject(new WasmFetchError('download_failure', `reading the body: ${errorMessage(e)}`, true, e)));
-    });
-    req.setTimeout(o.timeoutMs, () => req.destroy(new WasmFetchError('download_failure', `no answer within ${o.timeoutMs} ms`, true)));
-    req.on('error', (e) => reject(e instanceof WasmFetchError ? e : new WasmFetchError('download_failure', errorMessage(e), true, e)));
+        if (status !== 200) {
+          res.resume();
+          const retry = status >= 500 && status !== 501 && status !== 505 && status !== 511;
+          reject(new WasmFetchError('download_failure', `status code ${status}`, retry));
+          return;
+        }
+        const declared = Number(res.headers['content-length']);
+        if (Number.isFinite(declared) && declared > o.maxBytes) {
+          res.destroy();
+          reject(
+            new WasmFetchError(
+              'download_failure',
+              `module is ${declared} bytes, more than ISTIO_WASM_MAX_BINARY_SIZE_BYTES (${o.maxBytes})`,
+            ),
+          );
+          return;
+        }
+        const chunks: Buffer[] = [];
+        let n = 0;
+        res.on('data', (c: Buffer) => {
+          n += c.length;
+          if (n > o.maxBytes) {
+            res.destroy();
+            reject(
+              new WasmFetchError(
+                'download_failure',
+                `module is more than ISTIO_WASM_MAX_BINARY_SIZE_BYTES (${o.maxBytes}) bytes`,
+              ),
+            );
+            return;
+          }
+          chunks.push(c);
+        });
+        res.on('end', () => resolve({ kind: 'body', body: Buffer.concat(chunks) }));
+        res.on('error', (e) =>
+          reject(new WasmFetchError('download_failure', `reading the body: ${errorMessage(e)}`, true, e)),
+        );
+      },
+    );
+    req.setTimeout(o.timeoutMs, () =>
+      req.destroy(new WasmFetchError('download_failure', `no answer within ${o.timeoutMs} ms`, true)),
+    );
+    req.on('error', (e) =>
+      reject(e instanceof WasmFetchError ? e : new WasmFetchError('download_failure', errorMessage(e), true, e)),
+    );
     req.end();
   });
 }

@@ -362,7 +362,9 @@ export function withSotwResources(buf: Buffer, anys: readonly Buffer[]): Buffer 
  * A DeltaDiscoveryResponse whose n-th Resource that carries an Any gets `anys[n]` instead (undefined: that Resource
  * is left out), and whose removed names are those `keepRemoved` keeps; every other byte as it came.
  */
-export function withDeltaResources(buf: Buffer, anys: ReadonlyArray<Buffer | undefined>, keepRemoved: (name: string) => boolean): Buffer {
+export function withDeltaResources(
+  buf: Buffer, anys: ReadonlyArray<Buffer | undefined>, keepRemoved: (name: string) => boolean,
+): Buffer {
   const parts: Buffer[] = [];
   let from = 0;
   let n = 0;

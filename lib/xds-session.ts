@@ -406,7 +406,8 @@ export class Session {
         ({ typeUrl, systemVersionInfo: version, nonce } = r);
         count = r.resources.length;
         removed = r.removed.length;
-        if (typeUrl && !this.ctx.handler(typeUrl)) this.subs.recordResponse(r);
+        // A rewritten type's response is recorded as its parts reach Envoy (rewriteAndForward).
+        if (typeUrl && !this.ctx.handler(typeUrl) && !this.ctx.rewriter(typeUrl)) this.subs.recordResponse(r);
       }
       if (!typeUrl) throw new Error('no type_url');
     } catch (e) {
@@ -467,7 +468,9 @@ export class Session {
    * overwrite a newer one; here a resource that a later response has already brought to Envoy is left out of the
    * earlier one, and a response left with nothing is dropped (Envoy ACKs the later one).
    */
-  private rewriteAndForward(up: Upstream, buf: Buffer, delta: DeltaResponse | undefined, typeUrl: string, nonce: string, rewrite: ResourceRewriter): void {
+  private rewriteAndForward(
+    up: Upstream, buf: Buffer, delta: DeltaResponse | undefined, typeUrl: string, nonce: string, rewrite: ResourceRewriter,
+  ): void {
     const seq = ++this.rewriteSeq;
     const present = delta?.resources.filter((r) => r.any);
     const resources = present ? present.map((r) => r.any!) : sotwResources(buf);
@@ -476,18 +479,23 @@ export class Session {
       if (stale()) return;
       this.ctx.counters.rewrite_nacks_total++;
       const errorDetail = { code: NACK_CODE, message: errorMessage(err) };
-      log.warn(`agent rejected ${shortType(typeUrl)} (nonce ${nonce}) for Envoy's stream ${this.id}: ${errorDetail.message}`);
+      log.warn(`agent rejected ${shortType(typeUrl)} (nonce ${nonce}) for Envoy's stream ${this.id}: `
+        + errorDetail.message);
       // SotW: on Envoy's latest request (its names, the version it accepted), so the server sees no change of
       // subscription (Go sends no names, which reads as a wildcard request).
       const bytes = this.subs.kind === 'sotw'
-        ? Buffer.concat([this.subs.latest(typeUrl) ?? Buffer.alloc(0), encodeSotwRequest({ typeUrl, responseNonce: nonce, errorDetail })])
+        ? Buffer.concat([
+          this.subs.latest(typeUrl) ?? Buffer.alloc(0), encodeSotwRequest({ typeUrl, responseNonce: nonce, errorDetail }),
+        ])
         : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
       this.sendUpstream(up, typeUrl, bytes);
     };
     let pending: Array<Promise<{ name: string; any: Buffer }>>;
     try {
       pending = rewrite(resources);
-      if (pending.length !== resources.length) throw new Error(`rewriter returned ${pending.length} resources for ${resources.length}`);
+      if (pending.length !== resources.length) {
+        throw new Error(`rewriter returned ${pending.length} resources for ${resources.length}`);
+      }
     } catch (err) {
       nack(err);
       return;
@@ -506,11 +514,14 @@ export class Session {
       const hadAny = ready.length + (removalsSent ? 0 : delta?.removed.length ?? 0) > 0;
       removalsSent = true;
       if (hadAny && keep.length + removed.length === 0) {
-        log.debug(`${shortType(typeUrl)} nonce ${nonce}: left out, later responses already brought its resources to Envoy`);
+        log.debug(`${shortType(typeUrl)} nonce ${nonce}: left out, later responses brought its resources to Envoy`);
         return;
       }
       for (const n of [...keep.map(name), ...removed]) this.rewrittenSeq.set(n, seq);
       const chosen = new Set(keep);
+      if (delta && this.subs.kind === 'delta') {
+        this.subs.recordResponse({ ...delta, resources: present!.filter((_, i) => chosen.has(i)), removed });
+      }
       const bytes = delta
         ? withDeltaResources(buf, out.map((r, i) => (chosen.has(i) ? r!.any : undefined)), (n) => removed.includes(n))
         : withSotwResources(buf, keep.map((i) => out[i]!.any));

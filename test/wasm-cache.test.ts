@@ -19,7 +19,8 @@ import { tempDir } from './helpers/harness';
 import { wasmPluginResource } from './helpers/wasm-module';
 
 // A minimal valid Wasm header (magic + version) plus a marker, enough for the cache's check.
-const wasmBytes = (marker: string) => Buffer.concat([Buffer.from([0, 0x61, 0x73, 0x6d, 1, 0, 0, 0]), Buffer.from(marker)]);
+const wasmBytes = (marker: string) =>
+  Buffer.concat([Buffer.from([0, 0x61, 0x73, 0x6d, 1, 0, 0, 0]), Buffer.from(marker)]);
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
 interface Server {
@@ -41,23 +42,38 @@ async function server(): Promise<Server> {
   await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
   const port = (s.address() as AddressInfo).port;
   return {
-    url: (p) => `http://127.0.0.1:${port}${p}`, hits, routes,
-    close: () => new Promise<void>((r) => {
-      s.closeAllConnections();
-      s.close(() => r());
-    }),
+    url: (p) => `http://127.0.0.1:${port}${p}`,
+    hits,
+    routes,
+    close: () =>
+      new Promise<void>((r) => {
+        s.closeAllConnections();
+        s.close(() => r());
+      }),
   };
 }
 
 function cache(dir: string, over: Partial<ConstructorParameters<typeof WasmCache>[0]> = {}): WasmCache {
   return new WasmCache({
-    dir, moduleExpiryMs: 60_000, purgeIntervalMs: 3600_000, httpTimeoutMs: 1000, httpMaxRetries: 3, maxBytes: 1 << 20,
-    insecureRegistries: new Set(), isBlocked: blockList('none'), ...over,
+    dir,
+    moduleExpiryMs: 60_000,
+    purgeIntervalMs: 3600_000,
+    httpTimeoutMs: 1000,
+    httpMaxRetries: 3,
+    maxBytes: 1 << 20,
+    insecureRegistries: new Set(),
+    isBlocked: blockList('none'),
+    ...over,
   });
 }
 
 const opts = (o: Partial<GetOptions> = {}): GetOptions => ({
-  checksum: '', resourceName: 'ns.p', resourceVersion: '1', requestTimeoutMs: 5000, pullPolicy: 'Unspecified', ...o,
+  checksum: '',
+  resourceName: 'ns.p',
+  resourceVersion: '1',
+  requestTimeoutMs: 5000,
+  pullPolicy: 'Unspecified',
+  ...o,
 });
 
 async function withWorld(fn: (s: Server, dir: string) => Promise<void>): Promise<void> {
@@ -85,7 +101,11 @@ test('pull policy: unspecified and IfNotPresent reuse a module across resourceVe
       assert.is(await c.get(s.url('/m.wasm'), opts({ resourceVersion: '3', pullPolicy: 'IfNotPresent' })), f1);
       assert.is(s.hits.get('/m.wasm'), 1);
       body = wasmBytes('two');
-      assert.is(await c.get(s.url('/m.wasm'), opts({ resourceVersion: '3', pullPolicy: 'Always' })), f1, 'same resourceVersion: cached');
+      assert.is(
+        await c.get(s.url('/m.wasm'), opts({ resourceVersion: '3', pullPolicy: 'Always' })),
+        f1,
+        'same resourceVersion: cached',
+      );
       const f2 = await c.get(s.url('/m.wasm'), opts({ resourceVersion: '4', pullPolicy: 'Always' }));
       assert.is(s.hits.get('/m.wasm'), 2);
       assert.is.not(f2, f1);
@@ -123,7 +143,7 @@ test('concurrent asks for one module share one fetch; the purge removes an expir
   });
 });
 
-test('an earlier run\'s modules are removed at start, other files are left alone', async () => {
+test("an earlier run's modules are removed at start, other files are left alone", async () => {
   await withWorld(async (_s, dir) => {
     const sub = path.join(dir, 'a'.repeat(64));
     fs.mkdirSync(sub, { recursive: true });
@@ -139,7 +159,9 @@ test('an earlier run\'s modules are removed at start, other files are left alone
 test('fetch: a 503 is retried, a 404 is not; a gzip around the module is removed; a body that is not Wasm fails', async () => {
   await withWorld(async (s, dir) => {
     let n = 0;
-    s.routes.set('/flaky.wasm', (res) => (n++ === 0 ? res.writeHead(503).end() : res.end(zlib.gzipSync(wasmBytes('z')))));
+    s.routes.set('/flaky.wasm', (res) =>
+      n++ === 0 ? res.writeHead(503).end() : res.end(zlib.gzipSync(wasmBytes('z'))),
+    );
     s.routes.set('/text', (res) => res.end('<html>not wasm</html>'));
     const c = cache(dir);
     try {
@@ -160,7 +182,7 @@ test('fetch: a 503 is retried, a 404 is not; a gzip around the module is removed
   });
 });
 
-test('a server that never answers fails the fetch at the filter\'s deadline', async () => {
+test("a server that never answers fails the fetch at the filter's deadline", async () => {
   await withWorld(async (s, dir) => {
     s.routes.set('/slow.wasm', () => undefined);
     const c = cache(dir, { httpTimeoutMs: 10_000 });
@@ -176,19 +198,39 @@ test('a server that never answers fails the fetch at the filter\'s deadline', as
 
 test('wire rewrite: the local file replaces the remote code, ISTIO_META_* keys go (the whole environment when nothing else is in it), unknown fields stay', () => {
   const r = wasmPluginResource('ns.p', {
-    url: 'http://h/m.wasm', sha256: 'ab', failurePolicy: 'FAIL_OPEN',
-    env: { ISTIO_META_WASM_IMAGE_PULL_SECRET: 'sekrit', ISTIO_META_WASM_IMAGE_PULL_POLICY: 'Always', ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION: '9' },
+    url: 'http://h/m.wasm',
+    sha256: 'ab',
+    failurePolicy: 'FAIL_OPEN',
+    env: {
+      ISTIO_META_WASM_IMAGE_PULL_SECRET: 'sekrit',
+      ISTIO_META_WASM_IMAGE_PULL_POLICY: 'Always',
+      ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION: '9',
+    },
   });
   // An unknown field (99) at the end of the TypedExtensionConfig: it must come out unchanged.
   const unknown = lenField(99, 'future');
-  const any = Buffer.concat([lenField(1, r.any.type_url), lenField(2, Buffer.concat([Buffer.from(r.any.value), unknown]))]);
+  const any = Buffer.concat([
+    lenField(1, r.any.type_url),
+    lenField(2, Buffer.concat([Buffer.from(r.any.value), unknown])),
+  ]);
   const c = readExtensionConfig(any);
   assert.is(c.kind, 'remote');
   if (c.kind !== 'remote') return;
-  assert.equal({ ...c.wasm }, {
-    resourceName: 'ns.p', configName: 'ns.p', network: false, url: 'http://h/m.wasm', sha256: 'ab', timeoutMs: 30_000,
-    pullSecret: 'sekrit', pullPolicy: 'Always', resourceVersion: '9', failOpen: true,
-  });
+  assert.equal(
+    { ...c.wasm },
+    {
+      resourceName: 'ns.p',
+      configName: 'ns.p',
+      network: false,
+      url: 'http://h/m.wasm',
+      sha256: 'ab',
+      timeoutMs: 30_000,
+      pullSecret: 'sekrit',
+      pullPolicy: 'Always',
+      resourceVersion: '9',
+      failOpen: true,
+    },
+  );
   const out = c.withLocalFile('/x/y.wasm');
   assert.ok(out.includes(Buffer.from('/x/y.wasm')));
   assert.not.ok(out.includes(Buffer.from('ISTIO_META')));

@@ -89,10 +89,19 @@ export function wasmPluginResource(name: string, p: WasmPluginResource): Resourc
   const varint = (field: number, v: number) => Buffer.from([field << 3, v]);
   const uri = Buffer.concat([lenField(1, p.url), lenField(2, '_'), lenField(3, Buffer.from([0x08, 30]))]);
   const remote = Buffer.concat([lenField(1, uri), lenField(2, p.sha256 ?? 'nil')]);
-  const env = Buffer.concat(Object.entries(p.env ?? {}).map(([k, v]) => lenField(2, Buffer.concat([lenField(1, k), lenField(2, v)]))));
-  const vm = Buffer.concat([lenField(2, 'envoy.wasm.runtime.v8'), lenField(3, lenField(2, remote)), ...(p.env ? [lenField(7, env)] : [])]);
+  const env = Buffer.concat(
+    Object.entries(p.env ?? {}).map(([k, v]) => lenField(2, Buffer.concat([lenField(1, k), lenField(2, v)]))),
+  );
+  const vm = Buffer.concat([
+    lenField(2, 'envoy.wasm.runtime.v8'),
+    lenField(3, lenField(2, remote)),
+    ...(p.env ? [lenField(7, env)] : []),
+  ]);
   const policy = p.failurePolicy ? [varint(7, p.failurePolicy === 'FAIL_OPEN' ? 3 : 2)] : [];
   const pc = Buffer.concat([lenField(1, name), lenField(3, vm), ...policy]);
   const typed = Buffer.concat([lenField(1, WASM_HTTP_TYPE), lenField(2, lenField(1, pc))]);
-  return { name, any: { type_url: EXTENSION_CONFIG_TYPE, value: Buffer.concat([lenField(1, name), lenField(2, typed)]) } };
+  return {
+    name,
+    any: { type_url: EXTENSION_CONFIG_TYPE, value: Buffer.concat([lenField(1, name), lenField(2, typed)]) },
+  };
 }
