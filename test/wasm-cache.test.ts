@@ -243,4 +243,23 @@ test('wire rewrite: the local file replaces the remote code, ISTIO_META_* keys g
   assert.ok(c.standIn().includes(Buffer.from('wasm-default-allow')));
 });
 
+test('network Wasm filter: fail-open and fail-closed stand-ins are network RBAC filters; a filter without code is refused', () => {
+  const r = wasmPluginResource('ns.tcp', { url: 'oci://reg/x:1', failurePolicy: 'FAIL_CLOSED', network: true });
+  const any = Buffer.concat([lenField(1, r.any.type_url), lenField(2, Buffer.from(r.any.value))]);
+  const c = readExtensionConfig(any);
+  assert.is(c.kind, 'remote');
+  if (c.kind !== 'remote') return;
+  assert.is(c.wasm.network, true);
+  assert.is(c.wasm.failOpen, false);
+  const deny = c.standIn();
+  assert.ok(deny.includes(Buffer.from('envoy.extensions.filters.network.rbac.v3.RBAC')));
+  assert.ok(deny.includes(Buffer.from('wasm-default-deny')));
+  // No code at all: Go NACKs.
+  const tec = Buffer.concat([lenField(1, 'ns.none'), lenField(2, Buffer.concat([
+    lenField(1, 'type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm'), lenField(2, lenField(1, lenField(1, 'ns.none'))),
+  ]))]);
+  const none = Buffer.concat([lenField(1, 'type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig'), lenField(2, tec)]);
+  assert.throws(() => readExtensionConfig(none), /neither remote nor local code/);
+});
+
 test.run();

@@ -8,7 +8,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import type { Resource } from './control-plane';
-import { EXTENSION_CONFIG_TYPE, lenField, WASM_HTTP_TYPE } from '../../lib/wasm-config';
+import { EXTENSION_CONFIG_TYPE, lenField, WASM_HTTP_TYPE, WASM_NETWORK_TYPE } from '../../lib/wasm-config';
 
 export const ECDS = EXTENSION_CONFIG_TYPE;
 
@@ -82,6 +82,8 @@ export interface WasmPluginResource {
   failurePolicy?: 'FAIL_OPEN' | 'FAIL_CLOSED';
   /** vm_config.environment_variables.key_values (istiod puts ISTIO_META_WASM_* here). */
   env?: Record<string, string>;
+  /** A network (L4) Wasm filter instead of an HTTP one. */
+  network?: boolean;
 }
 
 /** The ECDS resource istiod builds for a WasmPlugin (pilot/pkg/model/extensions.go), named `name`. */
@@ -99,7 +101,7 @@ export function wasmPluginResource(name: string, p: WasmPluginResource): Resourc
   ]);
   const policy = p.failurePolicy ? [varint(7, p.failurePolicy === 'FAIL_OPEN' ? 3 : 2)] : [];
   const pc = Buffer.concat([lenField(1, name), lenField(3, vm), ...policy]);
-  const typed = Buffer.concat([lenField(1, WASM_HTTP_TYPE), lenField(2, lenField(1, pc))]);
+  const typed = Buffer.concat([lenField(1, p.network ? WASM_NETWORK_TYPE : WASM_HTTP_TYPE), lenField(2, lenField(1, pc))]);
   return {
     name,
     any: { type_url: EXTENSION_CONFIG_TYPE, value: Buffer.concat([lenField(1, name), lenField(2, typed)]) },
