@@ -82,6 +82,7 @@ export class WasmCache {
   private readonly purgeTimer: NodeJS.Timeout;
   private readonly dir: string;
   private closed = false;
+  private tmpSeq = 0;
 
   constructor(private readonly o: WasmCacheOptions) {
     this.dir = path.resolve(o.dir);
@@ -146,7 +147,7 @@ export class WasmCache {
         this.counts.fetches.download_failure++;
         throw e;
       }
-      actual = sha256Hex(bytes);
+      actual = await sha256Chunked(bytes);
     } else if (u.protocol === 'oci:') {
       let m;
       try {
@@ -204,7 +205,7 @@ export class WasmCache {
     }
     this.counts.fetches.success++;
     key.checksum = actual;
-    return this.add(key, bytes);
+    return await this.add(key, bytes);
   }
 
   /** Go's getEntry: finds a cached module; also works out the checksum a URL without one stands for. */
@@ -240,7 +241,7 @@ export class WasmCache {
     return true;
   }
 
-  private add(key: Key, bytes: Buffer): string {
+  private async add(key: Key, bytes: Buffer): Promise<string> {
     const tracked = this.noteChecksum(key);
     const mk = moduleKey(key.name, key.checksum);
     const have = this.modules.get(mk);
@@ -253,10 +254,17 @@ export class WasmCache {
     this.ownDir(dir);
     // key.checksum is the sha256 computed here (or an OCI digest checked to be 64 hex digits): safe as a file name.
     const file = path.join(dir, `${key.checksum}.wasm`);
-    const tmp = `${file}.${process.pid}.tmp`;
-    fs.writeFileSync(tmp, bytes, { mode: 0o600 });
+    const tmp = `${file}.${process.pid}.${++this.tmpSeq}.tmp`;
+    // Off the event loop: a module may be hundreds of MB, and Envoy's other xDS types flow meanwhile.
+    await fs.promises.writeFile(tmp, bytes, { mode: 0o600 });
     this.giveToEnvoy(tmp);
-    fs.renameSync(tmp, file);
+    await fs.promises.rename(tmp, file);
+    const raced = this.modules.get(mk);
+    if (raced) {
+      raced.last = Date.now();
+      if (tracked) raced.urls.add(key.url);
+      return raced.modulePath;
+    }
     const entry: Entry = { modulePath: file, last: Date.now(), urls: new Set(tracked ? [key.url] : []) };
     this.modules.set(mk, entry);
     log.info(`cached Wasm module from ${safeUrl(key.url)} (${bytes.length} bytes, sha256 ${key.checksum})`);
@@ -304,7 +312,7 @@ function removeEarlierModules(dir: string): void {
     if (!d.isDirectory() || !HEX64.test(d.name)) continue;
     const sub = path.join(dir, d.name);
     for (const f of fs.readdirSync(sub))
-      if (/^[0-9a-f]{64}\.wasm(\.\d+\.tmp)?$/.test(f)) fs.rmSync(path.join(sub, f), { force: true });
+      if (/^[0-9a-f]{64}\.wasm(\.\d+\.\d+\.tmp)?$/.test(f)) fs.rmSync(path.join(sub, f), { force: true });
     try {
       fs.rmdirSync(sub);
     } catch {
@@ -322,6 +330,17 @@ interface Key {
 }
 
 const moduleKey = (name: string, checksum: string) => `${name}\n${checksum}`;
+
+/** The sha256 of a module, 4 MiB at a time with the event loop let through between (256 MiB take about a second). */
+async function sha256Chunked(b: Buffer): Promise<string> {
+  const chunk = 4 << 20;
+  const h = createHash('sha256');
+  for (let i = 0; i < b.length; i += chunk) {
+    h.update(b.subarray(i, i + chunk));
+    if (i + chunk < b.length) await new Promise((r) => setImmediate(r));
+  }
+  return h.digest('hex');
+}
 
 function sha256Hex(b: Buffer): string {
   return createHash('sha256').update(b).digest('hex');

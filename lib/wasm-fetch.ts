@@ -12,6 +12,7 @@ import * as dns from 'node:dns';
 import * as http from 'node:http';
 import * as https from 'node:https';
 import * as net from 'node:net';
+import { promisify } from 'node:util';
 import * as zlib from 'node:zlib';
 import { AgentError, errorMessage } from './errors';
 
@@ -30,6 +31,7 @@ export interface HttpFetchOptions {
   initialBackoffMs?: number;
 }
 
+const gunzip = promisify(zlib.gunzip);
 const MAX_REDIRECTS = 10; // Go's http.Client
 const WASM_MAGIC = Buffer.from([0x00, 0x61, 0x73, 0x6d]);
 
@@ -81,7 +83,7 @@ export async function fetchHttpModule(url: string, o: HttpFetchOptions): Promise
   const attempts = Math.max(1, o.maxRetries);
   for (let i = 1; i <= attempts; i++) {
     try {
-      return unbox(await getFollowingRedirects(url, o), o.maxBytes);
+      return await unbox(await getFollowingRedirects(url, o), o.maxBytes);
     } catch (e) {
       last = e instanceof WasmFetchError ? e : new WasmFetchError('download_failure', errorMessage(e), true, e);
       if (!last.retryable || o.signal?.aborted || i === attempts) break;
@@ -245,14 +247,14 @@ export function isWasmBinary(b: Buffer): boolean {
 }
 
 /** Go's unboxIfPossible: a gzip or tar (first file) around the module is removed; anything else is returned as is. */
-export function unbox(origin: Buffer, maxBytes: number): Buffer {
+export async function unbox(origin: Buffer, maxBytes: number): Promise<Buffer> {
   let b = origin;
   for (let depth = 0; depth < 8; depth++) {
     if (isWasmBinary(b)) return b;
     let next: Buffer | undefined;
     if (b.length > 2 && b[0] === 0x1f && b[1] === 0x8b) {
       try {
-        next = zlib.gunzipSync(b, { maxOutputLength: maxBytes });
+        next = await gunzip(b, { maxOutputLength: maxBytes });
       } catch {
         next = undefined;
       }
