@@ -262,4 +262,31 @@ test('network Wasm filter: fail-open and fail-closed stand-ins are network RBAC 
   assert.throws(() => readExtensionConfig(none), /neither remote nor local code/);
 });
 
+test('an extension config that is not a Wasm filter passes byte for byte; a Wasm filter with local code loses only ISTIO_META_*', () => {
+  const rbac = Buffer.concat([
+    lenField(1, 'type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC'), lenField(2, lenField(6, 'x')),
+  ]);
+  const tec = Buffer.concat([lenField(1, 'ns.rbac'), lenField(2, rbac)]);
+  const any = Buffer.concat([lenField(1, 'type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig'), lenField(2, tec)]);
+  const c = readExtensionConfig(any);
+  assert.is(c.kind, 'passthrough');
+  assert.ok(c.kind === 'passthrough' && c.any.equals(any));
+  // Local code: the file stays, the agent's keys go.
+  const env = lenField(2, Buffer.concat([lenField(1, 'ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION'), lenField(2, '3')]));
+  const vm = Buffer.concat([lenField(3, lenField(1, lenField(1, '/etc/m.wasm'))), lenField(7, env)]);
+  const wasm = Buffer.concat([
+    lenField(1, 'type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm'), lenField(2, lenField(1, lenField(3, vm))),
+  ]);
+  const local = Buffer.concat([
+    lenField(1, 'type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig'),
+    lenField(2, Buffer.concat([lenField(1, 'ns.local'), lenField(2, wasm)])),
+  ]);
+  const l = readExtensionConfig(local);
+  assert.is(l.kind, 'passthrough');
+  if (l.kind !== 'passthrough') return;
+  assert.is(l.why, 'local');
+  assert.ok(l.any.includes(Buffer.from('/etc/m.wasm')));
+  assert.not.ok(l.any.includes(Buffer.from('ISTIO_META')));
+});
+
 test.run();

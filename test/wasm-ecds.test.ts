@@ -657,6 +657,9 @@ test('the whole agent: a WasmPlugin change is applied with no new Envoy epoch; t
     assert.match(m, /istio_agent_wasm_cache_entries 2/);
     assert.match(m, /istio_agent_wasm_config_conversion_duration_bucket/);
     assert.ok(!cp.requests.some((q) => q.typeUrl === ECDS && q.error), 'no NACK');
+    const debug = JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/wasm`)).body);
+    assert.is(debug.cacheEntries, 2);
+    assert.equal(debug.failing, {});
   } finally {
     await agent.stop();
     await cp.stop();
