@@ -538,7 +538,11 @@ export class Session {
     setImmediate(() => {
       if (finished) return;
       const ready = out.map((r, i) => (r ? i : -1)).filter((i) => i >= 0);
-      if (ready.length) emit(ready);
+      try {
+        if (ready.length) emit(ready);
+      } catch (e) {
+        log.error(`forwarding part of ${shortType(typeUrl)} failed: ${errorMessage(e)}`);
+      }
     });
   }
 
