@@ -16,7 +16,7 @@ import { WasmCache, type GetOptions } from '../lib/wasm-cache';
 import { lenField, readExtensionConfig } from '../lib/wasm-config';
 import { blockList, WasmFetchError } from '../lib/wasm-fetch';
 import { tempDir } from './helpers/harness';
-import { wasmPluginResource } from './helpers/wasm-module';
+import { WASM_GOLDEN_CASES, WASM_GOLDEN_FILE, wasmGoldenInput, wasmPluginResource } from './helpers/wasm-module';
 
 // A minimal valid Wasm header (magic + version) plus a marker, enough for the cache's check.
 const wasmBytes = (marker: string) =>
@@ -287,6 +287,17 @@ test('an extension config that is not a Wasm filter passes byte for byte; a Wasm
   assert.is(l.why, 'local');
   assert.ok(l.any.includes(Buffer.from('/etc/m.wasm')));
   assert.not.ok(l.any.includes(Buffer.from('ISTIO_META')));
+});
+
+test('parity with Go\'s pkg/wasm conversion (test/golden/wasm-go-convert.json): the same stand-ins and local-file rewrites, byte for byte', () => {
+  const golden = JSON.parse(fs.readFileSync(WASM_GOLDEN_FILE, 'utf8')) as { localFile: string; fetchFails: string[]; fetchGives: string[] };
+  wasmGoldenInput().forEach((any, i) => {
+    const c = readExtensionConfig(any);
+    assert.is(c.kind, 'remote');
+    if (c.kind !== 'remote') return;
+    assert.is(c.standIn().toString('hex'), golden.fetchFails[i], `${WASM_GOLDEN_CASES.names[i]}: stand-in`);
+    assert.is(c.withLocalFile(golden.localFile).toString('hex'), golden.fetchGives[i], `${WASM_GOLDEN_CASES.names[i]}: local file`);
+  });
 });
 
 test.run();

@@ -100,10 +100,29 @@ export function wasmPluginResource(name: string, p: WasmPluginResource): Resourc
     ...(p.env ? [lenField(7, env)] : []),
   ]);
   const policy = p.failurePolicy ? [varint(7, p.failurePolicy === 'FAIL_OPEN' ? 3 : 2)] : [];
-  const pc = Buffer.concat([lenField(1, name), lenField(3, vm), ...policy]);
+  // The order istiod's (Go's) marshalling writes: the vm oneof after the plain fields.
+  const pc = Buffer.concat([lenField(1, name), ...policy, lenField(3, vm)]);
   const typed = Buffer.concat([lenField(1, p.network ? WASM_NETWORK_TYPE : WASM_HTTP_TYPE), lenField(2, lenField(1, pc))]);
   return {
     name,
     any: { type_url: EXTENSION_CONFIG_TYPE, value: Buffer.concat([lenField(1, name), lenField(2, typed)]) },
   };
+}
+
+/** The inputs of test/golden/wasm-go-convert.json (scripts/wasm-go-golden.ts): HTTP and network, both policies. */
+export const WASM_GOLDEN_FILE = path.join(__dirname, '..', 'golden', 'wasm-go-convert.json');
+export const WASM_GOLDEN_CASES = {
+  localFile: '/var/lib/istio/data/m.wasm',
+  names: ['http fail-open', 'http fail-closed with agent keys', 'oci, policy Always, own env kept', 'network fail-open', 'network, no policy'],
+};
+
+export function wasmGoldenInput(): Buffer[] {
+  const cases = [
+    wasmPluginResource('ns.a', { url: 'http://h/a.wasm', sha256: 'ab', failurePolicy: 'FAIL_OPEN' }),
+    wasmPluginResource('ns.b', { url: 'http://h/b.wasm', failurePolicy: 'FAIL_CLOSED', env: { ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION: '3' } }),
+    wasmPluginResource('ns.c', { url: 'oci://r/c:1', env: { ISTIO_META_WASM_IMAGE_PULL_POLICY: 'Always', KEEP: 'v' } }),
+    wasmPluginResource('ns.d', { url: 'http://h/d.wasm', network: true, failurePolicy: 'FAIL_OPEN' }),
+    wasmPluginResource('ns.e', { url: 'http://h/e.wasm', network: true }),
+  ];
+  return cases.map((r) => Buffer.concat([lenField(1, r.any.type_url), lenField(2, Buffer.from(r.any.value))]));
 }
