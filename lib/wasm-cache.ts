@@ -150,19 +150,18 @@ export class WasmCache {
       actual = await sha256Chunked(bytes);
     } else if (u.protocol === 'oci:') {
       let m;
+      // The expected digest lets the fetcher refuse a wrong sha256 after the manifest, before any layer.
+      const ociOpts = {
+        pullSecret: opts.pullSecret, insecure, timeoutMs: this.o.httpTimeoutMs, maxRetries: this.o.httpMaxRetries,
+        maxBytes: this.o.maxBytes, isBlocked: this.o.isBlocked, signal,
+        expectedManifestDigest: key.checksum ? `sha256:${key.checksum}` : undefined,
+      };
       try {
-        m = await fetchOciModule(key.url.slice(OCI_PREFIX.length), {
-          pullSecret: opts.pullSecret,
-          insecure,
-          timeoutMs: this.o.httpTimeoutMs,
-          maxRetries: this.o.httpMaxRetries,
-          maxBytes: this.o.maxBytes,
-          isBlocked: this.o.isBlocked,
-          signal,
-        });
+        m = await fetchOciModule(key.url.slice(OCI_PREFIX.length), ociOpts);
       } catch (e) {
-        this.counts.fetches.manifest_failure++;
-        throw new WasmFetchError('manifest_failure', `could not fetch Wasm OCI image: ${errorMessage(e)}`, false, e);
+        const result = ociResult((e as { reason?: unknown }).reason);
+        this.counts.fetches[result]++;
+        throw new WasmFetchError(result, `could not fetch Wasm OCI image: ${errorMessage(e)}`, false, e);
       }
       bytes = m.module;
       actual = m.manifestDigest.replace(/^sha256:/, '');
@@ -344,6 +343,16 @@ async function sha256Chunked(b: Buffer): Promise<string> {
 
 function sha256Hex(b: Buffer): string {
   return createHash('sha256').update(b).digest('hex');
+}
+
+/**
+ * Go's result label for an OCI failure (lib/wasm-oci.ts's reasons): the manifest stage (reference, auth, blocked,
+ * manifest) is manifest_failure, a wrong digest checksum_mismatched, the layer stage download_failure.
+ */
+function ociResult(reason: unknown): FetchFailure {
+  if (reason === 'checksum') return 'checksum_mismatched';
+  if (reason === 'download' || reason === 'too-large' || reason === 'format') return 'download_failure';
+  return 'manifest_failure';
 }
 
 /** Go's moduleNameFromURL: an OCI reference without its tag or digest; any other URL as it is. */
