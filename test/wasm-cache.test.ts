@@ -156,6 +156,26 @@ test("an earlier run's modules are removed at start, other files are left alone"
   });
 });
 
+test('with Envoy running as another user, its cache directories and modules are that user\'s, 0700 and 0600', async () => {
+  if (process.getuid?.() !== 0) {
+    console.log('  (not root: chown to another user is not possible here; CI runs as root)');
+    return;
+  }
+  await withWorld(async (s, dir) => {
+    s.routes.set('/m.wasm', (res) => res.end(wasmBytes('u')));
+    const c = cache(dir, { owner: { uid: 1337, gid: 1337 } });
+    try {
+      const f = await c.get(s.url('/m.wasm'), opts());
+      for (const [p, mode] of [[dir, 0o700], [path.dirname(f), 0o700], [f, 0o600]] as const) {
+        const st = fs.statSync(p);
+        assert.equal([st.uid, st.gid, st.mode & 0o777], [1337, 1337, mode], p);
+      }
+    } finally {
+      c.close();
+    }
+  });
+});
+
 test('fetch: a 503 is retried, a 404 is not; a gzip around the module is removed; a body that is not Wasm fails', async () => {
   await withWorld(async (s, dir) => {
     let n = 0;
