@@ -18,7 +18,6 @@ import * as path from 'node:path';
 import { errorMessage } from './errors';
 import { scope } from './log';
 import { fetchHttpModule, isWasmBinary, safeUrl, WasmFetchError, type FetchFailure } from './wasm-fetch';
-import { fetchOciModule } from './wasm-oci';
 import type { PullPolicy } from './wasm-config';
 
 const log = scope('wasm');
@@ -157,6 +156,8 @@ export class WasmCache {
         expectedManifestDigest: key.checksum ? `sha256:${key.checksum}` : undefined,
       };
       try {
+        // Loaded on the first OCI pull (it brings TLS), not at the agent's start.
+        const { fetchOciModule } = await import('./wasm-oci');
         m = await fetchOciModule(key.url.slice(OCI_PREFIX.length), ociOpts);
       } catch (e) {
         const result = ociResult((e as { reason?: unknown }).reason);

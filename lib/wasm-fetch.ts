@@ -10,7 +10,6 @@
 
 import * as dns from 'node:dns';
 import * as http from 'node:http';
-import * as https from 'node:https';
 import * as net from 'node:net';
 import { promisify } from 'node:util';
 import * as zlib from 'node:zlib';
@@ -170,8 +169,11 @@ function getOnce(url: string, o: HttpFetchOptions): Promise<Once> {
       cb(null, list[0]!.address, list[0]!.family);
     });
   };
+  // TLS is loaded on the first https fetch, not at the agent's start; require, not import(): a single executable
+  // has no dynamic-import callback for built-ins.
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const mod = u.protocol === 'https:' ? (require('node:https') as typeof import('node:https')) : http;
   return new Promise<Once>((resolve, reject) => {
-    const mod = u.protocol === 'https:' ? https : http;
     const req = mod.request(
       u,
       {
