@@ -6,6 +6,7 @@
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
+import * as https from 'node:https';
 import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import * as zlib from 'node:zlib';
@@ -16,6 +17,7 @@ import { WasmCache, type GetOptions } from '../lib/wasm-cache';
 import { lenField, readExtensionConfig } from '../lib/wasm-config';
 import { blockList, WasmFetchError } from '../lib/wasm-fetch';
 import { tempDir } from './helpers/harness';
+import { makeLeaf, makeRoot } from './helpers/test-ca';
 import { WASM_GOLDEN_CASES, WASM_GOLDEN_FILE, wasmGoldenInput, wasmPluginResource } from './helpers/wasm-module';
 
 // A minimal valid Wasm header (magic + version) plus a marker, enough for the cache's check.
@@ -200,6 +202,32 @@ test('fetch: a 503 is retried, a 404 is not; a gzip around the module is removed
       c.close();
     }
   });
+});
+
+test('https: a certificate the system does not trust fails; the host in WASM_INSECURE_REGISTRIES skips the check', async () => {
+  configureLogging({ write: () => undefined });
+  const dir = tempDir('pa-wasm-tls-');
+  const root = await makeRoot();
+  const leaf = await makeLeaf(root, { ip: ['127.0.0.1'] });
+  const s = https.createServer({ key: leaf.keyPem, cert: leaf.certPem }, (_req, res) => res.end(wasmBytes('tls')));
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
+  const host = `127.0.0.1:${(s.address() as AddressInfo).port}`;
+  const strict = cache(path.join(dir.path, 'a'));
+  const lax = cache(path.join(dir.path, 'b'), { insecureRegistries: new Set([host]) });
+  try {
+    const e = await strict.get(`https://${host}/m.wasm`, opts()).catch((x: unknown) => x);
+    assert.instance(e, WasmFetchError);
+    assert.match((e as Error).message, /certificate/i);
+    const f = await lax.get(`https://${host}/m.wasm`, opts());
+    assert.equal(fs.readFileSync(f), wasmBytes('tls'));
+  } finally {
+    strict.close();
+    lax.close();
+    s.closeAllConnections();
+    await new Promise<void>((r) => s.close(() => r()));
+    dir.cleanup();
+    resetLogging();
+  }
 });
 
 test("a server that never answers fails the fetch at the filter's deadline", async () => {
