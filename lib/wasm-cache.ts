@@ -10,7 +10,8 @@
 // Where this does better than Go: concurrent requests for one module share one fetch (Go fetches once per
 // caller); files are 0600 in 0700 directories owned by Envoy's user (Go: 0644/0755), named by hashes only
 // (`<sha256 of the module name>/<sha256 of the module>.wasm`), written to a temporary name and renamed, so Envoy
-// never reads half a module; modules left by an earlier run (the index is in memory, as in Go) are removed at start.
+// never reads half a module; the modules are removed when the agent ends, and those an agent killed left behind
+// (the index is in memory, as in Go) at the next start.
 
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
@@ -122,9 +123,20 @@ export class WasmCache {
     return p;
   }
 
+  /** Stops the purge and removes the modules and the directory: Envoy is gone, and configPath is left clean. */
   close(): void {
+    if (this.closed) return;
     this.closed = true;
     clearInterval(this.purgeTimer);
+    try {
+      removeEarlierModules(this.dir);
+      fs.rmdirSync(this.dir);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code !== 'ENOTEMPTY' && code !== 'ENOENT') {
+        log.warn(`could not remove the Wasm cache ${this.dir}: ${errorMessage(err)}`);
+      }
+    }
   }
 
   private async fetch(key: Key, u: URL, opts: GetOptions): Promise<string> {
@@ -306,7 +318,8 @@ export class WasmCache {
   }
 }
 
-/** An earlier run's modules are not in this run's index and would never be purged; only names this cache makes. */
+/** Removes the modules in dir (an earlier run's are not in this run's index and would never be purged); only
+ * names this cache makes. */
 function removeEarlierModules(dir: string): void {
   for (const d of fs.readdirSync(dir, { withFileTypes: true })) {
     if (!d.isDirectory() || !HEX64.test(d.name)) continue;
