@@ -427,6 +427,16 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // The SDS server serves a file name only while this Envoy's config references it: the listeners and clusters the
     // xDS proxy passes on, and the bootstrap (names of every epoch's bootstrap are kept: an old epoch may still drain).
     const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env), secretReferences: identity?.sds.references });
+    // WasmPlugin: ECDS Wasm filters with a remote module get it as a local file the agent fetched (lib/wasm-ecds.ts).
+    const wasm = envs.ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION.get(agentEnv) ? await Promise.all([
+      import('./lib/wasm-ecds'), import('./lib/envoy-process'),
+    ]).then(([m, { envoyCredentials }]) => {
+      // The modules are Envoy's to read: 0600 files owned by the user it runs as.
+      const owner = envoyCredentials(env, process.getuid?.() ?? -1);
+      const w = new m.WasmEcds(m.wasmCacheOptions(agentEnv, cfg.proxy.configPath, owner));
+      xds.registerRewriter(m.EXTENSION_CONFIG_TYPE, w.rewrite);
+      return w;
+    }) : undefined;
     const { sdsNamesInJson } = await import('./lib/secret-names');
     const bootstrapSecrets = new Set<string>();
     const noteBootstrapSecrets = (r: Resolved) => {
@@ -466,7 +476,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
         ownPorts: [cfg.proxy.proxyAdminPort, cfg.envoyStatusPort, cfg.envoyPrometheusPort],
       }) : undefined,
       argv.profiling === false ? undefined : new Profiling({ heapSnapshots: envs.PILOT_AGENT_HEAP_SNAPSHOTS.get(env) }),
-      discovery, identity?.cache, identity?.sds, xds, dns, envoy, healthChecker,
+      discovery, identity?.cache, identity?.sds, wasm, xds, dns, envoy, healthChecker,
       new ConfigReloader({ flags, env, resolved, onChange: (r, generation) => {
         noteBootstrapSecrets(r);
         envoy.setDesired(r, generation);

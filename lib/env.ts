@@ -221,3 +221,13 @@ export const PILOT_ENABLE_CA_CRL = bool('PILOT_ENABLE_CA_CRL', true, 'Put the pl
 export const ISTIO_META_TLS_CLIENT_KEY = str('ISTIO_META_TLS_CLIENT_KEY', '', 'With FILE_MOUNTED_CERTS (and no PROV_CERT): key file of the client certificate the xDS connection presents (also read from proxyMetadata)');
 export const ISTIO_META_TLS_CLIENT_CERT_CHAIN = str('ISTIO_META_TLS_CLIENT_CERT_CHAIN', '', 'With FILE_MOUNTED_CERTS (and no PROV_CERT): certificate chain file of the xDS client certificate');
 export const ISTIO_META_TLS_CLIENT_ROOT_CERT = str('ISTIO_META_TLS_CLIENT_ROOT_CERT', '', 'With FILE_MOUNTED_CERTS: the root that verifies the discovery server when XDS_ROOT_CA, ./etc/certs/root-cert.pem and PROV_CERT give none');
+
+// ---- WasmPlugin: the agent fetches remote Wasm modules sent over ECDS (issue 24; Go: pilot-agent, pkg/wasm) ----
+export const ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION = bool('ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION', true, 'The xDS proxy fetches the remote modules of Wasm filters sent over ECDS and gives Envoy local files (false: ECDS passes unchanged)');
+export const WASM_INSECURE_REGISTRIES = str('WASM_INSECURE_REGISTRIES', '', 'Comma-separated hosts (host or host:port; * for all) whose Wasm modules are fetched without TLS verification (OCI: also over plain HTTP)');
+export const WASM_MODULE_EXPIRY = duration('WASM_MODULE_EXPIRY', '24h', 'A cached Wasm module unused this long is removed', { maxMs: Number.MAX_SAFE_INTEGER });
+export const WASM_PURGE_INTERVAL = duration('WASM_PURGE_INTERVAL', '1h', 'How often the Wasm cache looks for expired modules');
+export const WASM_HTTP_REQUEST_TIMEOUT = duration('WASM_HTTP_REQUEST_TIMEOUT', '15s', 'Timeout of one HTTP request when fetching a Wasm module');
+export const WASM_HTTP_REQUEST_MAX_RETRIES = positiveInt('WASM_HTTP_REQUEST_MAX_RETRIES', 5, 'Attempts (as Go counts them) to fetch a Wasm module over HTTP(S) on connection errors and 5xx');
+export const ISTIO_WASM_MAX_BINARY_SIZE_BYTES = positiveInt('ISTIO_WASM_MAX_BINARY_SIZE_BYTES', 256 * 1024 * 1024, 'Largest Wasm module (bytes) the agent fetches; a larger one fails the fetch (the plugin\'s failStrategy applies)');
+export const BLOCKED_CIDRS_IN_WASM_FETCH = str('BLOCKED_CIDRS_IN_WASM_FETCH', '169.254.169.254/32,fd00:ec2::254/128,169.254.170.2/32,100.100.100.200/32', 'Comma-separated CIDRs a Wasm fetch may not connect to (checked on every resolved address and redirect; `none`: no list). The default: cloud metadata addresses');

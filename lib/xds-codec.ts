@@ -380,6 +380,53 @@ export function encodeDeltaResponse(r: {
   return w.finish();
 }
 
+/** A DiscoveryResponse with its resources replaced by `anys`; every other field keeps its bytes. */
+export function withSotwResources(buf: Buffer, anys: readonly Buffer[]): Buffer {
+  const w = new Writer();
+  const parts: Buffer[] = [];
+  let from = 0;
+  forEachField(buf, (f, _wt, b, _s, e) => {
+    if (f !== RS_RESOURCES) parts.push(b.subarray(from, e));
+    from = e;
+  }, 'DiscoveryResponse');
+  for (const a of anys) w.lenField(RS_RESOURCES, a);
+  return Buffer.concat([...parts, w.finish()]);
+}
+
+/**
+ * A DeltaDiscoveryResponse whose n-th Resource that carries an Any gets `anys[n]` instead (undefined: that Resource
+ * is left out), and whose removed names are those `keepRemoved` keeps; every other byte as it came.
+ */
+export function withDeltaResources(
+  buf: Buffer, anys: ReadonlyArray<Buffer | undefined>, keepRemoved: (name: string) => boolean,
+): Buffer {
+  const parts: Buffer[] = [];
+  let from = 0;
+  let n = 0;
+  forEachField(buf, (f, wt, b, s, e) => {
+    const raw = b.subarray(from, e);
+    from = e;
+    if (f === DS_REMOVED && wt === WT_LEN) {
+      if (keepRemoved(str(b, s, e))) parts.push(raw);
+      return;
+    }
+    if (f !== DS_RESOURCES || wt !== WT_LEN) return void parts.push(raw);
+    const res = b.subarray(s, e);
+    if (parseDeltaResource(res).any === undefined) return void parts.push(raw);
+    const replacement = anys[n++];
+    if (!replacement) return;
+    const inner: Buffer[] = [];
+    let at = 0;
+    forEachField(res, (rf, _rwt, rb, _rs, re) => {
+      if (rf !== RES_ANY) inner.push(rb.subarray(at, re));
+      at = re;
+    }, 'Resource');
+    inner.push(new Writer().lenField(RES_ANY, replacement).finish());
+    parts.push(new Writer().lenField(DS_RESOURCES, Buffer.concat(inner)).finish());
+  }, 'DeltaDiscoveryResponse');
+  return Buffer.concat(parts);
+}
+
 /** Field numbers the proxy strips from a request when it re-sends or re-targets it. */
 export const SOTW_REQUEST_FIELDS = { node: RQ_NODE, nonce: RQ_NONCE, error: RQ_ERROR } as const;
 export const DELTA_REQUEST_FIELDS = { node: DQ_NODE, nonce: DQ_NONCE, error: DQ_ERROR } as const;

@@ -32,7 +32,8 @@
 //
 // The one look inside resources: a listener or cluster response that contains `file-cert:`/`file-root:` at all is
 // walked for its SDS names (lib/xds-secret-names.ts) before Envoy gets it, and the names go to `secretReferences`:
-// the SDS server serves a file name only while the config that reaches Envoy references it.
+// the SDS server serves a file name only while the config that reaches Envoy references it. And one type may be
+// rewritten on its way (registerRewriter; agent.ts: ECDS through lib/wasm-ecds.ts, which fetches Wasm modules).
 
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
@@ -43,13 +44,15 @@ import { counterFrom, registerCounters } from './metrics';
 import { json } from './status-server';
 import { scope } from './log';
 import { bindUnixSocket, type BoundUnixServer } from './grpc-unix';
-import { newCounters, Session, type AgentHandler, type AgentRequest, type Counters, type SessionContext } from './xds-session';
+import {
+  newCounters, Session, type AgentHandler, type AgentRequest, type Counters, type ResourceRewriter, type SessionContext,
+} from './xds-session';
 import type { XdsKind } from './xds-state';
 import type { SecretReferenceSink } from './secret-names';
 import { ADS_PATHS, type Backoff, type UpstreamOptions } from './xds-upstream';
 
 export { upstreamFromConfig, type UpstreamOptions } from './xds-upstream';
-export type { AgentHandler, AgentRequest, AgentResponseMeta } from './xds-session';
+export type { AgentHandler, AgentRequest, AgentResponseMeta, ResourceRewriter } from './xds-session';
 
 const log = scope('xdsproxy');
 
@@ -99,6 +102,7 @@ export class XdsProxy implements Component {
   private bound: BoundUnixServer | undefined;
   private readonly sessions = new Map<number, Session>();
   private readonly handlers = new Map<string, AgentHandler>();
+  private readonly rewriters = new Map<string, ResourceRewriter>();
   private readonly agentRequests = new Map<string, AgentRequest>();
   private readonly counters: Counters = newCounters();
   private readonly ctx: SessionContext;
@@ -131,6 +135,7 @@ export class XdsProxy implements Component {
       dialTimeoutMs: o.dialTimeoutMs ?? 5_000,
       counters: this.counters,
       handler: (t) => proxy.handlers.get(t),
+      rewriter: (t) => proxy.rewriters.get(t),
       handlerTypes: () => [...proxy.handlers.keys()],
       isPrimary: (s) => proxy.primary === s,
       started: (s) => {
@@ -198,6 +203,14 @@ export class XdsProxy implements Component {
     const isNew = !this.handlers.has(typeUrl);
     this.handlers.set(typeUrl, h);
     if (isNew) for (const s of this.sessions.values()) s.addAgentType(typeUrl);
+  }
+
+  /**
+   * Responses of typeUrl pass through `rewrite` on their way to Envoy (ECDS: the Wasm module fetch); each is held
+   * while it runs, other responses flow. Register before Envoy connects.
+   */
+  registerRewriter(typeUrl: string, rewrite: ResourceRewriter): void {
+    this.rewriters.set(typeUrl, rewrite);
   }
 
   /** Sends an agent request upstream (e.g. HealthInformation); the last one of each type is re-sent after a reconnect. */

@@ -9,7 +9,8 @@ import { errorMessage } from './errors';
 import { scope } from './log';
 import {
   encodeDeltaRequest, encodeSotwRequest, LISTENER_TYPE, nodeField, TYPE_PREFIX, nodeId, parseDeltaRequest, parseDeltaResponse,
-  parseSotwRequest, parseSotwResponse, sotwResources, withoutFields, type DeltaResponse, type ErrorDetail,
+  parseSotwRequest, parseSotwResponse, sotwResources, withDeltaResources, withoutFields, withSotwResources,
+  type DeltaResponse, type ErrorDetail,
 } from './xds-codec';
 import {
   DeltaSubscriptions, IssuedNonces, namesKey, SotwSubscriptions, STRIP_STALE, type Subscriptions, type XdsKind,
@@ -35,6 +36,14 @@ export interface AgentResponseMeta {
   names?: string[];
   removed?: string[];
 }
+
+/**
+ * Rewrites a type's resources before Envoy gets them, and may take its time (the ECDS Wasm fetch): the response
+ * is held meanwhile while every other response flows. Gets each resource's Any (views into the message) and
+ * returns, in order, a promise of each one's name and replacement; throws (or a promise rejects) to NACK the
+ * response upstream (Envoy never sees it).
+ */
+export type ResourceRewriter = (resources: Buffer[]) => Array<Promise<{ name: string; any: Buffer }>>;
 
 /** A request the agent itself sends upstream (e.g. HealthInformation); encoded for the stream's kind. */
 export interface AgentRequest {
@@ -63,6 +72,9 @@ export interface Counters {
   bad_messages_total: number;
   /** Envoy streams refused because the proxy already served its most (XdsProxyOptions.maxStreams). */
   downstream_streams_refused_total: number;
+  /** Responses whose resources a rewriter replaced (ECDS Wasm), and those it rejected (NACKed upstream). */
+  responses_rewritten_total: number;
+  rewrite_nacks_total: number;
   /** Upstream attempts that never connected (Go: istio_agent_istiod_connection_failures). */
   upstream_dial_failures_total: number;
   /** Connected upstream streams that ended (Go: istio_agent_istiod_connection_terminations). */
@@ -89,7 +101,7 @@ export function newCounters(): Counters {
     request_bytes_to_upstream: 0, responses_from_upstream: 0, response_bytes_from_upstream: 0, responses_to_envoy: 0,
     response_bytes_to_envoy: 0, upstream_connects_total: 0, upstream_reconnects_total: 0, upstream_failures_total: 0,
     envoy_nacks_total: 0, agent_acks_total: 0, agent_nacks_total: 0, bad_messages_total: 0,
-    downstream_streams_refused_total: 0,
+    downstream_streams_refused_total: 0, responses_rewritten_total: 0, rewrite_nacks_total: 0,
     upstream_dial_failures_total: 0, upstream_terminations_total: 0,
     envoy_stream_cancellations_total: 0, envoy_stream_errors_total: 0,
     istiod_stream_cancellations_total: 0, istiod_stream_errors_total: 0,
@@ -103,6 +115,7 @@ export interface SessionContext {
   readonly dialTimeoutMs: number;
   readonly counters: Counters;
   handler(typeUrl: string): AgentHandler | undefined;
+  rewriter(typeUrl: string): ResourceRewriter | undefined;
   handlerTypes(): string[];
   isPrimary(s: Session): boolean;
   /** The stream sent its first request: it becomes the one that feeds the agent's handlers. */
@@ -175,6 +188,9 @@ export class Session {
   /** SotW: the last version the agent accepted per agent-handled type, re-sent on reconnect. */
   private readonly agentVersions = new Map<string, string>();
   private readonly agentChains = new Map<string, Promise<void>>();
+  /** Rewritten types: per resource name, the sequence number of the last response that carried it to Envoy. */
+  private readonly rewrittenSeq = new Map<string, number>();
+  private rewriteSeq = 0;
   /** Keys under which this stream's resources reference SDS names (dropped when the stream closes). */
   private readonly secretSources = new Set<string>();
 
@@ -406,7 +422,8 @@ export class Session {
         ({ typeUrl, systemVersionInfo: version, nonce } = r);
         count = r.resources.length;
         removed = r.removed.length;
-        if (typeUrl && !this.ctx.handler(typeUrl)) this.subs.recordResponse(r);
+        // A rewritten type's response is recorded as its parts reach Envoy (rewriteAndForward).
+        if (typeUrl && !this.ctx.handler(typeUrl) && !this.ctx.rewriter(typeUrl)) this.subs.recordResponse(r);
       }
       if (!typeUrl) throw new Error('no type_url');
     } catch (e) {
@@ -422,6 +439,12 @@ export class Session {
       this.readNext(up);
       return;
     }
+    const rewriter = this.ctx.rewriter(typeUrl);
+    if (rewriter) {
+      this.rewriteAndForward(up, buf, delta, typeUrl, nonce, rewriter);
+      this.readNext(up);
+      return;
+    }
     // Before Envoy sees the response: it may open SDS streams for the names at once.
     if (SECRET_REFERENCING_TYPES.has(typeUrl)) {
       try {
@@ -431,6 +454,12 @@ export class Session {
         log.warn(`cannot read the SDS names of ${shortType(typeUrl)} ${version}: ${errorMessage(e)}`);
       }
     }
+    this.forwardToEnvoy(buf);
+    this.readNext(up);
+  }
+
+  private forwardToEnvoy(buf: Buffer): void {
+    const c = this.ctx.counters;
     c.responses_to_envoy++;
     c.response_bytes_to_envoy += buf.length;
     // Envoy reads slower than the server pushes: stop reading upstream until Envoy has taken most of it, so
@@ -444,8 +473,95 @@ export class Session {
       }
     });
     if (this.downstreamPending > DOWNSTREAM_HIGH_WATER) this.downstreamBlocked = true;
-    this.readNext(up);
   }
+
+  /**
+   * Holds one response while the rewriter works on it (other responses, of this type too, go on), then forwards
+   * it, or NACKs it upstream as Go does. Resources that need no waiting (a cached module, not a Wasm filter) go to
+   * Envoy at once, in a response of their own with the same nonce and version, and the rest follow when they are
+   * done, so one slow module does not hold up the other plugins of the push (Go holds the whole response). Go
+   * also forwards each converted response when its goroutine ends, so a slow fetch can let an older response
+   * overwrite a newer one; here a resource that a later response has already brought to Envoy is left out of the
+   * earlier one, and a response left with nothing is dropped (Envoy ACKs the later one).
+   */
+  private rewriteAndForward(
+    up: Upstream, buf: Buffer, delta: DeltaResponse | undefined, typeUrl: string, nonce: string, rewrite: ResourceRewriter,
+  ): void {
+    const seq = ++this.rewriteSeq;
+    const present = delta?.resources.filter((r) => r.any);
+    const resources = present ? present.map((r) => r.any!) : sotwResources(buf);
+    const stale = () => up !== this.upstream || up.ended || this.done;
+    const nack = (err: unknown) => {
+      if (stale()) return;
+      this.ctx.counters.rewrite_nacks_total++;
+      const errorDetail = { code: NACK_CODE, message: errorMessage(err) };
+      log.warn(`agent rejected ${shortType(typeUrl)} (nonce ${nonce}) for Envoy's stream ${this.id}: `
+        + errorDetail.message);
+      // SotW: on Envoy's latest request (its names, the version it accepted), so the server sees no change of
+      // subscription (Go sends no names, which reads as a wildcard request).
+      const bytes = this.subs.kind === 'sotw'
+        ? Buffer.concat([
+          this.subs.latest(typeUrl) ?? Buffer.alloc(0), encodeSotwRequest({ typeUrl, responseNonce: nonce, errorDetail }),
+        ])
+        : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
+      this.sendUpstream(up, typeUrl, bytes);
+    };
+    let pending: Array<Promise<{ name: string; any: Buffer }>>;
+    try {
+      pending = rewrite(resources);
+      if (pending.length !== resources.length) {
+        throw new Error(`rewriter returned ${pending.length} resources for ${resources.length}`);
+      }
+    } catch (err) {
+      nack(err);
+      return;
+    }
+    const out: Array<{ name: string; any: Buffer } | undefined> = new Array(resources.length);
+    const sent = new Array<boolean>(resources.length).fill(false);
+    let removalsSent = false;
+    let finished = false;
+    const emit = (ready: number[]) => {
+      if (stale()) return; // the reconnect's stream brings them again
+      const newer = (name: string) => (this.rewrittenSeq.get(name) ?? 0) > seq;
+      const name = (i: number) => (present ? present[i]!.name : out[i]!.name);
+      const keep = ready.filter((i) => !newer(name(i)));
+      for (const i of ready) sent[i] = true;
+      const removed = removalsSent ? [] : (delta?.removed ?? []).filter((n) => !newer(n));
+      const hadAny = ready.length + (removalsSent ? 0 : delta?.removed.length ?? 0) > 0;
+      removalsSent = true;
+      if (hadAny && keep.length + removed.length === 0) {
+        log.debug(`${shortType(typeUrl)} nonce ${nonce}: left out, later responses brought its resources to Envoy`);
+        return;
+      }
+      for (const n of [...keep.map(name), ...removed]) this.rewrittenSeq.set(n, seq);
+      const chosen = new Set(keep);
+      if (delta && this.subs.kind === 'delta') {
+        this.subs.recordResponse({ ...delta, resources: present!.filter((_, i) => chosen.has(i)), removed });
+      }
+      const bytes = delta
+        ? withDeltaResources(buf, out.map((r, i) => (chosen.has(i) ? r!.any : undefined)), (n) => removed.includes(n))
+        : withSotwResources(buf, keep.map((i) => out[i]!.any));
+      this.ctx.counters.responses_rewritten_total++;
+      this.forwardToEnvoy(bytes);
+    };
+    pending.forEach((p, i) => void p.then((r) => (out[i] = r), () => undefined));
+    Promise.all(pending).then(() => {
+      finished = true;
+      const rest = out.map((_, i) => i).filter((i) => !sent[i]);
+      if (rest.length || !removalsSent) emit(rest);
+    }, nack).catch((e) => log.error(`forwarding ${shortType(typeUrl)} failed: ${errorMessage(e)}`));
+    // What needed no I/O has resolved by the next turn of the event loop: it goes now, the rest when ready.
+    setImmediate(() => {
+      if (finished) return;
+      const ready = out.map((r, i) => (r ? i : -1)).filter((i) => i >= 0);
+      try {
+        if (ready.length) emit(ready);
+      } catch (e) {
+        log.error(`forwarding part of ${shortType(typeUrl)} failed: ${errorMessage(e)}`);
+      }
+    });
+  }
+
 
   /** SotW: the response is every listener (cluster); Delta: each resource replaces or removes its own names. */
   private noteSecretReferences(typeUrl: string, buf: Buffer, delta: DeltaResponse | undefined): void {

@@ -37,6 +37,12 @@ export class SotwSubscriptions {
     return [...this.last.keys()];
   }
 
+  /** Envoy's latest request of one type without node, nonce and error: its names and the version it accepted. */
+  latest(typeUrl: string): Buffer | undefined {
+    const l = this.last.get(typeUrl);
+    return l && withoutFields(l.raw, STRIP_SOTW);
+  }
+
   /** Envoy's latest request of each type, without nonce and error (they belong to the old stream). */
   resend(): Resend[] {
     const out: Resend[] = [];
@@ -94,7 +100,11 @@ export class DeltaSubscriptions {
   recordResponse(resp: DeltaResponse): void {
     const st = this.state.get(resp.typeUrl);
     if (!st) return;
-    st.pending.set(resp.nonce, { upserts: resp.resources.map((r) => [r.name, r.version]), removed: resp.removed });
+    // One response may reach Envoy in parts under its nonce (a rewritten type, lib/xds-session.ts): they add up.
+    const prev = st.pending.get(resp.nonce);
+    const upserts = resp.resources.map((r): [string, string] => [r.name, r.version]);
+    const removed = prev ? [...prev.removed, ...resp.removed] : resp.removed;
+    st.pending.set(resp.nonce, { upserts: prev ? [...prev.upserts, ...upserts] : upserts, removed });
     // Envoy ACKs or NACKs every response; this only bounds memory if a nonce is never answered.
     if (st.pending.size > MAX_PENDING) st.pending.delete(st.pending.keys().next().value as string);
   }

@@ -33,6 +33,12 @@ if ! command -v docker-registry >/dev/null 2>&1 || ! command -v skopeo >/dev/nul
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-registry skopeo; } >&2 \
     || echo "test: could not install docker-registry and skopeo" >&2
 fi
+# The WasmPlugin tests assemble a proxy-wasm module with wabt's wat2wasm (test/helpers/wasm-module.ts also installs it).
+if ! command -v wat2wasm >/dev/null 2>&1; then
+  echo "test: installing wabt" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wabt; } >&2 \
+    || echo "test: could not install wabt" >&2
+fi
 if ! ENVOY_BIN="$(bash scripts/install-envoy.sh)"; then
   echo "test: no real Envoy could be found or installed; tests that need Envoy cannot run"
   echo "0 passed, 1 failed"; exit 1

@@ -8,7 +8,7 @@ import * as assert from 'uvu/assert';
 import { messageType, packAny } from '../lib/envoy-protos';
 import {
   encodeDeltaRequest, encodeSotwRequest, nodeId, parseDeltaRequest, parseDeltaResponse, parseSotwRequest, parseSotwResponse,
-  sotwResources, unpackAnyBytes, withoutFields,
+  sotwResources, unpackAnyBytes, withDeltaResources, withoutFields, withSotwResources,
 } from '../lib/xds-codec';
 import { decodeNameTable, encodeNameTable, ISTIO_DESCRIPTOR, NAME_TABLE_TYPE } from '../lib/xds-istio';
 import { DeltaSubscriptions, SotwSubscriptions } from '../lib/xds-state';
@@ -204,6 +204,24 @@ test('the NameTable schema in lib/xds-istio.ts matches proto/istio/*.proto', () 
   const value = encodeNameTable({ table: { 'a.ns.svc.cluster.local': { ips: ['10.0.0.1', 'fd00::1'], registry: 'Kubernetes', shortname: 'a', namespace: 'ns' } } });
   const any = Buffer.from(messageType('google.protobuf.Any').encode({ type_url: NAME_TABLE_TYPE, value }).finish());
   assert.equal(decodeNameTable(any).table['a.ns.svc.cluster.local']!.ips, ['10.0.0.1', 'fd00::1']);
+});
+
+test('withSotwResources / withDeltaResources: resources replaced or left out, removed names filtered, every other field kept', () => {
+  const Resp = messageType('envoy.service.discovery.v3.DiscoveryResponse');
+  const DResp = messageType('envoy.service.discovery.v3.DeltaDiscoveryResponse');
+  const any = (n: string) => ({ type_url: 'type.googleapis.com/x.Y', value: Buffer.from(n) });
+  const sotw = Buffer.from(Resp.encode({ version_info: 'v9', type_url: 't', nonce: 'n1', resources: [any('a'), any('b')] }).finish());
+  const newAny = Buffer.from(messageType('google.protobuf.Any').encode(any('c')).finish());
+  const s2 = Resp.toObject(Resp.decode(withSotwResources(sotw, [newAny])), { bytes: String }) as Record<string, any>;
+  assert.equal([s2.version_info, s2.type_url, s2.nonce, s2.resources.length], ['v9', 't', 'n1', 1]);
+  assert.is(Buffer.from(s2.resources[0].value, 'base64').toString(), 'c');
+  const delta = Buffer.from(DResp.encode({
+    system_version_info: 's', type_url: 't', nonce: 'n2', removed_resources: ['gone1', 'gone2'],
+    resources: [{ name: 'a', version: '1', resource: any('a') }, { name: 'b', version: '2', resource: any('b') }],
+  }).finish());
+  const d2 = DResp.toObject(DResp.decode(withDeltaResources(delta, [undefined, newAny], (n) => n === 'gone2')), { bytes: String }) as Record<string, any>;
+  assert.equal([d2.system_version_info, d2.nonce, d2.removed_resources], ['s', 'n2', ['gone2']]);
+  assert.equal(d2.resources.map((r: any) => [r.name, r.version, Buffer.from(r.resource.value, 'base64').toString()]), [['b', '2', 'c']]);
 });
 
 test.run();
