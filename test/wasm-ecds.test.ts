@@ -20,7 +20,7 @@ import type { WasmCacheOptions } from '../lib/wasm-cache';
 import { blockList } from '../lib/wasm-fetch';
 import { XdsProxy } from '../lib/xds-proxy';
 import { adsBootstrap } from './helpers/ads-bootstrap';
-import { startAgent } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
 import { CLUSTER, ControlPlane, LISTENER, NODE_ID, type Resource } from './helpers/control-plane';
 import { envoyBin, freePort, httpRequest, tempDir, waitFor, type TempDir } from './helpers/harness';
 import { ECDS, headerModule, wasmPluginResource } from './helpers/wasm-module';
@@ -557,7 +557,8 @@ test('a resource that is not a TypedExtensionConfig is NACKed upstream by the ag
 });
 
 test('the whole agent: a WasmPlugin change is applied with no new Envoy epoch; the module is in <configPath>/wasm; istio_agent_wasm_* on the status port', async () => {
-  const dir = tempDir('pa-wasm-agent-');
+  const fixture = await agentFixture({ prefix: 'pa-wasm-agent-' });
+  const status = fixture.ports.status;
   const modules = new ModuleServer();
   await modules.start();
   modules.files.set('/a.wasm', MODULE_A);
@@ -565,31 +566,13 @@ test('the whole agent: a WasmPlugin change is applied with no new Envoy epoch; t
   const cp = new ControlPlane();
   await cp.start();
   const listenPort = await freePort();
-  const status = await freePort();
-  const configPath = path.join(dir.path, 'proxy');
-  const agent = startAgent(
-    ['proxy', 'sidecar'],
-    {
-      PROXY_CONFIG: JSON.stringify({
-        configPath,
-        binaryPath: envoyBin(),
-        statusPort: status,
-        proxyAdminPort: await freePort(),
-        discoveryAddress: cp.address,
-        controlPlaneAuthPolicy: 'NONE',
-        drainDuration: '1s',
-        parentShutdownDuration: '2s',
-        terminationDrainDuration: '1s',
-      }),
-      POD_NAME: 'client-1',
-      POD_NAMESPACE: 'ns',
-      INSTANCE_IP: '127.0.0.1',
-      ENVOY_STATUS_PORT: String(await freePort()),
-      ENVOY_PROMETHEUS_PORT: String(await freePort()),
-      WASM_HTTP_REQUEST_MAX_RETRIES: '2',
-    },
-    dir.path,
-  );
+  const configPath = path.join(fixture.dir.path, 'proxy');
+  // Readiness needs listeners the control plane sends only later in the test.
+  const agent = await fixture.start({
+    proxyConfig: { discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE' },
+    env: { POD_NAME: 'client-1', POD_NAMESPACE: 'ns', WASM_HTTP_REQUEST_MAX_RETRIES: '2' },
+    ready: 'none',
+  });
   const epochs = async () =>
     JSON.parse((await httpRequest(`http://127.0.0.1:${status}/debug/epochs`)).body).epochs as Array<{
       epoch: number;
@@ -661,10 +644,9 @@ test('the whole agent: a WasmPlugin change is applied with no new Envoy epoch; t
     assert.is(debug.cacheEntries, 2);
     assert.equal(debug.failing, {});
   } finally {
-    await agent.stop();
+    await fixture.close();
     await cp.stop();
     await modules.close();
-    dir.cleanup();
   }
 });
 
