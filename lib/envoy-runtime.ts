@@ -48,8 +48,10 @@ export function hotRestartDir(cfg: AgentConfig): string {
   return path.join(path.resolve(cfg.proxy.configPath), 'envoy-hot-restart');
 }
 
-// Envoy appends `_udp_parent_<base id x 10 + epoch % 3>`; sun_path holds 107 bytes and a NUL.
-const SOCKET_SUFFIX_MAX = '_udp_parent_'.length + 11;
+// Envoy appends `_udp_parent_<base id x 10 + epoch % 3>`; sun_path holds 107 bytes and a NUL. Envoy computes that
+// number in 32 bits and sign-extends it to 64, so a dynamic base id above 214748364 (Envoy draws up to 2^28 - 1)
+// gives 20 digits (`s_parent_18446744071757335170`), not 10.
+const SOCKET_SUFFIX_MAX = '_udp_parent_'.length + 20;
 
 /**
  * Envoy's hot-restart socket path in configPath, or undefined when configPath is too long for a Unix socket

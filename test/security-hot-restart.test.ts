@@ -35,6 +35,14 @@ function asNobody(args: string[]): Promise<string> {
   });
 }
 
+/**
+ * The number Envoy 1.40 puts in a hot-restart socket's name for `base id x 10 + epoch % 3`: computed in 32 bits and
+ * sign-extended, so a dynamic base id above 214748364 (Envoy draws up to 2^28 - 1) gives a 20-digit number.
+ */
+function envoySocketId(n: number): string {
+  return n >= 2 ** 31 ? (BigInt(n) - 2n ** 32n + 2n ** 64n).toString() : String(n);
+}
+
 test('another uid cannot terminate Envoy over its hot-restart sockets; hot restart still works; the sockets go with the agent', async () => {
   const agent = await agentFixture({ prefix: 'pa-hrsock-', mode: 0o755 }); // the attacker may walk up to configPath
   const { dir } = agent;
@@ -46,10 +54,11 @@ test('another uid cannot terminate Envoy over its hot-restart sockets; hot resta
     await agent.start({ proxyConfig: { configPath, customConfigFile: custom }, env: { POD_NAME: 'hr' }, ready: 'live' });
     const d = await debugEpochs(ports.status);
     const scaled = d.baseId! * 10;
+    const id = (n: number) => envoySocketId(n);
     const envoy0 = d.epochs[0]!.pid;
     const socketDir = path.join(configPath, 'envoy-hot-restart');
-    const parent = path.join(socketDir, `s_parent_${scaled}`);
-    const out = await asNobody([`@envoy_domain_socket_parent_${scaled}`, parent]);
+    const parent = path.join(socketDir, `s_parent_${id(scaled)}`);
+    const out = await asNobody([`@envoy_domain_socket_parent_${id(scaled)}`, parent]);
     assert.not.match(out, /sent/, `nothing reached Envoy: ${out}`);
     assert.match(out, /PermissionError/, `the socket in configPath refuses another uid: ${out}`);
     await sleep(1500);
@@ -60,12 +69,12 @@ test('another uid cannot terminate Envoy over its hot-restart sockets; hot resta
     assert.is(st.mode & 0o777, 0o700, 'the socket directory is its owner\'s only');
     assert.ok(fs.readdirSync(socketDir).includes(path.basename(parent)), `Envoy binds its parent socket in configPath: ${fs.readdirSync(socketDir)}`);
     assert.is(fs.lstatSync(parent).mode & 0o777, 0o600);
-    assert.not.ok(fs.readFileSync('/proc/net/unix', 'utf8').includes(`@envoy_domain_socket_parent_${scaled}`), 'no abstract socket');
+    assert.not.ok(fs.readFileSync('/proc/net/unix', 'utf8').includes(`@envoy_domain_socket_parent_${id(scaled)}`), 'no abstract socket');
 
     agent.proc.kill('SIGHUP');
     const e1 = await waitLiveEpoch(ports.status, 1, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     assert.is.not(e1.pid, envoy0, 'a hot restart over the socket in configPath');
-    assert.ok(fs.lstatSync(path.join(socketDir, `s_parent_${scaled + 1}`)).isSocket());
+    assert.ok(fs.lstatSync(path.join(socketDir, `s_parent_${id(scaled + 1)}`)).isSocket());
 
     agent.proc.kill('SIGTERM');
     assert.is((await waitFor('agent exit', () => agent.exited, 30_000)).code, 0);
