@@ -22,8 +22,8 @@ import { formatIssue, parseConfigFile } from '../lib/discovery/yaml-file';
 import { unpackAny } from '../lib/envoy-protos';
 import { adsBootstrap } from './helpers/ads-bootstrap';
 import { spawnTestEnvoy } from './helpers/discovery-envoy';
-import { startAgent } from './helpers/agent';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { agentFixture } from './helpers/agent-fixture';
+import { freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
 
 const ECDS_HTTP_TYPES = [
   'type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm',
@@ -463,7 +463,7 @@ test('standalone agent: a WasmPlugin in the config directory runs in its Envoy (
   await new Promise<void>((r) => backend.listen(0, '127.0.0.1', r));
   const module = path.join(dir.path, 'plugin.wasm');
   fs.writeFileSync(module, headerModule());
-  const [servicePort, status, admin] = [await freePort(), await freePort(), await freePort()];
+  const servicePort = await freePort();
   const cfgDir = path.join(dir.path, 'mesh');
   fs.mkdirSync(cfgDir);
   fs.writeFileSync(path.join(cfgDir, 'mesh.yaml'), `apiVersion: networking.istio.io/v1
@@ -479,24 +479,17 @@ kind: WasmPlugin
 metadata: { name: header, namespace: istio-system }
 spec: { url: "file://${module}", phase: STATS }
 `);
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: admin,
-      drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'web-client', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
+  const agent = await agentFixture({ dir });
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({ args: ['proxy', 'sidecar', '--standalone', cfgDir], env: { POD_NAME: 'web-client' } });
     const res = await waitFor('a response through the plugin', async () => {
       const r = await httpRequest(`http://127.0.0.1:${servicePort}/`, { headers: { host: 'web.test.local' } });
       return r.status === 200 && r.headers['x-wasm-plugin'] === 'ran' && r;
     }, 20_000, 200).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     assert.is(res.body, 'backend');
   } finally {
-    await agent.stop();
+    await agent.close();
     await new Promise((r) => backend.close(r));
-    dir.cleanup();
   }
 });
 

@@ -7,7 +7,6 @@
 //   cache with a real Envoy, and the whole agent in a mount namespace where that path is a test directory).
 
 import 'reflect-metadata';
-import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -21,9 +20,9 @@ import { spiffeId } from '../lib/csr';
 import { SdsServer, secretResource } from '../lib/sds-server';
 import { configTrustBundle, mergeRoots, readCrl, SecretCache } from '../lib/secret-cache';
 import { decodeProxyConfigCaCerts, encodeProxyConfigCaCerts, PROXY_CONFIG_TYPE } from '../lib/xds-istio';
-import { agentBin, startAgent } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
 import { CLUSTER, ControlPlane, LISTENER } from './helpers/control-plane';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
 import { startSdsEnvoy, type SdsEnvoy } from './helpers/sds-envoy';
 import { makeLeaf, makeRoot, signCsr, type Issuer } from './helpers/test-ca';
 import type { CertificateSigner } from '../lib/ca-client';
@@ -134,19 +133,20 @@ test('PCDS (PROXY_CONFIG_XDS_AGENT): after the push a real Envoy accepts a peer 
   const oldPeer = await makeLeaf(oldRoot, { uri: spiffeId('cluster.local', 'ns', 'old') });
   const newPeer = await makeLeaf(newRoot, { uri: spiffeId('cluster.local', 'ns', 'new') });
   const cp = new ControlPlane();
-  await cp.start();
   const be = await backend();
-  const status = await freePort();
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({
-      configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(),
-      discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE', drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
-    }),
-    POD_NAME: 'web-1', POD_NAMESPACE: 'ns', SERVICE_ACCOUNT: 'web', INSTANCE_IP: '127.0.0.1', FILE_MOUNTED_CERTS: 'true',
-    PROXY_CONFIG_XDS_AGENT: 'true', ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
+  const agent = await agentFixture({ dir });
+  const { status } = agent.ports;
   let envoy: SdsEnvoy | undefined;
   try {
+    await cp.start();
+    await agent.start({
+      proxyConfig: { discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE' },
+      env: {
+        POD_NAME: 'web-1', POD_NAMESPACE: 'ns', SERVICE_ACCOUNT: 'web', FILE_MOUNTED_CERTS: 'true',
+        PROXY_CONFIG_XDS_AGENT: 'true',
+      },
+      ready: 'none',
+    });
     cp.set(CLUSTER, 'c1', []);
     cp.set(LISTENER, 'l1', []);
     const sock = path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket');
@@ -175,10 +175,9 @@ test('PCDS (PROXY_CONFIG_XDS_AGENT): after the push a real Envoy accepts a peer 
     await waitFor('the pushed root is no longer trusted', async () => /^error/.test(await mtlsGet(port, oldRoot.pem, newPeer)), 15_000, 200);
   } finally {
     await envoy?.stop();
-    await agent.stop();
+    await agent.close();
     await cp.stop();
     be.close();
-    dir.cleanup();
   }
 });
 
@@ -250,45 +249,36 @@ test('the agent reads Istio\'s CRL path: in a mount namespace with /var/run/secr
   const crlDir = path.join(dir.path, 'crl-configmap');
   fs.mkdirSync(crlDir);
   const cp = new ControlPlane();
-  await cp.start();
-  cp.set(CLUSTER, 'c1', []);
   const be = await backend();
-  const status = await freePort();
-  const env = {
-    PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/root',
-    PROXY_CONFIG: JSON.stringify({
-      configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(),
-      discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE', drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
-    }),
-    POD_NAME: 'web-1', POD_NAMESPACE: 'ns', SERVICE_ACCOUNT: 'web', INSTANCE_IP: '127.0.0.1', FILE_MOUNTED_CERTS: 'true',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()), CRL_DIR: crlDir,
-  };
+  const agent = await agentFixture({ dir });
+  const out = () => agent.log();
   // A private /run holding only the config map's directory at Istio's path; the host's /run is untouched.
   const script = 'mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/istio/crl && mount --bind "$CRL_DIR" /run/secrets/istio/crl && exec "$@"';
-  const proc = spawn('unshare', ['-m', '--propagation', 'private', 'sh', '-c', script, 'sh', agentBin(), 'proxy', 'sidecar'], { cwd: dir.path, env, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
-  proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));
-  const exited = new Promise<void>((r) => proc.once('exit', () => r()));
   let envoy: SdsEnvoy | undefined;
   try {
+    await cp.start();
+    cp.set(CLUSTER, 'c1', []);
+    await agent.start({
+      proxyConfig: { discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE' },
+      env: { POD_NAME: 'web-1', POD_NAMESPACE: 'ns', SERVICE_ACCOUNT: 'web', FILE_MOUNTED_CERTS: 'true', CRL_DIR: crlDir },
+      wrap: ['unshare', '-m', '--propagation', 'private', 'sh', '-c', script, 'sh'],
+      ready: 'none',
+    });
     const sock = path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket');
-    await waitFor('the agent serves SDS', () => fs.existsSync(sock), 20_000).catch((e: Error) => { throw new Error(`${e.message}\n${out}`); });
+    await waitFor('the agent serves SDS', () => fs.existsSync(sock), 20_000).catch((e: Error) => { throw new Error(`${e.message}\n${out()}`); });
     const port = await freePort();
     envoy = await startSdsEnvoy({ sdsSocket: sock, inbound: { port, backendPort: (be.address() as AddressInfo).port } });
     await waitFor('Envoy accepts the peer while there is no CRL', async () => (await mtlsGet(port, root.pem, revoked)) === 'from-backend', 20_000, 200)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${out}`); });
+      .catch((e: Error) => { throw new Error(`${e.message}\n${out()}`); });
     writeAtomic(path.join(crlDir, 'ca-crl.pem'), await makeCrl(root, [new x509.X509Certificate(revoked.certPem).serialNumber]));
     await waitFor('Envoy refuses the revoked peer', async () => /^error/.test(await mtlsGet(port, root.pem, revoked)), 15_000, 200)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${out}`); });
-    assert.match(out, /CA CRL from \/var\/run\/secrets\/istio\/crl\/ca-crl\.pem put into ROOTCA/);
+      .catch((e: Error) => { throw new Error(`${e.message}\n${out()}`); });
+    assert.match(out(), /CA CRL from \/var\/run\/secrets\/istio\/crl\/ca-crl\.pem put into ROOTCA/);
   } finally {
     await envoy?.stop();
-    if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
-    await exited;
+    await agent.close();
     await cp.stop();
     be.close();
-    dir.cleanup();
   }
 });
 

@@ -21,9 +21,9 @@ import { buildConfig } from '../lib/config';
 import { packAny } from '../lib/envoy-protos';
 import { SdsServer } from '../lib/sds-server';
 import { SecretCache } from '../lib/secret-cache';
-import { startAgent } from './helpers/agent';
+import { agentFixture, type AgentFixture } from './helpers/agent-fixture';
 import { CLUSTER, ControlPlane, LISTENER, type Resource } from './helpers/control-plane';
-import { envoyBin, freePort, tempDir, waitFor } from './helpers/harness';
+import { freePort, tempDir, waitFor } from './helpers/harness';
 import { makeLeaf, makeRoot } from './helpers/test-ca';
 
 test('WORKLOAD_IDENTITY_SOCKET_FILE: the sds-grpc pipe follows it; a path is refused by name', () => {
@@ -38,21 +38,23 @@ test('WORKLOAD_IDENTITY_SOCKET_FILE: the sds-grpc pipe follows it; a path is ref
   assert.is(facts.sdsServeSocket, './var/run/secrets/credential-uds/files-socket');
 });
 
-function run(env: Record<string, string>, cwd: string): Promise<{ code: number | null; out: string }> {
-  const a = startAgent(['proxy', 'sidecar'], env, cwd);
-  return a.exited.then((r) => ({ code: r.code, out: a.log() }));
+/** Starts the agent and waits for it to exit. */
+async function run(agent: AgentFixture, env: Record<string, string>): Promise<{ code: number | null; out: string }> {
+  await agent.start({ env, ready: 'none' });
+  const r = await agent.exited;
+  return { code: r.code, out: agent.log() };
 }
 
 test('a non-default WORKLOAD_IDENTITY_SOCKET_FILE that nothing serves: start-up fails, naming the socket', async () => {
-  const dir = tempDir('pa-knobs-wisf-');
+  const agent = await agentFixture({ prefix: 'pa-knobs-wisf-' });
   try {
-    const r = await run({ WORKLOAD_IDENTITY_SOCKET_FILE: 'spire.sock', PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin() }) }, dir.path);
+    const r = await run(agent, { WORKLOAD_IDENTITY_SOCKET_FILE: 'spire.sock' });
     assert.is(r.code, 1, r.out);
     // The Go agent's line, checked against /root/go/bin/pilot-agent: "agent configured for non-default SDS socket path:
     // var/run/secrets/workload-spiffe-uds/spire.sock but no socket found".
     assert.match(r.out, /^error: agent configured for non-default SDS socket path: var\/run\/secrets\/workload-spiffe-uds\/spire\.sock but no socket found/m);
   } finally {
-    dir.cleanup();
+    await agent.close();
   }
 });
 
@@ -111,7 +113,7 @@ test('SPIRE-style workload socket and a credential socket: Envoy gets its identi
   cache.onUpdate((n) => spire.push(n));
   const cred = net.createServer((c) => c.destroy());
   const cp = new ControlPlane();
-  let agent: ReturnType<typeof startAgent> | undefined;
+  const agent = await agentFixture({ dir });
   try {
     await spire.start();
     await cache.start();
@@ -120,13 +122,13 @@ test('SPIRE-style workload socket and a credential socket: Envoy gets its identi
     // Answered at once (an empty delta set is sent only to a new subscription), so Envoy goes on to ask for listeners.
     cp.set(CLUSTER, 'c1', []);
     const configPath = path.join(dir.path, 'proxy');
-    agent = startAgent(['proxy', 'sidecar'], {
-      PROXY_CONFIG: JSON.stringify({ configPath, binaryPath: envoyBin(), statusPort: await freePort(), proxyAdminPort: await freePort(), discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE', drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-      WORKLOAD_IDENTITY_SOCKET_FILE: 'spire.sock', POD_NAME: 'web-1', POD_NAMESPACE: 'ns', INSTANCE_IP: '127.0.0.1',
-      ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    }, dir.path);
+    await agent.start({
+      proxyConfig: { discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE' },
+      env: { WORKLOAD_IDENTITY_SOCKET_FILE: 'spire.sock', POD_NAME: 'web-1', POD_NAMESPACE: 'ns' },
+      ready: 'none',
+    });
     await waitFor('Envoy subscribes', () => cp.requests.some((r) => r.typeUrl === CLUSTER), 20_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent!.log()}`); });
+      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     const boot = JSON.parse(fs.readFileSync(path.join(configPath, 'envoy-rev0.json'), 'utf8'));
     const pipe = (name: string) => boot.static_resources.clusters.find((c: { name: string }) => c.name === name)?.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.pipe.path;
     assert.is(pipe('sds-grpc'), './var/run/secrets/workload-spiffe-uds/spire.sock');
@@ -142,18 +144,17 @@ test('SPIRE-style workload socket and a credential socket: Envoy gets its identi
     ]);
     const serial = (pem: string) => new X509Certificate(pem).serialNumber;
     await waitFor('Envoy serves the external server\'s certificate', async () => (await servedSerial(p1)) === serial(external.certPem), 20_000, 200)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent!.log()}`); });
+      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     await waitFor('Envoy serves the file certificate from the agent\'s files socket', async () => (await servedSerial(p2)) === serial(fileCert.certPem), 20_000, 200)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent!.log()}`); });
+      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     assert.ok(fs.existsSync(path.join(dir.path, 'var/run/secrets/credential-uds/files-socket')));
     assert.not.ok(fs.existsSync(path.join(dir.path, 'var/run/secrets/workload-spiffe-uds/socket')), 'the agent does not listen on the default socket');
   } finally {
-    await agent?.stop();
+    await agent.close();
     await cp.stop();
     await spire.close();
     await cache.close();
     cred.close();
-    dir.cleanup();
   }
 });
 
@@ -164,26 +165,25 @@ test('a credential socket nobody answers on is removed, and the metadata says no
   // A socket file left by a process that is gone.
   execFileSync('python3', ['-c', 'import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])', credSock]);
   const cp = new ControlPlane();
-  let agent: ReturnType<typeof startAgent> | undefined;
+  const agent = await agentFixture({ dir });
   try {
     await cp.start();
     const configPath = path.join(dir.path, 'proxy');
-    agent = startAgent(['proxy', 'sidecar'], {
-      PROXY_CONFIG: JSON.stringify({ configPath, binaryPath: envoyBin(), statusPort: await freePort(), proxyAdminPort: await freePort(), discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE' }),
-      POD_NAME: 'web-1', POD_NAMESPACE: 'ns', INSTANCE_IP: '127.0.0.1', FILE_MOUNTED_CERTS: 'true',
-      ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    }, dir.path);
+    await agent.start({
+      proxyConfig: { discoveryAddress: cp.address, controlPlaneAuthPolicy: 'NONE' },
+      env: { POD_NAME: 'web-1', POD_NAMESPACE: 'ns', FILE_MOUNTED_CERTS: 'true' },
+      ready: 'none',
+    });
     await waitFor('Envoy subscribes', () => cp.requests.some((r) => r.typeUrl === CLUSTER), 20_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent!.log()}`); });
+      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     assert.not.ok(fs.existsSync(credSock), 'the stale socket is gone');
     const boot = JSON.parse(fs.readFileSync(path.join(configPath, 'envoy-rev0.json'), 'utf8'));
     assert.is(boot.node.metadata.credential, undefined);
     assert.is(boot.node.metadata['file-credential'], undefined);
     assert.not.ok(boot.static_resources.clusters.some((c: { name: string }) => c.name === 'sds-files-grpc'));
   } finally {
-    await agent?.stop();
+    await agent.close();
     await cp.stop();
-    dir.cleanup();
   }
 });
 

@@ -18,9 +18,9 @@ import { buildConfig } from '../lib/config';
 import { generateKeyAndCsr } from '../lib/csr';
 import { envoyEnvironment, FIPS_TLS12_CIPHERS, tlsRestriction } from '../lib/tls-policy';
 import { openUpstream, upstreamFromConfig, type UpstreamOptions } from '../lib/xds-upstream';
-import { startAgent } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
 import { CLUSTER, ControlPlane } from './helpers/control-plane';
-import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
+import { httpRequest, tempDir, waitFor } from './helpers/harness';
 import { makeLeaf, makeRoot } from './helpers/test-ca';
 
 function cfg(env: Record<string, string>) {
@@ -105,19 +105,24 @@ test('the agent with workload-spiffe-credentials and ISTIO_META_TLS_CLIENT_*: it
   fs.mkdirSync(tlsDir);
   for (const [n, t] of [['key.pem', k.client.keyPem], ['cert.pem', k.client.certPem], ['root.pem', k.serverRoot]]) fs.writeFileSync(path.join(tlsDir, n!), t!);
   const cp = new ControlPlane({ tls: { key: Buffer.from(k.server.keyPem), cert: Buffer.from(k.server.certPem), clientCa: Buffer.from(k.clientRoot) } });
-  await cp.start();
-  const status = await freePort();
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({
-      configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(),
-      discoveryAddress: cp.address, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s',
-      proxyMetadata: { ISTIO_META_TLS_CLIENT_KEY: path.join(tlsDir, 'key.pem'), ISTIO_META_TLS_CLIENT_CERT_CHAIN: path.join(tlsDir, 'cert.pem') },
-    }),
-    ISTIO_META_TLS_CLIENT_ROOT_CERT: path.join(tlsDir, 'root.pem'), COMPLIANCE_POLICY: 'fips-140-3',
-    POD_NAME: 'vm-1', POD_NAMESPACE: 'vm', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  }, dir.path);
+  const agent = await agentFixture({ dir });
+  const { status } = agent.ports;
   try {
+    await cp.start();
+    await agent.start({
+      proxyConfig: {
+        discoveryAddress: cp.address,
+        proxyMetadata: {
+          ISTIO_META_TLS_CLIENT_KEY: path.join(tlsDir, 'key.pem'),
+          ISTIO_META_TLS_CLIENT_CERT_CHAIN: path.join(tlsDir, 'cert.pem'),
+        },
+      },
+      env: {
+        ISTIO_META_TLS_CLIENT_ROOT_CERT: path.join(tlsDir, 'root.pem'), COMPLIANCE_POLICY: 'fips-140-3',
+        POD_NAME: 'vm-1', POD_NAMESPACE: 'vm',
+      },
+      ready: 'none',
+    });
     await waitFor('Envoy\'s CDS request reaches the control plane', () => cp.requests.some((r) => r.typeUrl === CLUSTER), 20_000)
       .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     // Envoy got GRPC_SSL_CIPHER_SUITES (fips-140-3), as Go appends it to Envoy's environment.
@@ -125,9 +130,8 @@ test('the agent with workload-spiffe-credentials and ISTIO_META_TLS_CLIENT_*: it
     const environ = fs.readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
     assert.ok(environ.includes(`GRPC_SSL_CIPHER_SUITES=${FIPS_TLS12_CIPHERS}`), 'Envoy has GRPC_SSL_CIPHER_SUITES');
   } finally {
-    await agent.stop();
+    await agent.close();
     await cp.stop();
-    dir.cleanup();
   }
 });
 

@@ -80,6 +80,12 @@ export interface StartOptions {
   cwd?: string;
   /** Run as this uid (its gid the same, no supplementary groups). */
   uid?: number;
+  /**
+   * A command that sets something up and then execs the agent, whose command line is appended: e.g. a private
+   * mount namespace, `['unshare', '-m', 'sh', '-c', 'mount ... && exec "$@"', 'sh']`. Inside the namespace, before
+   * the uid change. It must exec, so that the pid (and its Envoys, which close() kills) stays the agent's.
+   */
+  wrap?: string[];
   ready?: Readiness;
   readyTimeoutMs?: number;
 }
@@ -220,6 +226,7 @@ export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixt
       startedEnv = defined;
       const prefix = [
         ...(netns ? ['ip', 'netns', 'exec', netns.name] : []),
+        ...(s.wrap ?? []),
         ...(s.uid !== undefined ? ['setpriv', `--reuid=${s.uid}`, `--regid=${s.uid}`, '--clear-groups'] : []),
       ];
       running = startAgent(s.args ?? ['proxy', 'sidecar'], defined, s.cwd ?? dir.path, { prefix });
