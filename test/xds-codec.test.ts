@@ -197,9 +197,9 @@ test('reconnect backoff: whenever the control plane returns, the next attempt is
   assert.ok(Math.max(...back) - 30_000 <= 7500);
 });
 
-test('the NameTable schema in lib/xds-istio.ts matches proto/istio/*.proto', () => {
+test('the Istio schema in lib/xds-istio.ts (NameTable, health, PCDS roots) matches proto/istio/*.proto', () => {
   const root = new protobuf.Root();
-  root.loadSync([path.join(REPO, 'proto/istio/nds.proto'), path.join(REPO, 'proto/istio/health.proto')], { keepCase: true });
+  root.loadSync(['nds', 'health', 'proxy-config'].map((f) => path.join(REPO, `proto/istio/${f}.proto`)), { keepCase: true });
   assert.equal(JSON.parse(JSON.stringify(root.toJSON())), JSON.parse(JSON.stringify(ISTIO_DESCRIPTOR)));
   const value = encodeNameTable({ table: { 'a.ns.svc.cluster.local': { ips: ['10.0.0.1', 'fd00::1'], registry: 'Kubernetes', shortname: 'a', namespace: 'ns' } } });
   const any = Buffer.from(messageType('google.protobuf.Any').encode({ type_url: NAME_TABLE_TYPE, value }).finish());
