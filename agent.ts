@@ -65,25 +65,40 @@ function setUpLogging(argv: Record<string, unknown>): void {
 
 // Each command's flags for `completion`; test/go-knobs-cli.test.ts checks them against every command's --help.
 const LOG_FLAGS = ['--log_output_level', '--log_as_json', '--log_target', '--log_caller', '--log_stacktrace_level'];
-const PROXY_FLAGS = [...LOG_FLAGS, '--domain', '--meshConfig', '--serviceCluster', '--proxyLogLevel',
-  '--proxyComponentLogLevel', '--concurrency', '--templateFile', '--outlierLogPath', '--standalone', '--profiling', '--help'];
+const PROXY_FLAGS = [
+  ...LOG_FLAGS,
+  '--domain',
+  '--meshConfig',
+  '--serviceCluster',
+  '--proxyLogLevel',
+  '--proxyComponentLogLevel',
+  '--concurrency',
+  '--templateFile',
+  '--outlierLogPath',
+  '--standalone',
+  '--profiling',
+  '--help',
+];
 
 async function completionCommand(shell: 'bash' | 'zsh'): Promise<number> {
   const [{ completionScript }, { iptablesFlagNames }] = await Promise.all([
-    import('./lib/completion'), import('./lib/iptables-flags'),
+    import('./lib/completion'),
+    import('./lib/iptables-flags'),
   ]);
   const iptables = [...new Set([...iptablesFlagNames(), '--help'])];
-  process.stdout.write(completionScript(shell, 'pilot-agent', {
-    proxy: PROXY_FLAGS,
-    bootstrap: PROXY_FLAGS,
-    wait: ['--url', '--periodMillis', '--requestTimeoutMillis', '--timeoutSeconds', '--help'],
-    request: ['--debug-port', '--help'],
-    discovery: [...LOG_FLAGS, '--config-dir', '--grpc-addr', '--outbound-traffic-policy', '--meshConfig', '--help'],
-    'istio-iptables': iptables,
-    'istio-clean-iptables': iptables,
-    completion: ['bash', 'zsh'],
-    version: ['--short', '--output', '--help'],
-  }));
+  process.stdout.write(
+    completionScript(shell, 'pilot-agent', {
+      proxy: PROXY_FLAGS,
+      bootstrap: PROXY_FLAGS,
+      wait: ['--url', '--periodMillis', '--requestTimeoutMillis', '--timeoutSeconds', '--help'],
+      request: ['--debug-port', '--help'],
+      discovery: [...LOG_FLAGS, '--config-dir', '--grpc-addr', '--outbound-traffic-policy', '--meshConfig', '--help'],
+      'istio-iptables': iptables,
+      'istio-clean-iptables': iptables,
+      completion: ['bash', 'zsh'],
+      version: ['--short', '--output', '--help'],
+    }),
+  );
   return 0;
 }
 
@@ -95,7 +110,10 @@ function startupFailure(err: unknown): number {
 
 async function bootstrapCommand(argv: Record<string, unknown>): Promise<number> {
   try {
-    const [{ resolveAll }, { renderBootstrap }] = await Promise.all([import('./lib/resolve'), import('./lib/bootstrap')]);
+    const [{ resolveAll }, { renderBootstrap }] = await Promise.all([
+      import('./lib/resolve'),
+      import('./lib/bootstrap'),
+    ]);
     const r = resolveAll(proxyFlags(argv), process.env);
     process.stdout.write(renderBootstrap(r.bootstrap));
     return 0;
@@ -113,9 +131,13 @@ async function requestCommand(o: { method: string; path: string; body?: string; 
   const client = await import('./lib/agent-client');
   let adminSocket: string | undefined;
   if (o.port === client.REQUEST_ADMIN_PORT) {
-    const [{ buildConfig }, { readFileOrUndefined }] = await Promise.all([import('./lib/config'), import('./lib/resolve')]);
+    const [{ buildConfig }, { readFileOrUndefined }] = await Promise.all([
+      import('./lib/config'),
+      import('./lib/resolve'),
+    ]);
     try {
-      adminSocket = buildConfig({ flags: {}, env: process.env, readFile: readFileOrUndefined }).envoyAdminSocket || undefined;
+      adminSocket =
+        buildConfig({ flags: {}, env: process.env, readFile: readFileOrUndefined }).envoyAdminSocket || undefined;
     } catch (err) {
       if (envs.ENVOY_ADMIN_MODE.isSet(process.env)) return startupFailure(err);
     }
@@ -130,8 +152,16 @@ function checkEnvoyBinary(cfg: AgentConfig): void {
     if (!st.isFile()) throw new Error('not a file');
     fs.accessSync(bin, fs.constants.X_OK);
   } catch (err) {
-    const why = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'does not exist' : (err as NodeJS.ErrnoException).code === 'EACCES' ? 'is not executable' : errorMessage(err);
-    throw new AgentError('ENVOY_MISSING', `invalid binaryPath (from ${cfg.sources.binaryPath}): Envoy binary ${bin} ${why}`);
+    const why =
+      (err as NodeJS.ErrnoException).code === 'ENOENT'
+        ? 'does not exist'
+        : (err as NodeJS.ErrnoException).code === 'EACCES'
+          ? 'is not executable'
+          : errorMessage(err);
+    throw new AgentError(
+      'ENVOY_MISSING',
+      `invalid binaryPath (from ${cfg.sources.binaryPath}): Envoy binary ${bin} ${why}`,
+    );
   }
 }
 
@@ -141,14 +171,20 @@ function checkConfigPathWritable(cfg: AgentConfig): void {
     mkdirs(dir);
     fs.accessSync(dir, fs.constants.W_OK);
   } catch (err) {
-    throw new AgentError('CONFIG_INVALID', `invalid configPath (from ${cfg.sources.configPath}): ${dir} is not a writable directory: ${errorMessage(err)}`);
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `invalid configPath (from ${cfg.sources.configPath}): ${dir} is not a writable directory: ${errorMessage(err)}`,
+    );
   }
 }
 
 /** Everything checked before anything starts; throws AgentError naming the field. Claims configPath last. */
 async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv, withEnvoy = true): Promise<Resolved> {
   // Loaded by the commands that need them: `version` and the others start faster without.
-  const [{ resolveAll }, { claimConfigPath }] = await Promise.all([import('./lib/resolve'), import('./lib/config-path-lock')]);
+  const [{ resolveAll }, { claimConfigPath }] = await Promise.all([
+    import('./lib/resolve'),
+    import('./lib/config-path-lock'),
+  ]);
   let resolved = resolveAll(flags, env);
   if (withEnvoy) checkEnvoyBinary(resolved.cfg);
   checkConfigPathWritable(resolved.cfg);
@@ -168,7 +204,11 @@ async function startupChecks(flags: Flags, env: NodeJS.ProcessEnv, withEnvoy = t
  * through the exit handlers (which release configPath and remove the sockets bound so far); `whenEnvoy` makes them
  * drain Envoy, and makes the agent's exit kill what is left of it.
  */
-function stopSignals(): { whenEnvoy(envoy: EnvoyComponent): void; instead(fn: (sig: NodeJS.Signals) => void): void; off(): void } {
+function stopSignals(): {
+  whenEnvoy(envoy: EnvoyComponent): void;
+  instead(fn: (sig: NodeJS.Signals) => void): void;
+  off(): void;
+} {
   let onStop = (sig: NodeJS.Signals) => {
     log.info(`${sig} before Envoy was started: exiting`);
     exitAfterFlush(0);
@@ -204,7 +244,10 @@ async function runComponents(components: Component[], envoy: EnvoyComponent, sig
     throw err;
   }
   const first = await firstToEnd(components);
-  const end = first.component === envoy ? await envoy.done : { code: 1, reason: `${first.component.name} closed${first.err ? `: ${first.err.message}` : ''}` };
+  const end =
+    first.component === envoy
+      ? await envoy.done
+      : { code: 1, reason: `${first.component.name} closed${first.err ? `: ${first.err.message}` : ''}` };
   if (first.component !== envoy) await envoy.shutdown(false, end.reason);
   await closeAll(components);
   signalsOff();
@@ -216,17 +259,24 @@ async function runComponents(components: Component[], envoy: EnvoyComponent, sig
  * The xDS upstream: the control plane from the config, or in standalone mode the embedded discovery server (and the
  * socket its CA answers on).
  */
-async function xdsUpstream(cfg: AgentConfig, agentEnv: NodeJS.ProcessEnv): Promise<{
-  discovery?: DiscoveryServer; discoverySock?: string; upstream: UpstreamOptions;
+async function xdsUpstream(
+  cfg: AgentConfig,
+  agentEnv: NodeJS.ProcessEnv,
+): Promise<{
+  discovery?: DiscoveryServer;
+  discoverySock?: string;
+  upstream: UpstreamOptions;
 }> {
   const { upstreamFromConfig } = await import('./lib/xds-upstream');
   if (!cfg.standaloneDir) return { upstream: upstreamFromConfig(cfg, agentEnv) };
   const discoverySock = path.resolve(cfg.proxy.configPath, 'discovery.sock');
   const { DiscoveryServer } = await import('./lib/discovery/index');
   const discovery = new DiscoveryServer({
-    configDir: cfg.standaloneDir, listen: `unix:${discoverySock}`,
+    configDir: cfg.standaloneDir,
+    listen: `unix:${discoverySock}`,
     mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy, ...(cfg.meshTracing && { tracing: cfg.meshTracing }) },
-    trustDomain: cfg.trustDomain, ...cfg.discoveryLimits,
+    trustDomain: cfg.trustDomain,
+    ...cfg.discoveryLimits,
     // This agent is trusted as its own identity by a token only its memory holds (it reads the directory anyway).
     inProcess: { namespace: cfg.podNamespace || 'default', serviceAccount: cfg.serviceAccount || 'default' },
   });
@@ -241,13 +291,18 @@ async function xdsUpstream(cfg: AgentConfig, agentEnv: NodeJS.ProcessEnv): Promi
  */
 async function writeGrpcBootstrap(resolved: Resolved, agentEnv: NodeJS.ProcessEnv): Promise<string> {
   const [{ renderGrpcBootstrap }, { writeFileAtomic }] = await Promise.all([
-    import('./lib/grpc-bootstrap'), import('./lib/fs-atomic'),
+    import('./lib/grpc-bootstrap'),
+    import('./lib/fs-atomic'),
   ]);
   const file = path.resolve(envs.GRPC_XDS_BOOTSTRAP.get(agentEnv));
   const { node, cfg } = resolved;
   const text = renderGrpcBootstrap({
-    nodeId: node.id, metadata: node.metadata, locality: node.locality, xdsSocket: cfg.xdsSocket,
-    certDir: envs.OUTPUT_CERTS.get(agentEnv) || undefined, cwd: process.cwd(),
+    nodeId: node.id,
+    metadata: node.metadata,
+    locality: node.locality,
+    xdsSocket: cfg.xdsSocket,
+    certDir: envs.OUTPUT_CERTS.get(agentEnv) || undefined,
+    cwd: process.cwd(),
   });
   try {
     mkdirs(path.dirname(file), 0o700);
@@ -267,17 +322,31 @@ async function writeGrpcBootstrap(resolved: Resolved, agentEnv: NodeJS.ProcessEn
  * (exit 1).
  */
 async function proxylessCommand(
-  flags: Flags, env: NodeJS.ProcessEnv, signals: ReturnType<typeof stopSignals>, startedAt: number,
+  flags: Flags,
+  env: NodeJS.ProcessEnv,
+  signals: ReturnType<typeof stopSignals>,
+  startedAt: number,
 ): Promise<number> {
   const resolved = await startupChecks(flags, env, false);
   const { cfg } = resolved;
   const agentEnv = { ...cfg.proxy.proxyMetadata, ...env };
   const [
-    { composeReadiness, startAll, firstToEnd, closeAll, closedSignal }, { newRegistry }, { StatusServer }, { XdsProxy },
-    istio, { workloadIdentity }, { GrpcReady }, { WORKLOAD_SECRET },
+    { composeReadiness, startAll, firstToEnd, closeAll, closedSignal },
+    { newRegistry },
+    { StatusServer },
+    { XdsProxy },
+    istio,
+    { workloadIdentity },
+    { GrpcReady },
+    { WORKLOAD_SECRET },
   ] = await Promise.all([
-    import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
-    import('./lib/xds-istio'), import('./lib/workload-identity'), import('./lib/grpc-ready'),
+    import('./lib/component'),
+    import('./lib/metrics'),
+    import('./lib/status-server'),
+    import('./lib/xds-proxy'),
+    import('./lib/xds-istio'),
+    import('./lib/workload-identity'),
+    import('./lib/grpc-ready'),
     import('./lib/sds-server'),
   ]);
   const appProbe = await import('./lib/app-probe');
@@ -289,7 +358,8 @@ async function proxylessCommand(
   const maxMessageBytes = envs.XDS_MAX_MESSAGE_BYTES.get(env);
   const xds = new XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes });
   const [{ readFileOrUndefined }, { canBindPort }] = await Promise.all([
-    import('./lib/resolve'), import('./lib/capabilities'),
+    import('./lib/resolve'),
+    import('./lib/capabilities'),
   ]);
   const dnsOptions = { readFile: readFileOrUndefined, canBind53: canBindPort(53) };
   const dns = cfg.dnsEnabled
@@ -301,20 +371,38 @@ async function proxylessCommand(
   const stop = closedSignal();
   // SIGTERM/SIGINT as a component that ends, so the agent ends through the same race as when a component fails.
   const stopper: Component = {
-    name: 'signal', closed: stop.closed, start: async () => undefined, close: async () => stop.resolve(undefined),
+    name: 'signal',
+    closed: stop.closed,
+    start: async () => undefined,
+    close: async () => stop.resolve(undefined),
   };
   const status = new StatusServer({
-    port: cfg.proxy.statusPort, startedAt, remoteDebug: envs.STATUS_SERVER_REMOTE_DEBUG.get(env),
+    port: cfg.proxy.statusPort,
+    startedAt,
+    remoteDebug: envs.STATUS_SERVER_REMOTE_DEBUG.get(env),
     readiness: (): Promise<Condition> => composeReadiness(components),
     metrics: { registry, sources: [] },
   });
   // The app's probes (Kubernetes' rewritten ones) are answered as beside Envoy.
-  const probes = appProbers.size ? new appProbe.AppProbes({
-    probers: appProbers, destination: appProbe.appProbeDestination(env), connections: appProbe.appProbeConnections(env), statusPort: cfg.proxy.statusPort,
-    ownPorts: [cfg.proxy.proxyAdminPort],
-  }) : undefined;
-  const components = [status, probes, discovery, identity?.cache, xds, dns, new GrpcReady(bootstrapFile), stopper]
-    .filter((c): c is Component => c !== undefined);
+  const probes = appProbers.size
+    ? new appProbe.AppProbes({
+        probers: appProbers,
+        destination: appProbe.appProbeDestination(env),
+        connections: appProbe.appProbeConnections(env),
+        statusPort: cfg.proxy.statusPort,
+        ownPorts: [cfg.proxy.proxyAdminPort],
+      })
+    : undefined;
+  const components = [
+    status,
+    probes,
+    discovery,
+    identity?.cache,
+    xds,
+    dns,
+    new GrpcReady(bootstrapFile),
+    stopper,
+  ].filter((c): c is Component => c !== undefined);
   for (const c of components) {
     if (c.routes) status.addRoutes(c.routes());
     c.registerMetrics?.(registry);
@@ -341,9 +429,10 @@ async function proxylessCommand(
   if (envs.OUTPUT_CERTS.get(agentEnv)) identity?.cache.requested(WORKLOAD_SECRET);
   const first = await firstToEnd(components);
   const code = first.component === stopper ? 0 : 1;
-  const reason = first.component === stopper
-    ? stoppedBy ?? 'stopped'
-    : `${first.component.name} closed${first.err ? `: ${first.err.message}` : ''}`;
+  const reason =
+    first.component === stopper
+      ? (stoppedBy ?? 'stopped')
+      : `${first.component.name} closed${first.err ? `: ${first.err.message}` : ''}`;
   await closeAll(components);
   signals.off();
   (code === 0 ? log.info : log.error)(`agent exiting with code ${code}: ${reason}`);
@@ -371,14 +460,22 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const agentEnv = { ...cfg.proxy.proxyMetadata, ...env };
     // Settings read from the environment are checked before anything starts.
     const [appProbe, health, appMetrics, { keyAlgorithm, pregenerateKey }] = await Promise.all([
-      import('./lib/app-probe'), import('./lib/health-checker'), import('./lib/app-metrics'), import('./lib/csr'),
+      import('./lib/app-probe'),
+      import('./lib/health-checker'),
+      import('./lib/app-metrics'),
+      import('./lib/csr'),
     ]);
     const appProbers = appProbe.parseAppProbers(env);
     // Istio merges the app's metrics for sidecars only.
     const appTargets = cfg.proxyType === 'sidecar' ? appMetrics.parseAppMetricsConfig(env, cfg.proxy.statusPort) : [];
-    const readinessProbe = cfg.proxy.readinessProbe ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig') : undefined;
-    const algorithm = keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv), envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv),
-      envs.ECC_CURVE.get(agentEnv));
+    const readinessProbe = cfg.proxy.readinessProbe
+      ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig')
+      : undefined;
+    const algorithm = keyAlgorithm(
+      envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv),
+      envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv),
+      envs.ECC_CURVE.get(agentEnv),
+    );
     // The workload key is made while Envoy starts when a CA will be asked (mounted files may still make it moot);
     // asked for just after the spawn: the first key pair also initialises OpenSSL's key code on this thread (3-14 ms).
     const standaloneCa = cfg.standaloneDir && fs.existsSync(path.join(cfg.standaloneDir, 'ca', 'identities'));
@@ -407,7 +504,12 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const sdsServedElsewhere = await socketInUse(cfg.sdsServeSocket);
     await prebindUnixSocket(cfg.xdsSocket);
     // A socket that cannot be bound fails the start only if the agent has certificates to serve (see lib/workload-identity.ts).
-    const sdsUnavailable = sdsServedElsewhere ? undefined : await prebindUnixSocket(cfg.sdsServeSocket).then(() => undefined, (err: Error) => err);
+    const sdsUnavailable = sdsServedElsewhere
+      ? undefined
+      : await prebindUnixSocket(cfg.sdsServeSocket).then(
+          () => undefined,
+          (err: Error) => err,
+        );
     signals.whenEnvoy(envoy);
     await envoy.start();
     if (wantKey) pregenerateKey(algorithm);
@@ -417,26 +519,48 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       (f) => process.on('exit', () => fs.rmSync(f, { force: true })),
       (err: Error) => log.warn(err.message),
     );
-    const [{ composeReadiness }, { newRegistry }, { StatusServer }, xdsMod, { ConfigReloader }, istio, { Profiling }, { workloadIdentity }] = await Promise.all([
-      import('./lib/component'), import('./lib/metrics'), import('./lib/status-server'), import('./lib/xds-proxy'),
-      import('./lib/config-reloader'), import('./lib/xds-istio'), import('./lib/profiling'), import('./lib/workload-identity'),
+    const [
+      { composeReadiness },
+      { newRegistry },
+      { StatusServer },
+      xdsMod,
+      { ConfigReloader },
+      istio,
+      { Profiling },
+      { workloadIdentity },
+    ] = await Promise.all([
+      import('./lib/component'),
+      import('./lib/metrics'),
+      import('./lib/status-server'),
+      import('./lib/xds-proxy'),
+      import('./lib/config-reloader'),
+      import('./lib/xds-istio'),
+      import('./lib/profiling'),
+      import('./lib/workload-identity'),
     ]);
 
     const { discovery, discoverySock, upstream } = await xdsUpstream(cfg, agentEnv);
     const identity = await workloadIdentity(cfg, agentEnv, discoverySock, { sdsServedElsewhere, sdsUnavailable });
     // The SDS server serves a file name only while this Envoy's config references it: the listeners and clusters the
     // xDS proxy passes on, and the bootstrap (names of every epoch's bootstrap are kept: an old epoch may still drain).
-    const xds = new xdsMod.XdsProxy({ socketPath: cfg.xdsSocket, upstream, maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env), secretReferences: identity?.sds.references });
+    const xds = new xdsMod.XdsProxy({
+      socketPath: cfg.xdsSocket,
+      upstream,
+      maxMessageBytes: envs.XDS_MAX_MESSAGE_BYTES.get(env),
+      secretReferences: identity?.sds.references,
+    });
     // WasmPlugin: ECDS Wasm filters with a remote module get it as a local file the agent fetched (lib/wasm-ecds.ts).
-    const wasm = envs.ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION.get(agentEnv) ? await Promise.all([
-      import('./lib/wasm-ecds'), import('./lib/envoy-process'),
-    ]).then(([m, { envoyCredentials }]) => {
-      // The modules are Envoy's to read: 0600 files owned by the user it runs as.
-      const owner = envoyCredentials(env, process.getuid?.() ?? -1);
-      const w = new m.WasmEcds(m.wasmCacheOptions(agentEnv, cfg.proxy.configPath, owner));
-      xds.registerRewriter(m.EXTENSION_CONFIG_TYPE, w.rewrite);
-      return w;
-    }) : undefined;
+    const wasm = envs.ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION.get(agentEnv)
+      ? await Promise.all([import('./lib/wasm-ecds'), import('./lib/envoy-process')]).then(
+          ([m, { envoyCredentials }]) => {
+            // The modules are Envoy's to read: 0600 files owned by the user it runs as.
+            const owner = envoyCredentials(env, process.getuid?.() ?? -1);
+            const w = new m.WasmEcds(m.wasmCacheOptions(agentEnv, cfg.proxy.configPath, owner));
+            xds.registerRewriter(m.EXTENSION_CONFIG_TYPE, w.rewrite);
+            return w;
+          },
+        )
+      : undefined;
     const { sdsNamesInJson } = await import('./lib/secret-names');
     const bootstrapSecrets = new Set<string>();
     const noteBootstrapSecrets = (r: Resolved) => {
@@ -446,7 +570,14 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     noteBootstrapSecrets(resolved);
     const { readFileOrUndefined } = await import('./lib/resolve');
     const { canBindPort } = await import('./lib/capabilities');
-    const dns = cfg.dnsEnabled ? await import('./lib/dns-server').then((m) => new m.DnsServer(m.dnsOptionsFor(cfg, agentEnv, { readFile: readFileOrUndefined, canBind53: canBindPort(53) }))) : undefined;
+    const dns = cfg.dnsEnabled
+      ? await import('./lib/dns-server').then(
+          (m) =>
+            new m.DnsServer(
+              m.dnsOptionsFor(cfg, agentEnv, { readFile: readFileOrUndefined, canBind53: canBindPort(53) }),
+            ),
+        )
+      : undefined;
     const registry = newRegistry();
     const status = new StatusServer({
       port: cfg.proxy.statusPort,
@@ -463,24 +594,45 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       },
     });
     // VMs: the workload's readiness goes to the control plane as a health event; the xDS proxy re-sends it on reconnect.
-    const healthChecker = readinessProbe && new health.HealthChecker({
-      probe: readinessProbe,
-      defaultHost: envs.REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION.get(env) ? 'localhost' : resolved.node.ips[0] ?? 'localhost',
-      onChange: (e) => xds.send(health.healthInformationRequest(e)),
-      envoyReady: async () => (await envoy.readiness()).ready,
-    });
+    const healthChecker =
+      readinessProbe &&
+      new health.HealthChecker({
+        probe: readinessProbe,
+        defaultHost: envs.REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION.get(env)
+          ? 'localhost'
+          : (resolved.node.ips[0] ?? 'localhost'),
+        onChange: (e) => xds.send(health.healthInformationRequest(e)),
+        envoyReady: async () => (await envoy.readiness()).ready,
+      });
     const optional: Array<Component | undefined> = [
       status,
-      appProbers.size ? new appProbe.AppProbes({
-        probers: appProbers, destination: appProbe.appProbeDestination(env), connections: appProbe.appProbeConnections(env), statusPort: cfg.proxy.statusPort,
-        ownPorts: [cfg.proxy.proxyAdminPort, cfg.envoyStatusPort, cfg.envoyPrometheusPort],
-      }) : undefined,
+      appProbers.size
+        ? new appProbe.AppProbes({
+            probers: appProbers,
+            destination: appProbe.appProbeDestination(env),
+            connections: appProbe.appProbeConnections(env),
+            statusPort: cfg.proxy.statusPort,
+            ownPorts: [cfg.proxy.proxyAdminPort, cfg.envoyStatusPort, cfg.envoyPrometheusPort],
+          })
+        : undefined,
       argv.profiling === false ? undefined : new Profiling({ heapSnapshots: envs.PILOT_AGENT_HEAP_SNAPSHOTS.get(env) }),
-      discovery, identity?.cache, identity?.sds, wasm, xds, dns, envoy, healthChecker,
-      new ConfigReloader({ flags, env, resolved, onChange: (r, generation) => {
-        noteBootstrapSecrets(r);
-        envoy.setDesired(r, generation);
-      } }),
+      discovery,
+      identity?.cache,
+      identity?.sds,
+      wasm,
+      xds,
+      dns,
+      envoy,
+      healthChecker,
+      new ConfigReloader({
+        flags,
+        env,
+        resolved,
+        onChange: (r, generation) => {
+          noteBootstrapSecrets(r);
+          envoy.setDesired(r, generation);
+        },
+      }),
     ];
     const components = optional.filter((c): c is Component => c !== undefined);
     for (const c of components) {
@@ -495,7 +647,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // table the DNS proxy rejects is NACKed; it keeps answering from the last good one.
     if (dns) {
       xds.registerHandler(istio.NAME_TABLE_TYPE, (resources) => {
-        if (!dns.updateTable(resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} })) throw new Error('name table rejected by the DNS proxy');
+        if (!dns.updateTable(resources.length ? istio.decodeNameTable(resources[0]!) : { table: {} }))
+          throw new Error('name table rejected by the DNS proxy');
       });
     } else status.route('GET', '/debug/ndsz', () => ({ status: 404, body: 'DNS proxy is not enabled\n' }));
     if (envs.PROXY_CONFIG_XDS_AGENT.get(env)) {
@@ -513,9 +666,21 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
 }
 
 // `proxy` flags the fast path below parses itself: those taking a value, and the booleans.
-const PROXY_VALUE_FLAGS = new Set(['log_output_level', 'log_target', 'log_caller', 'log_stacktrace_level', 'domain',
-  'meshConfig', 'serviceCluster', 'proxyLogLevel', 'proxyComponentLogLevel', 'concurrency', 'templateFile',
-  'outlierLogPath', 'standalone']);
+const PROXY_VALUE_FLAGS = new Set([
+  'log_output_level',
+  'log_target',
+  'log_caller',
+  'log_stacktrace_level',
+  'domain',
+  'meshConfig',
+  'serviceCluster',
+  'proxyLogLevel',
+  'proxyComponentLogLevel',
+  'concurrency',
+  'templateFile',
+  'outlierLogPath',
+  'standalone',
+]);
 const PROXY_BOOLEAN_FLAGS = new Set(['log_as_json', 'profiling']);
 
 /**
@@ -581,30 +746,72 @@ export async function main(args: string[]): Promise<number> {
   // istio-iptables keeps Istio's own flag syntax (pflag: -p 15001, -x "", grouped shorthands), so it bypasses yargs.
   const sub = args.findIndex((a) => !a.startsWith('-'));
   if (args[sub] === 'istio-iptables' || args[sub] === 'istio-clean-iptables') {
-    return import('./lib/iptables-command').then((m) => (args[sub] === 'istio-iptables' ? m.runIstioIptables : m.runIstioCleanIptables)([...args.slice(0, sub), ...args.slice(sub + 1)]));
+    return import('./lib/iptables-command').then((m) =>
+      (args[sub] === 'istio-iptables' ? m.runIstioIptables : m.runIstioCleanIptables)([
+        ...args.slice(0, sub),
+        ...args.slice(sub + 1),
+      ]),
+    );
   }
   let result: Promise<number> = Promise.resolve(0);
   const logFlags = (y: Argv) =>
     y
-      .option('log_output_level', { type: 'string', describe: 'Per-scope log levels: scope:level,... (a bare level sets the default)' })
+      .option('log_output_level', {
+        type: 'string',
+        describe: 'Per-scope log levels: scope:level,... (a bare level sets the default)',
+      })
       .option('log_as_json', { type: 'boolean', default: false, describe: 'Log one JSON object per line' })
       // Not `array: true`: that would take the command's positional argument too; a repeated flag is a list anyway.
-      .option('log_target', { type: 'string', describe: 'Where the log goes: stdout, stderr (default) or a file (repeatable)' })
+      .option('log_target', {
+        type: 'string',
+        describe: 'Where the log goes: stdout, stderr (default) or a file (repeatable)',
+      })
       .option('log_caller', { type: 'string', describe: 'Scopes whose lines carry the caller (file:line), or all' })
-      .option('log_stacktrace_level', { type: 'string', describe: 'scope:level,... from which lines carry a stack trace' });
+      .option('log_stacktrace_level', {
+        type: 'string',
+        describe: 'scope:level,... from which lines carry a stack trace',
+      });
   const proxyOptions = (y: Argv) =>
     logFlags(y)
       .positional('type', { type: 'string', default: 'sidecar', describe: 'sidecar, router, ingress or waypoint' })
-      .option('domain', { type: 'string', requiresArg: true, describe: 'DNS domain suffix (default $POD_NAMESPACE.svc.cluster.local)' })
-      .option('meshConfig', { type: 'string', requiresArg: true, describe: 'Mesh config file (default ./etc/istio/config/mesh)' })
-      .option('serviceCluster', { type: 'string', requiresArg: true, describe: 'Service cluster (default istio-proxy)' })
-      .option('proxyLogLevel', { type: 'string', requiresArg: true, describe: 'Envoy log level, optionally with component levels: info,misc:error' })
-      .option('proxyComponentLogLevel', { type: 'string', requiresArg: true, describe: 'Envoy component log levels: misc:error,upstream:debug' })
+      .option('domain', {
+        type: 'string',
+        requiresArg: true,
+        describe: 'DNS domain suffix (default $POD_NAMESPACE.svc.cluster.local)',
+      })
+      .option('meshConfig', {
+        type: 'string',
+        requiresArg: true,
+        describe: 'Mesh config file (default ./etc/istio/config/mesh)',
+      })
+      .option('serviceCluster', {
+        type: 'string',
+        requiresArg: true,
+        describe: 'Service cluster (default istio-proxy)',
+      })
+      .option('proxyLogLevel', {
+        type: 'string',
+        requiresArg: true,
+        describe: 'Envoy log level, optionally with component levels: info,misc:error',
+      })
+      .option('proxyComponentLogLevel', {
+        type: 'string',
+        requiresArg: true,
+        describe: 'Envoy component log levels: misc:error,upstream:debug',
+      })
       .option('concurrency', { type: 'number', requiresArg: true, describe: 'Envoy worker threads (0: all cores)' })
       .option('templateFile', { type: 'string', requiresArg: true, describe: 'Bootstrap template file' })
       .option('outlierLogPath', { type: 'string', requiresArg: true, describe: 'Outlier detection log path' })
-      .option('standalone', { type: 'string', requiresArg: true, describe: 'Directory of mesh config YAML: run an embedded discovery server instead of using istiod' })
-      .option('profiling', { type: 'boolean', default: true, describe: 'Serve /debug/pprof/ (heap snapshot, CPU and allocation profiles) on the status port, loopback only' });
+      .option('standalone', {
+        type: 'string',
+        requiresArg: true,
+        describe: 'Directory of mesh config YAML: run an embedded discovery server instead of using istiod',
+      })
+      .option('profiling', {
+        type: 'boolean',
+        default: true,
+        describe: 'Serve /debug/pprof/ (heap snapshot, CPU and allocation profiles) on the status port, loopback only',
+      });
 
   const { default: yargs } = await import('yargs');
   const parser = yargs(args)
@@ -622,12 +829,17 @@ export async function main(args: string[]): Promise<number> {
       setUpLogging(argv);
       result = bootstrapCommand(argv);
     })
-    .command('version', 'Print the version',
-      (y) => y.option('short', { alias: 's', type: 'boolean', describe: 'Print only the version number' })
-        .option('output', { alias: 'o', type: 'string', describe: 'json or yaml' }),
+    .command(
+      'version',
+      'Print the version',
+      (y) =>
+        y
+          .option('short', { alias: 's', type: 'boolean', describe: 'Print only the version number' })
+          .option('output', { alias: 'o', type: 'string', describe: 'json or yaml' }),
       (argv) => {
         process.stdout.write(versionText(String(argv.output ?? ''), Boolean(argv.short)));
-      })
+      },
+    )
     .command(
       'wait',
       'Wait until Envoy is ready',
@@ -639,7 +851,14 @@ export async function main(args: string[]): Promise<number> {
           .option('timeoutSeconds', { type: 'number', default: 60 }),
       (argv) => {
         // node:http is loaded only by the commands that need it (it cannot live in the startup snapshot).
-        result = import('./lib/agent-client').then((m) => m.waitReady({ url: argv.url, periodMs: argv.periodMillis, requestTimeoutMs: argv.requestTimeoutMillis, timeoutMs: argv.timeoutSeconds * 1000 }));
+        result = import('./lib/agent-client').then((m) =>
+          m.waitReady({
+            url: argv.url,
+            periodMs: argv.periodMillis,
+            requestTimeoutMs: argv.requestTimeoutMillis,
+            timeoutMs: argv.timeoutSeconds * 1000,
+          }),
+        );
       },
     )
     .command(
@@ -661,24 +880,48 @@ export async function main(args: string[]): Promise<number> {
       (y) =>
         logFlags(y)
           .option('config-dir', { type: 'string', demandOption: true, describe: 'Directory of Istio-style YAML' })
-          .option('grpc-addr', { type: 'string', describe: 'HOST:PORT or a unix socket path (default 127.0.0.1:15010)' })
-          .option('outbound-traffic-policy', { type: 'string', choices: ['ALLOW_ANY', 'REGISTRY_ONLY'], describe: 'What sidecars do with unknown hosts (default ALLOW_ANY)' })
-          .option('meshConfig', { type: 'string', requiresArg: true, describe: 'Mesh config file whose tracing fields (enableTracing, defaultProviders.tracing) apply' }),
+          .option('grpc-addr', {
+            type: 'string',
+            describe: 'HOST:PORT or a unix socket path (default 127.0.0.1:15010)',
+          })
+          .option('outbound-traffic-policy', {
+            type: 'string',
+            choices: ['ALLOW_ANY', 'REGISTRY_ONLY'],
+            describe: 'What sidecars do with unknown hosts (default ALLOW_ANY)',
+          })
+          .option('meshConfig', {
+            type: 'string',
+            requiresArg: true,
+            describe: 'Mesh config file whose tracing fields (enableTracing, defaultProviders.tracing) apply',
+          }),
       (argv) => {
         setUpLogging(argv);
         serving = true;
-        result = import('./lib/discovery/index').then((m) => m.runDiscoveryCommand({ configDir: argv['config-dir'], grpcAddr: argv['grpc-addr'], outboundTrafficPolicy: argv['outbound-traffic-policy'] as 'ALLOW_ANY' | 'REGISTRY_ONLY' | undefined, meshConfigFile: argv['meshConfig'] }));
+        result = import('./lib/discovery/index').then((m) =>
+          m.runDiscoveryCommand({
+            configDir: argv['config-dir'],
+            grpcAddr: argv['grpc-addr'],
+            outboundTrafficPolicy: argv['outbound-traffic-policy'] as 'ALLOW_ANY' | 'REGISTRY_ONLY' | undefined,
+            meshConfigFile: argv['meshConfig'],
+          }),
+        );
       },
     )
-    .command('completion <shell>', 'Print a shell completion script (bash or zsh)',
+    .command(
+      'completion <shell>',
+      'Print a shell completion script (bash or zsh)',
       (y) => y.positional('shell', { type: 'string', choices: ['bash', 'zsh'], demandOption: true }),
       (argv) => {
         result = completionCommand(argv.shell as 'bash' | 'zsh');
-      })
-    .command('istio-iptables', 'Set up traffic capture with iptables (Istio\'s flags; run before the proxy starts)')
+      },
+    )
+    .command('istio-iptables', "Set up traffic capture with iptables (Istio's flags; run before the proxy starts)")
     .command('istio-clean-iptables', 'Remove the traffic capture rules istio-iptables set up')
-    .demandCommand(1, 'name a command: proxy, bootstrap, wait, request, discovery, istio-iptables, istio-clean-iptables, '
-      + 'completion or version')
+    .demandCommand(
+      1,
+      'name a command: proxy, bootstrap, wait, request, discovery, istio-iptables, istio-clean-iptables, ' +
+        'completion or version',
+    )
     .strictCommands()
     .fail((msg, err) => {
       throw msg ? new UsageError(msg) : err;

@@ -55,9 +55,18 @@ export const REQUEST_ADMIN_PORT = 15000;
  * Sends one request to a local agent/Envoy port and writes the raw body; 0 on 2xx. `adminSocket` (ENVOY_ADMIN_MODE=uds)
  * replaces the admin port: nothing listens there then.
  */
-export async function localRequest(o: { method: string; path: string; body?: string; port: number; adminSocket?: string; out?: NodeJS.WritableStream }): Promise<number> {
+export async function localRequest(o: {
+  method: string;
+  path: string;
+  body?: string;
+  port: number;
+  adminSocket?: string;
+  out?: NodeJS.WritableStream;
+}): Promise<number> {
   if (!REQUEST_ALLOWED_PORTS.includes(o.port)) {
-    process.stderr.write(`error: --debug-port ${o.port} is not allowed (allowed: ${REQUEST_ALLOWED_PORTS.join(', ')})\n`);
+    process.stderr.write(
+      `error: --debug-port ${o.port} is not allowed (allowed: ${REQUEST_ALLOWED_PORTS.join(', ')})\n`,
+    );
     return 1;
   }
   const path = o.path.startsWith('/') ? o.path : `/${o.path}`;
@@ -76,7 +85,9 @@ export async function localRequest(o: { method: string; path: string; body?: str
     });
     req.on('timeout', () => req.destroy(new Error('timed out')));
     req.on('error', (err) => {
-      process.stderr.write(`error: ${method} ${socketPath ? `${socketPath} ` : `localhost:${o.port}`}${path}: ${err.message}\n`);
+      process.stderr.write(
+        `error: ${method} ${socketPath ? `${socketPath} ` : `localhost:${o.port}`}${path}: ${err.message}\n`,
+      );
       resolve(1);
     });
     req.end(o.body);

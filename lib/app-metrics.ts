@@ -17,17 +17,21 @@ export interface ScrapeTarget {
   path: string;
 }
 
-export type ScrapeOutcome =
-  | { ok: true; text: string; format: MetricsFormat }
-  | { ok: false; reason: string };
+export type ScrapeOutcome = { ok: true; text: string; format: MetricsFormat } | { ok: false; reason: string };
 
 const VAR = 'ISTIO_PROMETHEUS_ANNOTATIONS';
 export const DEFAULT_MAX_APP_METRICS_BYTES = 10 * 1024 * 1024;
 
 // Ports of the agent and Envoy: scraping them would recurse or count Envoy twice.
 const RESERVED: Record<number, string> = {
-  15000: 'Envoy admin', 15001: 'outbound traffic capture', 15004: 'pilot debug', 15006: 'inbound traffic capture',
-  15008: 'HBONE tunnel', 15020: 'the agent\'s status port', 15021: 'Envoy health', 15053: 'DNS proxy',
+  15000: 'Envoy admin',
+  15001: 'outbound traffic capture',
+  15004: 'pilot debug',
+  15006: 'inbound traffic capture',
+  15008: 'HBONE tunnel',
+  15020: "the agent's status port",
+  15021: 'Envoy health',
+  15053: 'DNS proxy',
   15090: 'Envoy Prometheus (already merged)',
 };
 
@@ -45,10 +49,12 @@ export function parseAppMetricsConfig(env: Env, statusPort: number): ScrapeTarge
   } catch (e) {
     throw bad(`not JSON: ${(e as Error).message}`);
   }
-  if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) throw bad('want a JSON object {scrape, path, port}');
+  if (typeof doc !== 'object' || doc === null || Array.isArray(doc))
+    throw bad('want a JSON object {scrape, path, port}');
   const o = doc as { scrape?: unknown; path?: unknown; port?: unknown; targets?: unknown };
   if (String(o.scrape ?? '') === 'false') return [];
-  const raw: Array<{ port?: unknown; path?: unknown }> = Array.isArray(o.targets) && o.targets.length ? o.targets : [{ port: o.port, path: o.path }];
+  const raw: Array<{ port?: unknown; path?: unknown }> =
+    Array.isArray(o.targets) && o.targets.length ? o.targets : [{ port: o.port, path: o.path }];
   return raw.map((t, i) => {
     const where = raw.length > 1 || Array.isArray(o.targets) ? `targets[${i}].` : '';
     const portText = t.port === undefined || t.port === null || t.port === '' ? '80' : String(t.port);
@@ -83,14 +89,17 @@ export function scrapeApp(t: ScrapeTarget, o: ScrapeOptions): Promise<ScrapeOutc
       req.destroy();
       resolve(r);
     };
-    const headers: Record<string, string> = { accept: o.accept ?? 'application/openmetrics-text;version=1.0.0;q=0.9,text/plain;version=0.0.4;q=0.8,*/*;q=0.1' };
+    const headers: Record<string, string> = {
+      accept: o.accept ?? 'application/openmetrics-text;version=1.0.0;q=0.9,text/plain;version=0.0.4;q=0.8,*/*;q=0.1',
+    };
     if (o.userAgent) headers['user-agent'] = o.userAgent;
     headers['x-prometheus-scrape-timeout-seconds'] = String(o.timeoutMs / 1000);
     const req = http.get(url, { headers, agent: false }, (res) => {
       if (res.statusCode !== 200) return end({ ok: false, reason: `${url} answered ${res.statusCode}` });
       const ct = String(res.headers['content-type'] ?? '');
       const declared = Number(res.headers['content-length']);
-      if (declared > max) return end({ ok: false, reason: `${url} sends ${declared} bytes, more than the ${max} allowed` });
+      if (declared > max)
+        return end({ ok: false, reason: `${url} sends ${declared} bytes, more than the ${max} allowed` });
       const chunks: Buffer[] = [];
       let size = 0;
       res.on('data', (c: Buffer) => {
@@ -102,13 +111,20 @@ export function scrapeApp(t: ScrapeTarget, o: ScrapeOptions): Promise<ScrapeOutc
         const body = Buffer.concat(chunks);
         if (body.includes(0)) return end({ ok: false, reason: `${url} answered binary data, not Prometheus text` });
         const text = body.toString('utf8');
-        const format: MetricsFormat = /application\/openmetrics-text/i.test(ct) ? 'openmetrics' : ct ? 'text' : detectFormat(text);
+        const format: MetricsFormat = /application\/openmetrics-text/i.test(ct)
+          ? 'openmetrics'
+          : ct
+            ? 'text'
+            : detectFormat(text);
         end({ ok: true, text, format });
       });
       res.on('error', (e) => end({ ok: false, reason: `${url}: ${e.message}` }));
     });
     req.on('error', (e) => end({ ok: false, reason: `${url}: ${errorMessage(e)}` }));
-    const timer = setTimeout(() => end({ ok: false, reason: `${url} did not answer within ${o.timeoutMs} ms` }), o.timeoutMs);
+    const timer = setTimeout(
+      () => end({ ok: false, reason: `${url} did not answer within ${o.timeoutMs} ms` }),
+      o.timeoutMs,
+    );
     timer.unref();
   });
 }

@@ -26,7 +26,13 @@ import type { Reply } from './component';
 const log = scope('probes');
 
 export interface AppProber {
-  httpGet?: { path: string; port: number; scheme: 'http' | 'https'; host?: string; httpHeaders: Array<{ name: string; value: string }> };
+  httpGet?: {
+    path: string;
+    port: number;
+    scheme: 'http' | 'https';
+    host?: string;
+    httpHeaders: Array<{ name: string; value: string }>;
+  };
   tcpSocket?: { port: number; host?: string };
   grpc?: { port: number; service: string };
   timeoutSeconds: number;
@@ -41,7 +47,8 @@ function isObj(v: unknown): v is Record<string, unknown> {
 
 function port(v: unknown, where: string): number {
   // As Istio: a named port ("http") cannot be resolved by the agent; the injector writes numbers.
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > 65535) throw new Error(`${where}.port must be a port number, got ${JSON.stringify(v)}`);
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > 65535)
+    throw new Error(`${where}.port must be a port number, got ${JSON.stringify(v)}`);
   return v;
 }
 
@@ -52,12 +59,19 @@ function optString(v: unknown, where: string): string | undefined {
 }
 
 function parseOne(path: string, raw: unknown): AppProber {
-  if (!PATH_PATTERN.test(path)) throw new Error(`key ${JSON.stringify(path)} is not /app-health/<container>/(livez|readyz|startupz) or /app-lifecycle/<container>/(prestopz|poststartz)`);
+  if (!PATH_PATTERN.test(path))
+    throw new Error(
+      `key ${JSON.stringify(path)} is not /app-health/<container>/(livez|readyz|startupz) or /app-lifecycle/<container>/(prestopz|poststartz)`,
+    );
   if (!isObj(raw)) throw new Error(`${path}: want an object`);
   const kinds = ['httpGet', 'tcpSocket', 'grpc'].filter((k) => raw[k] !== undefined && raw[k] !== null);
-  if (kinds.length !== 1) throw new Error(`${path}: want exactly one of httpGet, tcpSocket or grpc, got ${kinds.length ? kinds.join(', ') : 'none'}`);
+  if (kinds.length !== 1)
+    throw new Error(
+      `${path}: want exactly one of httpGet, tcpSocket or grpc, got ${kinds.length ? kinds.join(', ') : 'none'}`,
+    );
   const t = raw.timeoutSeconds;
-  if (t !== undefined && (typeof t !== 'number' || !(t >= 0))) throw new Error(`${path}.timeoutSeconds must be a number of seconds`);
+  if (t !== undefined && (typeof t !== 'number' || !(t >= 0)))
+    throw new Error(`${path}.timeoutSeconds must be a number of seconds`);
   const p: AppProber = { timeoutSeconds: (t as number | undefined) || 1 };
   const k = kinds[0]!;
   const v = raw[k];
@@ -67,7 +81,11 @@ function parseOne(path: string, raw: unknown): AppProber {
     const scheme = (optString(v.scheme, `${where}.scheme`) ?? 'HTTP').toLowerCase();
     if (scheme !== 'http' && scheme !== 'https') throw new Error(`${where}.scheme must be HTTP or HTTPS`);
     const hh = v.httpHeaders ?? [];
-    if (!Array.isArray(hh) || !hh.every((h) => isObj(h) && typeof h.name === 'string' && typeof (h.value ?? '') === 'string')) throw new Error(`${where}.httpHeaders must be a list of {name, value}`);
+    if (
+      !Array.isArray(hh) ||
+      !hh.every((h) => isObj(h) && typeof h.name === 'string' && typeof (h.value ?? '') === 'string')
+    )
+      throw new Error(`${where}.httpHeaders must be a list of {name, value}`);
     p.httpGet = {
       path: optString(v.path, `${where}.path`) ?? '/',
       port: port(v.port, where),
@@ -108,12 +126,26 @@ export function parseAppProbers(env: Env): Map<string, AppProber> {
 /** Where probes go: INSTANCE_IP (first), else POD_IP, else 127.0.0.1; `localhost` with Istio's legacy switch. */
 export function appProbeDestination(env: Env): string {
   if (envs.REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION.get(env)) return 'localhost';
-  const ip = envs.INSTANCE_IP.get(env).split(',').map((s) => s.trim()).find((s) => net.isIP(s)) ?? envs.POD_IP.get(env).trim();
+  const ip =
+    envs.INSTANCE_IP.get(env)
+      .split(',')
+      .map((s) => s.trim())
+      .find((s) => net.isIP(s)) ?? envs.POD_IP.get(env).trim();
   return ip || '127.0.0.1';
 }
 
 // Hop-by-hop and framing headers belong to the kubelet connection, not to the probe sent on.
-const NOT_FORWARDED = new Set(['host', 'connection', 'keep-alive', 'transfer-encoding', 'content-length', 'upgrade', 'te', 'trailer', 'proxy-connection']);
+const NOT_FORWARDED = new Set([
+  'host',
+  'connection',
+  'keep-alive',
+  'transfer-encoding',
+  'content-length',
+  'upgrade',
+  'te',
+  'trailer',
+  'proxy-connection',
+]);
 
 export interface AppProbesOptions {
   probers: Map<string, AppProber>;
@@ -129,7 +161,10 @@ export interface AppProbesOptions {
 
 /** ISTIO_ENABLE_HTTP2_PROBING and ENABLE_PROBE_KEEPALIVE_CONNECTIONS. */
 export function appProbeConnections(env: Env): ProbeClientOptions {
-  return { http2: envs.ISTIO_ENABLE_HTTP2_PROBING.get(env), keepAlive: envs.ENABLE_PROBE_KEEPALIVE_CONNECTIONS.get(env) };
+  return {
+    http2: envs.ISTIO_ENABLE_HTTP2_PROBING.get(env),
+    keepAlive: envs.ENABLE_PROBE_KEEPALIVE_CONNECTIONS.get(env),
+  };
 }
 
 // Istio's fixed sidecar ports (admin, capture, tunnel, status, readiness, DNS, Prometheus...), refused as redirect
@@ -191,19 +226,45 @@ export class AppProbes implements Component {
       const t = probeTarget(g.host ?? this.o.destination);
       const headers = this.headers(req, g.port, g.httpHeaders);
       const client = this.clients.get(path);
-      return httpProbe({ scheme: g.scheme, ...t, port: g.port, path: g.path, headers, refusedPorts: this.refusedPorts, client, timeoutMs, signal });
+      return httpProbe({
+        scheme: g.scheme,
+        ...t,
+        port: g.port,
+        path: g.path,
+        headers,
+        refusedPorts: this.refusedPorts,
+        client,
+        timeoutMs,
+        signal,
+      });
     }
     if (p.tcpSocket) {
-      return tcpProbe({ ...probeTarget(p.tcpSocket.host ?? this.o.destination), port: p.tcpSocket.port, timeoutMs, signal });
+      return tcpProbe({
+        ...probeTarget(p.tcpSocket.host ?? this.o.destination),
+        port: p.tcpSocket.port,
+        timeoutMs,
+        signal,
+      });
     }
     if (p.grpc) {
       const ua = req.headers['user-agent'];
-      return grpcProbe({ ...probeTarget(this.o.destination), port: p.grpc.port, service: p.grpc.service, timeoutMs, userAgent: ua, signal });
+      return grpcProbe({
+        ...probeTarget(this.o.destination),
+        port: p.grpc.port,
+        service: p.grpc.service,
+        timeoutMs,
+        userAgent: ua,
+        signal,
+      });
     }
     throw new AgentError('INTERNAL', 'app prober without a probe');
   }
 
-  private headers(req: http.IncomingMessage, appPort: number, extra: Array<{ name: string; value: string }>): Array<[string, string]> {
+  private headers(
+    req: http.IncomingMessage,
+    appPort: number,
+    extra: Array<{ name: string; value: string }>,
+  ): Array<[string, string]> {
     const out: Array<[string, string]> = [];
     const incomingHost = req.headers.host;
     if (incomingHost) {

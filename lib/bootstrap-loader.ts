@@ -44,7 +44,10 @@ export function resolveBootstrap(cfg: AgentConfig, node: NodeIdentity, readFile:
       : cfg.sources.defaultTemplate
         ? { field: 'bootstrap template', source: cfg.sources.defaultTemplate }
         : { field: 'proxyBootstrapTemplatePath', source: cfg.sources.proxyBootstrapTemplatePath ?? '--templateFile' };
-    bootstrap = hardenPublicListeners(loadTemplate(cfg.templateFile, setting, cfg, node, readFile), [cfg.envoyPrometheusPort, cfg.envoyStatusPort]);
+    bootstrap = hardenPublicListeners(loadTemplate(cfg.templateFile, setting, cfg, node, readFile), [
+      cfg.envoyPrometheusPort,
+      cfg.envoyStatusPort,
+    ]);
     inputs.push(cfg.templateFile);
   } else {
     bootstrap = buildBootstrap({ cfg, node });
@@ -90,7 +93,11 @@ function parseDocument(text: string, file: string, setting: FileSetting, emptyOk
   try {
     doc = parseJsonOrYaml(text);
   } catch (e) {
-    throw configError(setting.field, setting.source, `${file} is not valid JSON or YAML: ${errorMessage(e).split('\n')[0]}`);
+    throw configError(
+      setting.field,
+      setting.source,
+      `${file} is not valid JSON or YAML: ${errorMessage(e).split('\n')[0]}`,
+    );
   }
   if ((doc === null || doc === undefined) && emptyOk) return {};
   if (doc === null || typeof doc !== 'object' || Array.isArray(doc)) {
@@ -105,7 +112,13 @@ function parseDocument(text: string, file: string, setting: FileSetting, emptyOk
  * A bootstrap template is a Go text/template, as Istio's (lib/go-template.ts renders the subset such templates
  * use), over the variables the Go agent passes (lib/bootstrap-template.ts). The result is parsed as JSON or YAML.
  */
-function loadTemplate(file: string, setting: FileSetting, cfg: AgentConfig, node: NodeIdentity, readFile: FileReader): Record<string, unknown> {
+function loadTemplate(
+  file: string,
+  setting: FileSetting,
+  cfg: AgentConfig,
+  node: NodeIdentity,
+  readFile: FileReader,
+): Record<string, unknown> {
   const text = readRequired(file, setting, readFile);
   let rendered: string;
   try {

@@ -18,7 +18,8 @@ export interface ServiceAddress {
 export function hostPort(value: unknown, field: string, source: string): ServiceAddress {
   const m = typeof value === 'string' ? /^(?:\[([^\]]+)\]|([^:\[\]]+)):(\d+)$/.exec(value.trim()) : null;
   const port = m ? Number(m[3]) : 0;
-  if (!m || port < 1 || port > 65535) throw configError(field, source, `want "host:port", got ${JSON.stringify(value)}`);
+  if (!m || port < 1 || port > 65535)
+    throw configError(field, source, `want "host:port", got ${JSON.stringify(value)}`);
   return { host: (m[1] ?? m[2])!, port };
 }
 
@@ -30,7 +31,12 @@ function sdsConfig(name: string): Json {
   return {
     name,
     sds_config: {
-      api_config_source: { api_type: 'GRPC', grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }], set_node_on_first_message_only: true, transport_api_version: 'V3' },
+      api_config_source: {
+        api_type: 'GRPC',
+        grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }],
+        set_node_on_first_message_only: true,
+        transport_api_version: 'V3',
+      },
       ...(builtIn ? { initial_fetch_timeout: '0s' } : {}),
       resource_api_version: 'V3',
     },
@@ -42,7 +48,14 @@ function sdsConfig(name: string): Json {
  * Istio builds it: roots and certificates by SDS resource name (file-root:<ca>, file-cert:<cert>~<key>, or the
  * workload's default/ROOTCA), node metadata TLS_CLIENT_* overriding the files, ALPN only for HTTP/2 peers.
  */
-export function tlsTransportSocket(tls: unknown, sniName: string, metadata: Json, h2: boolean, field: string, source: string): Json | undefined {
+export function tlsTransportSocket(
+  tls: unknown,
+  sniName: string,
+  metadata: Json,
+  h2: boolean,
+  field: string,
+  source: string,
+): Json | undefined {
   if (tls === undefined || tls === null) return undefined;
   if (typeof tls !== 'object' || Array.isArray(tls)) throw configError(field, source, 'want ClientTLSSettings');
   const t = tls as Json;
@@ -74,7 +87,11 @@ export function tlsTransportSocket(tls: unknown, sniName: string, metadata: Json
   } else if (mode === 'DISABLE') {
     return undefined;
   } else {
-    throw configError(`${field}.mode`, source, `want DISABLE, SIMPLE, MUTUAL or ISTIO_MUTUAL, got ${JSON.stringify(mode)}`);
+    throw configError(
+      `${field}.mode`,
+      source,
+      `want DISABLE, SIMPLE, MUTUAL or ISTIO_MUTUAL, got ${JSON.stringify(mode)}`,
+    );
   }
   if (h2) common.alpn_protocols = alpn;
   return {
@@ -96,7 +113,11 @@ interface RemoteService {
   transportSocket?: Json;
 }
 
-function remoteService(cfg: AgentConfig, field: 'envoyMetricsService' | 'envoyAccessLogService', metadata: Json = {}): RemoteService | undefined {
+function remoteService(
+  cfg: AgentConfig,
+  field: 'envoyMetricsService' | 'envoyAccessLogService',
+  metadata: Json = {},
+): RemoteService | undefined {
   const raw = cfg.proxy.extra[field] as Json | undefined;
   const source = cfg.sources[field] ?? 'ProxyConfig';
   if (!raw || typeof raw !== 'object' || !raw.address) return undefined;
@@ -116,7 +137,8 @@ function remoteService(cfg: AgentConfig, field: 'envoyMetricsService' | 'envoyAc
     const tcp: Json = {};
     if (typeof ka.probes === 'number' && ka.probes > 0) tcp.keepalive_probes = ka.probes;
     if (ka.time !== undefined && seconds(ka.time, 'time') > 0) tcp.keepalive_time = seconds(ka.time, 'time');
-    if (ka.interval !== undefined && seconds(ka.interval, 'interval') > 0) tcp.keepalive_interval = seconds(ka.interval, 'interval');
+    if (ka.interval !== undefined && seconds(ka.interval, 'interval') > 0)
+      tcp.keepalive_interval = seconds(ka.interval, 'interval');
     out.keepalive = { tcp_keepalive: tcp };
   }
   return out;
@@ -136,31 +158,43 @@ export function statsdAddress(cfg: AgentConfig): ServiceAddress | undefined {
   if (raw === undefined || raw === '') return undefined;
   const source = cfg.sources.statsdUdpAddress ?? 'ProxyConfig';
   const a = hostPort(raw, 'statsdUdpAddress', source);
-  if (!/^[\d.]+$/.test(a.host) && !a.host.includes(':')) throw configError('statsdUdpAddress', source, `want an IP address and port, got "${String(raw)}"`);
+  if (!/^[\d.]+$/.test(a.host) && !a.host.includes(':'))
+    throw configError('statsdUdpAddress', source, `want an IP address and port, got "${String(raw)}"`);
   return a;
 }
 
 const HTTP_OPTIONS = 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions';
 
 export function serviceClusters(cfg: AgentConfig, dnsLookupFamily: string, metadata: Json): Json[] {
-  return [metricsService(cfg, metadata), accessLogService(cfg, metadata)].filter((s): s is RemoteService => !!s).map((s) => ({
-    name: s.name,
-    alt_stat_name: `${s.name};`,
-    type: 'STRICT_DNS',
-    ...(s.transportSocket ? { transport_socket: s.transportSocket } : {}),
-    ...(s.keepalive ? { upstream_connection_options: s.keepalive } : {}),
-    respect_dns_ttl: true,
-    dns_lookup_family: dnsLookupFamily,
-    connect_timeout: '1s',
-    lb_policy: 'ROUND_ROBIN',
-    typed_extension_protocol_options: {
-      [HTTP_OPTIONS]: { '@type': `type.googleapis.com/${HTTP_OPTIONS}`, explicit_http_config: { http2_protocol_options: {} } },
-    },
-    load_assignment: {
-      cluster_name: s.name,
-      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: s.address.host, port_value: s.address.port } } } }] }],
-    },
-  }));
+  return [metricsService(cfg, metadata), accessLogService(cfg, metadata)]
+    .filter((s): s is RemoteService => !!s)
+    .map((s) => ({
+      name: s.name,
+      alt_stat_name: `${s.name};`,
+      type: 'STRICT_DNS',
+      ...(s.transportSocket ? { transport_socket: s.transportSocket } : {}),
+      ...(s.keepalive ? { upstream_connection_options: s.keepalive } : {}),
+      respect_dns_ttl: true,
+      dns_lookup_family: dnsLookupFamily,
+      connect_timeout: '1s',
+      lb_policy: 'ROUND_ROBIN',
+      typed_extension_protocol_options: {
+        [HTTP_OPTIONS]: {
+          '@type': `type.googleapis.com/${HTTP_OPTIONS}`,
+          explicit_http_config: { http2_protocol_options: {} },
+        },
+      },
+      load_assignment: {
+        cluster_name: s.name,
+        endpoints: [
+          {
+            lb_endpoints: [
+              { endpoint: { address: { socket_address: { address: s.address.host, port_value: s.address.port } } } },
+            ],
+          },
+        ],
+      },
+    }));
 }
 
 /** stats_sinks: the metrics service, then statsd; undefined when neither is configured. */
@@ -180,7 +214,10 @@ export function statsSinks(cfg: AgentConfig): Json[] | undefined {
   if (statsd) {
     sinks.push({
       name: 'envoy.stat_sinks.statsd',
-      typed_config: { '@type': 'type.googleapis.com/envoy.config.metrics.v3.StatsdSink', address: { socket_address: { address: statsd.host, port_value: statsd.port } } },
+      typed_config: {
+        '@type': 'type.googleapis.com/envoy.config.metrics.v3.StatsdSink',
+        address: { socket_address: { address: statsd.host, port_value: statsd.port } },
+      },
     });
   }
   return sinks.length ? sinks : undefined;
@@ -192,7 +229,12 @@ function sdsSecret(name: string): Json {
   return {
     name,
     sds_config: {
-      api_config_source: { api_type: 'GRPC', grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }], set_node_on_first_message_only: true, transport_api_version: 'V3' },
+      api_config_source: {
+        api_type: 'GRPC',
+        grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }],
+        set_node_on_first_message_only: true,
+        transport_api_version: 'V3',
+      },
       resource_api_version: 'V3',
     },
   };
@@ -205,7 +247,12 @@ function secureListener(wildcard: string, port: number, statPrefix: string, rout
     ignore_global_conn_limit: true,
     bypass_overload_manager: true,
     listener_filters: [
-      { name: 'envoy.filters.listener.tls_inspector', typed_config: { '@type': 'type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector' } },
+      {
+        name: 'envoy.filters.listener.tls_inspector',
+        typed_config: {
+          '@type': 'type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector',
+        },
+      },
     ],
     filter_chains: [
       {
@@ -217,7 +264,10 @@ function secureListener(wildcard: string, port: number, statPrefix: string, rout
             require_client_certificate: true,
             common_tls_context: {
               tls_certificate_sds_secret_configs: [sdsSecret('default')],
-              combined_validation_context: { default_validation_context: {}, validation_context_sds_secret_config: sdsSecret('ROOTCA') },
+              combined_validation_context: {
+                default_validation_context: {},
+                validation_context_sds_secret_config: sdsSecret('ROOTCA'),
+              },
             },
           },
         },
@@ -225,13 +275,25 @@ function secureListener(wildcard: string, port: number, statPrefix: string, rout
           {
             name: 'envoy.filters.network.http_connection_manager',
             typed_config: {
-              '@type': 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager',
+              '@type':
+                'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager',
               codec_type: 'AUTO',
               stat_prefix: statPrefix,
               route_config: {
-                virtual_hosts: [{ name: 'backend', domains: ['*'], routes: routes.map(([prefix, cluster]) => ({ match: { prefix }, route: { cluster } })) }],
+                virtual_hosts: [
+                  {
+                    name: 'backend',
+                    domains: ['*'],
+                    routes: routes.map(([prefix, cluster]) => ({ match: { prefix }, route: { cluster } })),
+                  },
+                ],
               },
-              http_filters: [{ name: 'envoy.filters.http.router', typed_config: { '@type': 'type.googleapis.com/envoy.extensions.filters.http.router.v3.Router' } }],
+              http_filters: [
+                {
+                  name: 'envoy.filters.http.router',
+                  typed_config: { '@type': 'type.googleapis.com/envoy.extensions.filters.http.router.v3.Router' },
+                },
+              ],
             },
           },
         ],
@@ -242,9 +304,17 @@ function secureListener(wildcard: string, port: number, statPrefix: string, rout
 
 export function secureMetricsListeners(cfg: AgentConfig, wildcard: string): Json[] {
   const out: Json[] = [];
-  if (cfg.secureMetricsPort) out.push(secureListener(wildcard, cfg.secureMetricsPort, 'secure_stats', [['/stats/prometheus', 'prometheus_stats']]));
+  if (cfg.secureMetricsPort)
+    out.push(
+      secureListener(wildcard, cfg.secureMetricsPort, 'secure_stats', [['/stats/prometheus', 'prometheus_stats']]),
+    );
   if (cfg.secureMergedMetricsPort) {
-    out.push(secureListener(wildcard, cfg.secureMergedMetricsPort, 'secure_merged_stats', [['/stats/prometheus', 'agent'], ['/metrics', 'agent']]));
+    out.push(
+      secureListener(wildcard, cfg.secureMergedMetricsPort, 'secure_merged_stats', [
+        ['/stats/prometheus', 'agent'],
+        ['/metrics', 'agent'],
+      ]),
+    );
   }
   return out;
 }

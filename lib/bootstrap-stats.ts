@@ -18,7 +18,10 @@ const TAGS_BEFORE_EXTRA: Array<[string, string]> = [
   ['tcp_prefix', '^tcp\\.((.*?)\\.)\\w+?$'],
   ['response_code', '_rq(_(\\d{3}))$'],
   ['response_code_class', '_rq(_(\\dxx))$'],
-  ['http_conn_manager_listener_prefix', '^listener(?=\\.).*?\\.http\\.(((?:[_.[:digit:]]*|[_\\[\\]aAbBcCdDeEfF[:digit:]]*))\\.)'],
+  [
+    'http_conn_manager_listener_prefix',
+    '^listener(?=\\.).*?\\.http\\.(((?:[_.[:digit:]]*|[_\\[\\]aAbBcCdDeEfF[:digit:]]*))\\.)',
+  ],
   ['listener_address', '^listener\\.(((?:[_.[:digit:]]*|[_\\[\\]aAbBcCdDeEfF[:digit:]]*))\\.)'],
   ['mongo_prefix', '^mongo\\.(.+?)\\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$'],
 ];
@@ -47,7 +50,11 @@ const ANN_BUCKETS = 'sidecar.istio.io/statsHistogramBuckets';
 const ANN_FLUSH = 'sidecar.istio.io/statsFlushInterval';
 const ANN_EVICTION = 'sidecar.istio.io/statsEvictionInterval';
 
-const splitList = (s: string | undefined): string[] => (s ?? '').split(',').map((x) => x.trim()).filter(Boolean);
+const splitList = (s: string | undefined): string[] =>
+  (s ?? '')
+    .split(',')
+    .map((x) => x.trim())
+    .filter(Boolean);
 
 /** ProxyConfig.extraStatTags and the pod's extraStatTags annotation, without duplicates. */
 export function extraStatTags(cfg: AgentConfig): string[] {
@@ -72,12 +79,15 @@ export function statsConfig(cfg: AgentConfig, node: NodeIdentity, metadataDiscov
 }
 
 /** The stats inclusion lists (annotation or ProxyConfig, then the required entries), pod IPs substituted. */
-export function statsInclusion(cfg: AgentConfig, node: NodeIdentity): { prefixes: string[]; suffixes: string[]; regexps: string[] } {
+export function statsInclusion(
+  cfg: AgentConfig,
+  node: NodeIdentity,
+): { prefixes: string[]; suffixes: string[]; regexps: string[] } {
   const m = cfg.proxy.proxyStatsMatcher ?? {};
   const ann = cfg.podAnnotations;
   // An annotation replaces the ProxyConfig list rather than adding to it, as in Istio.
   const pick = (annotation: string, fromConfig: string[] | undefined, required: string[]) =>
-    withPodIps([...(ann[annotation] ? splitList(ann[annotation]) : fromConfig ?? []), ...required], node.ips);
+    withPodIps([...(ann[annotation] ? splitList(ann[annotation]) : (fromConfig ?? [])), ...required], node.ips);
   const suffixes = cfg.exitOnZeroActiveConnections ? [...RBAC_SUFFIXES, DRAIN_SUFFIX] : RBAC_SUFFIXES;
   return {
     prefixes: pick(ANN_PREFIXES, m.inclusionPrefixes, REQUIRED_PREFIXES),
@@ -116,7 +126,8 @@ export function histogramBucketSettings(cfg: AgentConfig): Json[] | undefined {
   } catch (e) {
     throw fail(`not valid JSON: ${(e as Error).message}`);
   }
-  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw fail('want a JSON object of prefix -> [bucket, ...]');
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
+    throw fail('want a JSON object of prefix -> [bucket, ...]');
   return Object.entries(parsed as Record<string, unknown>)
     .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
     .map(([prefix, buckets]) => {
@@ -145,7 +156,12 @@ export function statsFlushIntervalMs(cfg: AgentConfig): number | undefined {
 
 // ---- compression of Envoy's Prometheus listener (ProxyConfig.statsCompression, default on, as in Istio) ----
 
-const STATS_CONTENT_TYPES = ['text/plain', 'application/vnd.google.protobuf', 'application/openmetrics-text', 'application/openmetrics-protobuf'];
+const STATS_CONTENT_TYPES = [
+  'text/plain',
+  'application/vnd.google.protobuf',
+  'application/openmetrics-text',
+  'application/openmetrics-protobuf',
+];
 
 function compressor(kind: 'brotli' | 'zstd' | 'gzip'): Json {
   return {
@@ -154,7 +170,9 @@ function compressor(kind: 'brotli' | 'zstd' | 'gzip'): Json {
       '@type': 'type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor',
       compressor_library: {
         name: `stats_${kind}`,
-        typed_config: { '@type': `type.googleapis.com/envoy.extensions.compression.${kind}.compressor.v3.${kind[0]!.toUpperCase()}${kind.slice(1)}` },
+        typed_config: {
+          '@type': `type.googleapis.com/envoy.extensions.compression.${kind}.compressor.v3.${kind[0]!.toUpperCase()}${kind.slice(1)}`,
+        },
       },
       response_direction_config: { common_config: { content_type: STATS_CONTENT_TYPES } },
     },
@@ -163,7 +181,9 @@ function compressor(kind: 'brotli' | 'zstd' | 'gzip'): Json {
 
 /** Compressor filters for the /stats/prometheus listener, in Istio's order (a client's Accept-Encoding picks one). */
 export function statsCompressors(cfg: AgentConfig): Json[] {
-  return cfg.proxy.extra.statsCompression === false ? [] : [compressor('brotli'), compressor('zstd'), compressor('gzip')];
+  return cfg.proxy.extra.statsCompression === false
+    ? []
+    : [compressor('brotli'), compressor('zstd'), compressor('gzip')];
 }
 
 /**

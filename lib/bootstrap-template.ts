@@ -12,7 +12,13 @@ import type { AgentConfig } from './config';
 import type { NodeIdentity } from './node-identity';
 import { pilotSan } from './node-identity';
 import { localNet, maxDownstreamConnections, metadataDiscovery, runtimeFlags, tracer, xdsApiType } from './bootstrap';
-import { extraStatTags, histogramBucketSettings, statsEvictionInterval, statsFlushIntervalMs, statsInclusion } from './bootstrap-stats';
+import {
+  extraStatTags,
+  histogramBucketSettings,
+  statsEvictionInterval,
+  statsFlushIntervalMs,
+  statsInclusion,
+} from './bootstrap-stats';
 import { GO_NIL, goStruct } from './go-template';
 import { accessLogService, metricsService, statsdAddress, tlsTransportSocket } from './bootstrap-services';
 import { formatProtoDuration } from './duration';
@@ -39,9 +45,18 @@ function configStruct(cfg: AgentConfig): Json {
   const out: Json = {};
   for (const [k, v] of Object.entries(p)) {
     if (k === 'extra') continue;
-    out[upperFirst(k)] = ['drainDuration', 'parentShutdownDuration', 'terminationDrainDuration', 'fileFlushInterval'].includes(k)
+    out[upperFirst(k)] = [
+      'drainDuration',
+      'parentShutdownDuration',
+      'terminationDrainDuration',
+      'fileFlushInterval',
+    ].includes(k)
       ? formatProtoDuration(v as number)
-      : v === undefined ? null : isEmpty(v) ? GO_NIL : v;
+      : v === undefined
+        ? null
+        : isEmpty(v)
+          ? GO_NIL
+          : v;
   }
   for (const [k, v] of Object.entries(p.extra)) out[upperFirst(k)] = v;
   return goStruct('*model.NodeMetaProxyConfig', out);
@@ -54,23 +69,60 @@ const INT = 'int';
 const MAP = 'map';
 const LIST = 'list';
 const METADATA_FIELDS: Record<string, [string, string]> = {
-  LABELS: ['Labels', MAP], STATIC_LABELS: ['StaticLabels', MAP], ANNOTATIONS: ['Annotations', MAP], PLATFORM_METADATA: ['PlatformMetadata', MAP],
-  NAMESPACE: ['Namespace', STR], NAME: ['InstanceName', STR], WORKLOAD_NAME: ['WorkloadName', STR], SERVICE_ACCOUNT: ['ServiceAccount', STR],
-  CLUSTER_ID: ['ClusterID', STR], MESH_ID: ['MeshID', STR], NETWORK: ['Network', STR], ISTIO_VERSION: ['IstioVersion', STR],
-  ISTIO_REVISION: ['IstioRevision', STR], OWNER: ['Owner', STR], INTERCEPTION_MODE: ['InterceptionMode', STR], NODE_NAME: ['NodeName', STR],
-  APP_CONTAINERS: ['AppContainers', STR], HTTP_PROXY_PORT: ['HTTPProxyPort', STR], GENERATOR: ['Generator', STR], IDLE_TIMEOUT: ['IdleTimeout', STR],
-  HTTP10: ['HTTP10', STR], BASE: ['CertBaseDir', STR], DNS_PROXY_ADDR: ['DNSProxyAddr', STR], AUTO_REGISTER_GROUP: ['AutoRegisterGroup', STR],
-  WORKLOAD_ENTRY: ['WorkloadEntry', STR], UNPRIVILEGED_POD: ['UnprivilegedPod', STR], STS_PORT: ['StsPort', STR], CLOUDRUN_ADDR: ['CloudrunAddr', STR],
-  OUTLIER_LOG_PATH: ['OutlierLogPath', STR], ISTIO_PROXY_SHA: ['IstioProxySHA', STR], WORKLOAD_IDENTITY_SOCKET_FILE: ['WorkloadIdentitySocketFile', STR],
-  TLS_SERVER_CERT_CHAIN: ['TLSServerCertChain', STR], TLS_SERVER_KEY: ['TLSServerKey', STR], TLS_SERVER_ROOT_CERT: ['TLSServerRootCert', STR],
-  TLS_CLIENT_CERT_CHAIN: ['TLSClientCertChain', STR], TLS_CLIENT_KEY: ['TLSClientKey', STR], TLS_CLIENT_ROOT_CERT: ['TLSClientRootCert', STR],
-  POD_PORTS: ['PodPorts', STR], PILOT_SAN: ['PilotSubjectAltName', LIST], REQUESTED_NETWORK_VIEW: ['RequestedNetworkView', STR],
-  ENVOY_STATUS_PORT: ['EnvoyStatusPort', INT], ENVOY_PROMETHEUS_PORT: ['EnvoyPrometheusPort', INT],
-  ENVOY_SECURE_METRICS_PORT: ['EnvoySecureMetricsPort', INT], ENVOY_SECURE_MERGED_METRICS_PORT: ['EnvoySecureMergedMetricsPort', INT],
-  ENABLE_SELF_DISCOVERY: ['EnableSelfDiscovery', BOOL], DNS_CAPTURE: ['DNSCapture', BOOL], DNS_AUTO_ALLOCATE: ['DNSAutoAllocate', BOOL],
-  ENABLE_HBONE: ['EnableHBONE', BOOL], DISABLE_HBONE_SEND: ['DisableHBONESend', BOOL], EXIT_ON_ZERO_ACTIVE_CONNECTIONS: ['ExitOnZeroActiveConnections', BOOL],
-  INBOUND_LISTENER_EXACT_BALANCE: ['InboundListenerExactBalance', BOOL], OUTBOUND_LISTENER_EXACT_BALANCE: ['OutboundListenerExactBalance', BOOL],
-  METADATA_DISCOVERY: ['MetadataDiscovery', BOOL], ENVOY_SKIP_DEPRECATED_LOGS: ['EnvoySkipDeprecatedLogs', BOOL],
+  LABELS: ['Labels', MAP],
+  STATIC_LABELS: ['StaticLabels', MAP],
+  ANNOTATIONS: ['Annotations', MAP],
+  PLATFORM_METADATA: ['PlatformMetadata', MAP],
+  NAMESPACE: ['Namespace', STR],
+  NAME: ['InstanceName', STR],
+  WORKLOAD_NAME: ['WorkloadName', STR],
+  SERVICE_ACCOUNT: ['ServiceAccount', STR],
+  CLUSTER_ID: ['ClusterID', STR],
+  MESH_ID: ['MeshID', STR],
+  NETWORK: ['Network', STR],
+  ISTIO_VERSION: ['IstioVersion', STR],
+  ISTIO_REVISION: ['IstioRevision', STR],
+  OWNER: ['Owner', STR],
+  INTERCEPTION_MODE: ['InterceptionMode', STR],
+  NODE_NAME: ['NodeName', STR],
+  APP_CONTAINERS: ['AppContainers', STR],
+  HTTP_PROXY_PORT: ['HTTPProxyPort', STR],
+  GENERATOR: ['Generator', STR],
+  IDLE_TIMEOUT: ['IdleTimeout', STR],
+  HTTP10: ['HTTP10', STR],
+  BASE: ['CertBaseDir', STR],
+  DNS_PROXY_ADDR: ['DNSProxyAddr', STR],
+  AUTO_REGISTER_GROUP: ['AutoRegisterGroup', STR],
+  WORKLOAD_ENTRY: ['WorkloadEntry', STR],
+  UNPRIVILEGED_POD: ['UnprivilegedPod', STR],
+  STS_PORT: ['StsPort', STR],
+  CLOUDRUN_ADDR: ['CloudrunAddr', STR],
+  OUTLIER_LOG_PATH: ['OutlierLogPath', STR],
+  ISTIO_PROXY_SHA: ['IstioProxySHA', STR],
+  WORKLOAD_IDENTITY_SOCKET_FILE: ['WorkloadIdentitySocketFile', STR],
+  TLS_SERVER_CERT_CHAIN: ['TLSServerCertChain', STR],
+  TLS_SERVER_KEY: ['TLSServerKey', STR],
+  TLS_SERVER_ROOT_CERT: ['TLSServerRootCert', STR],
+  TLS_CLIENT_CERT_CHAIN: ['TLSClientCertChain', STR],
+  TLS_CLIENT_KEY: ['TLSClientKey', STR],
+  TLS_CLIENT_ROOT_CERT: ['TLSClientRootCert', STR],
+  POD_PORTS: ['PodPorts', STR],
+  PILOT_SAN: ['PilotSubjectAltName', LIST],
+  REQUESTED_NETWORK_VIEW: ['RequestedNetworkView', STR],
+  ENVOY_STATUS_PORT: ['EnvoyStatusPort', INT],
+  ENVOY_PROMETHEUS_PORT: ['EnvoyPrometheusPort', INT],
+  ENVOY_SECURE_METRICS_PORT: ['EnvoySecureMetricsPort', INT],
+  ENVOY_SECURE_MERGED_METRICS_PORT: ['EnvoySecureMergedMetricsPort', INT],
+  ENABLE_SELF_DISCOVERY: ['EnableSelfDiscovery', BOOL],
+  DNS_CAPTURE: ['DNSCapture', BOOL],
+  DNS_AUTO_ALLOCATE: ['DNSAutoAllocate', BOOL],
+  ENABLE_HBONE: ['EnableHBONE', BOOL],
+  DISABLE_HBONE_SEND: ['DisableHBONESend', BOOL],
+  EXIT_ON_ZERO_ACTIVE_CONNECTIONS: ['ExitOnZeroActiveConnections', BOOL],
+  INBOUND_LISTENER_EXACT_BALANCE: ['InboundListenerExactBalance', BOOL],
+  OUTBOUND_LISTENER_EXACT_BALANCE: ['OutboundListenerExactBalance', BOOL],
+  METADATA_DISCOVERY: ['MetadataDiscovery', BOOL],
+  ENVOY_SKIP_DEPRECATED_LOGS: ['EnvoySkipDeprecatedLogs', BOOL],
 };
 
 function metadataStruct(cfg: AgentConfig, node: NodeIdentity): Json {
@@ -114,7 +166,13 @@ export function templateVariables(cfg: AgentConfig, node: NodeIdentity): Json {
     localhost: net.localhost,
     wildcard: net.wildcard,
     dns_lookup_family: net.dnsLookupFamily,
-    ...(net.additional ? { dual_stack: true, additional_localhost: net.additional.localhost, additional_wildcard: net.additional.wildcard } : {}),
+    ...(net.additional
+      ? {
+          dual_stack: true,
+          additional_localhost: net.additional.localhost,
+          additional_wildcard: net.additional.wildcard,
+        }
+      : {}),
     envoy_status_port: cfg.envoyStatusPort,
     envoy_prometheus_port: cfg.envoyPrometheusPort,
     global_downstream_max_connections: maxDownstreamConnections(cfg),
@@ -146,18 +204,29 @@ export function templateVariables(cfg: AgentConfig, node: NodeIdentity): Json {
   if (eviction) v.stats_eviction_interval = eviction;
   const t = tracer(cfg);
   if (t) v[t.kind] = address(t.host, t.port);
-  for (const [svc, prefix] of [[metricsService(cfg, node.metadata), 'envoy_metrics_service'], [accessLogService(cfg, node.metadata), 'envoy_accesslog_service']] as const) {
+  for (const [svc, prefix] of [
+    [metricsService(cfg, node.metadata), 'envoy_metrics_service'],
+    [accessLogService(cfg, node.metadata), 'envoy_accesslog_service'],
+  ] as const) {
     if (!svc) continue;
     v[`${prefix}_address`] = address(svc.address.host, svc.address.port);
     if (svc.keepalive) v[`${prefix}_tcp_keepalive`] = JSON.stringify(svc.keepalive);
     if (svc.transportSocket) v[`${prefix}_tls`] = JSON.stringify(svc.transportSocket);
   }
   if (t) {
-    const ts = tlsTransportSocket(p.tracing!.tlsSettings, 'tracer', node.metadata, false, 'tracing.tlsSettings', cfg.sources.tracing ?? 'ProxyConfig');
+    const ts = tlsTransportSocket(
+      p.tracing!.tlsSettings,
+      'tracer',
+      node.metadata,
+      false,
+      'tracing.tlsSettings',
+      cfg.sources.tracing ?? 'ProxyConfig',
+    );
     if (ts) v.tracing_tls = JSON.stringify(ts);
   }
   const statsd = statsdAddress(cfg);
   if (statsd) v.statsd = address(statsd.host, statsd.port);
-  if (typeof node.metadata.LOAD_STATS_CONFIG_JSON === 'string') v.load_stats_config_json_str = node.metadata.LOAD_STATS_CONFIG_JSON;
+  if (typeof node.metadata.LOAD_STATS_CONFIG_JSON === 'string')
+    v.load_stats_config_json_str = node.metadata.LOAD_STATS_CONFIG_JSON;
   return v;
 }

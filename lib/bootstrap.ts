@@ -72,7 +72,16 @@ export function buildBootstrap(i: BootstrapInputs): Json {
     application_log_config: {
       // Istio's log line shape (JSON with --log_as_json), so Envoy's own lines read like the agent's.
       log_format: cfg.logAsJson
-        ? { json_format: { level: '%l', time: '%Y-%m-%dT%T.%fZ', scope: 'envoy %n', msg: '%j', caller: '%g:%#', thread: '%t' } }
+        ? {
+            json_format: {
+              level: '%l',
+              time: '%Y-%m-%dT%T.%fZ',
+              scope: 'envoy %n',
+              msg: '%j',
+              caller: '%g:%#',
+              thread: '%t',
+            },
+          }
         : { text_format: '%Y-%m-%dT%T.%fZ\t%l\tenvoy %n %g:%#\t%v\tthread=%t' },
     },
     node: nodeSection(node),
@@ -97,7 +106,10 @@ export function buildBootstrap(i: BootstrapInputs): Json {
         : []),
       {
         name: 'envoy.bootstrap.internal_listener',
-        typed_config: { '@type': `${TYPE}envoy.extensions.bootstrap.internal_listener.v3.InternalListener`, buffer_size_kb: 64 },
+        typed_config: {
+          '@type': `${TYPE}envoy.extensions.bootstrap.internal_listener.v3.InternalListener`,
+          buffer_size_kb: 64,
+        },
       },
     ],
     stats_config: statsConfig(cfg, node, metadataDiscovery(cfg, node)),
@@ -134,7 +146,12 @@ export function buildBootstrap(i: BootstrapInputs): Json {
 
 function nodeSection(node: NodeIdentity): Json {
   // Copied so that later edits of the bootstrap (overrides, callers) never reach back into the node identity.
-  return { id: node.id, cluster: node.cluster, locality: { ...node.locality }, metadata: structuredClone(node.metadata) };
+  return {
+    id: node.id,
+    cluster: node.cluster,
+    locality: { ...node.locality },
+    metadata: structuredClone(node.metadata),
+  };
 }
 
 /**
@@ -152,7 +169,8 @@ export function runtimeFlags(cfg: AgentConfig): Json {
   };
   if (cfg.compliancePolicy === 'fips-140-2') flags['envoy.reloadable_features.google_grpc_disable_tls_13'] = true;
   // Istio's condition is backwards, and kept so for compatibility: the variable set to false adds "false".
-  if (!cfg.stripFragmentFromPath) flags['envoy.reloadable_features.http_strip_fragment_from_path_unsafe_if_disabled'] = 'false';
+  if (!cfg.stripFragmentFromPath)
+    flags['envoy.reloadable_features.http_strip_fragment_from_path_unsafe_if_disabled'] = 'false';
   for (const [k, v] of Object.entries(cfg.proxy.runtimeValues)) {
     if (v === '') delete flags[k];
     else flags[k] = v === 'true' ? true : v === 'false' ? false : v;
@@ -170,7 +188,11 @@ export function maxDownstreamConnections(cfg: AgentConfig): number {
   const raw = cfg.proxy.runtimeValues[MAX_CONNECTIONS_KEY];
   if (raw === undefined || raw === '') return DEFAULT_MAX_DOWNSTREAM_CONNECTIONS;
   if (!/^\d+$/.test(raw) || Number(raw) < 1) {
-    throw configError(`runtimeValues["${MAX_CONNECTIONS_KEY}"]`, cfg.sources.runtimeValues ?? 'ProxyConfig', `want a positive integer, got "${raw}"`);
+    throw configError(
+      `runtimeValues["${MAX_CONNECTIONS_KEY}"]`,
+      cfg.sources.runtimeValues ?? 'ProxyConfig',
+      `want a positive integer, got "${raw}"`,
+    );
   }
   return Number(raw);
 }
@@ -255,7 +277,12 @@ function pipeCluster(name: string, path: string, common?: Json): Json {
 }
 
 function localClusters(cfg: AgentConfig, net: LocalNet): Json[] {
-  const limits = (priority: string) => ({ priority, max_connections: 100000, max_pending_requests: 100000, max_requests: 100000 });
+  const limits = (priority: string) => ({
+    priority,
+    max_connections: 100000,
+    max_pending_requests: 100000,
+    max_requests: 100000,
+  });
   return [
     loopbackCluster('prometheus_stats', net.localhost, cfg.proxy.proxyAdminPort),
     loopbackCluster('agent', net.localhost, cfg.proxy.statusPort),
@@ -327,7 +354,10 @@ function httpListener(net: LocalNet, port: number, statPrefix: string, exactPath
  * in every static listener on those ports, a route that sends a prefix to a cluster becomes the exact path for
  * GET/HEAD, 405 for other methods, and everything else 404, behind path normalisation. Returns a new bootstrap.
  */
-export function hardenPublicListeners(bootstrap: Record<string, unknown>, ports: readonly number[]): Record<string, unknown> {
+export function hardenPublicListeners(
+  bootstrap: Record<string, unknown>,
+  ports: readonly number[],
+): Record<string, unknown> {
   const copy = JSON.parse(JSON.stringify(bootstrap)) as Json;
   const getOrHead = { name: ':method', string_match: { safe_regex: { regex: '^(GET|HEAD)$' } } };
   const listeners = ((copy.static_resources as Json | undefined)?.listeners ?? []) as Json[];
@@ -341,15 +371,19 @@ export function hardenPublicListeners(bootstrap: Record<string, unknown>, ports:
         hcm.normalize_path = true;
         hcm.merge_slashes = true;
         hcm.path_with_escaped_slashes_action = 'REJECT_REQUEST';
-        for (const vh of (((hcm.route_config as Json | undefined)?.virtual_hosts ?? []) as Json[])) {
+        for (const vh of ((hcm.route_config as Json | undefined)?.virtual_hosts ?? []) as Json[]) {
           const out: Json[] = [];
           for (const r of (vh.routes ?? []) as Json[]) {
             const m = r.match as Json | undefined;
             if (m && typeof m.prefix === 'string' && m.prefix !== '/' && r.route) {
-              out.push({ ...r, match: { path: m.prefix, headers: [getOrHead] } }, { match: { path: m.prefix }, direct_response: { status: 405 } });
+              out.push(
+                { ...r, match: { path: m.prefix, headers: [getOrHead] } },
+                { match: { path: m.prefix }, direct_response: { status: 405 } },
+              );
             } else out.push(r);
           }
-          if (!out.some((r) => (r.match as Json | undefined)?.prefix === '/')) out.push({ match: { prefix: '/' }, direct_response: { status: 404 } });
+          if (!out.some((r) => (r.match as Json | undefined)?.prefix === '/'))
+            out.push({ match: { prefix: '/' }, direct_response: { status: 404 } });
           vh.routes = out;
         }
       }
@@ -375,12 +409,13 @@ export function adminOnSocket(bootstrap: Record<string, unknown>, socket: string
   const port = sa ? Number(sa.port_value) : undefined;
   admin.address = { pipe: { path: socket, mode: 0o600 } };
   if (port === undefined) return copy;
-  for (const c of (((copy.static_resources as Json | undefined)?.clusters ?? []) as Json[])) {
-    for (const group of ((((c.load_assignment as Json | undefined)?.endpoints ?? []) as Json[]))) {
-      for (const lb of ((group.lb_endpoints ?? []) as Json[])) {
+  for (const c of ((copy.static_resources as Json | undefined)?.clusters ?? []) as Json[]) {
+    for (const group of ((c.load_assignment as Json | undefined)?.endpoints ?? []) as Json[]) {
+      for (const lb of (group.lb_endpoints ?? []) as Json[]) {
         const endpoint = lb.endpoint as Json | undefined;
         const to = (endpoint?.address as Json | undefined)?.socket_address as Json | undefined;
-        if (to && LOOPBACK_HOSTS.has(String(to.address)) && Number(to.port_value) === port) endpoint!.address = { pipe: { path: socket } };
+        if (to && LOOPBACK_HOSTS.has(String(to.address)) && Number(to.port_value) === port)
+          endpoint!.address = { pipe: { path: socket } };
       }
     }
   }
@@ -418,15 +453,17 @@ const SELF_DISCOVERY_CLUSTER: Json = {
   type: 'EDS',
   connect_timeout: '1s',
   load_balancing_policy: {
-    policies: [{
-      typed_extension_config: {
-        name: 'envoy.load_balancing_policies.least_request',
-        typed_config: {
-          '@type': `${TYPE}envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest`,
-          locality_lb_config: { zone_aware_lb_config: { min_cluster_size: '1' } },
+    policies: [
+      {
+        typed_extension_config: {
+          name: 'envoy.load_balancing_policies.least_request',
+          typed_config: {
+            '@type': `${TYPE}envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest`,
+            locality_lb_config: { zone_aware_lb_config: { min_cluster_size: '1' } },
+          },
         },
       },
-    }],
+    ],
   },
   eds_cluster_config: { eds_config: { ads: {}, resource_api_version: 'V3' }, service_name: 'local_cluster' },
 };
@@ -445,7 +482,11 @@ function clusterManager(cfg: AgentConfig, node: NodeIdentity): Json | undefined 
     try {
       out.load_stats_config = JSON.parse(lrs);
     } catch (e) {
-      throw configError('ISTIO_META_LOAD_STATS_CONFIG_JSON', 'node metadata LOAD_STATS_CONFIG_JSON', `not valid JSON: ${(e as Error).message}`);
+      throw configError(
+        'ISTIO_META_LOAD_STATS_CONFIG_JSON',
+        'node metadata LOAD_STATS_CONFIG_JSON',
+        `not valid JSON: ${(e as Error).message}`,
+      );
     }
   }
   out.enable_deferred_cluster_creation = true;
@@ -466,7 +507,9 @@ function alsoOtherFamily(net: LocalNet, listener: Json): Json {
   if (!net.additional) return listener;
   const sa = (listener.address as { socket_address: Json }).socket_address;
   const address = sa.address === net.localhost ? net.additional.localhost : net.additional.wildcard;
-  listener.additional_addresses = [{ address: { socket_address: { protocol: 'TCP', address, port_value: sa.port_value } } }];
+  listener.additional_addresses = [
+    { address: { socket_address: { protocol: 'TCP', address, port_value: sa.port_value } } },
+  ];
   return listener;
 }
 
@@ -483,7 +526,14 @@ function withHttpFilters(listener: Json, filters: Json[]): Json {
 
 // Fields of Istio's Tracing message that istiod consumes, not the bootstrap.
 // tlsSettings is read with the tracer.
-const TRACING_IGNORED = new Set(['sampling', 'customTags', 'maxPathTagLength', 'useRequestIdForTraceSampling', 'enableIstioTags', 'tlsSettings']);
+const TRACING_IGNORED = new Set([
+  'sampling',
+  'customTags',
+  'maxPathTagLength',
+  'useRequestIdForTraceSampling',
+  'enableIstioTags',
+  'tlsSettings',
+]);
 
 /** The tracer ProxyConfig.tracing names and its collector address, if any. */
 export function tracer(cfg: AgentConfig): { kind: 'zipkin' | 'datadog'; host: string; port: number } | undefined {
@@ -493,7 +543,11 @@ export function tracer(cfg: AgentConfig): { kind: 'zipkin' | 'datadog'; host: st
   const tracers = Object.keys(t).filter((k) => !TRACING_IGNORED.has(k));
   if (tracers.length === 0) return undefined;
   if (tracers.length > 1 || !['zipkin', 'datadog'].includes(tracers[0]!)) {
-    throw configError('tracing', source, `unsupported tracing settings ${tracers.map((k) => `"${k}"`).join(', ')} (this agent supports zipkin and datadog)`);
+    throw configError(
+      'tracing',
+      source,
+      `unsupported tracing settings ${tracers.map((k) => `"${k}"`).join(', ')} (this agent supports zipkin and datadog)`,
+    );
   }
   const kind = tracers[0] as 'zipkin' | 'datadog';
   const address = tracerAddress(t[kind], `tracing.${kind}`, source);
@@ -509,7 +563,14 @@ function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster
   const address = found;
   const clusterName = kind === 'zipkin' ? 'zipkin' : 'datadog_agent';
   // Istio's fields; Envoy deprecates respect_dns_ttl / dns_refresh_rate on Cluster but still honours them.
-  const transportSocket = tlsTransportSocket(cfg.proxy.tracing!.tlsSettings, 'tracer', node.metadata, false, 'tracing.tlsSettings', cfg.sources.tracing ?? 'ProxyConfig');
+  const transportSocket = tlsTransportSocket(
+    cfg.proxy.tracing!.tlsSettings,
+    'tracer',
+    node.metadata,
+    false,
+    'tracing.tlsSettings',
+    cfg.sources.tracing ?? 'ProxyConfig',
+  );
   const cluster: Json = {
     name: clusterName,
     alt_stat_name: `${clusterName};`,
@@ -537,7 +598,11 @@ function tracing(cfg: AgentConfig, node: NodeIdentity, net: LocalNet): { cluster
         }
       : {
           name: 'envoy.tracers.datadog',
-          typed_config: { '@type': `${TYPE}envoy.config.trace.v3.DatadogConfig`, collector_cluster: 'datadog_agent', service_name: node.cluster },
+          typed_config: {
+            '@type': `${TYPE}envoy.config.trace.v3.DatadogConfig`,
+            collector_cluster: 'datadog_agent',
+            service_name: node.cluster,
+          },
         };
   return { cluster, tracing: { http } };
 }
@@ -561,7 +626,10 @@ function tracerAddress(settings: unknown, field: string, source: string): { host
  * can add a cluster or listener), scalars are replaced, and a typed_config (an object with `@type`, a proto Any)
  * is replaced whole. Neither input is modified.
  */
-export function mergeBootstrapOverride(base: Record<string, unknown>, override: Record<string, unknown>): Record<string, unknown> {
+export function mergeBootstrapOverride(
+  base: Record<string, unknown>,
+  override: Record<string, unknown>,
+): Record<string, unknown> {
   // An override key `__proto__` is a (bogus) field for Envoy to reject, never the prototype.
   const out = plainCopy(base);
   for (const [k, v] of Object.entries(override)) setOwn(out, k, mergeValue(own(out, k), v));

@@ -11,7 +11,12 @@ import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as grpc from '@grpc/grpc-js';
 import { Counter, type Registry } from 'prom-client';
-import { CREATE_CERTIFICATE_PATH, decodeCertificateResponse, encodeCertificateRequest, type CertificateResponse } from './ca-protos';
+import {
+  CREATE_CERTIFICATE_PATH,
+  decodeCertificateResponse,
+  encodeCertificateRequest,
+  type CertificateResponse,
+} from './ca-protos';
 import { checkCaProvider, defaultRoot, pilotCertProvider } from './cert-provider';
 import type { AgentConfig } from './config';
 import * as envs from './env';
@@ -73,7 +78,11 @@ export function caAnswered(err: unknown): boolean {
   if (!(err instanceof AgentError)) return false;
   if (err.code === 'BAD_INPUT') return true;
   const code = (err.cause as { code?: number } | undefined)?.code;
-  return err.code === 'UPSTREAM' && code !== undefined && ![grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED].includes(code);
+  return (
+    err.code === 'UPSTREAM' &&
+    code !== undefined &&
+    ![grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED].includes(code)
+  );
 }
 
 /** Istio's choices: CA_ADDR or the discovery address; plaintext on :15010 or with auth policy NONE. */
@@ -81,10 +90,15 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
   const xds = upstreamFromConfig(cfg, env);
   const address = envs.CA_ADDR.get(env) || cfg.proxy.discoveryAddress;
   const { host, port } = splitHostPort(address);
-  const tls = !(port === '15010' || address.startsWith('unix:') || (cfg.proxy.controlPlaneAuthPolicy === 'NONE' && !envs.CA_ADDR.isSet(env)));
+  const tls = !(
+    port === '15010' ||
+    address.startsWith('unix:') ||
+    (cfg.proxy.controlPlaneAuthPolicy === 'NONE' && !envs.CA_ADDR.isSet(env))
+  );
   const headers: Record<string, string> = { ClusterID: cfg.clusterId };
   for (const [k, v] of Object.entries(env)) {
-    if (k.startsWith(CA_HEADER_PREFIX) && k.length > CA_HEADER_PREFIX.length && v !== undefined) headers[k.slice(CA_HEADER_PREFIX.length)] = v;
+    if (k.startsWith(CA_HEADER_PREFIX) && k.length > CA_HEADER_PREFIX.length && v !== undefined)
+      headers[k.slice(CA_HEADER_PREFIX.length)] = v;
   }
   checkCaProvider(envs.CA_PROVIDER.get(env), address);
   const provider = pilotCertProvider(envs.PILOT_CERT_PROVIDER.get(env));
@@ -100,7 +114,12 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
     address,
     tls,
     rootCaFile: root,
-    serverName: caServerName(envs.CA_ADDR.get(env) ? address : undefined, host, envs.ISTIOD_SAN.get(env), xds.serverName),
+    serverName: caServerName(
+      envs.CA_ADDR.get(env) ? address : undefined,
+      host,
+      envs.ISTIOD_SAN.get(env),
+      xds.serverName,
+    ),
     tokenFile: xds.tokenFile,
     headers,
     certSigner: envs.ISTIO_META_CERT_SIGNER.get(env) || undefined,
@@ -148,10 +167,18 @@ export class CaClient implements CertificateSigner {
     const calls = this.calls;
     for (const key of Object.keys(CA_METRICS) as (keyof typeof CA_METRICS)[]) {
       const [name, help] = CA_METRICS[key];
-      registry.registerMetric(new Counter({
-        name, help, labelNames: ['request_type'], registers: [],
-        collect() { this.reset(); this.inc({ request_type: 'csr' }, calls[key]); },
-      }));
+      registry.registerMetric(
+        new Counter({
+          name,
+          help,
+          labelNames: ['request_type'],
+          registers: [],
+          collect() {
+            this.reset();
+            this.inc({ request_type: 'csr' }, calls[key]);
+          },
+        }),
+      );
     }
   }
 
@@ -179,7 +206,11 @@ export class CaClient implements CertificateSigner {
 
   private async call(csrPem: string, validitySeconds: number): Promise<string[]> {
     const o = this.o;
-    const request = { csr: csrPem, validityDuration: validitySeconds, ...(o.certSigner ? { metadata: { CertSigner: o.certSigner } } : {}) };
+    const request = {
+      csr: csrPem,
+      validityDuration: validitySeconds,
+      ...(o.certSigner ? { metadata: { CertSigner: o.certSigner } } : {}),
+    };
     const md = new grpc.Metadata();
     for (const [k, v] of Object.entries(o.headers)) md.set(k, v);
     if (o.tokenFile && (o.tls || isLocal(o.address))) {
@@ -194,7 +225,11 @@ export class CaClient implements CertificateSigner {
       md.set('authorization', `Bearer ${token}`);
     }
     // Its own connection, closed with the client: a pooled one could outlive a rotated root or a CA restart.
-    const options: grpc.ChannelOptions = { 'grpc.enable_retries': 0, 'grpc.use_local_subchannel_pool': 1, 'grpc.enable_channelz': 0 };
+    const options: grpc.ChannelOptions = {
+      'grpc.enable_retries': 0,
+      'grpc.use_local_subchannel_pool': 1,
+      'grpc.enable_channelz': 0,
+    };
     let creds: grpc.ChannelCredentials;
     if (o.tls) {
       let root: Buffer | null = null;
@@ -215,19 +250,36 @@ export class CaClient implements CertificateSigner {
     let resp: CertificateResponse;
     try {
       resp = await new Promise<CertificateResponse>((resolve, reject) =>
-        client.makeUnaryRequest(CREATE_CERTIFICATE_PATH, encodeCertificateRequest, decodeCertificateResponse, request,
-          md, { deadline: Date.now() + (o.timeoutMs ?? 10_000) }, (e, r) => (e ? reject(e) : resolve(r!))));
+        client.makeUnaryRequest(
+          CREATE_CERTIFICATE_PATH,
+          encodeCertificateRequest,
+          decodeCertificateResponse,
+          request,
+          md,
+          { deadline: Date.now() + (o.timeoutMs ?? 10_000) },
+          (e, r) => (e ? reject(e) : resolve(r!)),
+        ),
+      );
     } catch (e) {
       const se = e as grpc.ServiceError;
       const garbage = se.code === grpc.status.INTERNAL && /parsing|parse|deserializ/i.test(se.details ?? '');
-      throw new AgentError(garbage ? 'BAD_INPUT' : 'UPSTREAM', `CA ${o.address}${o.tls ? ` (TLS, name ${o.serverName})` : ' (plaintext)'}: ${se.details || se.message}`, e);
+      throw new AgentError(
+        garbage ? 'BAD_INPUT' : 'UPSTREAM',
+        `CA ${o.address}${o.tls ? ` (TLS, name ${o.serverName})` : ' (plaintext)'}: ${se.details || se.message}`,
+        e,
+      );
     } finally {
       client.close();
     }
     const chain = resp.certChain ?? [];
-    if (chain.length < 2) throw new AgentError('BAD_INPUT', `CA ${o.address} answered a chain of ${chain.length} certificate(s); want the leaf and at least the root`);
+    if (chain.length < 2)
+      throw new AgentError(
+        'BAD_INPUT',
+        `CA ${o.address} answered a chain of ${chain.length} certificate(s); want the leaf and at least the root`,
+      );
     for (const [i, pem] of chain.entries()) {
-      if (!/-----BEGIN CERTIFICATE-----/.test(pem)) throw new AgentError('BAD_INPUT', `CA ${o.address}: element ${i + 1} of the chain is not a PEM certificate`);
+      if (!/-----BEGIN CERTIFICATE-----/.test(pem))
+        throw new AgentError('BAD_INPUT', `CA ${o.address}: element ${i + 1} of the chain is not a PEM certificate`);
     }
     return chain;
   }

@@ -29,7 +29,12 @@ export const CA_DESCRIPTOR = {
                 },
                 IstioCertificateResponse: { fields: { cert_chain: { rule: 'repeated', type: 'string', id: 1 } } },
                 IstioCertificateService: {
-                  methods: { CreateCertificate: { requestType: 'IstioCertificateRequest', responseType: 'IstioCertificateResponse' } },
+                  methods: {
+                    CreateCertificate: {
+                      requestType: 'IstioCertificateRequest',
+                      responseType: 'IstioCertificateResponse',
+                    },
+                  },
                 },
               },
             },
@@ -43,7 +48,9 @@ export const CA_DESCRIPTOR = {
           nested: {
             Struct: { fields: { fields: { keyType: 'string', type: 'Value', id: 1 } } },
             Value: {
-              oneofs: { kind: { oneof: ['nullValue', 'numberValue', 'stringValue', 'boolValue', 'structValue', 'listValue'] } },
+              oneofs: {
+                kind: { oneof: ['nullValue', 'numberValue', 'stringValue', 'boolValue', 'structValue', 'listValue'] },
+              },
               fields: {
                 nullValue: { type: 'NullValue', id: 1 },
                 numberValue: { type: 'double', id: 2 },
@@ -107,35 +114,51 @@ export function decodeCertificateRequest(b: Buffer): CertificateRequest {
   let csr = '';
   let validityDuration = 0;
   const metadata: Record<string, string> = {};
-  forEachField(b, (f, wt, buf, s, e, v) => {
-    if (f === 1) {
-      want(wt, WT_LEN, what, f);
-      csr = buf.toString('utf8', s, e);
-    } else if (f === 3) {
-      want(wt, WT_VARINT, what, f);
-      // A negative int64 (two's complement, above 2^63 as read here) keeps only its sign: any value <= 0 asks
-      // for the CA's default lifetime.
-      validityDuration = v >= 2 ** 63 ? -1 : v;
-    } else if (f === 4) {
-      want(wt, WT_LEN, what, f);
-      forEachField(buf.subarray(s, e), (sf, swt, sb, ss, se) => {
-        if (sf !== 1) return;
-        want(swt, WT_LEN, 'google.protobuf.Struct', sf);
-        let key = '';
-        let str: string | undefined;
-        forEachField(sb.subarray(ss, se), (ef, ewt, eb, es, ee) => {
-          if (ef === 1 && ewt === WT_LEN) key = eb.toString('utf8', es, ee);
-          else if (ef === 2 && ewt === WT_LEN) {
-            str = undefined;
-            forEachField(eb.subarray(es, ee), (vf, vwt, vb, vs, ve) => {
-              if (vf === 3 && vwt === WT_LEN) str = vb.toString('utf8', vs, ve);
-            }, 'google.protobuf.Value');
-          }
-        }, 'google.protobuf.Struct entry');
-        if (str !== undefined) metadata[key] = str;
-      }, 'google.protobuf.Struct');
-    }
-  }, what);
+  forEachField(
+    b,
+    (f, wt, buf, s, e, v) => {
+      if (f === 1) {
+        want(wt, WT_LEN, what, f);
+        csr = buf.toString('utf8', s, e);
+      } else if (f === 3) {
+        want(wt, WT_VARINT, what, f);
+        // A negative int64 (two's complement, above 2^63 as read here) keeps only its sign: any value <= 0 asks
+        // for the CA's default lifetime.
+        validityDuration = v >= 2 ** 63 ? -1 : v;
+      } else if (f === 4) {
+        want(wt, WT_LEN, what, f);
+        forEachField(
+          buf.subarray(s, e),
+          (sf, swt, sb, ss, se) => {
+            if (sf !== 1) return;
+            want(swt, WT_LEN, 'google.protobuf.Struct', sf);
+            let key = '';
+            let str: string | undefined;
+            forEachField(
+              sb.subarray(ss, se),
+              (ef, ewt, eb, es, ee) => {
+                if (ef === 1 && ewt === WT_LEN) key = eb.toString('utf8', es, ee);
+                else if (ef === 2 && ewt === WT_LEN) {
+                  str = undefined;
+                  forEachField(
+                    eb.subarray(es, ee),
+                    (vf, vwt, vb, vs, ve) => {
+                      if (vf === 3 && vwt === WT_LEN) str = vb.toString('utf8', vs, ve);
+                    },
+                    'google.protobuf.Value',
+                  );
+                }
+              },
+              'google.protobuf.Struct entry',
+            );
+            if (str !== undefined) metadata[key] = str;
+          },
+          'google.protobuf.Struct',
+        );
+      }
+    },
+    what,
+  );
   return { csr, validityDuration, ...(Object.keys(metadata).length ? { metadata } : {}) };
 }
 
@@ -149,11 +172,15 @@ export function encodeCertificateResponse(r: CertificateResponse): Buffer {
 /** Throws on bytes that are not an IstioCertificateResponse. */
 export function decodeCertificateResponse(b: Buffer): CertificateResponse {
   const certChain: string[] = [];
-  forEachField(b, (f, wt, buf, s, e) => {
-    if (f !== 1) return;
-    want(wt, WT_LEN, 'IstioCertificateResponse', f);
-    certChain.push(buf.toString('utf8', s, e));
-  }, 'IstioCertificateResponse');
+  forEachField(
+    b,
+    (f, wt, buf, s, e) => {
+      if (f !== 1) return;
+      want(wt, WT_LEN, 'IstioCertificateResponse', f);
+      certChain.push(buf.toString('utf8', s, e));
+    },
+    'IstioCertificateResponse',
+  );
   return { certChain };
 }
 

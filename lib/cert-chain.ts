@@ -37,11 +37,19 @@ export function parseCerts(pem: string, where: string): X509Certificate[] {
 }
 
 export function uriSans(c: X509Certificate): string[] {
-  return (c.subjectAltName ?? '').split(/,\s*/).filter((s) => s.startsWith('URI:')).map((s) => s.slice(4));
+  return (c.subjectAltName ?? '')
+    .split(/,\s*/)
+    .filter((s) => s.startsWith('URI:'))
+    .map((s) => s.slice(4));
 }
 
 export function certInfo(c: X509Certificate): CertInfo {
-  return { identities: uriSans(c), serial: c.serialNumber, notBefore: Date.parse(c.validFrom), notAfter: Date.parse(c.validTo) };
+  return {
+    identities: uriSans(c),
+    serial: c.serialNumber,
+    notBefore: Date.parse(c.validFrom),
+    notAfter: Date.parse(c.validTo),
+  };
 }
 
 const pemOf = (c: X509Certificate) => (c.toString().endsWith('\n') ? c.toString() : `${c.toString()}\n`);
@@ -65,18 +73,32 @@ export function checkChain(o: ChainCheck): CheckedChain {
   checkKeyPair(leaf, o.keyPem, where);
   const ids = uriSans(leaf);
   if (o.identity !== undefined && !ids.includes(o.identity)) {
-    throw new AgentError('BAD_INPUT', `${where}: the leaf certificate is for ${ids.join(', ') || 'no URI SAN'}, not ${o.identity}`);
+    throw new AgentError(
+      'BAD_INPUT',
+      `${where}: the leaf certificate is for ${ids.join(', ') || 'no URI SAN'}, not ${o.identity}`,
+    );
   }
-  chain.forEach((c, i) => checkValidity(c, o.now, where, i === 0 ? 'the leaf certificate' : `certificate ${i + 1} of the chain`));
+  chain.forEach((c, i) =>
+    checkValidity(c, o.now, where, i === 0 ? 'the leaf certificate' : `certificate ${i + 1} of the chain`),
+  );
   for (let i = 0; i + 1 < chain.length; i++) {
     if (!signedBy(chain[i]!, chain[i + 1]!)) {
-      throw new AgentError('BAD_INPUT', `${where}: certificate ${i + 1} of the chain (serial ${chain[i]!.serialNumber}) is not signed by certificate ${i + 2}`);
+      throw new AgentError(
+        'BAD_INPUT',
+        `${where}: certificate ${i + 1} of the chain (serial ${chain[i]!.serialNumber}) is not signed by certificate ${i + 2}`,
+      );
     }
   }
   if (!o.roots.length) throw new AgentError('BAD_INPUT', `${where}: no root certificate to verify the chain against`);
   const last = chain[chain.length - 1]!;
-  const root = o.roots.find((r) => r.fingerprint256 === last.fingerprint256 && signedBy(last, r)) ?? o.roots.find((r) => signedBy(last, r));
-  if (!root) throw new AgentError('BAD_INPUT', `${where}: the chain does not verify to the root (${o.roots.map((r) => r.subject.replace(/\n/g, ',')).join('; ')})`);
+  const root =
+    o.roots.find((r) => r.fingerprint256 === last.fingerprint256 && signedBy(last, r)) ??
+    o.roots.find((r) => signedBy(last, r));
+  if (!root)
+    throw new AgentError(
+      'BAD_INPUT',
+      `${where}: the chain does not verify to the root (${o.roots.map((r) => r.subject.replace(/\n/g, ',')).join('; ')})`,
+    );
   const chainCerts = root.fingerprint256 === last.fingerprint256 && chain.length > 1 ? chain.slice(0, -1) : chain;
   return { leaf: certInfo(leaf), chainPem: chainCerts.map(pemOf).join(''), rootPem: o.roots.map(pemOf).join('') };
 }
@@ -89,14 +111,26 @@ export function checkKeyPair(leaf: X509Certificate, keyPem: string, where: strin
   } catch (e) {
     throw new AgentError('BAD_INPUT', `${where}: private key does not parse: ${errorMessage(e)}`, e);
   }
-  if (!leaf.checkPrivateKey(key)) throw new AgentError('BAD_INPUT', `${where}: the leaf certificate (serial ${leaf.serialNumber}) is not for our private key`);
+  if (!leaf.checkPrivateKey(key))
+    throw new AgentError(
+      'BAD_INPUT',
+      `${where}: the leaf certificate (serial ${leaf.serialNumber}) is not for our private key`,
+    );
 }
 
 export function checkValidity(c: X509Certificate, now: number, where: string, what = 'the certificate'): void {
   const nb = Date.parse(c.validFrom);
   const na = Date.parse(c.validTo);
-  if (now < nb) throw new AgentError('BAD_INPUT', `${where}: ${what} (serial ${c.serialNumber}) is not valid before ${new Date(nb).toISOString()}`);
-  if (now > na) throw new AgentError('BAD_INPUT', `${where}: ${what} (serial ${c.serialNumber}) expired at ${new Date(na).toISOString()}`);
+  if (now < nb)
+    throw new AgentError(
+      'BAD_INPUT',
+      `${where}: ${what} (serial ${c.serialNumber}) is not valid before ${new Date(nb).toISOString()}`,
+    );
+  if (now > na)
+    throw new AgentError(
+      'BAD_INPUT',
+      `${where}: ${what} (serial ${c.serialNumber}) expired at ${new Date(na).toISOString()}`,
+    );
 }
 
 function signedBy(c: X509Certificate, issuer: X509Certificate): boolean {

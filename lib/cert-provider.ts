@@ -33,16 +33,23 @@ export function pilotCertProvider(raw: string): PilotCertProvider {
  */
 export function checkCaProvider(caProvider: string, caAddress: string): void {
   if (caProvider === GKE_WORKLOAD_CERTIFICATE) {
-    throw new AgentError('CONFIG_INVALID', `CA_PROVIDER=${GKE_WORKLOAD_CERTIFICATE} (GKE workload certificates) is not `
-      + 'supported: mount the certificates as ./etc/certs/{cert-chain,key,root-cert}.pem and set FILE_MOUNTED_CERTS=true');
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `CA_PROVIDER=${GKE_WORKLOAD_CERTIFICATE} (GKE workload certificates) is not ` +
+        'supported: mount the certificates as ./etc/certs/{cert-chain,key,root-cert}.pem and set FILE_MOUNTED_CERTS=true',
+    );
   }
   if (caProvider !== CITADEL) {
-    throw new AgentError('CONFIG_INVALID',
-      `CA provider ${quote(caProvider)} (CA_PROVIDER) is not registered: this agent has only ${CITADEL}, Istio's CA protocol`);
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `CA provider ${quote(caProvider)} (CA_PROVIDER) is not registered: this agent has only ${CITADEL}, Istio's CA protocol`,
+    );
   }
   if (caAddress.includes('googleapis.com')) {
-    throw new AgentError('CONFIG_INVALID',
-      `CA ${caAddress} is Google's CA (Istio's GoogleCA provider), which this agent does not support`);
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `CA ${caAddress} is Google's CA (Istio's GoogleCA provider), which this agent does not support`,
+    );
   }
 }
 
@@ -66,8 +73,10 @@ export function defaultRoot(provider: PilotCertProvider, d: RootDefaults, what: 
   if (d.mountedExists || (provider === 'custom' && what === 'CA')) return d.mounted;
   if (d.provCert) return `${d.provCert}/root-cert.pem`;
   if (provider === 'none') {
-    throw new AgentError('CONFIG_INVALID',
-      `a root CA file for ${what} is required (set ${what}_ROOT_CA) but PILOT_CERT_PROVIDER is none`);
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `a root CA file for ${what} is required (set ${what}_ROOT_CA) but PILOT_CERT_PROVIDER is none`,
+    );
   }
   return d.istiod;
 }
@@ -83,8 +92,13 @@ export function startupRootCheck(env: Env, tls: boolean, exists: (p: string) => 
   const provCert = envs.PROV_CERT.get(env);
   // Go looks at the mounted certificates' ISTIO_META_TLS_CLIENT_ROOT_CERT before it checks for none.
   const credentials = './var/run/secrets/workload-spiffe-credentials';
-  const fileMounted = envs.FILE_MOUNTED_CERTS.get(env)
-    || ['cert-chain.pem', 'key.pem', 'root-cert.pem'].every((f) => exists(`${credentials}/${f}`));
+  const fileMounted =
+    envs.FILE_MOUNTED_CERTS.get(env) ||
+    ['cert-chain.pem', 'key.pem', 'root-cert.pem'].every((f) => exists(`${credentials}/${f}`));
   if (!provCert && fileMounted && envs.ISTIO_META_TLS_CLIENT_ROOT_CERT.get(env)) return;
-  defaultRoot(provider, { provCert, mounted: MOUNTED_ROOT_CA, mountedExists: exists(MOUNTED_ROOT_CA), istiod: ISTIOD_ROOT_CA }, 'XDS');
+  defaultRoot(
+    provider,
+    { provCert, mounted: MOUNTED_ROOT_CA, mountedExists: exists(MOUNTED_ROOT_CA), istiod: ISTIOD_ROOT_CA },
+    'XDS',
+  );
 }

@@ -21,7 +21,9 @@ export function completionScript(shell: Shell, program: string, table: Completio
   const fn = `_${program.replace(/\W/g, '_')}`;
   const commands = words(Object.keys(table));
   if (shell === 'bash') {
-    const cases = Object.entries(table).map(([cmd, flags]) => `    ${cmd}) list="${words(flags)}" ;;`).join('\n');
+    const cases = Object.entries(table)
+      .map(([cmd, flags]) => `    ${cmd}) list="${words(flags)}" ;;`)
+      .join('\n');
     return `# bash completion for ${program}; load with: source <(${program} completion bash)
 ${fn}() {
   local cur=\${COMP_WORDS[COMP_CWORD]} cmd="" list i
@@ -38,7 +40,9 @@ ${cases}
 complete -o default -F ${fn} ${program}
 `;
   }
-  const cases = Object.entries(table).map(([cmd, flags]) => `    ${cmd}) compadd -- ${words(flags)} ;;`).join('\n');
+  const cases = Object.entries(table)
+    .map(([cmd, flags]) => `    ${cmd}) compadd -- ${words(flags)} ;;`)
+    .join('\n');
   return `#compdef ${program}
 # zsh completion for ${program}; load with: source <(${program} completion zsh), or save as _${program} in $fpath
 ${fn}() {

@@ -35,7 +35,11 @@ export interface StatusRoute {
 }
 
 /** A JSON reply for a status route (debug endpoints). */
-export const json = (value: unknown, status = 200): Reply => ({ status, body: JSON.stringify(value, null, 2) + '\n', contentType: 'application/json' });
+export const json = (value: unknown, status = 200): Reply => ({
+  status,
+  body: JSON.stringify(value, null, 2) + '\n',
+  contentType: 'application/json',
+});
 
 export interface Component {
   /** Used in logs, in the 503 body and in "X closed: ..." when it ends the agent. */
@@ -89,7 +93,10 @@ export async function composeReadiness(components: readonly Component[]): Promis
  * Starts components in order; if one fails, closes those already started (in reverse) and rethrows. Components in
  * `alreadyStarted` (started earlier, e.g. Envoy before the rest of the agent loads) are skipped but rolled back too.
  */
-export async function startAll(components: readonly Component[], alreadyStarted: readonly Component[] = []): Promise<void> {
+export async function startAll(
+  components: readonly Component[],
+  alreadyStarted: readonly Component[] = [],
+): Promise<void> {
   const started: Component[] = [...alreadyStarted];
   for (const c of components) {
     if (alreadyStarted.includes(c)) continue;
@@ -109,6 +116,8 @@ export async function closeAll(components: readonly Component[]): Promise<void> 
 }
 
 /** Resolves with the first component to end and the error it ended with (undefined: it ended cleanly). */
-export function firstToEnd(components: readonly Component[]): Promise<{ component: Component; err: Error | undefined }> {
+export function firstToEnd(
+  components: readonly Component[],
+): Promise<{ component: Component; err: Error | undefined }> {
   return Promise.race(components.map((c) => c.closed.then((err) => ({ component: c, err }))));
 }

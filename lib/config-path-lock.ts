@@ -29,12 +29,17 @@ export interface ConfigPathLock {
 export async function claimConfigPath(dir: string): Promise<ConfigPathLock> {
   fs.mkdirSync(dir, { recursive: true });
   const sock = path.join(dir, LOCK_SOCKET);
-  if (Buffer.byteLength(sock) > 107) throw new AgentError('CONFIG_INVALID', `configPath ${dir} is too long for its lock socket ${sock} (a Unix socket path has at most 107 bytes)`);
+  if (Buffer.byteLength(sock) > 107)
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `configPath ${dir} is too long for its lock socket ${sock} (a Unix socket path has at most 107 bytes)`,
+    );
   const pidFile = path.join(dir, LOCK_PID);
   for (let attempt = 0; attempt < 100; attempt++) {
     const server = await listen(sock);
     if (!(server instanceof Error)) return holding(server, pidFile);
-    if ((server as NodeJS.ErrnoException).code !== 'EADDRINUSE') throw new AgentError('IO', `cannot claim configPath ${dir} (lock socket ${sock}): ${server.message}`, server);
+    if ((server as NodeJS.ErrnoException).code !== 'EADDRINUSE')
+      throw new AgentError('IO', `cannot claim configPath ${dir} (lock socket ${sock}): ${server.message}`, server);
     const probe = await connectResult(sock);
     if (probe.state === 'live' || probe.state === 'unknown') throw inUse(dir, pidFile, probe);
     // Refused, or gone since: a holder that died. Replace it under the directory's mutex, checking again there.
@@ -47,7 +52,11 @@ export async function claimConfigPath(dir: string): Promise<ConfigPathLock> {
       const again = await connectResult(sock);
       if (again.state === 'live' || again.state === 'unknown') throw inUse(dir, pidFile, again);
       if (again.state === 'refused') {
-        if (!fs.lstatSync(sock).isSocket()) throw new AgentError('IO', `cannot claim configPath ${dir}: ${sock} exists and is not a socket; refusing to replace it`);
+        if (!fs.lstatSync(sock).isSocket())
+          throw new AgentError(
+            'IO',
+            `cannot claim configPath ${dir}: ${sock} exists and is not a socket; refusing to replace it`,
+          );
         fs.rmSync(sock, { force: true });
         log.info(`removed the lock of an agent that is gone (${sock})`);
       }
@@ -95,7 +104,10 @@ function inUse(dir: string, pidFile: string, probe: Probe): AgentError {
   const pid = probe.pid ?? readPid(pidFile);
   const who = pid === undefined ? 'another pilot-agent (pid unknown)' : `another pilot-agent (pid ${pid})`;
   const why = probe.state === 'live' ? 'holds its lock' : 'holds its lock socket, which does not answer';
-  return new AgentError('CONFIG_INVALID', `configPath ${dir} is in use: ${who} ${why}; give each agent its own configPath, or stop the other one first`);
+  return new AgentError(
+    'CONFIG_INVALID',
+    `configPath ${dir} is in use: ${who} ${why}; give each agent its own configPath, or stop the other one first`,
+  );
 }
 
 function readPid(file: string): number | undefined {
@@ -149,7 +161,16 @@ function connectResult(sock: string): Promise<Probe> {
     c.on('data', (d: string) => (text += d));
     c.once('end', () => done({ state: 'live', pid: /^\d+$/.test(text.trim()) ? Number(text.trim()) : undefined }));
     c.once('error', (err: NodeJS.ErrnoException) =>
-      done({ state: connected ? 'live' : err.code === 'ECONNREFUSED' ? 'refused' : err.code === 'ENOENT' ? 'gone' : 'unknown' }));
+      done({
+        state: connected
+          ? 'live'
+          : err.code === 'ECONNREFUSED'
+            ? 'refused'
+            : err.code === 'ENOENT'
+              ? 'gone'
+              : 'unknown',
+      }),
+    );
     c.setTimeout(2000, () => done({ state: connected ? 'live' : 'unknown' }));
   });
 }

@@ -22,19 +22,26 @@ export class ConfigReloader implements Component {
   private generation = 0;
   private started = false;
 
-  constructor(private readonly o: {
-    flags: Flags;
-    env: Env;
-    resolved: Resolved;
-    /** A newly resolved config; `generation` is bumped by SIGHUP to force a new epoch. */
-    onChange: (r: Resolved, generation: number) => void;
-  }) {
-    this.watcher = new FileWatcher(() => this.refresh('file change'), { debounceMs: envs.FILE_DEBOUNCE_DURATION.get(o.env) });
+  constructor(
+    private readonly o: {
+      flags: Flags;
+      env: Env;
+      resolved: Resolved;
+      /** A newly resolved config; `generation` is bumped by SIGHUP to force a new epoch. */
+      onChange: (r: Resolved, generation: number) => void;
+    },
+  ) {
+    this.watcher = new FileWatcher(() => this.refresh('file change'), {
+      debounceMs: envs.FILE_DEBOUNCE_DURATION.get(o.env),
+    });
   }
 
   private watched(r: Resolved) {
     return [
-      ...[...new Set([...r.inputs, ...referencedFiles(r.bootstrap)])].map((p) => ({ path: p, mode: 'content' as const })),
+      ...[...new Set([...r.inputs, ...referencedFiles(r.bootstrap)])].map((p) => ({
+        path: p,
+        mode: 'content' as const,
+      })),
       { path: r.cfg.proxy.binaryPath, mode: 'stat' as const },
     ];
   }
@@ -42,7 +49,8 @@ export class ConfigReloader implements Component {
   private refresh(why: string): void {
     try {
       const r = resolveAll(this.o.flags, this.o.env, this.o.resolved.cfg.sockets);
-      if (r.cfg.proxy.statusPort !== this.o.resolved.cfg.proxy.statusPort) log.warn('a new statusPort takes effect only when the agent restarts');
+      if (r.cfg.proxy.statusPort !== this.o.resolved.cfg.proxy.statusPort)
+        log.warn('a new statusPort takes effect only when the agent restarts');
       this.watcher.watch(this.watched(r));
       this.o.onChange(r, this.generation);
     } catch (err) {

@@ -7,7 +7,15 @@ import type { Env } from './env';
 import { dict } from './dict';
 import { formatDuration } from './duration';
 import { configError, errorMessage } from './errors';
-import { asPort, concurrencyProblem, defaultProxyConfig, discoveryAddressProblem, parseProxyConfigLayer, type ProxyConfig, type ProxyConfigLayer } from './proxy-config';
+import {
+  asPort,
+  concurrencyProblem,
+  defaultProxyConfig,
+  discoveryAddressProblem,
+  parseProxyConfigLayer,
+  type ProxyConfig,
+  type ProxyConfigLayer,
+} from './proxy-config';
 import { parseLevel } from './log';
 import { parseJsonOrYaml } from './json-or-yaml';
 import { type MeshTracing, readMeshTracing } from './discovery/mesh-tracing';
@@ -138,7 +146,11 @@ export const FILES_SOCKET = './var/run/secrets/credential-uds/files-socket';
 /** WORKLOAD_IDENTITY_SOCKET_FILE names a file in WORKLOAD_SDS_DIR, never a path (Go refuses one at start). */
 export function workloadSdsSocket(file: string, source: string): string {
   if (!file || file !== path.basename(file) || file === '.' || file === '..') {
-    throw configError('WORKLOAD_IDENTITY_SOCKET_FILE', source, `workload identity socket file override must be a filename, not a path: ${file}`);
+    throw configError(
+      'WORKLOAD_IDENTITY_SOCKET_FILE',
+      source,
+      `workload identity socket file override must be a filename, not a path: ${file}`,
+    );
   }
   return `${WORKLOAD_SDS_DIR}/${file}`;
 }
@@ -176,7 +188,10 @@ export function parseDownwardApi(text: string): Record<string, string> {
 export function splitProxyLogLevel(spec: string, source: string): { level: string; components: string[] } {
   let level = '';
   const components: string[] = [];
-  for (const part of spec.split(',').map((p) => p.trim()).filter(Boolean)) {
+  for (const part of spec
+    .split(',')
+    .map((p) => p.trim())
+    .filter(Boolean)) {
     const idx = part.indexOf(':');
     const lvl = idx < 0 ? part : part.slice(idx + 1);
     if (!ENVOY_LEVELS.has(lvl)) throw configError('proxyLogLevel', source, `unknown Envoy log level "${lvl}"`);
@@ -195,7 +210,11 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   const apply = (layer: ProxyConfigLayer, source: string) => {
     const { extra, ...fields } = layer;
     // serviceCluster and tracingServiceName are one field in Istio (a oneof): setting one clears the other.
-    const oneof: ProxyConfigLayer = fields.tracingServiceName ? { serviceCluster: '' } : fields.serviceCluster !== undefined ? { tracingServiceName: '' } : {};
+    const oneof: ProxyConfigLayer = fields.tracingServiceName
+      ? { serviceCluster: '' }
+      : fields.serviceCluster !== undefined
+        ? { tracingServiceName: '' }
+        : {};
     proxy = { ...proxy, ...oneof, ...fields, extra: { ...proxy.extra, ...extra } };
     for (const k of [...Object.keys(fields), ...Object.keys(extra ?? {})]) sources[k] = source;
   };
@@ -211,14 +230,19 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   if (meshText !== undefined && meshText.trim() !== '') {
     const src = `mesh config ${meshConfigFile}`;
     const mesh = parseYamlOrJson(meshText, src);
-    if (mesh !== null && (typeof mesh !== 'object' || Array.isArray(mesh))) throw configError('document', src, 'want a MeshConfig mapping');
+    if (mesh !== null && (typeof mesh !== 'object' || Array.isArray(mesh)))
+      throw configError('document', src, 'want a MeshConfig mapping');
     const dc = (mesh as Record<string, unknown> | null)?.defaultConfig;
     apply(parseProxyConfigLayer(dc, `${src} defaultConfig`), src);
     const otp = (mesh as Record<string, unknown> | null)?.outboundTrafficPolicy;
     if (otp !== undefined && otp !== null) {
       const mode = typeof otp === 'object' && !Array.isArray(otp) ? (otp as Record<string, unknown>).mode : undefined;
       if (mode !== undefined && mode !== 'ALLOW_ANY' && mode !== 'REGISTRY_ONLY') {
-        throw configError('outboundTrafficPolicy.mode', src, `${JSON.stringify(mode)} is not ALLOW_ANY or REGISTRY_ONLY`);
+        throw configError(
+          'outboundTrafficPolicy.mode',
+          src,
+          `${JSON.stringify(mode)} is not ALLOW_ANY or REGISTRY_ONLY`,
+        );
       }
       if (mode) outboundTrafficPolicy = mode;
     }
@@ -229,7 +253,13 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
 
   const proxyConfigEnv = envs.PROXY_CONFIG.get(env);
   if (proxyConfigEnv.trim() !== '') {
-    apply(parseProxyConfigLayer(parseYamlOrJson(proxyConfigEnv, 'environment variable PROXY_CONFIG'), 'environment variable PROXY_CONFIG'), 'environment variable PROXY_CONFIG');
+    apply(
+      parseProxyConfigLayer(
+        parseYamlOrJson(proxyConfigEnv, 'environment variable PROXY_CONFIG'),
+        'environment variable PROXY_CONFIG',
+      ),
+      'environment variable PROXY_CONFIG',
+    );
   }
 
   const labelsText = inputs.readFile(POD_LABELS_FILE);
@@ -237,18 +267,31 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   const podLabels = labelsText ? parseDownwardApi(labelsText) : dict<string>();
   const podAnnotations = annotationsText ? parseDownwardApi(annotationsText) : dict<string>();
   const annSrc = `annotation proxy.istio.io/config in ${POD_ANNOTATIONS_FILE}`;
-  if (podAnnotations['proxy.istio.io/config']) apply(parseProxyConfigLayer(parseYamlOrJson(podAnnotations['proxy.istio.io/config'], annSrc), annSrc), annSrc);
-  if (podAnnotations['sidecar.istio.io/discoveryAddress']) apply({ discoveryAddress: podAnnotations['sidecar.istio.io/discoveryAddress'] }, 'annotation sidecar.istio.io/discoveryAddress');
+  if (podAnnotations['proxy.istio.io/config'])
+    apply(parseProxyConfigLayer(parseYamlOrJson(podAnnotations['proxy.istio.io/config'], annSrc), annSrc), annSrc);
+  if (podAnnotations['sidecar.istio.io/discoveryAddress'])
+    apply(
+      { discoveryAddress: podAnnotations['sidecar.istio.io/discoveryAddress'] },
+      'annotation sidecar.istio.io/discoveryAddress',
+    );
   if (podAnnotations['status.sidecar.istio.io/port']) {
     const src = 'annotation status.sidecar.istio.io/port';
-    apply({ statusPort: asPort(podAnnotations['status.sidecar.istio.io/port'], (p) => { throw configError('statusPort', src, p); }) as number }, src);
+    apply(
+      {
+        statusPort: asPort(podAnnotations['status.sidecar.istio.io/port'], (p) => {
+          throw configError('statusPort', src, p);
+        }) as number,
+      },
+      src,
+    );
   }
 
   // proxyMetadata entries act as environment variables (Istio applies them before reading env).
   const effEnv: Env = dict({ ...proxy.proxyMetadata, ...env });
 
   // Flags.
-  if (flags.serviceCluster !== undefined && !proxy.tracingServiceName) apply({ serviceCluster: flags.serviceCluster }, '--serviceCluster');
+  if (flags.serviceCluster !== undefined && !proxy.tracingServiceName)
+    apply({ serviceCluster: flags.serviceCluster }, '--serviceCluster');
   if (flags.concurrency !== undefined) apply({ concurrency: flags.concurrency }, '--concurrency');
   if (proxy.concurrency === undefined) {
     const cpu = envs.ISTIO_CPU_LIMIT.get(effEnv);
@@ -277,7 +320,11 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     proxy = { ...proxy, parentShutdownDuration: proxy.drainDuration + 15_000 };
   }
   if (proxy.parentShutdownDuration <= proxy.drainDuration) {
-    throw configError('parentShutdownDuration', sources.parentShutdownDuration!, `${formatDuration(proxy.parentShutdownDuration)} must be longer than drainDuration (${formatDuration(proxy.drainDuration)} from ${sources.drainDuration}), or the parent is killed before it drains`);
+    throw configError(
+      'parentShutdownDuration',
+      sources.parentShutdownDuration!,
+      `${formatDuration(proxy.parentShutdownDuration)} must be longer than drainDuration (${formatDuration(proxy.drainDuration)} from ${sources.drainDuration}), or the parent is killed before it drains`,
+    );
   }
 
   const addressBad = discoveryAddressProblem(proxy.discoveryAddress);
@@ -285,36 +332,68 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
 
   const requested = flags.proxyType ?? 'sidecar';
   if (!['sidecar', 'router', 'ingress', 'waypoint'].includes(requested)) {
-    throw configError('proxy type', 'command line', `unknown proxy type "${requested}" (want sidecar, router, ingress or waypoint)`);
+    throw configError(
+      'proxy type',
+      'command line',
+      `unknown proxy type "${requested}" (want sidecar, router, ingress or waypoint)`,
+    );
   }
   const proxyType: ProxyType = requested === 'sidecar' ? 'sidecar' : 'router';
 
   const podNamespace = envs.POD_NAMESPACE.get(effEnv);
   const { level, components } = splitProxyLogLevel(flags.proxyLogLevel ?? 'warning', '--proxyLogLevel');
-  const extraComponents = (flags.proxyComponentLogLevel ?? '').split(',').map((s) => s.trim()).filter(Boolean);
+  const extraComponents = (flags.proxyComponentLogLevel ?? '')
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   for (const c of extraComponents) {
     const lvl = c.split(':')[1];
-    if (!lvl || !ENVOY_LEVELS.has(lvl)) throw configError('proxyComponentLogLevel', '--proxyComponentLogLevel', `"${c}" is not component:level`);
+    if (!lvl || !ENVOY_LEVELS.has(lvl))
+      throw configError('proxyComponentLogLevel', '--proxyComponentLogLevel', `"${c}" is not component:level`);
   }
   if (flags.proxyLogLevel !== undefined && !parseLevel(level || 'info') && !ENVOY_LEVELS.has(level)) {
     throw configError('proxyLogLevel', '--proxyLogLevel', `unknown level "${level}"`);
   }
 
-  const instanceIps = envs.INSTANCE_IP.get(effEnv).split(',').map((s) => s.trim()).filter(Boolean);
+  const instanceIps = envs.INSTANCE_IP.get(effEnv)
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   const ecp = envs.ENVOY_STATUS_PORT;
   const epp = envs.ENVOY_PROMETHEUS_PORT;
   const envSource = (name: string) =>
-    env[name] !== undefined && env[name] !== '' ? `environment variable ${name}` : proxy.proxyMetadata[name] !== undefined ? `proxyMetadata.${name} in ${sources.proxyMetadata}` : 'default';
-  const portFromEnv = (v: typeof ecp) => asPort(v.get(effEnv), (p) => { throw configError(v.name, envSource(v.name), p); }) as number;
+    env[name] !== undefined && env[name] !== ''
+      ? `environment variable ${name}`
+      : proxy.proxyMetadata[name] !== undefined
+        ? `proxyMetadata.${name} in ${sources.proxyMetadata}`
+        : 'default';
+  const portFromEnv = (v: typeof ecp) =>
+    asPort(v.get(effEnv), (p) => {
+      throw configError(v.name, envSource(v.name), p);
+    }) as number;
   const envoyStatusPort = portFromEnv(ecp);
   const envoyPrometheusPort = portFromEnv(epp);
-  const dnsEnabled = (envs.ISTIO_META_DNS_CAPTURE.get(effEnv) && proxyType === 'sidecar') || envs.ISTIO_META_ENABLE_DNS_SERVER.get(effEnv);
+  const dnsEnabled =
+    (envs.ISTIO_META_DNS_CAPTURE.get(effEnv) && proxyType === 'sidecar') ||
+    envs.ISTIO_META_ENABLE_DNS_SERVER.get(effEnv);
   const dnsProxyAddr = envs.DNS_PROXY_ADDR.get(effEnv);
   const envoyAdminSocket = adminSocketFor(proxy.configPath, effEnv, envSource, sources);
-  const sdsSocket = workloadSdsSocket(envs.WORKLOAD_IDENTITY_SOCKET_FILE.get(effEnv), envSource('WORKLOAD_IDENTITY_SOCKET_FILE'));
+  const sdsSocket = workloadSdsSocket(
+    envs.WORKLOAD_IDENTITY_SOCKET_FILE.get(effEnv),
+    envSource('WORKLOAD_IDENTITY_SOCKET_FILE'),
+  );
   const sockets: SdsSocketFacts = Object.freeze({ externalSds: false, credentialSocket: false, ...inputs.sockets });
   const listeners: PortUse[] = [
-    ...(envoyAdminSocket ? [] : [{ field: 'proxyAdminPort', what: "Envoy's admin", port: proxy.proxyAdminPort, source: sources.proxyAdminPort! }]),
+    ...(envoyAdminSocket
+      ? []
+      : [
+          {
+            field: 'proxyAdminPort',
+            what: "Envoy's admin",
+            port: proxy.proxyAdminPort,
+            source: sources.proxyAdminPort!,
+          },
+        ]),
     { field: 'statusPort', what: "the agent's status server", port: proxy.statusPort, source: sources.statusPort! },
     { field: ecp.name, what: "Envoy's readiness listener", port: envoyStatusPort, source: envSource(ecp.name) },
     { field: epp.name, what: "Envoy's Prometheus listener", port: envoyPrometheusPort, source: envSource(epp.name) },
@@ -322,14 +401,25 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
   if (dnsEnabled) {
     const m = /:(\d+)$/.exec(dnsProxyAddr);
     const port = m ? Number(m[1]) : NaN;
-    if (!(port >= 1 && port <= 65535)) throw configError('DNS_PROXY_ADDR', envSource('DNS_PROXY_ADDR'), `${JSON.stringify(dnsProxyAddr)} is not host:port with a port in 1-65535`);
+    if (!(port >= 1 && port <= 65535))
+      throw configError(
+        'DNS_PROXY_ADDR',
+        envSource('DNS_PROXY_ADDR'),
+        `${JSON.stringify(dnsProxyAddr)} is not host:port with a port in 1-65535`,
+      );
     // The DNS proxy serves TCP as well as UDP, so its port collides with TCP listeners.
-    listeners.push({ field: 'DNS_PROXY_ADDR', what: "the agent's DNS proxy", port, source: envSource('DNS_PROXY_ADDR') });
+    listeners.push({
+      field: 'DNS_PROXY_ADDR',
+      what: "the agent's DNS proxy",
+      port,
+      source: envSource('DNS_PROXY_ADDR'),
+    });
   }
   for (const v of [envs.ENVOY_SECURE_METRICS_PORT, envs.ENVOY_SECURE_MERGED_METRICS_PORT]) {
     const port = v.get(effEnv);
     if (port === 0) continue;
-    if (port < 1 || port > 65535) throw configError(v.name, envSource(v.name), `port ${port} is out of range 1-65535 (0: none)`);
+    if (port < 1 || port > 65535)
+      throw configError(v.name, envSource(v.name), `port ${port} is out of range 1-65535 (0: none)`);
     listeners.push({ field: v.name, what: "Envoy's mTLS metrics listener", port, source: envSource(v.name) });
   }
   checkPortCollisions(listeners);
@@ -370,11 +460,16 @@ export function buildConfig(inputs: ConfigInputs): AgentConfig {
     sockets,
     envoyAdminSocket,
     standaloneDir: flags.standalone ?? '',
-    discoveryLimits: { maxFileBytes: envs.DISCOVERY_MAX_FILE_BYTES.get(effEnv), maxDocuments: envs.DISCOVERY_MAX_DOCUMENTS.get(effEnv) },
+    discoveryLimits: {
+      maxFileBytes: envs.DISCOVERY_MAX_FILE_BYTES.get(effEnv),
+      maxDocuments: envs.DISCOVERY_MAX_DOCUMENTS.get(effEnv),
+    },
     podLabels,
     podAnnotations,
     skipDeprecatedLogs: envs.ENVOY_SKIP_DEPRECATED_LOGS.get(effEnv),
-    metadataDiscovery: envs.PEER_METADATA_DISCOVERY.isSet(effEnv) ? envs.PEER_METADATA_DISCOVERY.get(effEnv) : undefined,
+    metadataDiscovery: envs.PEER_METADATA_DISCOVERY.isSet(effEnv)
+      ? envs.PEER_METADATA_DISCOVERY.get(effEnv)
+      : undefined,
     workloadIdentitySocketFile: envs.WORKLOAD_IDENTITY_SOCKET_FILE.get(effEnv),
     compliancePolicy: envs.COMPLIANCE_POLICY.get(effEnv),
     stripFragmentFromPath: envs.HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED.get(effEnv),
@@ -400,15 +495,29 @@ export function adminSocketPath(configPath: string): string {
  */
 export const ADMIN_SOCKET_DIR = 'admin';
 
-function adminSocketFor(configPath: string, env: Env, envSource: (name: string) => string, sources: Record<string, string>): string {
+function adminSocketFor(
+  configPath: string,
+  env: Env,
+  envSource: (name: string) => string,
+  sources: Record<string, string>,
+): string {
   const mode = envs.ENVOY_ADMIN_MODE.get(env).trim().toLowerCase();
   if (mode === 'tcp') return '';
   sources[envs.ENVOY_ADMIN_MODE.name] = envSource(envs.ENVOY_ADMIN_MODE.name);
-  if (mode !== 'uds') throw configError(envs.ENVOY_ADMIN_MODE.name, envSource(envs.ENVOY_ADMIN_MODE.name), `${JSON.stringify(mode)} is not tcp or uds`);
+  if (mode !== 'uds')
+    throw configError(
+      envs.ENVOY_ADMIN_MODE.name,
+      envSource(envs.ENVOY_ADMIN_MODE.name),
+      `${JSON.stringify(mode)} is not tcp or uds`,
+    );
   const socket = adminSocketPath(configPath);
   // sun_path holds 108 bytes with its terminating NUL.
   if (Buffer.byteLength(socket) > 107) {
-    throw configError('configPath', sources.configPath!, `with ENVOY_ADMIN_MODE=uds Envoy's admin socket would be ${socket}, longer than the 107 bytes a Unix socket path can hold`);
+    throw configError(
+      'configPath',
+      sources.configPath!,
+      `with ENVOY_ADMIN_MODE=uds Envoy's admin socket would be ${socket}, longer than the 107 bytes a Unix socket path can hold`,
+    );
   }
   return socket;
 }
@@ -431,7 +540,11 @@ function checkPortCollisions(uses: readonly PortUse[]): void {
       const [a, b] = [uses[i]!, uses[j]!];
       if (a.port !== b.port) continue;
       const [blamed, other] = b.source === 'default' && a.source !== 'default' ? [a, b] : [b, a];
-      throw configError(blamed.field, blamed.source, `port ${blamed.port} is also ${other.field}, ${other.what} (from ${other.source}); every port the agent and Envoy listen on must differ`);
+      throw configError(
+        blamed.field,
+        blamed.source,
+        `port ${blamed.port} is also ${other.field}, ${other.what} (from ${other.source}); every port the agent and Envoy listen on must differ`,
+      );
     }
   }
 }

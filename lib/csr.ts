@@ -37,8 +37,13 @@ export function keyAlgorithm(eccSignatureAlgorithm: string, rsaBits: number, ecc
     }
     return { kind: 'ECDSA', curve };
   }
-  if (ecc !== '') throw new AgentError('CONFIG_INVALID', `invalid ECC_SIGNATURE_ALGORITHM "${eccSignatureAlgorithm}" (want ECDSA or unset)`);
-  if (![2048, 3072, 4096].includes(rsaBits)) throw new AgentError('CONFIG_INVALID', `invalid WORKLOAD_RSA_KEY_SIZE ${rsaBits} (want 2048, 3072 or 4096)`);
+  if (ecc !== '')
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `invalid ECC_SIGNATURE_ALGORITHM "${eccSignatureAlgorithm}" (want ECDSA or unset)`,
+    );
+  if (![2048, 3072, 4096].includes(rsaBits))
+    throw new AgentError('CONFIG_INVALID', `invalid WORKLOAD_RSA_KEY_SIZE ${rsaBits} (want 2048, 3072 or 4096)`);
   return { kind: 'RSA', bits: rsaBits };
 }
 
@@ -86,7 +91,7 @@ export function csrDer(identity: string, publicKeyDer: Buffer, privateKey: KeyOb
   const san = der(SEQ, oid(OID_SUBJECT_ALT_NAME), der(0x01, Buffer.from([0xff])), der(0x04, der(SEQ, uri)));
   const attributes = der(0xa0, der(SEQ, oid(OID_EXTENSION_REQUEST), der(SET, der(SEQ, san))));
   const info = der(SEQ, der(0x02, Buffer.from([0])), der(SEQ), publicKeyDer, attributes);
-  const sig = SIGNATURE[alg.kind === 'RSA' ? 'RSA' : alg.curve ?? 'P256'];
+  const sig = SIGNATURE[alg.kind === 'RSA' ? 'RSA' : (alg.curve ?? 'P256')];
   const signature = sign(sig.hash, info, privateKey); // ECDSA: DER (r, s), as X.509 wants
   return der(SEQ, info, sig.algorithm, der(0x03, Buffer.from([0]), signature));
 }
@@ -117,9 +122,14 @@ async function takePregenerated(a: KeyAlgorithm): Promise<{ publicKey: KeyObject
   return p.pair.catch(() => undefined);
 }
 
-export async function generateKeyAndCsr(o: { identity: string; algorithm: KeyAlgorithm; pkcs8?: boolean }): Promise<KeyAndCsr> {
-  if (!/^[\x21-\x7e]+$/.test(o.identity)) throw new AgentError('INTERNAL', `identity ${JSON.stringify(o.identity)} is not an IA5 URI`);
-  const { publicKey, privateKey } = await takePregenerated(o.algorithm) ?? await newKeyPair(o.algorithm);
+export async function generateKeyAndCsr(o: {
+  identity: string;
+  algorithm: KeyAlgorithm;
+  pkcs8?: boolean;
+}): Promise<KeyAndCsr> {
+  if (!/^[\x21-\x7e]+$/.test(o.identity))
+    throw new AgentError('INTERNAL', `identity ${JSON.stringify(o.identity)} is not an IA5 URI`);
+  const { publicKey, privateKey } = (await takePregenerated(o.algorithm)) ?? (await newKeyPair(o.algorithm));
   const spki = publicKey.export({ type: 'spki', format: 'der' });
   const csr = csrDer(o.identity, spki, privateKey, o.algorithm);
   const type = o.pkcs8 ? 'pkcs8' : o.algorithm.kind === 'ECDSA' ? 'sec1' : 'pkcs1';

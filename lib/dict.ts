@@ -8,7 +8,10 @@ export type Dict<T> = Record<string, T>;
 export function dict<T>(entries?: Iterable<readonly [string, T]> | Readonly<Record<string, T>>): Dict<T> {
   const out = Object.create(null) as Dict<T>;
   if (!entries) return out;
-  const list = Symbol.iterator in entries ? (entries as Iterable<readonly [string, T]>) : Object.entries(entries as Record<string, T>);
+  const list =
+    Symbol.iterator in entries
+      ? (entries as Iterable<readonly [string, T]>)
+      : Object.entries(entries as Record<string, T>);
   for (const [k, v] of list) out[k] = v;
   return out;
 }

@@ -15,8 +15,20 @@ import { type Component, type Condition, closedSignal, type StatusRoute } from '
 import { buildDnsTable, type DnsTable, lookup } from './dns-table';
 import { joinHostPort, splitHostPort, Upstreams } from './dns-upstream';
 import {
-  addressRdata, clientLimit, encodeLocalAnswer, encodeWithin, errorReply, F, frame, HEADER, type Proto, type Question, questionEnd,
-  RCODE, shuffle, wellFormed,
+  addressRdata,
+  clientLimit,
+  encodeLocalAnswer,
+  encodeWithin,
+  errorReply,
+  F,
+  frame,
+  HEADER,
+  type Proto,
+  type Question,
+  questionEnd,
+  RCODE,
+  shuffle,
+  wellFormed,
 } from './dns-wire';
 import type { AgentConfig } from './config';
 import { parseResolvConf } from './dns-upstream';
@@ -56,14 +68,20 @@ export interface DnsServerOptions {
  * otherwise the default address is used, with an error log); on 53, /var/lib/istio/resolv.conf is preferred when
  * it exists (the host's own resolv.conf then points at the proxy) and questions are forwarded before the first table.
  */
-export function dnsListenPlan(address: string, canBind53: boolean, altResolvConfExists: boolean): { address: string; resolvConf: string; forwardBeforeTable: boolean } {
+export function dnsListenPlan(
+  address: string,
+  canBind53: boolean,
+  altResolvConfExists: boolean,
+): { address: string; resolvConf: string; forwardBeforeTable: boolean } {
   const plan = { address: address || 'localhost:15053', resolvConf: '/etc/resolv.conf', forwardBeforeTable: false };
   if (plan.address.endsWith(':53')) {
     if (canBind53) {
       plan.forwardBeforeTable = true;
       if (altResolvConfExists) plan.resolvConf = '/var/lib/istio/resolv.conf';
     } else {
-      log.error(`DNS address ${plan.address} needs CAP_NET_BIND_SERVICE (or root); listening on localhost:15053 instead`);
+      log.error(
+        `DNS address ${plan.address} needs CAP_NET_BIND_SERVICE (or root); listening on localhost:15053 instead`,
+      );
       plan.address = 'localhost:15053';
     }
   }
@@ -79,9 +97,14 @@ export function dnsOptionsFor(
   env: Env,
   io: { readFile(path: string): string | undefined; canBind53: boolean },
 ): DnsServerOptions {
-  const plan = dnsListenPlan(cfg.dnsProxyAddr, io.canBind53, io.canBind53 && io.readFile('/var/lib/istio/resolv.conf') !== undefined);
+  const plan = dnsListenPlan(
+    cfg.dnsProxyAddr,
+    io.canBind53,
+    io.canBind53 && io.readFile('/var/lib/istio/resolv.conf') !== undefined,
+  );
   const text = io.readFile(plan.resolvConf);
-  if (text === undefined) log.warn(`${plan.resolvConf} does not exist: DNS questions not in the name table get SERVFAIL`);
+  if (text === undefined)
+    log.warn(`${plan.resolvConf} does not exist: DNS questions not in the name table get SERVFAIL`);
   const rc = parseResolvConf(text ?? '');
   return {
     address: plan.address,
@@ -111,10 +134,26 @@ export class DnsServer implements Component {
   private lastAcceptError = 0;
   private readonly rdataCache = new Map<string, Buffer>();
   private readonly m = {
-    requests: new Counter({ name: 'istio_agent_dns_requests_total', help: 'Total number of DNS requests.', registers: [] }),
-    upstream: new Counter({ name: 'istio_agent_dns_upstream_requests_total', help: 'Total number of DNS requests forwarded to upstream.', registers: [] }),
-    failures: new Counter({ name: 'istio_agent_dns_upstream_failures_total', help: 'Total number of DNS requests that no upstream answered.', registers: [] }),
-    malformed: new Counter({ name: 'istio_agent_dns_malformed_requests_total', help: 'DNS requests dropped or answered FORMERR/NOTIMP.', registers: [] }),
+    requests: new Counter({
+      name: 'istio_agent_dns_requests_total',
+      help: 'Total number of DNS requests.',
+      registers: [],
+    }),
+    upstream: new Counter({
+      name: 'istio_agent_dns_upstream_requests_total',
+      help: 'Total number of DNS requests forwarded to upstream.',
+      registers: [],
+    }),
+    failures: new Counter({
+      name: 'istio_agent_dns_upstream_failures_total',
+      help: 'Total number of DNS requests that no upstream answered.',
+      registers: [],
+    }),
+    malformed: new Counter({
+      name: 'istio_agent_dns_malformed_requests_total',
+      help: 'DNS requests dropped or answered FORMERR/NOTIMP.',
+      registers: [],
+    }),
     duration: new Histogram({
       name: 'istio_agent_dns_upstream_request_duration_seconds',
       help: 'Total time in seconds Istio takes to get DNS response from upstream.',
@@ -125,7 +164,11 @@ export class DnsServer implements Component {
 
   constructor(private readonly o: DnsServerOptions) {
     splitHostPort(o.address, 'DNS_PROXY_ADDR');
-    this.upstream = new Upstreams({ servers: o.upstreams, parallel: o.forwardParallel ?? false, timeoutMs: o.timeoutMs ?? 5000 });
+    this.upstream = new Upstreams({
+      servers: o.upstreams,
+      parallel: o.forwardParallel ?? false,
+      timeoutMs: o.timeoutMs ?? 5000,
+    });
   }
 
   /** The port it listens on (the real one when 0 was asked). */
@@ -156,7 +199,9 @@ export class DnsServer implements Component {
       this.closeSockets();
       throw new AgentError('IO', `failed to start the DNS proxy on ${this.o.address}: ${errorMessage(err)}`, err);
     }
-    log.info(`DNS proxy listening on ${hosts.map((h) => joinHostPort(h, this.boundPort)).join(', ')} (udp, tcp); upstream ${this.o.upstreams.join(', ') || 'none'}`);
+    log.info(
+      `DNS proxy listening on ${hosts.map((h) => joinHostPort(h, this.boundPort)).join(', ')} (udp, tcp); upstream ${this.o.upstreams.join(', ') || 'none'}`,
+    );
   }
 
   private async listen(host: string): Promise<void> {
@@ -291,9 +336,17 @@ export class DnsServer implements Component {
     const qEnd = questionEnd(query);
     if (qEnd < 0) return errorReply(query, RCODE.FORMERR);
     const cname = found.answers[0]?.type === 'CNAME' ? found.answers[0].data : undefined;
-    const addrs = found.answers.filter((a) => a.type !== 'CNAME').map((a) => this.rdata(q.type as 'A' | 'AAAA', a.data));
+    const addrs = found.answers
+      .filter((a) => a.type !== 'CNAME')
+      .map((a) => this.rdata(q.type as 'A' | 'AAAA', a.data));
     return encodeLocalAnswer({
-      query, qEnd, ttl: TTL, cname, type: q.type as 'A' | 'AAAA', rdata: shuffle(addrs), limit,
+      query,
+      qEnd,
+      ttl: TTL,
+      cname,
+      type: q.type as 'A' | 'AAAA',
+      rdata: shuffle(addrs),
+      limit,
       // As Istio's: RD and CD copied, no RA, and no OPT record even to an EDNS query.
       flags: F.AA | (query.readUInt16BE(2) & (F.RD | F.CD)),
     });
@@ -341,13 +394,17 @@ export class DnsServer implements Component {
       log.debug(`name table with ${this.table.hosts} hosts, ${this.table.names.size} names`);
       return true;
     } catch (err) {
-      log.error(`${errorMessage(err)}; keeping the ${this.table ? 'last good table' : 'SERVFAIL answers until a good table comes'}`);
+      log.error(
+        `${errorMessage(err)}; keeping the ${this.table ? 'last good table' : 'SERVFAIL answers until a good table comes'}`,
+      );
       return false;
     }
   }
 
   readiness(): Condition {
-    return this.table ? { ready: true, reason: '' } : { ready: false, reason: 'DNS proxy: no name table from the control plane yet (NDS)' };
+    return this.table
+      ? { ready: true, reason: '' }
+      : { ready: false, reason: 'DNS proxy: no name table from the control plane yet (NDS)' };
   }
 
   routes(): StatusRoute[] {
@@ -361,7 +418,12 @@ export class DnsServer implements Component {
   /** Counter values, for tests and benchmarks. */
   async stats(): Promise<{ requests: number; upstream: number; failures: number; malformed: number }> {
     const v = async (c: Counter) => (await c.get()).values[0]?.value ?? 0;
-    return { requests: await v(this.m.requests), upstream: await v(this.m.upstream), failures: await v(this.m.failures), malformed: await v(this.m.malformed) };
+    return {
+      requests: await v(this.m.requests),
+      upstream: await v(this.m.upstream),
+      failures: await v(this.m.failures),
+      malformed: await v(this.m.malformed),
+    };
   }
 
   private closeSockets(): void {

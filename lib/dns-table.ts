@@ -30,9 +30,7 @@ export interface DnsTable {
   readonly hosts: number;
 }
 
-export type Answer =
-  | { type: 'A' | 'AAAA'; name: string; data: string }
-  | { type: 'CNAME'; name: string; data: string };
+export type Answer = { type: 'A' | 'AAAA'; name: string; data: string } | { type: 'CNAME'; name: string; data: string };
 
 export interface LookupResult {
   /** CNAME first, then the addresses (in table order; the server shuffles them). */
@@ -67,8 +65,12 @@ export function validateNameTable(nt: NameTable): string[] {
     const ips = info?.ips ?? [];
     if (!ips.length) problems.push(`${where}: no IP addresses`);
     for (const ip of ips) if (!net.isIP(ip)) problems.push(`${where}: "${ip}" is not an IP address`);
-    for (const [field, v] of [['shortname', info?.shortname], ['namespace', info?.namespace]] as const) {
-      if (v && !v.split('.').every((l) => LABEL.test(l.toLowerCase()))) problems.push(`${where}: ${field} "${v}" is not a DNS name`);
+    for (const [field, v] of [
+      ['shortname', info?.shortname],
+      ['namespace', info?.namespace],
+    ] as const) {
+      if (v && !v.split('.').every((l) => LABEL.test(l.toLowerCase())))
+        problems.push(`${where}: ${field} "${v}" is not a DNS name`);
     }
   }
   return problems;
@@ -114,8 +116,14 @@ export function buildDnsTable(nt: NameTable, opts: TableOptions): DnsTable {
   const expanded = hosts.map((h) => ({ info: nt.table[h]!, names: expandHost(h, nt.table[h]!, opts) }));
   const assign = (name: string, ips: readonly string[]) => {
     if (v4.has(name) || v6.has(name)) return;
-    v4.set(name, ips.filter((ip) => net.isIPv4(ip)));
-    v6.set(name, ips.filter((ip) => net.isIPv6(ip)));
+    v4.set(
+      name,
+      ips.filter((ip) => net.isIPv4(ip)),
+    );
+    v6.set(
+      name,
+      ips.filter((ip) => net.isIPv6(ip)),
+    );
   };
   for (const e of expanded) if (e.names.length) assign(e.names[0]!, e.info.ips);
   for (const e of expanded) for (const n of e.names.slice(1)) assign(n, e.info.ips);
@@ -167,7 +175,8 @@ export function lookup(table: DnsTable, type: string, qname: string): LookupResu
   if (alias) {
     let concrete = alias;
     // `*.example.com.<search>.` -> `*.example.com.`: point at the asked name's own label under the target.
-    if (wildcardSuffix && alias.startsWith('*.')) concrete = asked.slice(0, asked.length - wildcardSuffix.length) + alias.slice(1);
+    if (wildcardSuffix && alias.startsWith('*.'))
+      concrete = asked.slice(0, asked.length - wildcardSuffix.length) + alias.slice(1);
     answers.push({ type: 'CNAME', name: asked, data: concrete });
     target = alias;
     owner = concrete;

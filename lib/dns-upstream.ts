@@ -108,7 +108,12 @@ export class Upstreams {
   }
 
   /** One server, one try: the reply, or undefined on timeout, error, or an answer whose framing does not hold. */
-  private exchange(server: { addr: string; host: string; port: number }, query: Buffer, qEnd: number, proto: Proto): Exchange {
+  private exchange(
+    server: { addr: string; host: string; port: number },
+    query: Buffer,
+    qEnd: number,
+    proto: Proto,
+  ): Exchange {
     const { addr: upstream, host, port } = server;
     let cancel = () => {};
     const reply = new Promise<Buffer | undefined>((resolve) => {

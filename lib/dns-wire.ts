@@ -88,7 +88,10 @@ export function questionEnd(buf: Buffer): number {
 /** Does a reply answer this query: same id, QR set, and the same question (names compared case-insensitively)? */
 export function isAnswerTo(query: Buffer, qEnd: number, reply: Buffer): boolean {
   if (reply.length < qEnd || reply.readUInt16BE(0) !== query.readUInt16BE(0) || !(reply[2]! & 0x80)) return false;
-  return reply.subarray(HEADER, qEnd).toString('latin1').toLowerCase() === query.subarray(HEADER, qEnd).toString('latin1').toLowerCase();
+  return (
+    reply.subarray(HEADER, qEnd).toString('latin1').toLowerCase() ===
+    query.subarray(HEADER, qEnd).toString('latin1').toLowerCase()
+  );
 }
 
 /** An error reply: the query's id, opcode, RD and CD, and its question when there is one that decoded. */
@@ -101,7 +104,12 @@ export function errorReply(query: Buffer, rcode: number, question?: Question): B
     b.writeUInt16BE(F.QR | flags, 2);
     return b;
   }
-  return dnsPacket.encode({ id: query.readUInt16BE(0), type: 'response', flags, questions: [question as dnsPacket.Question] });
+  return dnsPacket.encode({
+    id: query.readUInt16BE(0),
+    type: 'response',
+    flags,
+    questions: [question as dnsPacket.Question],
+  });
 }
 
 /** The largest reply the client takes: 64 KiB over TCP, else its EDNS size (at least 512). */
@@ -149,7 +157,11 @@ export function frame(msg: Buffer): Buffer {
 }
 
 // dns-packet's record codecs, which its type definitions do not list.
-const codecs = dnsPacket as unknown as { a: { encode(ip: string): Buffer }; aaaa: { encode(ip: string): Buffer }; name: { encode(n: string): Buffer } };
+const codecs = dnsPacket as unknown as {
+  a: { encode(ip: string): Buffer };
+  aaaa: { encode(ip: string): Buffer };
+  name: { encode(n: string): Buffer };
+};
 
 /** RDLENGTH + RDATA of an A or AAAA record. */
 export function addressRdata(type: 'A' | 'AAAA', ip: string): Buffer {

@@ -17,7 +17,12 @@ export interface ServerInfo {
   uptimeCurrentEpoch: string;
 }
 
-export function adminRequest(addr: AdminAddress, method: string, path: string, timeoutMs = 2000): Promise<{ status: number; body: string }> {
+export function adminRequest(
+  addr: AdminAddress,
+  method: string,
+  path: string,
+  timeoutMs = 2000,
+): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
     const where = 'socketPath' in addr ? { socketPath: addr.socketPath } : { host: addr.host, port: addr.port };
     const req = http.request({ ...where, method, path, agent: false, timeout: timeoutMs }, (res) => {
@@ -35,7 +40,12 @@ export function adminRequest(addr: AdminAddress, method: string, path: string, t
 export async function serverInfo(addr: AdminAddress, timeoutMs = 1000): Promise<ServerInfo> {
   const { status, body } = await adminRequest(addr, 'GET', '/server_info', timeoutMs);
   if (status !== 200) throw new Error(`/server_info answered ${status}`);
-  const j = JSON.parse(body) as { state: string; command_line_options?: { restart_epoch?: number }; hot_restart_version?: string; uptime_current_epoch?: string };
+  const j = JSON.parse(body) as {
+    state: string;
+    command_line_options?: { restart_epoch?: number };
+    hot_restart_version?: string;
+    uptime_current_epoch?: string;
+  };
   return {
     state: j.state,
     restartEpoch: j.command_line_options?.restart_epoch ?? 0,
@@ -50,7 +60,10 @@ export async function runningHotRestartVersion(addr: AdminAddress): Promise<stri
   return body.trim();
 }
 
-export async function drainListeners(addr: AdminAddress, opts: { inboundOnly: boolean; skipExit?: boolean }): Promise<void> {
+export async function drainListeners(
+  addr: AdminAddress,
+  opts: { inboundOnly: boolean; skipExit?: boolean },
+): Promise<void> {
   let q = '/drain_listeners?graceful';
   if (opts.inboundOnly) q += '&inboundonly';
   if (opts.skipExit) q += '&skip_exit';
@@ -67,7 +80,13 @@ export async function activeDownstreamConnections(addr: AdminAddress, ownPorts: 
     const m = /^listener\.(.+)\.downstream_cx_active: (\d+)$/.exec(line.trim());
     if (!m) continue;
     const name = m[1]!;
-    if (name.startsWith('worker_') || name.includes('.worker_') || name.startsWith('admin') || name.startsWith('envoy_internal')) continue;
+    if (
+      name.startsWith('worker_') ||
+      name.includes('.worker_') ||
+      name.startsWith('admin') ||
+      name.startsWith('envoy_internal')
+    )
+      continue;
     if (ownPorts.some((p) => name.endsWith(`_${p}`))) continue;
     sum += Number(m[2]);
   }

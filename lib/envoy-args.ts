@@ -34,11 +34,15 @@ const seconds = (ms: number) => String(Math.ceil(ms / 1000));
 function baseIdArgs(baseId: BaseId, epoch: number): string[] {
   if (baseId.dynamic) {
     if (epoch !== 0) {
-      throw new AgentError('INTERNAL', `epoch ${epoch} needs the base id that epoch 0 wrote to ${baseId.path}, not a dynamic one`);
+      throw new AgentError(
+        'INTERNAL',
+        `epoch ${epoch} needs the base id that epoch 0 wrote to ${baseId.path}, not a dynamic one`,
+      );
     }
     return ['--use-dynamic-base-id', '--base-id-path', baseId.path];
   }
-  if (!Number.isInteger(baseId.id) || baseId.id < 0) throw new AgentError('INTERNAL', `invalid Envoy base id ${baseId.id}`);
+  if (!Number.isInteger(baseId.id) || baseId.id < 0)
+    throw new AgentError('INTERNAL', `invalid Envoy base id ${baseId.id}`);
   return ['--base-id', String(baseId.id)];
 }
 
@@ -47,16 +51,24 @@ export function envoyArgs(i: EnvoyArgsInputs): string[] {
   if (!Number.isInteger(epoch) || epoch < 0) throw new AgentError('INTERNAL', `invalid restart epoch ${epoch}`);
   const p = cfg.proxy;
   const args = [
-    '-c', i.configFile,
-    '--restart-epoch', String(epoch),
+    '-c',
+    i.configFile,
+    '--restart-epoch',
+    String(epoch),
     ...baseIdArgs(i.baseId, epoch),
-    '--drain-time-s', seconds(p.drainDuration),
-    '--parent-shutdown-time-s', seconds(p.parentShutdownDuration),
-    '--drain-strategy', 'immediate',
-    '--local-address-ip-version', i.ipv6 ? 'v6' : 'v4',
-    '--file-flush-interval-msec', String(Math.round(p.fileFlushInterval)),
+    '--drain-time-s',
+    seconds(p.drainDuration),
+    '--parent-shutdown-time-s',
+    seconds(p.parentShutdownDuration),
+    '--drain-strategy',
+    'immediate',
+    '--local-address-ip-version',
+    i.ipv6 ? 'v6' : 'v4',
+    '--file-flush-interval-msec',
+    String(Math.round(p.fileFlushInterval)),
     '--allow-unknown-static-fields',
-    '-l', cfg.proxyLogLevel,
+    '-l',
+    cfg.proxyLogLevel,
   ];
   if (cfg.componentLogLevel) args.push('--component-log-level', cfg.componentLogLevel);
   if (cfg.concurrency !== undefined && cfg.concurrency > 0) args.push('--concurrency', String(cfg.concurrency));

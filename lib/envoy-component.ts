@@ -4,7 +4,14 @@
 import type { Registry } from 'prom-client';
 import { json, type Component, type Condition, type StatusRoute } from './component';
 import * as admin from './envoy-admin';
-import { binaryIdentity, makeDesiredConfig, RealEnvoyRuntime, removeStaleHotRestartState, sweepOrphanedShm, type EnvoyDesiredConfig } from './envoy-runtime';
+import {
+  binaryIdentity,
+  makeDesiredConfig,
+  RealEnvoyRuntime,
+  removeStaleHotRestartState,
+  sweepOrphanedShm,
+  type EnvoyDesiredConfig,
+} from './envoy-runtime';
 import type { Env } from './env';
 import * as envs from './env';
 import { AgentError, configError } from './errors';
@@ -39,8 +46,11 @@ export class EnvoyComponent implements Component {
   constructor(private readonly o: { resolved: Resolved; env: Env; startedAt: number }) {
     const { cfg } = o.resolved;
     this.runtime = new RealEnvoyRuntime(cfg, o.env as NodeJS.ProcessEnv);
-    const blind = cfg.envoyAdminSocket ? adminSocketUnreachable(this.runtime.credentials, process.getuid?.() ?? -1) : undefined;
-    if (blind) throw configError(envs.ENVOY_ADMIN_MODE.name, cfg.sources[envs.ENVOY_ADMIN_MODE.name] ?? 'environment', blind);
+    const blind = cfg.envoyAdminSocket
+      ? adminSocketUnreachable(this.runtime.credentials, process.getuid?.() ?? -1)
+      : undefined;
+    if (blind)
+      throw configError(envs.ENVOY_ADMIN_MODE.name, cfg.sources[envs.ENVOY_ADMIN_MODE.name] ?? 'environment', blind);
     this.supervisor = new Supervisor({
       runtime: this.runtime,
       validate: envs.ENVOY_VALIDATE_BEFORE_RESTART.get(o.env),
@@ -56,7 +66,10 @@ export class EnvoyComponent implements Component {
     // start is the check, and only when it fails is the config diagnosed, ending the agent if Envoy rejects it.
     const firstRejected = new Promise<SupervisorEnd>((r) => (this.endRejected = r));
     // The supervisor may end on a repeated failure while the diagnosis runs: its verdict names the cause better.
-    this.done = Promise.race([this.supervisor.done.then(async (end) => (await this.diagnosis) ?? end), firstRejected]).finally(() => this.runtime.removeAdminSocket());
+    this.done = Promise.race([
+      this.supervisor.done.then(async (end) => (await this.diagnosis) ?? end),
+      firstRejected,
+    ]).finally(() => this.runtime.removeAdminSocket());
     this.supervisor.onFailedStart((_n, config) => {
       if (config === this.first && !this.announcedLive) this.diagnoseFirst();
     });
@@ -83,7 +96,10 @@ export class EnvoyComponent implements Component {
       coreDump: envs.ISTIO_ENVOY_ENABLE_CORE_DUMP.get(this.o.env),
       binaryId: binaryIdentity(r.cfg.proxy.binaryPath),
       generation,
-      filesId: [...referencedFiles(r.bootstrap)].sort().map((p) => `${p}=${fingerprint({ path: p, mode: 'content' })}`).join('\n'),
+      filesId: [...referencedFiles(r.bootstrap)]
+        .sort()
+        .map((p) => `${p}=${fingerprint({ path: p, mode: 'content' })}`)
+        .join('\n'),
     });
   }
 
@@ -104,11 +120,15 @@ export class EnvoyComponent implements Component {
     try {
       problem = await this.runtime.validate(this.first, file);
     } catch (err) {
-      throw new AgentError('ENVOY_MISSING', `invalid binaryPath (from ${cfg.sources.binaryPath}): ${(err as Error).message}`);
+      throw new AgentError(
+        'ENVOY_MISSING',
+        `invalid binaryPath (from ${cfg.sources.binaryPath}): ${(err as Error).message}`,
+      );
     } finally {
       this.runtime.removeBootstrap(file);
     }
-    if (problem !== undefined) throw new AgentError('CONFIG_INVALID', `Envoy rejects the bootstrap built from this config: ${problem}`);
+    if (problem !== undefined)
+      throw new AgentError('CONFIG_INVALID', `Envoy rejects the bootstrap built from this config: ${problem}`);
     this.first.validated = true;
   }
 
@@ -169,14 +189,18 @@ export class EnvoyComponent implements Component {
   routes(): StatusRoute[] {
     return [
       {
-        method: 'POST', path: '/quitquitquit', localOnly: true,
+        method: 'POST',
+        path: '/quitquitquit',
+        localOnly: true,
         handler: () => {
           setImmediate(() => void this.supervisor.shutdown(false, 'POST /quitquitquit'));
           return { status: 200, body: 'OK\n' };
         },
       },
       {
-        method: 'POST', path: '/drain', localOnly: true,
+        method: 'POST',
+        path: '/drain',
+        localOnly: true,
         handler: async () => {
           const live = this.supervisor.newestLive();
           if (!live) return { status: 503, body: 'no live Envoy to drain\n' };
@@ -195,23 +219,36 @@ export class EnvoyComponent implements Component {
    */
   async readiness(): Promise<Condition> {
     if (!this.supervisor.ready()) await this.supervisor.checkStartingNow();
-    if (!this.supervisor.ready()) return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
+    if (!this.supervisor.ready())
+      return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
     const live = this.supervisor.newestLive();
     if (!live) return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
-    const r = await admin.adminRequest(live.config.admin, 'GET', '/ready', 1000).catch((err: NodeJS.ErrnoException) => ({ status: 0, body: err.message, code: err.code }));
+    const r = await admin
+      .adminRequest(live.config.admin, 'GET', '/ready', 1000)
+      .catch((err: NodeJS.ErrnoException) => ({ status: 0, body: err.message, code: err.code }));
     // A hot-restart child that fails after the parent closed its admin listener (Envoy's protocol asks the parent to
     // close it) leaves the serving parent without one until the supervisor restores it: it still serves traffic, so
     // that is not unreadiness. A stopped or hung Envoy still accepts the connection and never answers: that is.
     const adminGone = 'code' in r && admin.adminAbsent(r) && this.supervisor.debugState().lastFailure !== null;
     if (r.status !== 200 && !adminGone) {
-      return { ready: false, reason: r.status === 0 ? `Envoy does not answer on its admin ${'socketPath' in live.config.admin ? `socket ${live.config.admin.socketPath}` : 'port'}: ${r.body}` : `Envoy's /ready answered ${r.status} ${r.body.trim()}` };
+      return {
+        ready: false,
+        reason:
+          r.status === 0
+            ? `Envoy does not answer on its admin ${'socketPath' in live.config.admin ? `socket ${live.config.admin.socketPath}` : 'port'}: ${r.body}`
+            : `Envoy's /ready answered ${r.status} ${r.body.trim()}`,
+      };
     }
     if (!this.xdsConfigSeen && needsXdsConfig(live.config.bootstrap)) {
       const [cds, lds] = await Promise.all([
         admin.statValue(live.config.admin, 'cluster_manager.cds.update_success').catch(() => undefined),
         admin.statValue(live.config.admin, 'listener_manager.lds.update_success').catch(() => undefined),
       ]);
-      if (!cds || !lds) return { ready: false, reason: `Envoy has no config from xDS yet (cds updates ${cds ?? 0}, lds updates ${lds ?? 0})` };
+      if (!cds || !lds)
+        return {
+          ready: false,
+          reason: `Envoy has no config from xDS yet (cds updates ${cds ?? 0}, lds updates ${lds ?? 0})`,
+        };
       this.xdsConfigSeen = true;
     }
     return { ready: true, reason: '' };
@@ -221,8 +258,15 @@ export class EnvoyComponent implements Component {
     // Required here, after Envoy's spawn: starting Envoy does not need prom-client.
     // eslint-disable-next-line @typescript-eslint/no-require-imports
     const { gaugeFrom, registerCounters } = require('./metrics') as typeof import('./metrics');
-    registerCounters(registry, 'istio_agent_envoy_', 'Envoy supervisor', () => this.supervisor.metrics() as unknown as Record<string, number>);
-    gaugeFrom(registry, 'istio_agent_ready', 'Whether the newest Envoy epoch that went live is still live', () => (this.supervisor.ready() ? 1 : 0));
+    registerCounters(
+      registry,
+      'istio_agent_envoy_',
+      'Envoy supervisor',
+      () => this.supervisor.metrics() as unknown as Record<string, number>,
+    );
+    gaugeFrom(registry, 'istio_agent_ready', 'Whether the newest Envoy epoch that went live is still live', () =>
+      this.supervisor.ready() ? 1 : 0,
+    );
   }
 
   /** Envoy's own Prometheus text, for the merged /stats/prometheus. */
@@ -233,7 +277,9 @@ export class EnvoyComponent implements Component {
       const live = this.supervisor.newestLive();
       if (!live) return { ok: false, reason: 'no live Envoy' };
       const r = await admin.adminRequest(live.config.admin, 'GET', '/stats/prometheus', 2000);
-      return r.status === 200 ? { ok: true, text: r.body, format: 'text' } : { ok: false, reason: `Envoy's /stats/prometheus answered ${r.status}` };
+      return r.status === 200
+        ? { ok: true, text: r.body, format: 'text' }
+        : { ok: false, reason: `Envoy's /stats/prometheus answered ${r.status}` };
     },
   };
 }

@@ -50,21 +50,42 @@ export const ISTIO_PROXY_ID = 1337;
  * Envoy as 1337:1337 (pkg/istio-agent: the mode for containers that run as root without iptables). In a
  * Kubernetes pod neither applies: the container itself runs as 1337 (as root with group 1337 for TPROXY).
  */
-export function envoyCredentials(env: Env, agentUid: number, lookup: IdLookup = systemIds): EnvoyCredentials | undefined {
+export function envoyCredentials(
+  env: Env,
+  agentUid: number,
+  lookup: IdLookup = systemIds,
+): EnvoyCredentials | undefined {
   const uidText = ENVOY_UID.get(env);
   const gidText = ENVOY_GID.get(env);
   if (uidText !== '' || gidText !== '') {
     const uid = uidText === '' ? undefined : resolveId(uidText, 'ENVOY_UID', lookup.user);
-    const gid = gidText !== '' ? resolveId(gidText, 'ENVOY_GID', lookup.group) : uid !== undefined ? (lookup.primaryGroup(uid) ?? uid) : 0;
+    const gid =
+      gidText !== ''
+        ? resolveId(gidText, 'ENVOY_GID', lookup.group)
+        : uid !== undefined
+          ? (lookup.primaryGroup(uid) ?? uid)
+          : 0;
     if (agentUid !== 0) {
       if (uid === agentUid && gidText === '') return undefined;
       const name = uidText !== '' ? ENVOY_UID.name : ENVOY_GID.name;
-      throw configError(name, `environment variable ${name}`, `the agent runs as uid ${agentUid}, not root, so it cannot start Envoy as another user or group`);
+      throw configError(
+        name,
+        `environment variable ${name}`,
+        `the agent runs as uid ${agentUid}, not root, so it cannot start Envoy as another user or group`,
+      );
     }
-    return { uid, gid, reason: `${uidText !== '' ? 'ENVOY_UID' : ''}${uidText !== '' && gidText !== '' ? '/' : ''}${gidText !== '' ? 'ENVOY_GID' : ''}` };
+    return {
+      uid,
+      gid,
+      reason: `${uidText !== '' ? 'ENVOY_UID' : ''}${uidText !== '' && gidText !== '' ? '/' : ''}${gidText !== '' ? 'ENVOY_GID' : ''}`,
+    };
   }
   if (agentUid === 0 && DNS_PROXY_ADDR.get(env).endsWith(':53')) {
-    return { uid: ISTIO_PROXY_ID, gid: ISTIO_PROXY_ID, reason: 'the agent runs as root with DNS_PROXY_ADDR on port 53 (Istio\'s rule)' };
+    return {
+      uid: ISTIO_PROXY_ID,
+      gid: ISTIO_PROXY_ID,
+      reason: "the agent runs as root with DNS_PROXY_ADDR on port 53 (Istio's rule)",
+    };
   }
   return undefined;
 }
@@ -72,7 +93,10 @@ export function envoyCredentials(env: Env, agentUid: number, lookup: IdLookup = 
 const CAP_DAC_OVERRIDE = 1;
 
 /** Whether this process's effective capabilities include `bit` (Linux /proc/self/status; elsewhere assumed). */
-export function hasCapability(bit: number, status: () => string = () => fs.readFileSync('/proc/self/status', 'utf8')): boolean {
+export function hasCapability(
+  bit: number,
+  status: () => string = () => fs.readFileSync('/proc/self/status', 'utf8'),
+): boolean {
   let text: string;
   try {
     text = status();
@@ -88,16 +112,23 @@ export function hasCapability(bit: number, status: () => string = () => fs.readF
  * through CAP_DAC_OVERRIDE (a container that drops it would leave the agent blind: no readiness, no drain).
  * Undefined when the agent can connect; otherwise why not.
  */
-export function adminSocketUnreachable(credentials: EnvoyCredentials | undefined, agentUid: number, dacOverride = () => hasCapability(CAP_DAC_OVERRIDE)): string | undefined {
+export function adminSocketUnreachable(
+  credentials: EnvoyCredentials | undefined,
+  agentUid: number,
+  dacOverride = () => hasCapability(CAP_DAC_OVERRIDE),
+): string | undefined {
   if (credentials?.uid === undefined || credentials.uid === agentUid || dacOverride()) return undefined;
-  return `Envoy runs as uid ${credentials.uid} (${credentials.reason}) and owns its 0600 admin socket, which the agent (uid ${agentUid}) ` +
-    'can reach only with CAP_DAC_OVERRIDE, and it does not have it';
+  return (
+    `Envoy runs as uid ${credentials.uid} (${credentials.reason}) and owns its 0600 admin socket, which the agent (uid ${agentUid}) ` +
+    'can reach only with CAP_DAC_OVERRIDE, and it does not have it'
+  );
 }
 
 function resolveId(text: string, name: string, byName: (n: string) => number | undefined): number {
   if (/^\d+$/.test(text)) return Number(text);
   const id = byName(text);
-  if (id === undefined) throw configError(name, `environment variable ${name}`, `"${text}" is neither a number nor a known name`);
+  if (id === undefined)
+    throw configError(name, `environment variable ${name}`, `"${text}" is neither a number nor a known name`);
   return id;
 }
 
@@ -147,8 +178,15 @@ export const spawnEnvoy = (binary: string, args: string[], opts: SpawnOptions): 
   // (ENXIO), which is where access logs usually go. stderr (Envoy's own log) is read line by line, passed
   // through unchanged, and its tail kept to explain a failure.
   // With credentials, libuv sets the group, drops supplementary groups, then sets the user, before exec.
-  const ids = opts.credentials ? { gid: opts.credentials.gid, ...(opts.credentials.uid !== undefined ? { uid: opts.credentials.uid } : {}) } : {};
-  const child = nodeSpawn(binary, args, { detached: true, stdio: ['ignore', 'inherit', 'pipe'], env: opts.env ?? process.env, ...ids });
+  const ids = opts.credentials
+    ? { gid: opts.credentials.gid, ...(opts.credentials.uid !== undefined ? { uid: opts.credentials.uid } : {}) }
+    : {};
+  const child = nodeSpawn(binary, args, {
+    detached: true,
+    stdio: ['ignore', 'inherit', 'pipe'],
+    env: opts.env ?? process.env,
+    ...ids,
+  });
   const output = new OutputTail();
   let done = false;
   const exited = new Promise<ExitStatus>((resolve) => {
@@ -191,7 +229,11 @@ export const spawnEnvoy = (binary: string, args: string[], opts: SpawnOptions): 
 };
 
 /** Runs a short Envoy command (validate, --hot-restart-version) and returns its exit code and output. */
-export function runEnvoyCommand(binary: string, args: string[], timeoutMs = 30_000): Promise<{ code: number; output: string }> {
+export function runEnvoyCommand(
+  binary: string,
+  args: string[],
+  timeoutMs = 30_000,
+): Promise<{ code: number; output: string }> {
   return new Promise((resolve) => {
     execFile(binary, args, { timeout: timeoutMs, maxBuffer: 4 * 1024 * 1024 }, (err, stdout, stderr) => {
       // A numeric code is the program's exit status; a string (ENOENT, EACCES) means it could not be run: 127.

@@ -9,7 +9,14 @@ import type { AgentConfig } from './config';
 import { activeDownstreamConnections, drainListeners, serverInfo, type AdminAddress } from './envoy-admin';
 import { envoyArgs, bootstrapFileName } from './envoy-args';
 import { envoyEnvironment } from './tls-policy';
-import { envoyCredentials, runEnvoyCommand, spawnEnvoy, type EnvoyCredentials, type EnvoyProcess, type RealEnvoyProcess } from './envoy-process';
+import {
+  envoyCredentials,
+  runEnvoyCommand,
+  spawnEnvoy,
+  type EnvoyCredentials,
+  type EnvoyProcess,
+  type RealEnvoyProcess,
+} from './envoy-process';
 import { renderBootstrap } from './bootstrap';
 import { writeFileAtomic } from './fs-atomic';
 import { clearInitializing, isInitializing, recordOwner, removeShm, sweepOrphans } from './hot-restart-shm';
@@ -64,7 +71,8 @@ export function hotRestartSocket(cfg: AgentConfig): string | undefined {
 
 /** The bootstrap's admin address (custom bootstraps choose their own): a TCP address, or a Unix socket. */
 export function adminAddressOf(bootstrap: Record<string, unknown>, fallbackPort: number): AdminAddress {
-  const address = (bootstrap.admin as Record<string, unknown> | undefined)?.address as Record<string, unknown> | undefined;
+  const address = (bootstrap.admin as Record<string, unknown> | undefined)?.address as
+    Record<string, unknown> | undefined;
   const pipe = address?.pipe as { path?: string } | undefined;
   if (typeof pipe?.path === 'string' && pipe.path !== '') return { socketPath: pipe.path };
   const sa = address?.socket_address as { address?: string; port_value?: number } | undefined;
@@ -79,7 +87,12 @@ export function makeDesiredConfig(i: DesiredInputs): EnvoyDesiredConfig {
   const hotRestart = hotRestartSocket(cfg);
   const argsFor = (epoch: number, file: string, baseId: number | undefined) =>
     envoyArgs({
-      cfg, configFile: file, epoch, ipv6: i.ipv6, coreDump: i.coreDump, hotRestartSocket: hotRestart,
+      cfg,
+      configFile: file,
+      epoch,
+      ipv6: i.ipv6,
+      coreDump: i.coreDump,
+      hotRestartSocket: hotRestart,
       baseId: baseId === undefined ? { dynamic: true, path: baseIdFile(cfg) } : { id: baseId },
     });
   const text = renderBootstrap(i.bootstrap);
@@ -102,7 +115,12 @@ export function makeDesiredConfig(i: DesiredInputs): EnvoyDesiredConfig {
 }
 
 function tailOf(output: string): string {
-  return output.split('\n').filter((l) => l.trim()).slice(-3).join(' | ').slice(0, 2000);
+  return output
+    .split('\n')
+    .filter((l) => l.trim())
+    .slice(-3)
+    .join(' | ')
+    .slice(0, 2000);
 }
 
 /** Size, mtime and inode: cheap, and changes when a binary is replaced or rewritten in place. */
@@ -119,7 +137,10 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
   /** Set when Envoy runs as another user than the agent (ENVOY_UID/ENVOY_GID, or Istio's root + DNS on :53 rule). */
   readonly credentials: EnvoyCredentials | undefined;
 
-  constructor(private readonly cfg: AgentConfig, private readonly env: NodeJS.ProcessEnv = process.env) {
+  constructor(
+    private readonly cfg: AgentConfig,
+    private readonly env: NodeJS.ProcessEnv = process.env,
+  ) {
     this.credentials = envoyCredentials(env, process.getuid?.() ?? -1);
   }
 
@@ -162,8 +183,10 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
   private prepareHotRestartDir(): void {
     if (!hotRestartSocket(this.cfg)) {
       if (!this.warnedLongPath) {
-        log.warn(`configPath ${this.cfg.proxy.configPath} is too long for Envoy's hot-restart socket path: Envoy ` +
-          `uses its abstract socket, which any process in this network namespace can reach`);
+        log.warn(
+          `configPath ${this.cfg.proxy.configPath} is too long for Envoy's hot-restart socket path: Envoy ` +
+            `uses its abstract socket, which any process in this network namespace can reach`,
+        );
       }
       this.warnedLongPath = true;
       return;
@@ -217,8 +240,10 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     // Only an Envoy can reject a bootstrap: a binary that fails even `--version` is not one that works.
     const v = await runEnvoyCommand(desired.binaryPath, ['--version'], 10_000);
     if (v.code !== 0 || !/\bversion: \S+\/\d+\.\d+/.test(v.output)) {
-      throw new Error(`cannot run ${desired.binaryPath} as Envoy: \`--mode validate\` exited with code ${r.code} (${tailOf(r.output) || 'no output'}) ` +
-        `and \`--version\` did not print Envoy's version (exit code ${v.code}${v.output ? `: ${tailOf(v.output)}` : ''})`);
+      throw new Error(
+        `cannot run ${desired.binaryPath} as Envoy: \`--mode validate\` exited with code ${r.code} (${tailOf(r.output) || 'no output'}) ` +
+          `and \`--version\` did not print Envoy's version (exit code ${v.code}${v.output ? `: ${tailOf(v.output)}` : ''})`,
+      );
     }
     // Envoy's critical/error line says why; the lines after it may be the config it printed back.
     const why = r.output.split('\n').find((l) => /\]\[(critical|error)\]|\t(critical|error)\t/.test(l));
@@ -240,11 +265,19 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
     this.prepareAdminSocketDir((desired as EnvoyDesiredConfig).adminSocket);
     if (credentials) {
       this.prepareForEnvoyUser(baseId);
-      if (epoch === 0) log.info(`starting Envoy as uid ${credentials.uid ?? process.getuid?.()} gid ${credentials.gid}: ${credentials.reason}`);
+      if (epoch === 0)
+        log.info(
+          `starting Envoy as uid ${credentials.uid ?? process.getuid?.()} gid ${credentials.gid}: ${credentials.reason}`,
+        );
     }
     // COMPLIANCE_POLICY fips-*: GRPC_SSL_CIPHER_SUITES limits Envoy's Google gRPC client, as Go sets it.
     const env = envoyEnvironment(this.cfg.compliancePolicy, this.env);
-    return spawnEnvoy(desired.binaryPath, args, { epoch, env, credentials, passThrough: (line) => process.stderr.write(journalLine(line) + '\n') });
+    return spawnEnvoy(desired.binaryPath, args, {
+      epoch,
+      env,
+      credentials,
+      passThrough: (line) => process.stderr.write(journalLine(line) + '\n'),
+    });
   }
 
   failureReason(proc: EnvoyProcess): string {

@@ -1,14 +1,7 @@
 // Errors carry a stable code and the cause; each layer prefixes what it was doing.
 
 export type ErrorCode =
-  | 'CONFIG_INVALID'
-  | 'ENVOY_MISSING'
-  | 'ENVOY_FAILED'
-  | 'IO'
-  | 'BAD_INPUT'
-  | 'TIMEOUT'
-  | 'UPSTREAM'
-  | 'INTERNAL';
+  'CONFIG_INVALID' | 'ENVOY_MISSING' | 'ENVOY_FAILED' | 'IO' | 'BAD_INPUT' | 'TIMEOUT' | 'UPSTREAM' | 'INTERNAL';
 
 export class AgentError extends Error {
   readonly code: ErrorCode;
@@ -46,7 +39,13 @@ export function quote(value: unknown, max = 200): string {
     // Quote only what is shown: stringifying the whole of a huge value would cost as much as logging it.
     text = JSON.stringify(value.length > max ? value.slice(0, max) : value);
     if (value.length > max) total = value.length;
-  } else if (typeof value === 'number' || typeof value === 'bigint' || typeof value === 'boolean' || value === undefined || value === null) {
+  } else if (
+    typeof value === 'number' ||
+    typeof value === 'bigint' ||
+    typeof value === 'boolean' ||
+    value === undefined ||
+    value === null
+  ) {
     text = String(value);
   } else {
     try {

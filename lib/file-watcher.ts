@@ -104,9 +104,15 @@ export class FileWatcher {
     }
     if (!f.path) return;
     const added = this.addEntry(f);
-    void fs.promises.stat(f.path).then((st) => st, () => undefined).then((st) => {
-      if (added.stat === '') added.stat = statKey(st);
-    });
+    void fs.promises
+      .stat(f.path)
+      .then(
+        (st) => st,
+        () => undefined,
+      )
+      .then((st) => {
+        if (added.stat === '') added.stat = statKey(st);
+      });
   }
 
   remove(file: string): void {
@@ -200,13 +206,16 @@ export class FileWatcher {
     const changed: string[] = [];
     const todo = [...this.entries.values()].filter((e) => !dirs || dirs.has(e.dir));
     for (let i = 0; i < todo.length; i += 64) {
-      await Promise.all(todo.slice(i, i + 64).map(async (e) => {
-        if (await this.changed(e)) changed.push(e.file.path);
-      }));
+      await Promise.all(
+        todo.slice(i, i + 64).map(async (e) => {
+          if (await this.changed(e)) changed.push(e.file.path);
+        }),
+      );
       if (this.closed) return;
     }
     if (changed.length) {
-      const some = changed.length > 20 ? `${changed.slice(0, 20).join(', ')} and ${changed.length - 20} more` : changed.join(', ');
+      const some =
+        changed.length > 20 ? `${changed.slice(0, 20).join(', ')} and ${changed.length - 20} more` : changed.join(', ');
       log.info(`changed: ${some}`);
       this.onChange(changed);
     }

@@ -68,11 +68,13 @@ export function mkdirs(dir: string, mode = 0o755): void {
   let cur = path.resolve(dir);
   for (;;) {
     try {
-      if (!fs.statSync(cur).isDirectory()) throw new AgentError('IO', `cannot create directory ${dir}: ${cur} is not a directory`);
+      if (!fs.statSync(cur).isDirectory())
+        throw new AgentError('IO', `cannot create directory ${dir}: ${cur} is not a directory`);
       break;
     } catch (e) {
       if (e instanceof AgentError) throw e;
-      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw new AgentError('IO', `cannot create directory ${dir}: ${errorMessage(e)}`, e);
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT')
+        throw new AgentError('IO', `cannot create directory ${dir}: ${errorMessage(e)}`, e);
     }
     missing.push(cur);
     const parent = path.dirname(cur);

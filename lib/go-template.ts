@@ -15,7 +15,10 @@
 // and are reported as such.
 
 export class TemplateError extends Error {
-  constructor(message: string, readonly line: number) {
+  constructor(
+    message: string,
+    readonly line: number,
+  ) {
     super(`line ${line}: ${message}`);
   }
 }
@@ -129,12 +132,24 @@ function unquoteGo(body: string, line: number): string {
       continue;
     }
     const n = body[++i];
-    const simple: Record<string, string> = { n: '\n', t: '\t', r: '\r', '\\': '\\', '"': '"', "'": "'", a: '\x07', b: '\b', f: '\f', v: '\v' };
+    const simple: Record<string, string> = {
+      n: '\n',
+      t: '\t',
+      r: '\r',
+      '\\': '\\',
+      '"': '"',
+      "'": "'",
+      a: '\x07',
+      b: '\b',
+      f: '\f',
+      v: '\v',
+    };
     if (n !== undefined && n in simple) out += simple[n];
-    else if (n === 'x') (out += String.fromCharCode(parseInt(body.slice(i + 1, i + 3), 16))), (i += 2);
-    else if (n === 'u') (out += String.fromCodePoint(parseInt(body.slice(i + 1, i + 5), 16))), (i += 4);
-    else if (n === 'U') (out += String.fromCodePoint(parseInt(body.slice(i + 1, i + 9), 16))), (i += 8);
-    else if (n !== undefined && /[0-7]/.test(n)) (out += String.fromCharCode(parseInt(body.slice(i, i + 3), 8))), (i += 2);
+    else if (n === 'x') ((out += String.fromCharCode(parseInt(body.slice(i + 1, i + 3), 16))), (i += 2));
+    else if (n === 'u') ((out += String.fromCodePoint(parseInt(body.slice(i + 1, i + 5), 16))), (i += 4));
+    else if (n === 'U') ((out += String.fromCodePoint(parseInt(body.slice(i + 1, i + 9), 16))), (i += 8));
+    else if (n !== undefined && /[0-7]/.test(n))
+      ((out += String.fromCharCode(parseInt(body.slice(i, i + 3), 8))), (i += 2));
     else throw new TemplateError(`unknown escape \\${n ?? ''} in string`, line);
   }
   return out;
@@ -201,7 +216,12 @@ function tokenize(src: string, line: number): Tok[] {
       throw new TemplateError(`unexpected "${c}" in action {{${src}}}`, line);
     }
     // A field chain right after ")" (`(pipeline).a.b`).
-    if (src[i] === '.' && toks.length && toks[toks.length - 1]!.t === 'punct' && (toks[toks.length - 1] as { value: string }).value === ')') {
+    if (
+      src[i] === '.' &&
+      toks.length &&
+      toks[toks.length - 1]!.t === 'punct' &&
+      (toks[toks.length - 1] as { value: string }).value === ')'
+    ) {
       toks.push({ t: 'dotpath', path: fieldChain() });
     }
   }
@@ -382,13 +402,15 @@ class Stop {
 function truthy(v: unknown): boolean {
   if (v === NO_VALUE || v === null || v === undefined || v === false || v === 0 || v === '') return false;
   if (Array.isArray(v)) return v.length > 0;
-  if (typeof v === 'object') return (v as object)[GO_STRUCT as keyof object] !== undefined || Object.keys(v as object).length > 0;
+  if (typeof v === 'object')
+    return (v as object)[GO_STRUCT as keyof object] !== undefined || Object.keys(v as object).length > 0;
   return true;
 }
 
 function fieldOf(v: unknown, name: string, line: number): unknown {
   if (v === NO_VALUE || v === null || v === undefined) return NO_VALUE;
-  if (typeof v !== 'object' || Array.isArray(v)) throw new TemplateError(`can't evaluate field ${name} in type ${goType(v)}`, line);
+  if (typeof v !== 'object' || Array.isArray(v))
+    throw new TemplateError(`can't evaluate field ${name} in type ${goType(v)}`, line);
   const struct = (v as Record<symbol, unknown>)[GO_STRUCT];
   if (Object.prototype.hasOwnProperty.call(v, name)) return (v as Record<string, unknown>)[name];
   if (struct !== undefined) throw new TemplateError(`can't evaluate field ${name} in type ${String(struct)}`, line);
@@ -413,7 +435,10 @@ export function goString(v: unknown): string {
   if (Array.isArray(v)) return `[${v.map(goString).join(' ')}]`;
   const o = v as Record<string, unknown>;
   if (o[GO_STRUCT as unknown as string] !== undefined) return `{${Object.values(o).map(goString).join(' ')}}`;
-  return `map[${Object.keys(o).sort().map((k) => `${k}:${goString(o[k])}`).join(' ')}]`;
+  return `map[${Object.keys(o)
+    .sort()
+    .map((k) => `${k}:${goString(o[k])}`)
+    .join(' ')}]`;
 }
 
 function goNumber(n: number): string {
@@ -453,55 +478,63 @@ function jsEscape(s: string): string {
 
 function sprintf(format: string, args: unknown[], line: number): string {
   let i = 0;
-  return format.replace(/%([-+# 0]*)(\d+)?(?:\.(\d+))?([a-zA-Z%])/g, (_m, flags: string, width: string | undefined, prec: string | undefined, verb: string) => {
-    if (verb === '%') return '%';
-    if (i >= args.length) return `%!${verb}(MISSING)`;
-    const a = args[i++];
-    let s: string;
-    switch (verb) {
-      case 'v':
-      case 's':
-        s = goString(a);
-        break;
-      case 'q':
-        s = typeof a === 'number' ? `'${String.fromCodePoint(a)}'` : JSON.stringify(goString(a));
-        break;
-      case 'd':
-        s = String(Math.trunc(num(a, 'printf', line)));
-        break;
-      case 'f':
-      case 'F':
-        s = num(a, 'printf', line).toFixed(prec === undefined ? 6 : Number(prec));
-        break;
-      case 'g':
-        s = goNumber(num(a, 'printf', line));
-        break;
-      case 't':
-        s = String(Boolean(a));
-        break;
-      case 'x':
-      case 'X':
-        s = typeof a === 'number' ? a.toString(16) : Buffer.from(goString(a)).toString('hex');
-        if (verb === 'X') s = s.toUpperCase();
-        break;
-      default:
-        throw new TemplateError(`printf: verb %${verb} is not supported`, line);
-    }
-    if (width && s.length < Number(width)) s = flags.includes('-') ? s.padEnd(Number(width)) : s.padStart(Number(width), flags.includes('0') ? '0' : ' ');
-    return s;
-  });
+  return format.replace(
+    /%([-+# 0]*)(\d+)?(?:\.(\d+))?([a-zA-Z%])/g,
+    (_m, flags: string, width: string | undefined, prec: string | undefined, verb: string) => {
+      if (verb === '%') return '%';
+      if (i >= args.length) return `%!${verb}(MISSING)`;
+      const a = args[i++];
+      let s: string;
+      switch (verb) {
+        case 'v':
+        case 's':
+          s = goString(a);
+          break;
+        case 'q':
+          s = typeof a === 'number' ? `'${String.fromCodePoint(a)}'` : JSON.stringify(goString(a));
+          break;
+        case 'd':
+          s = String(Math.trunc(num(a, 'printf', line)));
+          break;
+        case 'f':
+        case 'F':
+          s = num(a, 'printf', line).toFixed(prec === undefined ? 6 : Number(prec));
+          break;
+        case 'g':
+          s = goNumber(num(a, 'printf', line));
+          break;
+        case 't':
+          s = String(Boolean(a));
+          break;
+        case 'x':
+        case 'X':
+          s = typeof a === 'number' ? a.toString(16) : Buffer.from(goString(a)).toString('hex');
+          if (verb === 'X') s = s.toUpperCase();
+          break;
+        default:
+          throw new TemplateError(`printf: verb %${verb} is not supported`, line);
+      }
+      if (width && s.length < Number(width))
+        s = flags.includes('-') ? s.padEnd(Number(width)) : s.padStart(Number(width), flags.includes('0') ? '0' : ' ');
+      return s;
+    },
+  );
 }
 
 type Fn = (args: unknown[], line: number) => unknown;
 
 const eqOne = (a: unknown, b: unknown) => (a === NO_VALUE ? null : a) === (b === NO_VALUE ? null : b);
-const compare = (name: string, test: (a: number | string, b: number | string) => boolean): Fn => (args, line) => {
-  const [a, b] = args;
-  if (typeof a === 'string' && typeof b === 'string') return test(a, b);
-  return test(num(a, name, line), num(b, name, line));
-};
-const str = (v: unknown) => (v === NO_VALUE || v === null || v === undefined ? '' : typeof v === 'string' ? v : goString(v));
-const list = (v: unknown): unknown[] => (Array.isArray(v) ? v : v === NO_VALUE || v === null || v === undefined ? [] : [v]);
+const compare =
+  (name: string, test: (a: number | string, b: number | string) => boolean): Fn =>
+  (args, line) => {
+    const [a, b] = args;
+    if (typeof a === 'string' && typeof b === 'string') return test(a, b);
+    return test(num(a, name, line), num(b, name, line));
+  };
+const str = (v: unknown) =>
+  v === NO_VALUE || v === null || v === undefined ? '' : typeof v === 'string' ? v : goString(v);
+const list = (v: unknown): unknown[] =>
+  Array.isArray(v) ? v : v === NO_VALUE || v === null || v === undefined ? [] : [v];
 
 const FUNCS: Record<string, Fn> = {
   not: ([a]) => !truthy(a),
@@ -525,7 +558,9 @@ const FUNCS: Record<string, Fn> = {
         if (n < 0 || n >= cur.length) throw new TemplateError(`index out of range: ${n}`, line);
         cur = cur[n];
       } else if (cur && typeof cur === 'object') {
-        cur = Object.prototype.hasOwnProperty.call(cur, String(k)) ? (cur as Record<string, unknown>)[String(k)] : NO_VALUE;
+        cur = Object.prototype.hasOwnProperty.call(cur, String(k))
+          ? (cur as Record<string, unknown>)[String(k)]
+          : NO_VALUE;
       } else if (cur === NO_VALUE || cur === null) {
         cur = NO_VALUE;
       } else throw new TemplateError(`can't index item of type ${goType(cur)}`, line);
@@ -537,11 +572,21 @@ const FUNCS: Record<string, Fn> = {
     if (typeof v === 'string' || Array.isArray(v)) return v.slice(a ?? 0, b);
     throw new TemplateError(`can't slice item of type ${goType(v)}`, line);
   },
-  print: (args) => args.map((a, i) => (i > 0 && typeof a !== 'string' && typeof args[i - 1] !== 'string' ? ' ' : '') + goString(a)).join(''),
+  print: (args) =>
+    args
+      .map((a, i) => (i > 0 && typeof a !== 'string' && typeof args[i - 1] !== 'string' ? ' ' : '') + goString(a))
+      .join(''),
   println: (args) => args.map(goString).join(' ') + '\n',
   printf: ([f, ...args], line) => sprintf(str(f), args, line),
   js: (args) => jsEscape(args.map(str).join('')),
-  html: (args) => args.map(str).join('').replace(/[&'<>"\0]/g, (c) => ({ '&': '&amp;', "'": '&#39;', '<': '&lt;', '>': '&gt;', '"': '&#34;', '\0': '\uFFFD' })[c]!),
+  html: (args) =>
+    args
+      .map(str)
+      .join('')
+      .replace(
+        /[&'<>"\0]/g,
+        (c) => ({ '&': '&amp;', "'": '&#39;', '<': '&lt;', '>': '&gt;', '"': '&#34;', '\0': '\uFFFD' })[c]!,
+      ),
   urlquery: (args) => encodeURIComponent(args.map(str).join('')).replace(/%20/g, '+'),
   // Istio's own: JSON, "{}" for nil.
   toJSON: ([v]) => (v === GO_NIL ? 'null' : v === null || v === undefined || v === NO_VALUE ? '{}' : jsonOf(v)),
@@ -559,8 +604,16 @@ const FUNCS: Record<string, Fn> = {
   empty: ([v]) => !truthy(v),
   coalesce: (args) => args.find(truthy) ?? null,
   ternary: ([a, b, c]) => (truthy(c) ? a : b),
-  quote: (args) => args.filter((a) => a !== null && a !== NO_VALUE).map((a) => JSON.stringify(str(a))).join(' '),
-  squote: (args) => args.filter((a) => a !== null && a !== NO_VALUE).map((a) => `'${str(a)}'`).join(' '),
+  quote: (args) =>
+    args
+      .filter((a) => a !== null && a !== NO_VALUE)
+      .map((a) => JSON.stringify(str(a)))
+      .join(' '),
+  squote: (args) =>
+    args
+      .filter((a) => a !== null && a !== NO_VALUE)
+      .map((a) => `'${str(a)}'`)
+      .join(' '),
   upper: ([s]) => str(s).toUpperCase(),
   lower: ([s]) => str(s).toLowerCase(),
   trim: ([s]) => str(s).trim(),
@@ -572,7 +625,12 @@ const FUNCS: Record<string, Fn> = {
   hasSuffix: ([p, s]) => str(s).endsWith(str(p)),
   join: ([sep, l]) => list(l).map(str).join(str(sep)),
   splitList: ([sep, s]) => str(s).split(str(sep)),
-  split: ([sep, s]) => Object.fromEntries(str(s).split(str(sep)).map((x, i) => [`_${i}`, x])),
+  split: ([sep, s]) =>
+    Object.fromEntries(
+      str(s)
+        .split(str(sep))
+        .map((x, i) => [`_${i}`, x]),
+    ),
   list: (args) => args,
   dict: (args) => {
     const o: Record<string, unknown> = {};
@@ -581,18 +639,34 @@ const FUNCS: Record<string, Fn> = {
   },
   hasKey: ([m, k]) => !!m && typeof m === 'object' && Object.prototype.hasOwnProperty.call(m, str(k)),
   keys: (args) => args.flatMap((m) => (m && typeof m === 'object' ? Object.keys(m) : [])),
-  get: ([m, k]) => (m && typeof m === 'object' && Object.prototype.hasOwnProperty.call(m, str(k)) ? (m as Record<string, unknown>)[str(k)] : ''),
+  get: ([m, k]) =>
+    m && typeof m === 'object' && Object.prototype.hasOwnProperty.call(m, str(k))
+      ? (m as Record<string, unknown>)[str(k)]
+      : '',
   toString: ([v]: unknown[]) => str(v),
   int: ([v]) => (typeof v === 'number' ? Math.trunc(v) : Number.parseInt(str(v), 10) || 0),
   atoi: ([v]) => Number.parseInt(str(v), 10) || 0,
   float64: ([v]) => (typeof v === 'number' ? v : Number.parseFloat(str(v)) || 0),
-  indent: ([n, s]) => str(s).split('\n').map((l) => ' '.repeat(Number(n)) + l).join('\n'),
-  nindent: ([n, s]) => '\n' + str(s).split('\n').map((l) => ' '.repeat(Number(n)) + l).join('\n'),
+  indent: ([n, s]) =>
+    str(s)
+      .split('\n')
+      .map((l) => ' '.repeat(Number(n)) + l)
+      .join('\n'),
+  nindent: ([n, s]) =>
+    '\n' +
+    str(s)
+      .split('\n')
+      .map((l) => ' '.repeat(Number(n)) + l)
+      .join('\n'),
   b64enc: ([s]) => Buffer.from(str(s)).toString('base64'),
   b64dec: ([s]) => Buffer.from(str(s), 'base64').toString(),
   first: ([l]) => list(l)[0] ?? null,
   last: ([l]) => list(l)[list(l).length - 1] ?? null,
-  cat: (args) => args.filter((a) => a !== null && a !== NO_VALUE).map(goString).join(' '),
+  cat: (args) =>
+    args
+      .filter((a) => a !== null && a !== NO_VALUE)
+      .map(goString)
+      .join(' '),
   repeat: ([n, s]) => str(s).repeat(Number(n)),
   add: (args, line) => args.reduce<number>((a, b) => a + Math.trunc(num(b, 'add', line)), 0),
   add1: ([a], line) => Math.trunc(num(a, 'add1', line)) + 1,
@@ -660,7 +734,8 @@ export function renderGoTemplate(src: string, data: unknown): string {
       const args = [...cmd.slice(1).map((a) => operand(a, dot, line)), ...piped];
       return operand(head, dot, line, args);
     }
-    if (cmd.length > 1 || piped.length) throw new TemplateError(`can't give argument to non-function ${describe(head)}`, line);
+    if (cmd.length > 1 || piped.length)
+      throw new TemplateError(`can't give argument to non-function ${describe(head)}`, line);
     return operand(head, dot, line);
   };
 
@@ -711,7 +786,9 @@ export function renderGoTemplate(src: string, data: unknown): string {
               : typeof v === 'number'
                 ? Array.from({ length: Math.max(0, v) }, (_x, i) => [i, i])
                 : v && typeof v === 'object'
-                  ? Object.keys(v).sort().map((k) => [k, (v as Record<string, unknown>)[k]])
+                  ? Object.keys(v)
+                      .sort()
+                      .map((k) => [k, (v as Record<string, unknown>)[k]])
                   : [];
             if (v !== null && v !== undefined && v !== NO_VALUE && typeof v !== 'object' && typeof v !== 'number') {
               throw new TemplateError(`range can't iterate over ${goString(v)}`, node.pipe.line);

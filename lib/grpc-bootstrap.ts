@@ -31,13 +31,15 @@ export interface FileWatcherFiles {
 
 export function grpcBootstrap(i: GrpcBootstrapInput): Record<string, unknown> {
   const out: Record<string, unknown> = {
-    xds_servers: [{
-      // Istio writes `unix:///` + `<configPath>/XDS`, which names the absolute path when configPath is relative to
-      // `/` (its image); the absolute path here means the same socket whatever the working directory.
-      server_uri: `unix://${path.resolve(i.cwd, i.xdsSocket)}`,
-      channel_creds: [{ type: 'insecure' }],
-      server_features: ['xds_v3'],
-    }],
+    xds_servers: [
+      {
+        // Istio writes `unix:///` + `<configPath>/XDS`, which names the absolute path when configPath is relative to
+        // `/` (its image); the absolute path here means the same socket whatever the working directory.
+        server_uri: `unix://${path.resolve(i.cwd, i.xdsSocket)}`,
+        channel_creds: [{ type: 'insecure' }],
+        server_features: ['xds_v3'],
+      },
+    ],
     node: {
       id: i.nodeId,
       metadata: sortKeys({ ...i.metadata, GENERATOR: 'grpc' }),

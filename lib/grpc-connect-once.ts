@@ -47,12 +47,17 @@ class ConnectOnceBalancer implements grpc.experimental.LoadBalancer {
   private gotAddresses = false;
 
   constructor(helper: Helper) {
-    this.child = new experimental.ChildLoadBalancerHandler(experimental.createChildChannelControlHelper(helper, {
-      createSubchannel: (address, args): Subchannel => new ConnectOnceSubchannel(helper.createSubchannel(address, args)),
-    }));
+    this.child = new experimental.ChildLoadBalancerHandler(
+      experimental.createChildChannelControlHelper(helper, {
+        createSubchannel: (address, args): Subchannel =>
+          new ConnectOnceSubchannel(helper.createSubchannel(address, args)),
+      }),
+    );
   }
 
-  updateAddressList(...[endpoints, , options, note]: Parameters<grpc.experimental.LoadBalancer['updateAddressList']>): boolean {
+  updateAddressList(
+    ...[endpoints, , options, note]: Parameters<grpc.experimental.LoadBalancer['updateAddressList']>
+  ): boolean {
     // A re-resolution (pick_first asks for one when every address failed) would start a second round.
     if (this.gotAddresses) return true;
     this.gotAddresses = true;
@@ -96,7 +101,12 @@ export function connectOnceOptions(): ChannelOptions {
  * Calls back once the channel is READY, or with an error at the deadline; never after `cancelled()` is true.
  * Unlike Client.waitForReady it never asks the channel to connect, so it cannot revive a closed channel.
  */
-export function whenChannelReady(channel: ReturnType<grpc.Client['getChannel']>, deadline: number, cancelled: () => boolean, cb: (err?: Error) => void): void {
+export function whenChannelReady(
+  channel: ReturnType<grpc.Client['getChannel']>,
+  deadline: number,
+  cancelled: () => boolean,
+  cb: (err?: Error) => void,
+): void {
   const check = (): void => {
     if (cancelled()) return;
     const state = channel.getConnectivityState(false);

@@ -17,13 +17,22 @@ export interface BoundUnixServer {
  * arrived before are served first). If it throws, nothing was bound and no file is touched; the caller may still
  * shut the server down.
  */
-export async function bindUnixSocket(server: grpc.Server, socketPath: string, mode = AGENT_SOCKET_MODE): Promise<BoundUnixServer> {
+export async function bindUnixSocket(
+  server: grpc.Server,
+  socketPath: string,
+  mode = AGENT_SOCKET_MODE,
+): Promise<BoundUnixServer> {
   let injector: grpc.ConnectionInjector | undefined;
-  const early = takePrebound(socketPath, (s) => (injector ??= server.createConnectionInjector(grpc.ServerCredentials.createInsecure())).injectConnection(s));
+  const early = takePrebound(socketPath, (s) =>
+    (injector ??= server.createConnectionInjector(grpc.ServerCredentials.createInsecure())).injectConnection(s),
+  );
   if (!early) {
     await prepareSocket(socketPath);
     await new Promise<void>((resolve, reject) =>
-      server.bindAsync(`unix://${socketPath}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
+      server.bindAsync(`unix://${socketPath}`, grpc.ServerCredentials.createInsecure(), (e) =>
+        e ? reject(e) : resolve(),
+      ),
+    );
     fs.chmodSync(socketPath, mode);
   }
   return {

@@ -39,10 +39,13 @@ const UNHEALTHY_CODE = 13;
 
 /** The xDS request carrying a health event (SotW or Delta encoding is the xDS proxy's choice). */
 export function healthInformationRequest(e: HealthEvent): AgentRequest {
-  return e.healthy ? { typeUrl: HEALTH_INFO_TYPE } : { typeUrl: HEALTH_INFO_TYPE, errorDetail: { code: UNHEALTHY_CODE, message: e.message } };
+  return e.healthy
+    ? { typeUrl: HEALTH_INFO_TYPE }
+    : { typeUrl: HEALTH_INFO_TYPE, errorDetail: { code: UNHEALTHY_CODE, message: e.message } };
 }
 
-const pick = (o: Record<string, unknown>, camel: string, snake: string): unknown => (o[camel] !== undefined ? o[camel] : o[snake]);
+const pick = (o: Record<string, unknown>, camel: string, snake: string): unknown =>
+  o[camel] !== undefined ? o[camel] : o[snake];
 
 /** ProxyConfig.readinessProbe with Istio's defaults (period 10 s, timeout 1 s, thresholds 1); throws naming the field. */
 export function parseReadinessProbe(raw: Record<string, unknown>, source: string): ReadinessProbe {
@@ -50,12 +53,14 @@ export function parseReadinessProbe(raw: Record<string, unknown>, source: string
   const num = (camel: string, snake: string, def: number, min: number): number => {
     const v = pick(raw, camel, snake);
     if (v === undefined || v === null || v === 0) return def;
-    if (typeof v !== 'number' || !Number.isInteger(v) || v < min) throw bad(camel, `${JSON.stringify(v)} is not an integer >= ${min}`);
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < min)
+      throw bad(camel, `${JSON.stringify(v)} is not an integer >= ${min}`);
     return v;
   };
   const port = (o: Record<string, unknown>, where: string): number => {
     const v = typeof o.port === 'string' && /^\d+$/.test(o.port) ? Number(o.port) : o.port;
-    if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > 65535) throw bad(`${where}.port`, `${JSON.stringify(o.port)} is not a port number`);
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > 65535)
+      throw bad(`${where}.port`, `${JSON.stringify(o.port)} is not a port number`);
     return v;
   };
   const str = (v: unknown, where: string): string | undefined => {
@@ -70,10 +75,20 @@ export function parseReadinessProbe(raw: Record<string, unknown>, source: string
     successThreshold: num('successThreshold', 'success_threshold', 1, 1),
     failureThreshold: num('failureThreshold', 'failure_threshold', 1, 1),
   };
-  const methods = [['httpGet', 'http_get'], ['tcpSocket', 'tcp_socket'], ['exec', 'exec'], ['grpc', 'grpc']]
+  const methods = [
+    ['httpGet', 'http_get'],
+    ['tcpSocket', 'tcp_socket'],
+    ['exec', 'exec'],
+    ['grpc', 'grpc'],
+  ]
     .map(([c, s]) => [c!, pick(raw, c!, s!)] as const)
     .filter(([, v]) => v !== undefined && v !== null);
-  if (methods.length !== 1) throw configError('readinessProbe', source, `want exactly one of httpGet, tcpSocket, exec or grpc, got ${methods.map(([k]) => k).join(', ') || 'none'}`);
+  if (methods.length !== 1)
+    throw configError(
+      'readinessProbe',
+      source,
+      `want exactly one of httpGet, tcpSocket, exec or grpc, got ${methods.map(([k]) => k).join(', ') || 'none'}`,
+    );
   const [kind, v] = methods[0]!;
   if (typeof v !== 'object' || Array.isArray(v)) throw bad(kind, 'must be an object');
   const o = v as Record<string, unknown>;
@@ -87,14 +102,18 @@ export function parseReadinessProbe(raw: Record<string, unknown>, source: string
       port: port(o, 'httpGet'),
       host: str(o.host, 'httpGet.host'),
       scheme,
-      headers: hh.map((h: { name?: unknown; value?: unknown }) => [String(h?.name ?? ''), String(h?.value ?? '')] as [string, string]),
+      headers: hh.map(
+        (h: { name?: unknown; value?: unknown }) => [String(h?.name ?? ''), String(h?.value ?? '')] as [string, string],
+      ),
     };
-    if (!p.httpGet.headers.some(([k]) => k.toLowerCase() === 'user-agent')) p.httpGet.headers.push(['User-Agent', 'istio-probe/1.0']);
+    if (!p.httpGet.headers.some(([k]) => k.toLowerCase() === 'user-agent'))
+      p.httpGet.headers.push(['User-Agent', 'istio-probe/1.0']);
   } else if (kind === 'tcpSocket') {
     p.tcpSocket = { port: port(o, 'tcpSocket'), host: str(o.host, 'tcpSocket.host') };
   } else if (kind === 'exec') {
     const cmd = o.command;
-    if (!Array.isArray(cmd) || cmd.length === 0 || !cmd.every((c) => typeof c === 'string')) throw bad('exec.command', 'must be a non-empty list of strings');
+    if (!Array.isArray(cmd) || cmd.length === 0 || !cmd.every((c) => typeof c === 'string'))
+      throw bad('exec.command', 'must be a non-empty list of strings');
     p.exec = { command: cmd as string[] };
   } else {
     p.grpc = { port: port(o, 'grpc'), service: str(o.service, 'grpc.service') ?? '' };
@@ -175,10 +194,16 @@ export class HealthChecker implements Component {
 
   async start(): Promise<void> {
     const p = this.o.probe;
-    const what = p.httpGet ? `httpGet ${p.httpGet.scheme}://${p.httpGet.host ?? this.o.defaultHost}:${p.httpGet.port}${p.httpGet.path}`
-      : p.tcpSocket ? `tcpSocket ${p.tcpSocket.host ?? this.o.defaultHost}:${p.tcpSocket.port}`
-        : p.exec ? `exec ${p.exec.command.join(' ')}` : `grpc ${this.o.defaultHost}:${p.grpc!.port}`;
-    log.info(`health checking ${what} every ${p.periodMs} ms (timeout ${p.timeoutMs} ms, thresholds ${p.successThreshold}/${p.failureThreshold}) after ${p.initialDelayMs} ms`);
+    const what = p.httpGet
+      ? `httpGet ${p.httpGet.scheme}://${p.httpGet.host ?? this.o.defaultHost}:${p.httpGet.port}${p.httpGet.path}`
+      : p.tcpSocket
+        ? `tcpSocket ${p.tcpSocket.host ?? this.o.defaultHost}:${p.tcpSocket.port}`
+        : p.exec
+          ? `exec ${p.exec.command.join(' ')}`
+          : `grpc ${this.o.defaultHost}:${p.grpc!.port}`;
+    log.info(
+      `health checking ${what} every ${p.periodMs} ms (timeout ${p.timeoutMs} ms, thresholds ${p.successThreshold}/${p.failureThreshold}) after ${p.initialDelayMs} ms`,
+    );
     this.schedule(p.initialDelayMs);
   }
 
@@ -214,12 +239,14 @@ export class HealthChecker implements Component {
     if (ok) {
       this.successes++;
       this.failures = 0;
-      if (this.successes >= p.successThreshold && this.last?.healthy !== true) this.change({ healthy: true, message: '' });
+      if (this.successes >= p.successThreshold && this.last?.healthy !== true)
+        this.change({ healthy: true, message: '' });
     } else {
       this.failures++;
       this.successes = 0;
       log.debug(`probe failed: ${r.reason ?? `status ${r.status}`}`);
-      if (this.failures >= p.failureThreshold && this.last?.healthy !== false) this.change({ healthy: false, message: r.reason ?? `status ${r.status}` });
+      if (this.failures >= p.failureThreshold && this.last?.healthy !== false)
+        this.change({ healthy: false, message: r.reason ?? `status ${r.status}` });
     }
   }
 
@@ -231,19 +258,42 @@ export class HealthChecker implements Component {
   }
 
   private async probeOnce(): Promise<ProbeResult> {
-    if (this.o.envoyReady && !(await this.o.envoyReady().catch(() => false))) return { status: 503, body: '', reason: 'Envoy is not ready' };
+    if (this.o.envoyReady && !(await this.o.envoyReady().catch(() => false)))
+      return { status: 503, body: '', reason: 'Envoy is not ready' };
     const p = this.o.probe;
     const timeoutMs = p.timeoutMs;
     const signal = this.stop.signal;
     if (p.httpGet) {
       const g = p.httpGet;
-      const r = await httpProbe({ scheme: g.scheme, ...probeTarget(g.host ?? this.o.defaultHost), port: g.port, path: g.path, headers: g.headers, timeoutMs, signal });
+      const r = await httpProbe({
+        scheme: g.scheme,
+        ...probeTarget(g.host ?? this.o.defaultHost),
+        port: g.port,
+        path: g.path,
+        headers: g.headers,
+        timeoutMs,
+        signal,
+      });
       // Istio's health checker counts only 200-399 as healthy.
-      return r.status >= 400 && !r.reason ? { ...r, reason: `status code was not from [200,400), bad code ${r.status}` } : r;
+      return r.status >= 400 && !r.reason
+        ? { ...r, reason: `status code was not from [200,400), bad code ${r.status}` }
+        : r;
     }
     // As Istio, only the HTTP probe comes from 127.0.0.6.
-    if (p.tcpSocket) return tcpProbe({ host: probeTarget(p.tcpSocket.host ?? this.o.defaultHost).host, port: p.tcpSocket.port, timeoutMs, signal });
+    if (p.tcpSocket)
+      return tcpProbe({
+        host: probeTarget(p.tcpSocket.host ?? this.o.defaultHost).host,
+        port: p.tcpSocket.port,
+        timeoutMs,
+        signal,
+      });
     if (p.exec) return execProbe(p.exec.command, timeoutMs, signal);
-    return grpcProbe({ host: probeTarget(this.o.defaultHost).host, port: p.grpc!.port, service: p.grpc!.service, timeoutMs, signal });
+    return grpcProbe({
+      host: probeTarget(this.o.defaultHost).host,
+      port: p.grpc!.port,
+      service: p.grpc!.service,
+      timeoutMs,
+      signal,
+    });
   }
 }

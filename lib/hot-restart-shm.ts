@@ -85,7 +85,11 @@ export interface ShmOwner {
 export function recordOwner(baseId: number, configPath: string, dir = SHM_DIR): void {
   try {
     const file = ownerPath(baseId, dir);
-    fs.writeFileSync(`${file}.tmp${process.pid}`, JSON.stringify({ configPath: path.resolve(configPath), pid: process.pid }), { mode: 0o600 });
+    fs.writeFileSync(
+      `${file}.tmp${process.pid}`,
+      JSON.stringify({ configPath: path.resolve(configPath), pid: process.pid }),
+      { mode: 0o600 },
+    );
     fs.renameSync(`${file}.tmp${process.pid}`, file);
   } catch {
     /* best effort: without a record the segment is only cleaned when configPath is reused */
@@ -108,7 +112,8 @@ export function listOwners(dir = SHM_DIR): ShmOwner[] {
     try {
       const rec = JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) as { configPath?: unknown; pid?: unknown };
       const scaled = Number(f.slice(OWNER_PREFIX.length));
-      if (typeof rec.configPath === 'string' && typeof rec.pid === 'number' && scaled % 10 === 0) out.push({ baseId: scaled / 10, configPath: rec.configPath, pid: rec.pid });
+      if (typeof rec.configPath === 'string' && typeof rec.pid === 'number' && scaled % 10 === 0)
+        out.push({ baseId: scaled / 10, configPath: rec.configPath, pid: rec.pid });
     } catch {
       /* being written, or not ours to judge */
     }

@@ -10,8 +10,17 @@ import { AgentError, errorMessage } from './errors';
 import { IPTABLES_ENV as E, type Env } from './env';
 import { configureLogging, scope } from './log';
 import {
-  buildCaptureRules, checkCommands, cleanupTables, hasIstioState, parseSave, renderRestore, restoreTables, sameShape,
-  type CaptureSettings, type Rule, type TableLines,
+  buildCaptureRules,
+  checkCommands,
+  cleanupTables,
+  hasIstioState,
+  parseSave,
+  renderRestore,
+  restoreTables,
+  sameShape,
+  type CaptureSettings,
+  type Rule,
+  type TableLines,
 } from './iptables-rules';
 import { iptablesCommandFromArgs, IptablesSyntaxError, iptablesUsage, type IptablesCommand } from './iptables-flags';
 import { binaries, detectBackend, restore, rollback, Runner, save, type Backend } from './iptables-exec';
@@ -42,12 +51,15 @@ async function detectIpv6(r: Runner, netns: string, dualStack: boolean): Promise
   } else {
     throw new AgentError('IO', `cannot list the addresses in ${netns}: ip: ${res.stderr}`);
   }
-  const usable = addrs.map((a) => a.replace(/^::ffff:(\d+\.\d+\.\d+\.\d+)$/i, '$1')).filter((a) => {
-    if (net.isIPv4(a)) return !a.startsWith('127.') && !a.startsWith('169.254.') && !a.startsWith('224.0.0.');
-    if (net.isIPv6(a)) return a !== '::1' && !/^fe[89ab]/i.test(a) && !/^ff02:/i.test(a);
-    return false;
-  });
-  if (usable.length === 0) throw new AgentError('IO', 'no valid local IP address found (Istio needs one to tell IPv4 from IPv6 pods)');
+  const usable = addrs
+    .map((a) => a.replace(/^::ffff:(\d+\.\d+\.\d+\.\d+)$/i, '$1'))
+    .filter((a) => {
+      if (net.isIPv4(a)) return !a.startsWith('127.') && !a.startsWith('169.254.') && !a.startsWith('224.0.0.');
+      if (net.isIPv6(a)) return a !== '::1' && !/^fe[89ab]/i.test(a) && !/^ff02:/i.test(a);
+      return false;
+    });
+  if (usable.length === 0)
+    throw new AgentError('IO', 'no valid local IP address found (Istio needs one to tell IPv4 from IPv6 pods)');
   return dualStack ? usable.some(net.isIPv6) : net.isIPv6(usable[0]!);
 }
 
@@ -58,15 +70,25 @@ function resolvConfServers(path: string): { v4: string[]; v6: string[] } {
   } catch (e) {
     throw new AgentError('IO', `failed to load ${path}: ${errorMessage(e)}`);
   }
-  const servers = text.split('\n').map((l) => l.trim().split(/\s+/)).filter((w) => w[0] === 'nameserver' && w[1]).map((w) => w[1]!);
+  const servers = text
+    .split('\n')
+    .map((l) => l.trim().split(/\s+/))
+    .filter((w) => w[0] === 'nameserver' && w[1])
+    .map((w) => w[1]!);
   // A scoped address (fe80::1%eth0) cannot be an iptables -d: leave it out rather than fail the whole restore.
-  for (const s of servers.filter((a) => a.includes('%'))) log.warn(`${path}: nameserver ${s} has a zone; its DNS is not captured`);
+  for (const s of servers.filter((a) => a.includes('%')))
+    log.warn(`${path}: nameserver ${s} has a zone; its DNS is not captured`);
   const plain = servers.filter((a) => !a.includes('%'));
   return { v4: plain.filter((s) => net.isIPv4(s)), v6: plain.filter((s) => net.isIPv6(s)) };
 }
 
 /** Fills what Istio reads from the machine: the proxy uid, IPv6 or not, resolv.conf's servers. */
-async function completeSettings(cmd: IptablesCommand, r: Runner, env: Env, resolvConf: string): Promise<CaptureSettings> {
+async function completeSettings(
+  cmd: IptablesCommand,
+  r: Runner,
+  env: Env,
+  resolvConf: string,
+): Promise<CaptureSettings> {
   const s = { ...cmd.settings };
   if (s.proxyUid === '') s.proxyUid = String(systemIds.user(E.ENVOY_USER.get(env)) ?? 1337);
   if (s.proxyGid === '') s.proxyGid = s.proxyUid;
@@ -132,7 +154,8 @@ export async function validateCapture(cmd: IptablesCommand, ipv6: boolean): Prom
         });
       });
       // The server's accept may land just after the client's connect.
-      for (let i = 0; i < 20 && local !== undefined && !seen.has(local); i++) await new Promise((r) => setTimeout(r, 10));
+      for (let i = 0; i < 20 && local !== undefined && !seen.has(local); i++)
+        await new Promise((r) => setTimeout(r, 10));
       if (local !== undefined && seen.has(local)) return true;
       await new Promise((r) => setTimeout(r, Math.min(1000, Math.max(0, deadline - Date.now()))));
     }
@@ -154,7 +177,13 @@ interface FamilyPlan {
   text: string;
 }
 
-async function planFamily(r: Runner, cmd: IptablesCommand, family: 4 | 6, backend: Backend, rules: Rule[]): Promise<FamilyPlan | undefined> {
+async function planFamily(
+  r: Runner,
+  cmd: IptablesCommand,
+  family: 4 | 6,
+  backend: Backend,
+  rules: Rule[],
+): Promise<FamilyPlan | undefined> {
   const before = await save(r, backend);
   const current = parseSave(before);
   const wanted = restoreTables(rules);
@@ -177,8 +206,11 @@ async function planFamily(r: Runner, cmd: IptablesCommand, family: 4 | 6, backen
     return undefined;
   }
   if (!same && !cmd.reconcile) {
-    throw new AgentError('CONFIG_INVALID', `${name}: Istio rules from an earlier run differ from the requested ones; ` +
-      'pass --reconcile to replace them, or remove them first with istio-clean-iptables');
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `${name}: Istio rules from an earlier run differ from the requested ones; ` +
+        'pass --reconcile to replace them, or remove them first with istio-clean-iptables',
+    );
   }
   log.info(`${name}: replacing the Istio rules of an earlier run`);
   return { family, backend, before, text: renderRestore(cleanupTables(current), wanted) };
@@ -187,7 +219,8 @@ async function planFamily(r: Runner, cmd: IptablesCommand, family: 4 | 6, backen
 async function tproxyRoutes(r: Runner, cmd: IptablesCommand, ipv6: boolean): Promise<void> {
   const ip = async (args: string[], tolerateExists: boolean) => {
     const res = await r.run('ip', args);
-    if (res.code !== 0 && !(tolerateExists && /exists|already assigned/i.test(res.stderr))) throw new AgentError('IO', `ip ${args.join(' ')} failed: ${res.stderr}`);
+    if (res.code !== 0 && !(tolerateExists && /exists|already assigned/i.test(res.stderr)))
+      throw new AgentError('IO', `ip ${args.join(' ')} failed: ${res.stderr}`);
   };
   if (ipv6) await ip(['-6', 'addr', 'add', '::6/128', 'dev', 'lo'], true);
   if (cmd.settings.inboundPortsInclude === '' || cmd.settings.inboundInterceptionMode !== 'TPROXY') return;
@@ -196,7 +229,8 @@ async function tproxyRoutes(r: Runner, cmd: IptablesCommand, ipv6: boolean): Pro
   for (const fam of ipv6 ? ['-4', '-6'] : ['-4']) {
     const rules = await r.run('ip', [fam, 'rule', 'show']);
     const hex = `0x${Number(mark).toString(16)}`;
-    if (!new RegExp(`fwmark (${mark}|${hex}) lookup ${table}\\b`).test(rules.stdout)) await ip([fam, 'rule', 'add', 'fwmark', mark, 'lookup', table], false);
+    if (!new RegExp(`fwmark (${mark}|${hex}) lookup ${table}\\b`).test(rules.stdout))
+      await ip([fam, 'rule', 'add', 'fwmark', mark, 'lookup', table], false);
     await ip([fam, 'route', 'add', 'local', 'default', 'dev', 'lo', 'table', table], true);
   }
 }
@@ -244,10 +278,19 @@ async function clean(r: Runner, cmd: IptablesCommand, env: Env): Promise<void> {
       await restore(r, backend, renderRestore(extra, cleanupTables(state)), true);
     }
   }
-  if (!found) throw new AgentError('IO', 'no usable iptables binary (tried iptables-legacy-save, iptables-nft-save, iptables-save; install the iptables package)');
+  if (!found)
+    throw new AgentError(
+      'IO',
+      'no usable iptables binary (tried iptables-legacy-save, iptables-nft-save, iptables-save; install the iptables package)',
+    );
 }
 
-async function apply(r: Runner, cmd: IptablesCommand, settings: CaptureSettings, rules: { v4: Rule[]; v6: Rule[] }): Promise<void> {
+async function apply(
+  r: Runner,
+  cmd: IptablesCommand,
+  settings: CaptureSettings,
+  rules: { v4: Rule[]; v6: Rule[] },
+): Promise<void> {
   const v4 = await detectBackend(r, 4, cmd.forceBinary);
   let v6: Backend | undefined;
   try {

@@ -17,7 +17,10 @@ export interface RunResult {
 }
 
 export class Runner {
-  constructor(private readonly env: Env, private readonly netns: string) {}
+  constructor(
+    private readonly env: Env,
+    private readonly netns: string,
+  ) {}
 
   run(bin: string, args: readonly string[], stdin?: string): Promise<RunResult> {
     const [cmd, argv] = this.netns ? ['nsenter', [`--net=${this.netns}`, '--', bin, ...args]] : [bin, [...args]];
@@ -64,7 +67,10 @@ async function probe(r: Runner, b: Backend): Promise<{ backend?: Backend; dump: 
   const test = ['-t', 'nat', '-A', 'INPUT', '-p', '255', '-j', 'RETURN', ...backend.wait];
   const add = await r.run(b.bin, test);
   if (add.code !== 0 || add.stderr.includes('does not exist')) {
-    return { dump: dump.stdout, problem: `${b.bin} cannot be used (no kernel support for its nat table?): ${add.stderr || `exit ${add.code}`}` };
+    return {
+      dump: dump.stdout,
+      problem: `${b.bin} cannot be used (no kernel support for its nat table?): ${add.stderr || `exit ${add.code}`}`,
+    };
   }
   test[2] = '-D';
   await r.run(b.bin, test);
@@ -97,8 +103,10 @@ export async function detectBackend(r: Runner, family: 4 | 6, force: '' | 'legac
     if (b) return b;
   }
   const base = family === 4 ? 'iptables' : 'ip6tables';
-  throw new AgentError('IO',
-    `no usable ${base} binary (tried ${force ? `${base}-${force}` : `${base}-legacy, ${base}-nft, ${base}`}; install the iptables package): ${problems.join('; ')}`);
+  throw new AgentError(
+    'IO',
+    `no usable ${base} binary (tried ${force ? `${base}-${force}` : `${base}-legacy, ${base}-nft, ${base}`}; install the iptables package): ${problems.join('; ')}`,
+  );
 }
 
 export async function save(r: Runner, b: Backend): Promise<string> {
@@ -124,4 +132,3 @@ export async function rollback(r: Runner, b: Backend, before: string): Promise<v
     log.error(`could not restore the previous ${b.save} state: ${errorMessage(e)}`);
   }
 }
-

@@ -21,44 +21,244 @@ interface FlagDef {
 
 // Istio's names, shorthands, variables and defaults (tools/istio-iptables/pkg/cmd/root.go).
 const FLAGS: readonly FlagDef[] = [
-  { name: 'envoy-port', short: 'p', kind: 'string', def: '15001', help: 'Envoy port to which all outbound TCP traffic is redirected' },
-  { name: 'inbound-capture-port', short: 'z', kind: 'string', env: ['INBOUND_CAPTURE_PORT'], def: '15006', help: 'Port to which all inbound TCP traffic is redirected' },
-  { name: 'inbound-tunnel-port', short: 'e', kind: 'string', env: ['INBOUND_TUNNEL_PORT'], def: '15008', help: 'Istio tunnel port for inbound TCP traffic' },
-  { name: 'proxy-uid', short: 'u', kind: 'string', env: ['PROXY_UID'], def: '', help: 'UID(s) whose traffic is not redirected (the proxy\'s)' },
-  { name: 'proxy-gid', short: 'g', kind: 'string', env: ['PROXY_GID'], def: '', help: 'GID(s) whose traffic is not redirected (default: the UID)' },
-  { name: 'istio-inbound-interception-mode', short: 'm', kind: 'string', env: ['ISTIO_INBOUND_INTERCEPTION_MODE'], def: '', help: 'REDIRECT or TPROXY' },
-  { name: 'istio-inbound-ports', short: 'b', kind: 'string', env: ['ISTIO_INBOUND_PORTS'], def: '', help: 'Inbound ports redirected to Envoy ("*" for all, empty for none)' },
-  { name: 'istio-local-exclude-ports', short: 'd', kind: 'string', env: ['ISTIO_LOCAL_EXCLUDE_PORTS'], def: '', help: 'Inbound ports excluded when -b is "*"' },
-  { name: 'istio-exclude-interfaces', short: 'c', kind: 'string', env: ['ISTIO_EXCLUDE_INTERFACES'], def: '', help: 'Interfaces whose traffic is never captured' },
-  { name: 'istio-service-cidr', short: 'i', kind: 'string', env: ['ISTIO_SERVICE_CIDR'], def: '', help: 'Outbound CIDRs redirected to Envoy ("*" for all, empty for none)' },
-  { name: 'istio-service-exclude-cidr', short: 'x', kind: 'string', env: ['ISTIO_SERVICE_EXCLUDE_CIDR'], def: '', help: 'Outbound CIDRs excluded' },
-  { name: 'istio-outbound-ports', short: 'q', kind: 'string', env: ['ISTIO_OUTBOUND_PORTS'], def: '', help: 'Outbound ports always redirected' },
-  { name: 'istio-local-outbound-ports-exclude', short: 'o', kind: 'string', env: ['ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE'], def: '', help: 'Outbound ports never redirected' },
-  { name: 'kube-virt-interfaces', short: 'k', kind: 'string', env: ['KUBE_VIRT_INTERFACES'], def: '', help: 'Virtual interfaces whose inbound traffic is treated as outbound' },
-  { name: 'istio-inbound-tproxy-mark', short: 't', kind: 'string', env: ['ISTIO_INBOUND_TPROXY_MARK'], def: '1337', help: 'TPROXY packet mark' },
-  { name: 'istio-inbound-tproxy-route-table', short: 'r', kind: 'string', env: ['ISTIO_INBOUND_TPROXY_ROUTE_TABLE'], def: '133', help: 'TPROXY routing table' },
-  { name: 'dry-run', short: 'n', kind: 'bool', env: ['DRY_RUN'], def: 'false', help: 'Print the rules; change nothing' },
-  { name: 'iptables-probe-port', kind: 'uint16', env: ['IPTABLES_PROBE_PORT'], def: '15002', help: 'Port the --run-validation probe connects to' },
-  { name: 'probe-timeout', kind: 'duration', env: ['PROBE_TIMEOUT'], def: '5s', help: 'How long --run-validation waits' },
+  {
+    name: 'envoy-port',
+    short: 'p',
+    kind: 'string',
+    def: '15001',
+    help: 'Envoy port to which all outbound TCP traffic is redirected',
+  },
+  {
+    name: 'inbound-capture-port',
+    short: 'z',
+    kind: 'string',
+    env: ['INBOUND_CAPTURE_PORT'],
+    def: '15006',
+    help: 'Port to which all inbound TCP traffic is redirected',
+  },
+  {
+    name: 'inbound-tunnel-port',
+    short: 'e',
+    kind: 'string',
+    env: ['INBOUND_TUNNEL_PORT'],
+    def: '15008',
+    help: 'Istio tunnel port for inbound TCP traffic',
+  },
+  {
+    name: 'proxy-uid',
+    short: 'u',
+    kind: 'string',
+    env: ['PROXY_UID'],
+    def: '',
+    help: "UID(s) whose traffic is not redirected (the proxy's)",
+  },
+  {
+    name: 'proxy-gid',
+    short: 'g',
+    kind: 'string',
+    env: ['PROXY_GID'],
+    def: '',
+    help: 'GID(s) whose traffic is not redirected (default: the UID)',
+  },
+  {
+    name: 'istio-inbound-interception-mode',
+    short: 'm',
+    kind: 'string',
+    env: ['ISTIO_INBOUND_INTERCEPTION_MODE'],
+    def: '',
+    help: 'REDIRECT or TPROXY',
+  },
+  {
+    name: 'istio-inbound-ports',
+    short: 'b',
+    kind: 'string',
+    env: ['ISTIO_INBOUND_PORTS'],
+    def: '',
+    help: 'Inbound ports redirected to Envoy ("*" for all, empty for none)',
+  },
+  {
+    name: 'istio-local-exclude-ports',
+    short: 'd',
+    kind: 'string',
+    env: ['ISTIO_LOCAL_EXCLUDE_PORTS'],
+    def: '',
+    help: 'Inbound ports excluded when -b is "*"',
+  },
+  {
+    name: 'istio-exclude-interfaces',
+    short: 'c',
+    kind: 'string',
+    env: ['ISTIO_EXCLUDE_INTERFACES'],
+    def: '',
+    help: 'Interfaces whose traffic is never captured',
+  },
+  {
+    name: 'istio-service-cidr',
+    short: 'i',
+    kind: 'string',
+    env: ['ISTIO_SERVICE_CIDR'],
+    def: '',
+    help: 'Outbound CIDRs redirected to Envoy ("*" for all, empty for none)',
+  },
+  {
+    name: 'istio-service-exclude-cidr',
+    short: 'x',
+    kind: 'string',
+    env: ['ISTIO_SERVICE_EXCLUDE_CIDR'],
+    def: '',
+    help: 'Outbound CIDRs excluded',
+  },
+  {
+    name: 'istio-outbound-ports',
+    short: 'q',
+    kind: 'string',
+    env: ['ISTIO_OUTBOUND_PORTS'],
+    def: '',
+    help: 'Outbound ports always redirected',
+  },
+  {
+    name: 'istio-local-outbound-ports-exclude',
+    short: 'o',
+    kind: 'string',
+    env: ['ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE'],
+    def: '',
+    help: 'Outbound ports never redirected',
+  },
+  {
+    name: 'kube-virt-interfaces',
+    short: 'k',
+    kind: 'string',
+    env: ['KUBE_VIRT_INTERFACES'],
+    def: '',
+    help: 'Virtual interfaces whose inbound traffic is treated as outbound',
+  },
+  {
+    name: 'istio-inbound-tproxy-mark',
+    short: 't',
+    kind: 'string',
+    env: ['ISTIO_INBOUND_TPROXY_MARK'],
+    def: '1337',
+    help: 'TPROXY packet mark',
+  },
+  {
+    name: 'istio-inbound-tproxy-route-table',
+    short: 'r',
+    kind: 'string',
+    env: ['ISTIO_INBOUND_TPROXY_ROUTE_TABLE'],
+    def: '133',
+    help: 'TPROXY routing table',
+  },
+  {
+    name: 'dry-run',
+    short: 'n',
+    kind: 'bool',
+    env: ['DRY_RUN'],
+    def: 'false',
+    help: 'Print the rules; change nothing',
+  },
+  {
+    name: 'iptables-probe-port',
+    kind: 'uint16',
+    env: ['IPTABLES_PROBE_PORT'],
+    def: '15002',
+    help: 'Port the --run-validation probe connects to',
+  },
+  {
+    name: 'probe-timeout',
+    kind: 'duration',
+    env: ['PROBE_TIMEOUT'],
+    def: '5s',
+    help: 'How long --run-validation waits',
+  },
   { name: 'skip-rule-apply', kind: 'bool', env: ['SKIP_RULE_APPLY'], def: 'false', help: 'Apply nothing' },
-  { name: 'run-validation', kind: 'bool', env: ['RUN_VALIDATION'], def: 'false', help: 'Check that a connection from this user is captured (run as the proxy uid)' },
-  { name: 'redirect-dns', kind: 'bool', env: ['ISTIO_META_DNS_CAPTURE', 'REDIRECT_DNS'], def: 'false', help: 'Capture DNS to the agent on 15053' },
-  { name: 'drop-invalid', kind: 'bool', env: ['INVALID_DROP', 'DROP_INVALID'], def: 'false', help: 'Drop packets conntrack marks INVALID' },
-  { name: 'dual-stack', kind: 'bool', env: ['ISTIO_DUAL_STACK', 'DUAL_STACK'], def: 'false', help: 'IPv4 and IPv6 redirects' },
-  { name: 'capture-all-dns', kind: 'bool', env: ['CAPTURE_ALL_DNS'], def: 'false', help: 'Capture DNS to any server, not only resolv.conf\'s (with --redirect-dns)' },
-  { name: 'network-namespace', kind: 'string', env: ['NETWORK_NAMESPACE'], def: '', help: 'Path of the network namespace to program' },
+  {
+    name: 'run-validation',
+    kind: 'bool',
+    env: ['RUN_VALIDATION'],
+    def: 'false',
+    help: 'Check that a connection from this user is captured (run as the proxy uid)',
+  },
+  {
+    name: 'redirect-dns',
+    kind: 'bool',
+    env: ['ISTIO_META_DNS_CAPTURE', 'REDIRECT_DNS'],
+    def: 'false',
+    help: 'Capture DNS to the agent on 15053',
+  },
+  {
+    name: 'drop-invalid',
+    kind: 'bool',
+    env: ['INVALID_DROP', 'DROP_INVALID'],
+    def: 'false',
+    help: 'Drop packets conntrack marks INVALID',
+  },
+  {
+    name: 'dual-stack',
+    kind: 'bool',
+    env: ['ISTIO_DUAL_STACK', 'DUAL_STACK'],
+    def: 'false',
+    help: 'IPv4 and IPv6 redirects',
+  },
+  {
+    name: 'capture-all-dns',
+    kind: 'bool',
+    env: ['CAPTURE_ALL_DNS'],
+    def: 'false',
+    help: "Capture DNS to any server, not only resolv.conf's (with --redirect-dns)",
+  },
+  {
+    name: 'network-namespace',
+    kind: 'string',
+    env: ['NETWORK_NAMESPACE'],
+    def: '',
+    help: 'Path of the network namespace to program',
+  },
   { name: 'cni-mode', kind: 'bool', env: ['CNI_MODE'], def: 'false', help: 'Accepted for compatibility' },
-  { name: 'reconcile', kind: 'bool', env: ['RECONCILE'], def: 'false', help: 'Replace differing Istio rules left by an earlier run' },
-  { name: 'cleanup-only', kind: 'bool', env: ['CLEANUP_ONLY'], def: 'false', help: 'Remove the Istio rules and add none' },
-  { name: 'force-apply', kind: 'bool', env: ['FORCE_APPLY'], def: 'false', help: 'Apply even when the rules seem to be in place' },
-  { name: 'native-nftables', kind: 'bool', env: ['NATIVE_NFTABLES'], def: 'false', help: 'Not supported by this agent' },
+  {
+    name: 'reconcile',
+    kind: 'bool',
+    env: ['RECONCILE'],
+    def: 'false',
+    help: 'Replace differing Istio rules left by an earlier run',
+  },
+  {
+    name: 'cleanup-only',
+    kind: 'bool',
+    env: ['CLEANUP_ONLY'],
+    def: 'false',
+    help: 'Remove the Istio rules and add none',
+  },
+  {
+    name: 'force-apply',
+    kind: 'bool',
+    env: ['FORCE_APPLY'],
+    def: 'false',
+    help: 'Apply even when the rules seem to be in place',
+  },
+  {
+    name: 'native-nftables',
+    kind: 'bool',
+    env: ['NATIVE_NFTABLES'],
+    def: 'false',
+    help: 'Not supported by this agent',
+  },
   { name: 'force-iptables-binary', kind: 'string', env: ['FORCE_IPTABLES_BINARY'], def: '', help: 'legacy or nft' },
   // pilot-agent's global logging flags
   { name: 'log_output_level', kind: 'string', def: '', help: 'Per-scope log levels, <scope>:<level>,...' },
   { name: 'log_as_json', kind: 'bool', def: 'false', help: 'Log JSON lines' },
   { name: 'log_caller', kind: 'string', def: '', help: 'Scopes whose lines carry the caller (file:line), or all' },
-  { name: 'log_stacktrace_level', kind: 'string', def: '', help: '<scope>:<level>,... at and above which lines carry a stack trace' },
-  { name: 'log_target', kind: 'array', def: '', help: 'Where the log goes: stdout, stderr (default) or a file; repeatable' },
+  {
+    name: 'log_stacktrace_level',
+    kind: 'string',
+    def: '',
+    help: '<scope>:<level>,... at and above which lines carry a stack trace',
+  },
+  {
+    name: 'log_target',
+    kind: 'array',
+    def: '',
+    help: 'Where the log goes: stdout, stderr (default) or a file; repeatable',
+  },
   { name: 'vklog', kind: 'string', def: '', help: 'Accepted for compatibility' },
   { name: 'help', short: 'h', kind: 'bool', def: 'false', help: 'Show this help' },
 ];
@@ -82,9 +282,12 @@ export function parseBool(v: string): boolean | undefined {
 
 function checkValue(def: FlagDef, value: string, from: string): void {
   const v = JSON.stringify(value);
-  if (def.kind === 'bool' && parseBool(value) === undefined) throw syntaxError(`invalid ${from}: ${v} is not a boolean`);
-  if (def.kind === 'uint16' && !(/^\d+$/.test(value) && Number(value) <= 65535)) throw syntaxError(`invalid ${from}: ${v} is not a port`);
-  if (def.kind === 'duration' && !/^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^0$/.test(value)) throw syntaxError(`invalid ${from}: ${v} is not a duration`);
+  if (def.kind === 'bool' && parseBool(value) === undefined)
+    throw syntaxError(`invalid ${from}: ${v} is not a boolean`);
+  if (def.kind === 'uint16' && !(/^\d+$/.test(value) && Number(value) <= 65535))
+    throw syntaxError(`invalid ${from}: ${v} is not a port`);
+  if (def.kind === 'duration' && !/^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^0$/.test(value))
+    throw syntaxError(`invalid ${from}: ${v} is not a duration`);
 }
 
 export interface ParsedFlags {
@@ -107,7 +310,8 @@ export function parseIptablesFlags(args: readonly string[], env: Env): ParsedFla
   for (let i = 0; i < args.length; i++) {
     const arg = args[i]!;
     if (arg === '--') {
-      if (i + 1 < args.length) throw syntaxError(`unexpected argument "${args[i + 1]}": istio-iptables takes only flags`);
+      if (i + 1 < args.length)
+        throw syntaxError(`unexpected argument "${args[i + 1]}": istio-iptables takes only flags`);
       break;
     }
     if (arg.startsWith('--')) {
@@ -142,7 +346,9 @@ export function parseIptablesFlags(args: readonly string[], env: Env): ParsedFla
       }
       continue;
     }
-    throw syntaxError(`unexpected argument "${arg}": istio-iptables takes only flags (quote "*" so the shell does not expand it)`);
+    throw syntaxError(
+      `unexpected argument "${arg}": istio-iptables takes only flags (quote "*" so the shell does not expand it)`,
+    );
   }
   // Variables fill what the command line left unset. Like Istio, a variable that does not parse is ignored.
   for (const def of FLAGS) {
@@ -196,7 +402,8 @@ function checkPorts(list: string, where: string, wildcard = false): void {
   if (wildcard && list === '*') return;
   for (const p of splitList(list)) {
     const [lo, hi = lo] = p.split(':').map(Number) as [number, number?];
-    if (!PORT.test(p) || lo > 65535 || hi! > 65535 || lo > hi!) throw usageError(`invalid ${where}: ${q(p)} is not a port (or a:b range, a <= b)`);
+    if (!PORT.test(p) || lo > 65535 || hi! > 65535 || lo > hi!)
+      throw usageError(`invalid ${where}: ${q(p)} is not a port (or a:b range, a <= b)`);
   }
 }
 
@@ -231,13 +438,16 @@ const ID_NAME = /^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$/;
 function checkIds(list: string, where: string, what: string): void {
   for (const id of splitList(list)) {
     const range = /^(\d{1,10})(?:-(\d{1,10}))?$/.exec(id);
-    const ok = range ? Number(range[1]) < U32 && Number(range[2] ?? range[1]) < U32 && Number(range[1]) <= Number(range[2] ?? range[1]) : ID_NAME.test(id);
+    const ok = range
+      ? Number(range[1]) < U32 && Number(range[2] ?? range[1]) < U32 && Number(range[1]) <= Number(range[2] ?? range[1])
+      : ID_NAME.test(id);
     if (!ok) throw usageError(`invalid ${where}: ${q(id)} is not a ${what} (a number, a min-max range or a name)`);
   }
 }
 
 function checkU32(value: string, where: string): void {
-  if (!/^\d{1,10}$/.test(value) || Number(value) > U32) throw usageError(`invalid ${where} ${q(value)}: not a number from 0 to ${U32}`);
+  if (!/^\d{1,10}$/.test(value) || Number(value) > U32)
+    throw usageError(`invalid ${where} ${q(value)}: not a number from 0 to ${U32}`);
 }
 
 /** Flags and variables -> the command's settings, before anything is read from the machine. Throws on bad input. */
@@ -254,10 +464,12 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
   };
 
   const mode = s('istio-inbound-interception-mode');
-  if (!['', 'REDIRECT', 'TPROXY'].includes(mode)) throw usageError(`invalid ${where('istio-inbound-interception-mode')} ${q(mode)}: want REDIRECT or TPROXY`);
+  if (!['', 'REDIRECT', 'TPROXY'].includes(mode))
+    throw usageError(`invalid ${where('istio-inbound-interception-mode')} ${q(mode)}: want REDIRECT or TPROXY`);
   for (const name of ['envoy-port', 'inbound-capture-port', 'inbound-tunnel-port']) {
     const p = s(name);
-    if (!/^\d{1,5}$/.test(p) || Number(p) < 1 || Number(p) > 65535) throw usageError(`invalid ${where(name)} ${q(p)}: not a port`);
+    if (!/^\d{1,5}$/.test(p) || Number(p) < 1 || Number(p) > 65535)
+      throw usageError(`invalid ${where(name)} ${q(p)}: not a port`);
   }
   if (s('envoy-port') === s('inbound-capture-port')) {
     throw usageError(`conflicting -p and -z: outbound and inbound capture cannot share port ${s('envoy-port')}`);
@@ -277,16 +489,23 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
       throw usageError(`invalid ${where(name)}: ${errorMessage(e)}`);
     }
   }
-  if (s('istio-service-exclude-cidr') === '*') throw usageError(`invalid ${where('istio-service-exclude-cidr')} "*": exclude specific ranges, or capture nothing with -i ""`);
+  if (s('istio-service-exclude-cidr') === '*')
+    throw usageError(
+      `invalid ${where('istio-service-exclude-cidr')} "*": exclude specific ranges, or capture nothing with -i ""`,
+    );
   checkU32(s('istio-inbound-tproxy-mark'), where('istio-inbound-tproxy-mark'));
   checkU32(s('istio-inbound-tproxy-route-table'), where('istio-inbound-tproxy-route-table'));
   const forceBinary = s('force-iptables-binary');
-  if (!['', 'legacy', 'nft'].includes(forceBinary)) throw usageError(`invalid ${where('force-iptables-binary')} ${q(forceBinary)}: want legacy or nft`);
-  if (b('native-nftables')) throw usageError('--native-nftables is not supported by this agent: it programs iptables (legacy or nft backend)');
+  if (!['', 'legacy', 'nft'].includes(forceBinary))
+    throw usageError(`invalid ${where('force-iptables-binary')} ${q(forceBinary)}: want legacy or nft`);
+  if (b('native-nftables'))
+    throw usageError('--native-nftables is not supported by this agent: it programs iptables (legacy or nft backend)');
   if (b('cleanup-only') && b('skip-rule-apply')) throw usageError('conflicting --cleanup-only and --skip-rule-apply');
   if (b('cleanup-only') && b('run-validation')) throw usageError('conflicting --cleanup-only and --run-validation');
   if (b('run-validation') && s('network-namespace') !== '') {
-    throw usageError('conflicting --run-validation and --network-namespace: the validation probe runs in the current network namespace');
+    throw usageError(
+      'conflicting --run-validation and --network-namespace: the validation probe runs in the current network namespace',
+    );
   }
   for (const flag of ['log_output_level', 'log_stacktrace_level']) {
     if (s(flag) === '') continue;
@@ -301,7 +520,9 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
   const lp = parsePrefix(loopback);
   const bits = Number(loopback.split('/')[1]);
   if (!lp || lp.v6 || !lp.loopback || bits < 8) {
-    throw usageError(`invalid ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR ${q(loopback)}: want an IPv4 loopback CIDR with a mask of 8 to 32 bits`);
+    throw usageError(
+      `invalid ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR ${q(loopback)}: want an IPv4 loopback CIDR with a mask of 8 to 32 bits`,
+    );
   }
   const groupsInclude = E.ISTIO_OUTBOUND_OWNER_GROUPS.get(env);
   if (groupsInclude !== '*' && splitList(groupsInclude).length > 64) {
@@ -361,7 +582,7 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
 }
 
 function goDurationMs(text: string): number {
-  const unit: Record<string, number> = { ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+  const unit: Record<string, number> = { ns: 1e-6, us: 1e-3, µs: 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
   let ms = 0;
   for (const m of text.matchAll(/(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)/g)) ms += Number(m[1]) * unit[m[2]!]!;
   return ms;
@@ -375,10 +596,17 @@ export function iptablesFlagNames(): string[] {
 export function iptablesUsage(command = 'istio-iptables'): string {
   const lines = FLAGS.map((f) => {
     const name = `${f.short ? `-${f.short}, ` : '    '}--${f.name}${f.kind === 'bool' ? '' : ` ${f.kind}`}`;
-    const extra = [f.env?.length ? `env ${f.env.join(' or ')}` : '', f.def && f.def !== 'false' ? `default "${f.def}"` : ''].filter(Boolean).join('; ');
+    const extra = [
+      f.env?.length ? `env ${f.env.join(' or ')}` : '',
+      f.def && f.def !== 'false' ? `default "${f.def}"` : '',
+    ]
+      .filter(Boolean)
+      .join('; ');
     return `  ${name.padEnd(48)} ${f.help}${extra ? ` (${extra})` : ''}`;
   });
-  const what = command === 'istio-iptables' ? 'Set up iptables rules for the Istio sidecar' : 'Remove the Istio sidecar\'s iptables rules';
+  const what =
+    command === 'istio-iptables'
+      ? 'Set up iptables rules for the Istio sidecar'
+      : "Remove the Istio sidecar's iptables rules";
   return `${what}.\n\nUsage:\n  pilot-agent ${command} [flags]\n\nFlags:\n${lines.join('\n')}\n`;
 }
-

@@ -92,7 +92,11 @@ export interface NetworkRange {
 
 /** Splits a CIDR list into IPv4 and IPv6 ranges; throws on an entry that is not addr/bits. */
 export function separateV4V6(list: string): { v4: NetworkRange; v6: NetworkRange } {
-  if (list === '*') return { v4: { wildcard: true, cidrs: [], hasLoopback: false }, v6: { wildcard: true, cidrs: [], hasLoopback: false } };
+  if (list === '*')
+    return {
+      v4: { wildcard: true, cidrs: [], hasLoopback: false },
+      v6: { wildcard: true, cidrs: [], hasLoopback: false },
+    };
   const v4: NetworkRange = { wildcard: false, cidrs: [], hasLoopback: false };
   const v6: NetworkRange = { wildcard: false, cidrs: [], hasLoopback: false };
   for (const item of splitList(list)) {
@@ -199,21 +203,83 @@ export function buildCaptureRules(c: CaptureSettings): RuleSet {
   b.appendVersioned('127.0.0.6/32', '::6/128', 'ISTIO_OUTPUT', 'nat', '-o', 'lo', '-s', IP, '-j', 'RETURN');
 
   const loopbackIncluded = include.v4.hasLoopback || include.v6.hasLoopback;
-  for (const [flag, ids] of [['--uid-owner', splitList(c.proxyUid)], ['--gid-owner', splitList(c.proxyGid)]] as const) {
+  for (const [flag, ids] of [
+    ['--uid-owner', splitList(c.proxyUid)],
+    ['--gid-owner', splitList(c.proxyGid)],
+  ] as const) {
     for (const id of ids) {
       // The proxy calling a local address other than the app's loopback (a service VIP routed back to this pod)
       // goes to Envoy's inbound side. With DNS capture the gid rule keeps its single port, as Istio's does.
       if (redirectDns && flag === '--uid-owner') {
-        b.appendVersioned(loop4, '::1/128', 'ISTIO_OUTPUT', 'nat', '-o', 'lo', '!', '-d', IP, '-p', 'tcp',
-          '-m', 'multiport', '!', '--dports', `53,${c.inboundTunnelPort}`, '-m', 'owner', flag, id, '-j', 'ISTIO_IN_REDIRECT');
+        b.appendVersioned(
+          loop4,
+          '::1/128',
+          'ISTIO_OUTPUT',
+          'nat',
+          '-o',
+          'lo',
+          '!',
+          '-d',
+          IP,
+          '-p',
+          'tcp',
+          '-m',
+          'multiport',
+          '!',
+          '--dports',
+          `53,${c.inboundTunnelPort}`,
+          '-m',
+          'owner',
+          flag,
+          id,
+          '-j',
+          'ISTIO_IN_REDIRECT',
+        );
       } else {
-        b.appendVersioned(loop4, '::1/128', 'ISTIO_OUTPUT', 'nat', '-o', 'lo', '!', '-d', IP, '-p', 'tcp',
-          '!', '--dport', c.inboundTunnelPort, '-m', 'owner', flag, id, '-j', 'ISTIO_IN_REDIRECT');
+        b.appendVersioned(
+          loop4,
+          '::1/128',
+          'ISTIO_OUTPUT',
+          'nat',
+          '-o',
+          'lo',
+          '!',
+          '-d',
+          IP,
+          '-p',
+          'tcp',
+          '!',
+          '--dport',
+          c.inboundTunnelPort,
+          '-m',
+          'owner',
+          flag,
+          id,
+          '-j',
+          'ISTIO_IN_REDIRECT',
+        );
       }
       // The app calling itself over lo is left alone, unless loopback was asked for explicitly (-i 127.0.0.1/32).
       if (!loopbackIncluded) {
         if (redirectDns) {
-          b.append('ISTIO_OUTPUT', 'nat', '-o', 'lo', '-p', 'tcp', '!', '--dport', '53', '-m', 'owner', '!', flag, id, '-j', 'RETURN');
+          b.append(
+            'ISTIO_OUTPUT',
+            'nat',
+            '-o',
+            'lo',
+            '-p',
+            'tcp',
+            '!',
+            '--dport',
+            '53',
+            '-m',
+            'owner',
+            '!',
+            flag,
+            id,
+            '-j',
+            'RETURN',
+          );
         } else {
           b.append('ISTIO_OUTPUT', 'nat', '-o', 'lo', '-m', 'owner', '!', flag, id, '-j', 'RETURN');
         }
@@ -227,7 +293,13 @@ export function buildCaptureRules(c: CaptureSettings): RuleSet {
   if (groups.except) {
     for (const g of groups.values) b.append('ISTIO_OUTPUT', 'nat', '-m', 'owner', '--gid-owner', g, '-j', 'RETURN');
   } else {
-    b.append('ISTIO_OUTPUT', 'nat', ...groups.values.flatMap((g) => ['-m', 'owner', '!', '--gid-owner', g]), '-j', 'RETURN');
+    b.append(
+      'ISTIO_OUTPUT',
+      'nat',
+      ...groups.values.flatMap((g) => ['-m', 'owner', '!', '--gid-owner', g]),
+      '-j',
+      'RETURN',
+    );
   }
 
   if (redirectDns) dnsRules(b, c);
@@ -257,14 +329,41 @@ function inbound(b: Builder, c: CaptureSettings, tproxy: boolean): void {
   if (tproxy) {
     b.append('ISTIO_DIVERT', 'mangle', '-j', 'MARK', '--set-mark', c.inboundTProxyMark);
     b.append('ISTIO_DIVERT', 'mangle', '-j', 'ACCEPT');
-    b.appendVersioned(c.hostIpv4LoopbackCidr, '::1/128', 'ISTIO_TPROXY', 'mangle', '!', '-d', IP, '-p', 'tcp',
-      '-j', 'TPROXY', '--tproxy-mark', `${c.inboundTProxyMark}/0xffffffff`, '--on-port', c.inboundCapturePort);
+    b.appendVersioned(
+      c.hostIpv4LoopbackCidr,
+      '::1/128',
+      'ISTIO_TPROXY',
+      'mangle',
+      '!',
+      '-d',
+      IP,
+      '-p',
+      'tcp',
+      '-j',
+      'TPROXY',
+      '--tproxy-mark',
+      `${c.inboundTProxyMark}/0xffffffff`,
+      '--on-port',
+      c.inboundCapturePort,
+    );
   }
   b.append('PREROUTING', table, '-p', 'tcp', '-j', 'ISTIO_INBOUND');
   if (c.inboundPortsInclude === '*') {
-    for (const port of splitList(c.inboundPortsExclude)) b.append('ISTIO_INBOUND', table, '-p', 'tcp', '--dport', port, '-j', 'RETURN');
+    for (const port of splitList(c.inboundPortsExclude))
+      b.append('ISTIO_INBOUND', table, '-p', 'tcp', '--dport', port, '-j', 'RETURN');
     if (tproxy) {
-      b.append('ISTIO_INBOUND', 'mangle', '-p', 'tcp', '-m', 'conntrack', '--ctstate', 'RELATED,ESTABLISHED', '-j', 'ISTIO_DIVERT');
+      b.append(
+        'ISTIO_INBOUND',
+        'mangle',
+        '-p',
+        'tcp',
+        '-m',
+        'conntrack',
+        '--ctstate',
+        'RELATED,ESTABLISHED',
+        '-j',
+        'ISTIO_DIVERT',
+      );
       b.append('ISTIO_INBOUND', 'mangle', '-p', 'tcp', '-j', 'ISTIO_TPROXY');
     } else {
       b.append('ISTIO_INBOUND', 'nat', '-p', 'tcp', '-j', 'ISTIO_IN_REDIRECT');
@@ -273,7 +372,20 @@ function inbound(b: Builder, c: CaptureSettings, tproxy: boolean): void {
   }
   for (const port of splitList(c.inboundPortsInclude)) {
     if (tproxy) {
-      b.append('ISTIO_INBOUND', 'mangle', '-p', 'tcp', '--dport', port, '-m', 'conntrack', '--ctstate', 'RELATED,ESTABLISHED', '-j', 'ISTIO_DIVERT');
+      b.append(
+        'ISTIO_INBOUND',
+        'mangle',
+        '-p',
+        'tcp',
+        '--dport',
+        port,
+        '-m',
+        'conntrack',
+        '--ctstate',
+        'RELATED,ESTABLISHED',
+        '-j',
+        'ISTIO_DIVERT',
+      );
       b.append('ISTIO_INBOUND', 'mangle', '-p', 'tcp', '--dport', port, '-j', 'ISTIO_TPROXY');
     } else {
       b.append('ISTIO_INBOUND', 'nat', '-p', 'tcp', '--dport', port, '-j', 'ISTIO_IN_REDIRECT');
@@ -289,11 +401,13 @@ function outboundInclude(
 ): void {
   if (range.wildcard) {
     append('ISTIO_OUTPUT', 'nat', '-j', 'ISTIO_REDIRECT');
-    for (const nic of splitList(c.rerouteVirtualInterfaces)) insert('PREROUTING', 'nat', 1, '-i', nic, '-j', 'ISTIO_REDIRECT');
+    for (const nic of splitList(c.rerouteVirtualInterfaces))
+      insert('PREROUTING', 'nat', 1, '-i', nic, '-j', 'ISTIO_REDIRECT');
     return;
   }
   for (const cidr of range.cidrs) {
-    for (const nic of splitList(c.rerouteVirtualInterfaces)) insert('PREROUTING', 'nat', 1, '-i', nic, '-d', cidr, '-j', 'ISTIO_REDIRECT');
+    for (const nic of splitList(c.rerouteVirtualInterfaces))
+      insert('PREROUTING', 'nat', 1, '-i', nic, '-d', cidr, '-j', 'ISTIO_REDIRECT');
     append('ISTIO_OUTPUT', 'nat', '-d', cidr, '-j', 'ISTIO_REDIRECT');
   }
 }
@@ -311,22 +425,122 @@ function dnsRules(b: Builder, c: CaptureSettings): void {
   // Only the configured resolvers' port 53 is sent to the agent, so a local resolver's own upstream queries
   // (app -> agent -> dnsmasq -> upstream) do not loop; --capture-all-dns takes every destination.
   if (all) {
-    b.append('ISTIO_OUTPUT_DNS', 'nat', '-p', 'tcp', '--dport', '53', '-j', 'REDIRECT', '--to-ports', DNS_LISTENER_PORT);
+    b.append(
+      'ISTIO_OUTPUT_DNS',
+      'nat',
+      '-p',
+      'tcp',
+      '--dport',
+      '53',
+      '-j',
+      'REDIRECT',
+      '--to-ports',
+      DNS_LISTENER_PORT,
+    );
   } else {
-    for (const s of c.dnsServersV4) b.appendV4('ISTIO_OUTPUT_DNS', 'nat', '-p', 'tcp', '--dport', '53', '-d', `${s}/32`, '-j', 'REDIRECT', '--to-ports', DNS_LISTENER_PORT);
-    for (const s of c.dnsServersV6) b.appendV6('ISTIO_OUTPUT_DNS', 'nat', '-p', 'tcp', '--dport', '53', '-d', `${s}/128`, '-j', 'REDIRECT', '--to-ports', DNS_LISTENER_PORT);
+    for (const s of c.dnsServersV4)
+      b.appendV4(
+        'ISTIO_OUTPUT_DNS',
+        'nat',
+        '-p',
+        'tcp',
+        '--dport',
+        '53',
+        '-d',
+        `${s}/32`,
+        '-j',
+        'REDIRECT',
+        '--to-ports',
+        DNS_LISTENER_PORT,
+      );
+    for (const s of c.dnsServersV6)
+      b.appendV6(
+        'ISTIO_OUTPUT_DNS',
+        'nat',
+        '-p',
+        'tcp',
+        '--dport',
+        '53',
+        '-d',
+        `${s}/128`,
+        '-j',
+        'REDIRECT',
+        '--to-ports',
+        DNS_LISTENER_PORT,
+      );
   }
   if (all) {
     b.append('ISTIO_OUTPUT_DNS', 'nat', '-p', 'udp', '--dport', '53', '-j', 'REDIRECT', '--to-port', DNS_LISTENER_PORT);
   } else {
-    for (const s of c.dnsServersV4) b.appendV4('ISTIO_OUTPUT_DNS', 'nat', '-p', 'udp', '--dport', '53', '-d', `${s}/32`, '-j', 'REDIRECT', '--to-port', DNS_LISTENER_PORT);
-    for (const s of c.dnsServersV6) b.appendV6('ISTIO_OUTPUT_DNS', 'nat', '-p', 'udp', '--dport', '53', '-d', `${s}/128`, '-j', 'REDIRECT', '--to-port', DNS_LISTENER_PORT);
+    for (const s of c.dnsServersV4)
+      b.appendV4(
+        'ISTIO_OUTPUT_DNS',
+        'nat',
+        '-p',
+        'udp',
+        '--dport',
+        '53',
+        '-d',
+        `${s}/32`,
+        '-j',
+        'REDIRECT',
+        '--to-port',
+        DNS_LISTENER_PORT,
+      );
+    for (const s of c.dnsServersV6)
+      b.appendV6(
+        'ISTIO_OUTPUT_DNS',
+        'nat',
+        '-p',
+        'udp',
+        '--dport',
+        '53',
+        '-d',
+        `${s}/128`,
+        '-j',
+        'REDIRECT',
+        '--to-port',
+        DNS_LISTENER_PORT,
+      );
   }
   // Separate conntrack zones for agent<->upstream (1) and app<->agent (2) UDP DNS, against conntrack races.
-  for (const [flag, ids] of [['--uid-owner', splitList(c.proxyUid)], ['--gid-owner', splitList(c.proxyGid)]] as const) {
+  for (const [flag, ids] of [
+    ['--uid-owner', splitList(c.proxyUid)],
+    ['--gid-owner', splitList(c.proxyGid)],
+  ] as const) {
     for (const id of ids) {
-      b.append('ISTIO_OUTPUT_DNS', 'raw', '-p', 'udp', '--dport', '53', '-m', 'owner', flag, id, '-j', 'CT', '--zone', '1');
-      b.append('ISTIO_OUTPUT_DNS', 'raw', '-p', 'udp', '--sport', DNS_LISTENER_PORT, '-m', 'owner', flag, id, '-j', 'CT', '--zone', '2');
+      b.append(
+        'ISTIO_OUTPUT_DNS',
+        'raw',
+        '-p',
+        'udp',
+        '--dport',
+        '53',
+        '-m',
+        'owner',
+        flag,
+        id,
+        '-j',
+        'CT',
+        '--zone',
+        '1',
+      );
+      b.append(
+        'ISTIO_OUTPUT_DNS',
+        'raw',
+        '-p',
+        'udp',
+        '--sport',
+        DNS_LISTENER_PORT,
+        '-m',
+        'owner',
+        flag,
+        id,
+        '-j',
+        'CT',
+        '--zone',
+        '2',
+      );
     }
   }
   if (all) {
@@ -353,17 +567,54 @@ function tproxyMarks(b: Builder, c: CaptureSettings): void {
   // workload's replies so policy routing sends them back through Envoy.
   b.append('PREROUTING', 'mangle', '-p', 'tcp', '-m', 'mark', '--mark', mark, '-j', 'CONNMARK', '--save-mark');
   b.append('OUTPUT', 'mangle', '-p', 'tcp', '-o', 'lo', '-m', 'mark', '--mark', mark, '-j', 'RETURN');
-  for (const [flag, ids] of [['--uid-owner', splitList(c.proxyUid)], ['--gid-owner', splitList(c.proxyGid)]] as const) {
+  for (const [flag, ids] of [
+    ['--uid-owner', splitList(c.proxyUid)],
+    ['--gid-owner', splitList(c.proxyGid)],
+  ] as const) {
     for (const id of ids) {
-      b.appendVersioned(c.hostIpv4LoopbackCidr, '::1/128', 'OUTPUT', 'mangle', '!', '-d', IP, '-p', 'tcp', '-o', 'lo',
-        '-m', 'owner', flag, id, '-j', 'MARK', '--set-mark', OUTBOUND_MARK);
+      b.appendVersioned(
+        c.hostIpv4LoopbackCidr,
+        '::1/128',
+        'OUTPUT',
+        'mangle',
+        '!',
+        '-d',
+        IP,
+        '-p',
+        'tcp',
+        '-o',
+        'lo',
+        '-m',
+        'owner',
+        flag,
+        id,
+        '-j',
+        'MARK',
+        '--set-mark',
+        OUTBOUND_MARK,
+      );
     }
   }
   b.append('OUTPUT', 'mangle', '-p', 'tcp', '-m', 'connmark', '--mark', mark, '-j', 'CONNMARK', '--restore-mark');
   b.insert('ISTIO_INBOUND', 'mangle', 1, '-p', 'tcp', '-m', 'mark', '--mark', mark, '-j', 'RETURN');
   b.insertV4('ISTIO_INBOUND', 'mangle', 2, '-p', 'tcp', '-s', '127.0.0.6/32', '-i', 'lo', '-j', 'RETURN');
   b.insertV6('ISTIO_INBOUND', 'mangle', 2, '-p', 'tcp', '-s', '::6/128', '-i', 'lo', '-j', 'RETURN');
-  b.insert('ISTIO_INBOUND', 'mangle', 3, '-p', 'tcp', '-i', 'lo', '-m', 'mark', '!', '--mark', OUTBOUND_MARK, '-j', 'RETURN');
+  b.insert(
+    'ISTIO_INBOUND',
+    'mangle',
+    3,
+    '-p',
+    'tcp',
+    '-i',
+    'lo',
+    '-m',
+    'mark',
+    '!',
+    '--mark',
+    OUTBOUND_MARK,
+    '-j',
+    'RETURN',
+  );
 }
 
 export type TableLines = Map<string, string[]>;
@@ -479,7 +730,8 @@ export function cleanupTables(state: SaveState): TableLines {
       if (chain.startsWith('ISTIO_')) istio.push(chain);
       else for (const r of rules) if (jumpsToIstio(r)) deletes.push(r.replace(/^-[AI] /, '-D '));
     }
-    if (deletes.length > 0 || istio.length > 0) out.set(table, [...deletes, ...istio.map((c) => `-F ${c}`), ...istio.map((c) => `-X ${c}`)]);
+    if (deletes.length > 0 || istio.length > 0)
+      out.set(table, [...deletes, ...istio.map((c) => `-F ${c}`), ...istio.map((c) => `-X ${c}`)]);
   }
   return out;
 }

@@ -14,7 +14,13 @@ import { JOURNAL_STREAM } from './env';
 export type Level = 'debug' | 'info' | 'warn' | 'error' | 'none';
 const ORDER: Record<Level, number> = { debug: 0, info: 1, warn: 2, error: 3, none: 4 };
 const ALIASES: Record<string, Level> = {
-  debug: 'debug', info: 'info', warn: 'warn', warning: 'warn', error: 'error', none: 'none', fatal: 'error',
+  debug: 'debug',
+  info: 'info',
+  warn: 'warn',
+  warning: 'warn',
+  error: 'error',
+  none: 'none',
+  fatal: 'error',
 };
 
 export interface Logger {
@@ -96,7 +102,10 @@ export function parseLevel(text: string): Level | undefined {
 export function parseOutputLevels(spec: string): { defaultLevel?: Level; levels: Map<string, Level> } {
   const levels = new Map<string, Level>();
   let defaultLevel: Level | undefined;
-  for (const part of spec.split(',').map((p) => p.trim()).filter(Boolean)) {
+  for (const part of spec
+    .split(',')
+    .map((p) => p.trim())
+    .filter(Boolean)) {
     const idx = part.lastIndexOf(':');
     const name = idx < 0 ? 'default' : part.slice(0, idx);
     const level = parseLevel(idx < 0 ? part : part.slice(idx + 1));
@@ -140,7 +149,11 @@ export function configureLogging(opts: LoggingOptions): void {
     for (const [k, v] of parsed.levels) state.stackLevels.set(k, v);
   }
   if (opts.callers !== undefined) {
-    for (const name of opts.callers.split(',').map((c) => c.trim()).filter(Boolean)) state.callers.add(name);
+    for (const name of opts.callers
+      .split(',')
+      .map((c) => c.trim())
+      .filter(Boolean))
+      state.callers.add(name);
   }
   if (opts.json !== undefined) state.json = opts.json;
   if (opts.journal !== undefined) state.journal = opts.journal;
@@ -174,7 +187,12 @@ function setTargets(targets: readonly string[]): void {
   state.fds = fds;
   // The journal's priority prefix belongs on stderr only.
   if (targets.some((t) => t !== 'stderr')) state.journal = false;
-  state.write = writers.length === 1 ? (line) => writers[0]!(line + '\n') : (line) => { for (const w of writers) w(line + '\n'); };
+  state.write =
+    writers.length === 1
+      ? (line) => writers[0]!(line + '\n')
+      : (line) => {
+          for (const w of writers) w(line + '\n');
+        };
 }
 
 /** Restores defaults; for tests. */

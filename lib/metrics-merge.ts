@@ -112,17 +112,22 @@ function parseValue(raw: string): string {
 
 // name, {labels} (values with \\ \" \n escapes), value, timestamp, exemplar. One compiled regex per line is
 // what keeps a 20 MB Envoy exposition within a fraction of a second.
-const SAMPLE = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*,)*(?:[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*)?\})?[ \t]+([^ \t#]+)(?:[ \t]+([^ \t#]+))?(?:[ \t]+(# .*))?[ \t]*$/;
+const SAMPLE =
+  /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*,)*(?:[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*)?\})?[ \t]+([^ \t#]+)(?:[ \t]+([^ \t#]+))?(?:[ \t]+(# .*))?[ \t]*$/;
 const PLAIN_NUMBER = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
 // The common line (Envoy's every line): one space, a plain number, no timestamp. Matched without captures, kept
 // as written, so a big exposition costs a regex test per line and little garbage.
-const PLAIN_SAMPLE = /^[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{(?:[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*,)*(?:[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*)?\})? [+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$/;
+const PLAIN_SAMPLE =
+  /^[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{(?:[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*,)*(?:[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*)?\})? [+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$/;
 const NAME_END = /[{ ]/;
 
 function parseSample(line: string, format: MetricsFormat): Sample {
   if (PLAIN_SAMPLE.test(line)) return { name: line.slice(0, line.search(NAME_END)), raw: line, labels: '', value: '' };
   const m = SAMPLE.exec(line);
-  if (!m) throw new LineError(NAME.test(line.split(/[{ \t]/, 1)[0]!) ? 'not a sample (name{labels} value [timestamp])' : 'not a metric name');
+  if (!m)
+    throw new LineError(
+      NAME.test(line.split(/[{ \t]/, 1)[0]!) ? 'not a sample (name{labels} value [timestamp])' : 'not a metric name',
+    );
   const s: Sample = { name: m[1]!, labels: m[2] ?? '', value: PLAIN_NUMBER.test(m[3]!) ? m[3]! : parseValue(m[3]!) };
   if (m[4] !== undefined) {
     const t = Number(m[4]);
@@ -199,7 +204,8 @@ function parseSource(text: string, format: MetricsFormat): Family[] {
         continue;
       }
       const s = parseSample(line, format);
-      let f = current && SUFFIXES[current.type].some((sfx) => current!.name + sfx === s.name) ? current : owners.get(s.name);
+      let f =
+        current && SUFFIXES[current.type].some((sfx) => current!.name + sfx === s.name) ? current : owners.get(s.name);
       if (!f) {
         f = fams.get(s.name);
         if (!f) {
@@ -210,7 +216,10 @@ function parseSource(text: string, format: MetricsFormat): Family[] {
       f.samples.push(s);
       current = f;
     } catch (e) {
-      if (e instanceof LineError) throw new LineError(`line ${n + 1}: ${e.message}: ${JSON.stringify(line.length > 80 ? line.slice(0, 80) + '...' : line)}`);
+      if (e instanceof LineError)
+        throw new LineError(
+          `line ${n + 1}: ${e.message}: ${JSON.stringify(line.length > 80 ? line.slice(0, 80) + '...' : line)}`,
+        );
       throw e;
     }
   }
@@ -220,14 +229,17 @@ function parseSource(text: string, format: MetricsFormat): Family[] {
 /** The sample names a family writes in the given format (for clash detection). */
 function writtenName(f: Family, s: Sample, format: MetricsFormat, textCounterName: string): string | undefined {
   // The text format has no _created series.
-  if (format === 'text' && s.name === f.name + '_created' && ['counter', 'histogram', 'summary'].includes(f.type)) return undefined;
+  if (format === 'text' && s.name === f.name + '_created' && ['counter', 'histogram', 'summary'].includes(f.type))
+    return undefined;
   if (f.type !== 'counter') return s.name;
   if (format === 'openmetrics') return s.name === f.name ? f.name + '_total' : s.name;
   return textCounterName;
 }
 
 function textCounterName(f: Family): string {
-  return f.samples.some((s) => s.name === f.name + '_total') || !f.samples.some((s) => s.name === f.name) ? f.name + '_total' : f.name;
+  return f.samples.some((s) => s.name === f.name + '_total') || !f.samples.some((s) => s.name === f.name)
+    ? f.name + '_total'
+    : f.name;
 }
 
 function writeFamily(f: Family, format: MetricsFormat, out: string[]): void {
@@ -320,12 +332,16 @@ export function mergeExpositions(sources: readonly MetricsSource[], format: Metr
     for (const f of fams) {
       const prev = merged.get(f.name);
       if (prev && prev.type !== f.type && (prev.declared || f.declared)) {
-        problems.push({ source: src.name, problem: `${f.name} is a ${f.type} here but a ${prev.type} in an earlier source; left out` });
+        problems.push({
+          source: src.name,
+          problem: `${f.name} is a ${f.type} here but a ${prev.type} in an earlier source; left out`,
+        });
         continue;
       }
       const target = prev ?? f;
       // A sample name another family already writes would make the exposition ambiguous.
-      const ctr = f.type === 'counter' ? textCounterName(prev ? { ...prev, samples: [...prev.samples, ...f.samples] } : f) : '';
+      const ctr =
+        f.type === 'counter' ? textCounterName(prev ? { ...prev, samples: [...prev.samples, ...f.samples] } : f) : '';
       const names = new Set<string>();
       let last = '';
       for (const s of f.samples) {
@@ -338,7 +354,10 @@ export function mergeExpositions(sources: readonly MetricsSource[], format: Metr
       if (!f.samples.length || format === 'openmetrics') names.add(f.name);
       const clash = [...names].find((n) => sampleOwner.has(n) && sampleOwner.get(n) !== target);
       if (clash) {
-        problems.push({ source: src.name, problem: `${clash} is already written by family ${sampleOwner.get(clash)!.name}; ${f.name} left out` });
+        problems.push({
+          source: src.name,
+          problem: `${clash} is already written by family ${sampleOwner.get(clash)!.name}; ${f.name} left out`,
+        });
         continue;
       }
       if (!prev) merged.set(f.name, target);
@@ -359,7 +378,8 @@ export function mergeExpositions(sources: readonly MetricsSource[], format: Metr
       }
       for (const n of names) sampleOwner.set(n, target);
     }
-    if (dupSeries) problems.push({ source: src.name, problem: `${dupSeries} series already given by an earlier source; left out` });
+    if (dupSeries)
+      problems.push({ source: src.name, problem: `${dupSeries} series already given by an earlier source; left out` });
   }
   const out: string[] = [];
   for (const f of merged.values()) writeFamily(f, format, out);

@@ -25,7 +25,12 @@ function withDefaultMetrics(registry: Registry): Registry {
 export function newRegistry(opts: { defaultMetrics?: boolean } = {}): Registry {
   const registry = new Registry();
   if (opts.defaultMetrics ?? true) defaultsPending.add(registry);
-  new Gauge({ name: 'istio_agent_istio_build', help: 'Istio component build info', labelNames: ['component', 'tag'], registers: [registry] }).set({ component: 'pilot-agent', tag: VERSION }, 1);
+  new Gauge({
+    name: 'istio_agent_istio_build',
+    help: 'Istio component build info',
+    labelNames: ['component', 'tag'],
+    registers: [registry],
+  }).set({ component: 'pilot-agent', tag: VERSION }, 1);
   return registry;
 }
 
@@ -61,10 +66,16 @@ export function counterFrom(registry: Registry, name: string, help: string, read
  * Registers every numeric field of a counters object under `prefix`: names ending in `_total` are counters, the
  * rest gauges. For components that keep plain counter objects.
  */
-export function registerCounters(registry: Registry, prefix: string, help: string, read: () => Record<string, number>): void {
+export function registerCounters(
+  registry: Registry,
+  prefix: string,
+  help: string,
+  read: () => Record<string, number>,
+): void {
   for (const key of Object.keys(read())) {
     const name = prefix + key;
-    if (key.endsWith('_total')) counterFrom(registry, name, `${help}: ${key.replace(/_/g, ' ')}`, () => read()[key] ?? 0);
+    if (key.endsWith('_total'))
+      counterFrom(registry, name, `${help}: ${key.replace(/_/g, ' ')}`, () => read()[key] ?? 0);
     else gaugeFrom(registry, name, `${help}: ${key.replace(/_/g, ' ')}`, () => read()[key]);
   }
 }
@@ -77,7 +88,9 @@ export interface MetricsSource {
   name: string;
   type: 'envoy' | 'application';
   /** The text, or why it could not be had; must give up within its own short deadline. */
-  scrape(accept: string | undefined): Promise<{ ok: true; text: string; format?: MetricsFormat } | { ok: false; reason: string }>;
+  scrape(
+    accept: string | undefined,
+  ): Promise<{ ok: true; text: string; format?: MetricsFormat } | { ok: false; reason: string }>;
 }
 
 /** The merged exposition and its content type, in the format the scraper's Accept header prefers. */
@@ -89,8 +102,17 @@ export type MergedScrape = (accept: string | undefined) => Promise<{ body: strin
  * and counted, and never delays or breaks the rest.
  */
 export function mergedScrape(registry: Registry, sources: readonly MetricsSource[]): MergedScrape {
-  const failures = new Counter({ name: 'istio_agent_scrape_failures_total', help: 'Metrics sources that could not be scraped or merged', labelNames: ['type'], registers: [registry] });
-  const scrapes = new Counter({ name: 'istio_agent_scrapes_total', help: 'Scrapes of the merged metrics endpoint', registers: [registry] });
+  const failures = new Counter({
+    name: 'istio_agent_scrape_failures_total',
+    help: 'Metrics sources that could not be scraped or merged',
+    labelNames: ['type'],
+    registers: [registry],
+  });
+  const scrapes = new Counter({
+    name: 'istio_agent_scrapes_total',
+    help: 'Scrapes of the merged metrics endpoint',
+    registers: [registry],
+  });
   // The app's families that were Envoy's or the agent's, to warn once each; cleared if it ever grows large.
   const spoofWarned = new Set<string>();
   // One merge in flight per Accept header, shared by every scrape that arrives meanwhile: a flood of concurrent
@@ -109,7 +131,9 @@ export function mergedScrape(registry: Registry, sources: readonly MetricsSource
 
   async function merge(accept: string | undefined): Promise<{ body: string; contentType: string }> {
     const format = negotiateFormat(accept);
-    const results = await Promise.all(sources.map((s) => s.scrape(accept).catch((err: Error) => ({ ok: false as const, reason: err.message }))));
+    const results = await Promise.all(
+      sources.map((s) => s.scrape(accept).catch((err: Error) => ({ ok: false as const, reason: err.message }))),
+    );
     const texts: Array<{ name: string; text: string; format?: MetricsFormat; untrusted: boolean }> = [];
     results.forEach((r, i) => {
       const src = sources[i]!;

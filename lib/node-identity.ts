@@ -39,7 +39,8 @@ function isPrivateOrGlobalUnicast(ip: string): boolean {
 export function chooseIps(instanceIps: string[], host: HostAddress[]): string[] {
   const out: string[] = [];
   for (const ip of instanceIps) {
-    if (!net.isIP(ip)) throw configError('INSTANCE_IP', 'environment variable INSTANCE_IP', `"${ip}" is not an IP address`);
+    if (!net.isIP(ip))
+      throw configError('INSTANCE_IP', 'environment variable INSTANCE_IP', `"${ip}" is not an IP address`);
     if (!out.includes(ip)) out.push(ip);
   }
   const hostIps = host.filter((a) => !a.internal && isPrivateOrGlobalUnicast(a.address)).map((a) => a.address);
@@ -57,14 +58,20 @@ const APP_LABELS = ['app', 'app.kubernetes.io/name', 'service.istio.io/canonical
 const CANONICAL_LABELS = ['service.istio.io/canonical-name', 'app.kubernetes.io/name', 'app'];
 const LOCALITY_LABELS = ['topology.istio.io/locality', 'istio-locality'];
 
-const firstLabel = (labels: Record<string, string>, keys: string[]) => keys.map((k) => labels[k]).find((v) => v !== undefined);
+const firstLabel = (labels: Record<string, string>, keys: string[]) =>
+  keys.map((k) => labels[k]).find((v) => v !== undefined);
 
 /**
  * node.cluster as Istio derives it (istiod uses it as the tracing service name): an explicit serviceCluster,
  * else `<app>.<namespace>` from the pod labels, else `<WORKLOAD_NAME>.<namespace>`, else `istio-proxy.<namespace>`;
  * tracingServiceName picks the canonical service name instead.
  */
-export function serviceClusterName(cfg: AgentConfig, labels: Record<string, string>, workloadName: string, ns: string): string {
+export function serviceClusterName(
+  cfg: AgentConfig,
+  labels: Record<string, string>,
+  workloadName: string,
+  ns: string,
+): string {
   const orDefault = (name: string) => {
     if (name !== '' && name !== 'istio-proxy') return name;
     const app = firstLabel(labels, APP_LABELS);
@@ -87,8 +94,13 @@ export function serviceClusterName(cfg: AgentConfig, labels: Record<string, stri
 
 // Metadata keys Istio reads into typed fields and writes back in that type's form (the rest pass as given).
 const STRING_BOOLS = [
-  'ENABLE_SELF_DISCOVERY', 'DNS_CAPTURE', 'DNS_AUTO_ALLOCATE', 'ENABLE_HBONE', 'DISABLE_HBONE_SEND',
-  'INBOUND_LISTENER_EXACT_BALANCE', 'OUTBOUND_LISTENER_EXACT_BALANCE',
+  'ENABLE_SELF_DISCOVERY',
+  'DNS_CAPTURE',
+  'DNS_AUTO_ALLOCATE',
+  'ENABLE_HBONE',
+  'DISABLE_HBONE_SEND',
+  'INBOUND_LISTENER_EXACT_BALANCE',
+  'OUTBOUND_LISTENER_EXACT_BALANCE',
 ];
 const GO_TRUE = new Set(['1', 't', 'T', 'TRUE', 'true', 'True']);
 const GO_FALSE = new Set(['0', 'f', 'F', 'FALSE', 'false', 'False']);
@@ -105,7 +117,13 @@ function typedMetadata(metadata: Record<string, unknown>): void {
     try {
       const ports = JSON.parse(metadata.POD_PORTS) as Array<Record<string, unknown>>;
       if (Array.isArray(ports)) {
-        metadata.POD_PORTS = JSON.stringify(ports.map((p) => ({ ...(p.name ? { name: p.name } : {}), containerPort: p.containerPort ?? 0, protocol: p.protocol ?? '' })));
+        metadata.POD_PORTS = JSON.stringify(
+          ports.map((p) => ({
+            ...(p.name ? { name: p.name } : {}),
+            containerPort: p.containerPort ?? 0,
+            protocol: p.protocol ?? '',
+          })),
+        );
       }
     } catch {
       // Passed on as given; istiod reports what it cannot read.
@@ -143,7 +161,8 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
     } catch (e) {
       throw configError(k, `environment variable ${k}`, `not valid JSON: ${(e as Error).message}`);
     }
-    if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw configError(k, `environment variable ${k}`, `want a JSON object, got ${quote(v)}`);
+    if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed))
+      throw configError(k, `environment variable ${k}`, `want a JSON object, got ${quote(v)}`);
     // Not Object.assign: its `__proto__` key would replace the prototype and hide NAMESPACE and the rest.
     for (const [key, value] of Object.entries(parsed)) setOwn(metadata, key, value);
   }
@@ -153,15 +172,19 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
 
   // Labels: ISTIO_METAJSON_LABELS (also reported as STATIC_LABELS), then the pod's labels file over it
   // (without pod-template-hash). Own-property copies: a `__proto__` key stays a label.
-  const staticLabels = sources.ISTIO_METAJSON_LABELS ? (JSON.parse(sources.ISTIO_METAJSON_LABELS) as Record<string, string>) : {};
+  const staticLabels = sources.ISTIO_METAJSON_LABELS
+    ? (JSON.parse(sources.ISTIO_METAJSON_LABELS) as Record<string, string>)
+    : {};
   if (Object.keys(staticLabels).length) metadata.STATIC_LABELS = plainCopy(staticLabels);
   const labels = plainCopy<string>(staticLabels);
   for (const [k, v] of Object.entries(cfg.podLabels)) if (k !== 'pod-template-hash') setOwn(labels, k, v);
   const localityLabel = firstLabel(labels, LOCALITY_LABELS);
-  if (localityLabel) labels[LOCALITY_LABELS[1]!] = localityLabel.includes('/') ? localityLabel : localityLabel.split('.').join('/');
+  if (localityLabel)
+    labels[LOCALITY_LABELS[1]!] = localityLabel.includes('/') ? localityLabel : localityLabel.split('.').join('/');
   if (Object.keys(labels).length) metadata.LABELS = labels;
   else delete metadata.LABELS;
-  if (Object.keys(cfg.podAnnotations).length) metadata.ANNOTATIONS = plainCopy({ ...(metadata.ANNOTATIONS as object), ...cfg.podAnnotations });
+  if (Object.keys(cfg.podAnnotations).length)
+    metadata.ANNOTATIONS = plainCopy({ ...(metadata.ANNOTATIONS as object), ...cfg.podAnnotations });
   metadata.INSTANCE_IPS = ips.join(',');
   metadata.ISTIO_VERSION = (sources.ISTIO_VERSION as string | undefined) || istioVersion;
   // The pod's own variables win over ISTIO_META_NAME and friends, as in Istio.

@@ -10,16 +10,32 @@ export interface IdLookup {
 
 function readDb(file: string): string[][] {
   try {
-    return fs.readFileSync(file, 'utf8').split('\n').map((l) => l.split(':'));
+    return fs
+      .readFileSync(file, 'utf8')
+      .split('\n')
+      .map((l) => l.split(':'));
   } catch {
     return [];
   }
 }
 
-const numberAt = (fields: string[] | undefined, i: number) => (fields?.[i] && /^\d+$/.test(fields[i]!) ? Number(fields[i]) : undefined);
+const numberAt = (fields: string[] | undefined, i: number) =>
+  fields?.[i] && /^\d+$/.test(fields[i]!) ? Number(fields[i]) : undefined;
 
 export const systemIds: IdLookup = {
-  user: (name) => numberAt(readDb('/etc/passwd').find((f) => f[0] === name), 2),
-  group: (name) => numberAt(readDb('/etc/group').find((f) => f[0] === name), 2),
-  primaryGroup: (uid) => numberAt(readDb('/etc/passwd').find((f) => f[2] === String(uid)), 3),
+  user: (name) =>
+    numberAt(
+      readDb('/etc/passwd').find((f) => f[0] === name),
+      2,
+    ),
+  group: (name) =>
+    numberAt(
+      readDb('/etc/group').find((f) => f[0] === name),
+      2,
+    ),
+  primaryGroup: (uid) =>
+    numberAt(
+      readDb('/etc/passwd').find((f) => f[2] === String(uid)),
+      3,
+    ),
 };

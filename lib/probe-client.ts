@@ -59,7 +59,8 @@ interface DialOptions {
 // The one dialer for HTTP/1.1 connections, plain or TLS; for TLS it reports an h2 handshake instead of using it.
 class ProbeAgent extends http.Agent {
   override createConnection(
-    args: http.ClientRequestArgs, cb?: (err: Error | null, s: Duplex) => void,
+    args: http.ClientRequestArgs,
+    cb?: (err: Error | null, s: Duplex) => void,
   ): Duplex | undefined {
     const o = args as DialOptions;
     const tcp = net.connect({ host: o.host, port: o.port, localAddress: o.localAddress });
@@ -67,7 +68,9 @@ class ProbeAgent extends http.Agent {
     // eslint-disable-next-line @typescript-eslint/no-require-imports
     const tlsMod = require('node:tls') as typeof tls;
     const sock = tlsMod.connect({
-      socket: tcp, rejectUnauthorized: false, servername: net.isIP(o.host) ? undefined : o.host,
+      socket: tcp,
+      rejectUnauthorized: false,
+      servername: net.isIP(o.host) ? undefined : o.host,
       ALPNProtocols: o.probeTls.alpn,
     });
     const abort = () => sock.destroy(new Error('probe cancelled'));
@@ -132,10 +135,16 @@ export class ProbeClient {
     }
     const https = r.url.protocol === 'https:';
     const opts: http.RequestOptions & DialOptions = {
-      method: 'GET', host: r.url.hostname.replace(/^\[(.*)\]$/, '$1'), port: Number(r.url.port || (https ? 443 : 80)),
-      path: r.url.pathname + r.url.search, headers, agent: this.agent as http.Agent, localAddress: r.localAddress,
+      method: 'GET',
+      host: r.url.hostname.replace(/^\[(.*)\]$/, '$1'),
+      port: Number(r.url.port || (https ? 443 : 80)),
+      path: r.url.pathname + r.url.search,
+      headers,
+      agent: this.agent as http.Agent,
+      localAddress: r.localAddress,
       signal: r.signal,
-      probeTls: https ? { alpn: this.o.http2 ? ['h2', 'http/1.1'] : undefined } : undefined, probeSignal: r.signal,
+      probeTls: https ? { alpn: this.o.http2 ? ['h2', 'http/1.1'] : undefined } : undefined,
+      probeSignal: r.signal,
     };
     return new Promise<ProbeResponse>((resolve, reject) => {
       const req = http.request(opts, (res) => {
@@ -191,7 +200,10 @@ export class ProbeClient {
 
   private h2Get(s: http2.ClientHttp2Session, r: ProbeRequest): Promise<ProbeResponse> {
     const headers: http2.OutgoingHttpHeaders = {
-      ':method': 'GET', ':scheme': 'https', ':path': r.url.pathname + r.url.search, ':authority': r.url.host,
+      ':method': 'GET',
+      ':scheme': 'https',
+      ':path': r.url.pathname + r.url.search,
+      ':authority': r.url.host,
     };
     for (const [k, v] of r.headers) {
       const key = k.toLowerCase();

@@ -63,7 +63,9 @@ export function probeSourceAddress(target: string): string | undefined {
   const v6 = net.isIPv6(target);
   const src = v6 ? '::6' : '127.0.0.6';
   if (!v6 && (target === 'localhost' || target.startsWith('127.'))) return src;
-  const local = Object.values(os.networkInterfaces()).flat().map((i) => i?.address);
+  const local = Object.values(os.networkInterfaces())
+    .flat()
+    .map((i) => i?.address);
   if (!local.includes(target)) return undefined;
   // ::6 is usable only where the pod's network set it up (an IPv6 pod under Istio's capture).
   return v6 && !local.includes('::6') ? undefined : src;
@@ -92,7 +94,13 @@ export async function httpProbe(o: HttpProbeOptions): Promise<ProbeResult> {
   const client = o.client ?? new ProbeClient({ keepAlive: false, http2: false });
   try {
     for (let redirects = 0; ; redirects++) {
-      const r = await client.get({ url, headers: o.headers, localAddress: o.localAddress, signal: d.signal, maxBody: MAX_BODY });
+      const r = await client.get({
+        url,
+        headers: o.headers,
+        localAddress: o.localAddress,
+        signal: d.signal,
+        maxBody: MAX_BODY,
+      });
       if (FOLLOWED.has(r.status) && r.location) {
         const next = new URL(r.location, url);
         if (next.hostname !== first) return { status: 200, body: '' };
@@ -100,7 +108,8 @@ export async function httpProbe(o: HttpProbeOptions): Promise<ProbeResult> {
           const warning = `redirect to port ${portOf(next)} (the agent's or Envoy's own) not followed`;
           return { status: 200, body: '', warning };
         }
-        if (redirects + 1 > MAX_REDIRECTS) return fail(`stopped after ${MAX_REDIRECTS} redirects (last to ${next.pathname})`);
+        if (redirects + 1 > MAX_REDIRECTS)
+          return fail(`stopped after ${MAX_REDIRECTS} redirects (last to ${next.pathname})`);
         url = next;
         continue;
       }
@@ -119,7 +128,13 @@ export async function httpProbe(o: HttpProbeOptions): Promise<ProbeResult> {
   }
 }
 
-export function tcpProbe(o: { host: string; port: number; timeoutMs: number; localAddress?: string; signal?: AbortSignal }): Promise<ProbeResult> {
+export function tcpProbe(o: {
+  host: string;
+  port: number;
+  timeoutMs: number;
+  localAddress?: string;
+  signal?: AbortSignal;
+}): Promise<ProbeResult> {
   const d = deadline(o.timeoutMs, o.signal);
   return new Promise<ProbeResult>((resolve) => {
     const sock = net.connect({ host: o.host, port: o.port, localAddress: o.localAddress });
@@ -130,7 +145,11 @@ export function tcpProbe(o: { host: string; port: number; timeoutMs: number; loc
     };
     sock.once('connect', () => end({ status: 200, body: '' }));
     sock.once('error', (e) => end(fail(`connect to ${o.host}:${o.port} failed: ${e.message}`)));
-    d.signal.addEventListener('abort', () => end(fail(`connect to ${o.host}:${o.port} failed: ${errorMessage(d.signal.reason)}`)), { once: true });
+    d.signal.addEventListener(
+      'abort',
+      () => end(fail(`connect to ${o.host}:${o.port} failed: ${errorMessage(d.signal.reason)}`)),
+      { once: true },
+    );
   });
 }
 
@@ -180,7 +199,15 @@ function decodeServingStatus(msg: Buffer): number {
  * Written on node:http2 rather than grpc-js because the probe must come from a chosen source address,
  * which grpc-js cannot bind.
  */
-export function grpcProbe(o: { host: string; port: number; service: string; timeoutMs: number; localAddress?: string; userAgent?: string; signal?: AbortSignal }): Promise<ProbeResult> {
+export function grpcProbe(o: {
+  host: string;
+  port: number;
+  service: string;
+  timeoutMs: number;
+  localAddress?: string;
+  userAgent?: string;
+  signal?: AbortSignal;
+}): Promise<ProbeResult> {
   const d = deadline(o.timeoutMs, o.signal);
   const where = `grpc.health.v1.Health/Check on port ${o.port}`;
   return new Promise<ProbeResult>((resolve) => {
@@ -231,7 +258,8 @@ export function grpcProbe(o: { host: string; port: number; service: string; time
     stream.on('close', () => {
       if (grpcStatus === undefined) return end(fail(`${where}: stream ended without a gRPC status`));
       if (grpcStatus !== '0') {
-        const why = grpcStatus === '12' ? 'the app does not implement the gRPC health protocol' : `gRPC status ${grpcStatus}`;
+        const why =
+          grpcStatus === '12' ? 'the app does not implement the gRPC health protocol' : `gRPC status ${grpcStatus}`;
         return end(fail(`${where}: ${why}${grpcMessage ? `: ${grpcMessage}` : ''}`));
       }
       const buf = Buffer.concat(chunks);

@@ -35,7 +35,8 @@ function seconds(req: http.IncomingMessage, def: number): number | string {
   const raw = new URL(req.url ?? '/', 'http://x').searchParams.get('seconds');
   if (raw === null || raw === '') return def;
   const n = Number(raw);
-  if (!Number.isFinite(n) || n <= 0 || n > MAX_SECONDS) return `seconds must be a number in (0, ${MAX_SECONDS}], got ${JSON.stringify(raw)}`;
+  if (!Number.isFinite(n) || n <= 0 || n > MAX_SECONDS)
+    return `seconds must be a number in (0, ${MAX_SECONDS}], got ${JSON.stringify(raw)}`;
   return n;
 }
 
@@ -72,11 +73,18 @@ export class Profiling implements Component {
   }
 
   routes(): StatusRoute[] {
-    const r = (path: string, handler: (req: http.IncomingMessage) => Promise<Reply> | Reply): StatusRoute => ({ method: 'GET', path, handler, localOnly: true });
+    const r = (path: string, handler: (req: http.IncomingMessage) => Promise<Reply> | Reply): StatusRoute => ({
+      method: 'GET',
+      path,
+      handler,
+      localOnly: true,
+    });
     return [
       r('/debug/pprof/', (req) => {
         const path = (req.url ?? '/').split('?')[0]!;
-        return path === '/debug/pprof/' ? { status: 200, body: INDEX } : { status: 404, body: `unknown profile ${path.slice('/debug/pprof/'.length)}\n\n${INDEX}` };
+        return path === '/debug/pprof/'
+          ? { status: 200, body: INDEX }
+          : { status: 404, body: `unknown profile ${path.slice('/debug/pprof/'.length)}\n\n${INDEX}` };
       }),
       r('/debug/pprof/cmdline', () => ({ status: 200, body: process.argv.join('\0') })),
       r('/debug/pprof/heap', (req) => this.sampled(req, 'heap profile')),
@@ -88,7 +96,8 @@ export class Profiling implements Component {
 
   private async snapshot(): Promise<Reply> {
     if (!this.opts.heapSnapshots) {
-      const body = 'heap snapshots hold every key the agent has and are off; PILOT_AGENT_HEAP_SNAPSHOTS=true turns them on\n';
+      const body =
+        'heap snapshots hold every key the agent has and are off; PILOT_AGENT_HEAP_SNAPSHOTS=true turns them on\n';
       return { status: 403, body };
     }
     if (this.stopped) return { status: 503, body: 'the agent is shutting down\n' };
@@ -106,7 +115,10 @@ export class Profiling implements Component {
     }
   }
 
-  private async sampled(req: http.IncomingMessage, what: 'CPU profile' | 'allocation profile' | 'heap profile'): Promise<Reply> {
+  private async sampled(
+    req: http.IncomingMessage,
+    what: 'CPU profile' | 'allocation profile' | 'heap profile',
+  ): Promise<Reply> {
     const secs = seconds(req, what === 'heap profile' ? 2 : 30);
     if (typeof secs === 'string') return { status: 400, body: secs + '\n' };
     if (this.stopped) return { status: 503, body: 'the agent is shutting down\n' };
@@ -134,7 +146,9 @@ export class Profiling implements Component {
         // allocs counts every allocation, as Go's allocs profile; heap only what is still live at the end (in use).
         const all = what === 'allocation profile';
         await session.post('HeapProfiler.startSampling', {
-          samplingInterval: 32 * 1024, includeObjectsCollectedByMajorGC: all, includeObjectsCollectedByMinorGC: all,
+          samplingInterval: 32 * 1024,
+          includeObjectsCollectedByMajorGC: all,
+          includeObjectsCollectedByMinorGC: all,
         });
         await slept;
         profile = (await session.post('HeapProfiler.stopSampling')).profile;

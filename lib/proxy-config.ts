@@ -84,7 +84,8 @@ export function defaultProxyConfig(): ProxyConfig {
   };
 }
 
-const HOSTNAME = /^(?=.{1,253}$)[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9_])?(\.[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9_])?)*\.?$/;
+const HOSTNAME =
+  /^(?=.{1,253}$)[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9_])?(\.[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9_])?)*\.?$/;
 
 /**
  * What is wrong with a discovery address, or undefined: the forms the xDS proxy dials are `host:port`,
@@ -94,16 +95,20 @@ export function discoveryAddressProblem(address: string): string | undefined {
   const want = 'want host:port, [IPv6]:port or unix:///path/to/socket';
   if (address.startsWith('unix:')) {
     const rest = address.slice('unix:'.length);
-    if (rest.startsWith('//') && !rest.slice(2).startsWith('/')) return `${quote(address)} is not a Unix socket address: unix:// takes an absolute path (unix:///run/xds.sock)`;
+    if (rest.startsWith('//') && !rest.slice(2).startsWith('/'))
+      return `${quote(address)} is not a Unix socket address: unix:// takes an absolute path (unix:///run/xds.sock)`;
     if (rest.replace(/^\/\//, '') === '') return `${quote(address)} names no socket path`;
     return undefined;
   }
-  if (/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(address)) return `${quote(address)} has a URL scheme; ${want} (TLS is chosen by controlPlaneAuthPolicy)`;
+  if (/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(address))
+    return `${quote(address)} has a URL scheme; ${want} (TLS is chosen by controlPlaneAuthPolicy)`;
   const m = /^\[([^\]]*)\]:([^:]*)$/.exec(address) ?? /^([^:[\]]*):([^:]*)$/.exec(address);
   if (!m) return `${quote(address)} is not an address; ${want}`;
   const [, host, port] = m as unknown as [string, string, string];
-  if (address.startsWith('[') ? !net.isIPv6(host) : !(net.isIPv4(host) || HOSTNAME.test(host))) return `${quote(address)}: ${quote(host)} is not a host name or IP address; ${want}`;
-  if (!/^\d{1,5}$/.test(port) || +port < 1 || +port > 65535) return `${quote(address)}: port ${quote(port)} is out of range 1-65535`;
+  if (address.startsWith('[') ? !net.isIPv6(host) : !(net.isIPv4(host) || HOSTNAME.test(host)))
+    return `${quote(address)}: ${quote(host)} is not a host name or IP address; ${want}`;
+  if (!/^\d{1,5}$/.test(port) || +port < 1 || +port > 65535)
+    return `${quote(address)}: port ${quote(port)} is out of range 1-65535`;
   return undefined;
 }
 
@@ -121,13 +126,15 @@ const asDuration: FieldParser = (v, fail) => {
 };
 export const asPort: FieldParser = (v, fail) => {
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
-  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 65535) return fail(`port ${quote(v)} is out of range 1-65535`);
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 65535)
+    return fail(`port ${quote(v)} is out of range 1-65535`);
   return n;
 };
 const asNonNegInt: FieldParser = (v, fail) => {
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
   // isSafeInteger: 1e30 is an "integer" to Number.isInteger, and no field here can use it.
-  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0) return fail(`want a non-negative integer, got ${quote(v)}`);
+  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0)
+    return fail(`want a non-negative integer, got ${quote(v)}`);
   return n;
 };
 
@@ -138,7 +145,8 @@ const asNonNegInt: FieldParser = (v, fail) => {
 export const MAX_CONCURRENCY = 1024;
 
 export function concurrencyProblem(n: unknown): string | undefined {
-  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0) return `want a non-negative integer (0: one worker per core), got ${quote(n)}`;
+  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0)
+    return `want a non-negative integer (0: one worker per core), got ${quote(n)}`;
   if (n > MAX_CONCURRENCY) return `${n} is above the maximum ${MAX_CONCURRENCY} worker threads`;
   return undefined;
 }
@@ -154,7 +162,8 @@ const asStringMap: FieldParser = (v, fail) => {
   if (v === null || typeof v !== 'object' || Array.isArray(v)) return fail('want a map of strings');
   const out = dict<string>();
   for (const [k, x] of Object.entries(v)) {
-    if (typeof x !== 'string' && typeof x !== 'number' && typeof x !== 'boolean') return fail(`value of ${quote(k)} must be a string`);
+    if (typeof x !== 'string' && typeof x !== 'number' && typeof x !== 'boolean')
+      return fail(`value of ${quote(k)} must be a string`);
     out[k] = String(x);
   }
   return out;
@@ -166,7 +175,8 @@ const asObject: FieldParser = (v, fail) =>
 const asAuthPolicy: FieldParser = (v, fail) =>
   v === 'NONE' || v === 'MUTUAL_TLS' ? v : fail(`want NONE or MUTUAL_TLS, got ${quote(v)}`);
 const asTracingServiceName: FieldParser = (v, fail) =>
-  typeof v === 'string' && ['APP_LABEL_AND_NAMESPACE', 'CANONICAL_NAME_ONLY', 'CANONICAL_NAME_AND_NAMESPACE'].includes(v)
+  typeof v === 'string' &&
+  ['APP_LABEL_AND_NAMESPACE', 'CANONICAL_NAME_ONLY', 'CANONICAL_NAME_AND_NAMESPACE'].includes(v)
     ? v
     : fail(`want APP_LABEL_AND_NAMESPACE, CANONICAL_NAME_ONLY or CANONICAL_NAME_AND_NAMESPACE, got ${quote(v)}`);
 const STATS_MATCHER_FIELDS = ['inclusionPrefixes', 'inclusionSuffixes', 'inclusionRegexps'];
@@ -215,9 +225,22 @@ const FIELDS: Record<Exclude<keyof ProxyConfig, 'extra'>, FieldParser> = {
 
 // ProxyConfig fields Istio defines that this agent accepts but does not act on; kept for the node metadata.
 const ACCEPTED_UNUSED = new Set([
-  'discoveryRefreshDelay', 'zipkinAddress', 'connectTimeout', 'statsdUdpAddress', 'envoyMetricsServiceAddress',
-  'interceptionMode', 'envoyAccessLogService', 'envoyMetricsService', 'sds', 'gatewayTopology', 'caCertificatesPem',
-  'image', 'privateKeyProvider', 'proxyHeaders', 'stsPort', 'statsCompression',
+  'discoveryRefreshDelay',
+  'zipkinAddress',
+  'connectTimeout',
+  'statsdUdpAddress',
+  'envoyMetricsServiceAddress',
+  'interceptionMode',
+  'envoyAccessLogService',
+  'envoyMetricsService',
+  'sds',
+  'gatewayTopology',
+  'caCertificatesPem',
+  'image',
+  'privateKeyProvider',
+  'proxyHeaders',
+  'stsPort',
+  'statsCompression',
 ]);
 
 export type ProxyConfigLayer = Partial<ProxyConfig>;
@@ -248,7 +271,8 @@ function warnUnknown(field: string, source: string): void {
  */
 export function parseProxyConfigLayer(raw: unknown, source: string): ProxyConfigLayer {
   if (raw === undefined || raw === null) return {};
-  if (typeof raw !== 'object' || Array.isArray(raw)) throw configError('ProxyConfig', source, 'want a mapping of ProxyConfig fields');
+  if (typeof raw !== 'object' || Array.isArray(raw))
+    throw configError('ProxyConfig', source, 'want a mapping of ProxyConfig fields');
   const out = dict<unknown>();
   const seen = dict<string>();
   for (const [given, value] of Object.entries(raw as Record<string, unknown>)) {
@@ -269,9 +293,13 @@ export function parseProxyConfigLayer(raw: unknown, source: string): ProxyConfig
       continue;
     }
     if (value === null) continue;
-    out[key] = parse(value, (problem) => {
-      throw configError(given === key ? key : `${given} (${key})`, source, problem);
-    }, source);
+    out[key] = parse(
+      value,
+      (problem) => {
+        throw configError(given === key ? key : `${given} (${key})`, source, problem);
+      },
+      source,
+    );
   }
   return out as ProxyConfigLayer;
 }
@@ -280,10 +308,23 @@ export function parseProxyConfigLayer(raw: unknown, source: string): ProxyConfig
 
 /** The fields Istio's DefaultProxyConfig sets: always in the effective config, whoever set them. */
 const ISTIO_DEFAULTS = new Set<keyof ProxyConfig>([
-  'configPath', 'binaryPath', 'serviceCluster', 'drainDuration', 'terminationDrainDuration', 'discoveryAddress',
-  'proxyAdminPort', 'statusPort', 'controlPlaneAuthPolicy', 'statNameLength',
+  'configPath',
+  'binaryPath',
+  'serviceCluster',
+  'drainDuration',
+  'terminationDrainDuration',
+  'discoveryAddress',
+  'proxyAdminPort',
+  'statusPort',
+  'controlPlaneAuthPolicy',
+  'statNameLength',
 ]);
-const DURATIONS = new Set<keyof ProxyConfig>(['drainDuration', 'parentShutdownDuration', 'terminationDrainDuration', 'fileFlushInterval']);
+const DURATIONS = new Set<keyof ProxyConfig>([
+  'drainDuration',
+  'parentShutdownDuration',
+  'terminationDrainDuration',
+  'fileFlushInterval',
+]);
 // google.protobuf wrappers: emitted even when they hold the zero value.
 const WRAPPERS = new Set<keyof ProxyConfig>(['concurrency', 'holdApplicationUntilProxyStarts']);
 
@@ -296,7 +337,11 @@ export function protojsonDuration(ms: number): string {
 }
 
 const isZero = (v: unknown) =>
-  v === undefined || v === '' || v === 0 || v === false || (Array.isArray(v) && v.length === 0) ||
+  v === undefined ||
+  v === '' ||
+  v === 0 ||
+  v === false ||
+  (Array.isArray(v) && v.length === 0) ||
   (v !== null && typeof v === 'object' && !Array.isArray(v) && Object.keys(v).length === 0);
 
 /**

@@ -30,7 +30,8 @@ export function readFileOrUndefined(file: string): string | undefined {
 export function hostAddresses(): HostAddress[] {
   const out: HostAddress[] = [];
   for (const list of Object.values(os.networkInterfaces())) {
-    for (const a of list ?? []) out.push({ address: a.address, family: a.family === 'IPv6' ? 'IPv6' : 'IPv4', internal: a.internal });
+    for (const a of list ?? [])
+      out.push({ address: a.address, family: a.family === 'IPv6' ? 'IPv6' : 'IPv4', internal: a.internal });
   }
   return out;
 }

@@ -25,7 +25,12 @@ import { scope } from './log';
 import { bindUnixSocket, type BoundUnixServer } from './grpc-unix';
 import { parseSecretName, SecretReferences, namesFile } from './secret-names';
 import {
-  encodeDeltaResponse, encodeSotwResponse, nodeId, packAnyBytes, parseDeltaRequest, parseSotwRequest,
+  encodeDeltaResponse,
+  encodeSotwResponse,
+  nodeId,
+  packAnyBytes,
+  parseDeltaRequest,
+  parseSotwRequest,
 } from './xds-codec';
 
 const log = scope('sds');
@@ -35,8 +40,7 @@ export { ROOT_SECRET, WORKLOAD_SECRET } from './secret-names';
 const SDS_SERVICE = 'envoy.service.secret.v3.SecretDiscoveryService';
 
 export type SecretValue =
-  | { kind: 'tls'; certChainPem: string; keyPem: string }
-  | { kind: 'root'; rootPem: string; crlPem?: string };
+  { kind: 'tls'; certChainPem: string; keyPem: string } | { kind: 'root'; rootPem: string; crlPem?: string };
 
 export interface SecretProvider {
   /** The secret's current value, or undefined while it does not exist (the stream waits for push(name)). */
@@ -69,7 +73,10 @@ type Refusal = 'unknown_name' | 'not_referenced' | 'too_many_names';
 export function secretVersion(v: SecretValue): string {
   const h = createHash('sha256');
   if (v.kind === 'tls') h.update('tls\0').update(v.certChainPem).update('\0').update(v.keyPem);
-  else h.update('root\0').update(v.rootPem).update(v.crlPem ? `\0crl\0${v.crlPem}` : '');
+  else
+    h.update('root\0')
+      .update(v.rootPem)
+      .update(v.crlPem ? `\0crl\0${v.crlPem}` : '');
   return h.digest('hex').slice(0, 16);
 }
 
@@ -99,9 +106,10 @@ const inlineBytes = (field: number, pem: string) => lenField(field, lenField(2, 
  * plugged-in CA's CRL for ROOTCA, inline, so Envoy needs no access to the file and a change is one push).
  */
 export function secretResource(name: string, v: SecretValue): AnyMessage {
-  const body = v.kind === 'tls'
-    ? lenField(2, Buffer.concat([inlineBytes(1, v.certChainPem), inlineBytes(2, v.keyPem)]))
-    : lenField(4, Buffer.concat([inlineBytes(1, v.rootPem), ...(v.crlPem ? [inlineBytes(7, v.crlPem)] : [])]));
+  const body =
+    v.kind === 'tls'
+      ? lenField(2, Buffer.concat([inlineBytes(1, v.certChainPem), inlineBytes(2, v.keyPem)]))
+      : lenField(4, Buffer.concat([inlineBytes(1, v.rootPem), ...(v.crlPem ? [inlineBytes(7, v.crlPem)] : [])]));
   const value = Buffer.concat([lenField(1, Buffer.from(name)), body]);
   return { type_url: `type.googleapis.com/${SECRET_TYPE_NAME}`, value };
 }
@@ -125,40 +133,60 @@ interface DeltaRequest {
   node?: { id?: string };
 }
 
-
 // What the server reads, in the shape protobufjs gave (snake_case, absent fields undefined).
 const status = (e: { code: number; message: string } | undefined) =>
   e && { code: e.code, message: e.message || undefined };
 function readSotw(b: Buffer): DiscoveryRequest {
   const r = parseSotwRequest(b);
   return {
-    version_info: r.versionInfo || undefined, resource_names: r.resourceNames,
+    version_info: r.versionInfo || undefined,
+    resource_names: r.resourceNames,
     response_nonce: r.responseNonce || undefined,
-    type_url: r.typeUrl || undefined, error_detail: status(r.errorDetail), node: r.node && { id: nodeId(r.node) },
+    type_url: r.typeUrl || undefined,
+    error_detail: status(r.errorDetail),
+    node: r.node && { id: nodeId(r.node) },
   };
 }
 function readDelta(b: Buffer): DeltaRequest {
   const r = parseDeltaRequest(b);
   return {
-    resource_names_subscribe: r.subscribe, resource_names_unsubscribe: r.unsubscribe,
-    initial_resource_versions: Object.fromEntries(r.initialVersions), response_nonce: r.responseNonce || undefined,
-    type_url: r.typeUrl || undefined, error_detail: status(r.errorDetail), node: r.node && { id: nodeId(r.node) },
+    resource_names_subscribe: r.subscribe,
+    resource_names_unsubscribe: r.unsubscribe,
+    initial_resource_versions: Object.fromEntries(r.initialVersions),
+    response_nonce: r.responseNonce || undefined,
+    type_url: r.typeUrl || undefined,
+    error_detail: status(r.errorDetail),
+    node: r.node && { id: nodeId(r.node) },
   };
 }
 const anyBytes = (a: AnyMessage) =>
   packAnyBytes(a.type_url, Buffer.from(a.value.buffer, a.value.byteOffset, a.value.byteLength));
-interface SotwAnswer { version_info: string; resources: AnyMessage[]; type_url: string; nonce: string }
-interface DeltaAnswer {
-  system_version_info: string; resources: { name: string; version: string; resource: AnyMessage }[];
-  type_url: string; nonce: string;
+interface SotwAnswer {
+  version_info: string;
+  resources: AnyMessage[];
+  type_url: string;
+  nonce: string;
 }
-const writeSotw = (r: SotwAnswer): Buffer => encodeSotwResponse({
-  versionInfo: r.version_info, resources: r.resources.map(anyBytes), typeUrl: r.type_url, nonce: r.nonce,
-});
-const writeDelta = (r: DeltaAnswer): Buffer => encodeDeltaResponse({
-  systemVersionInfo: r.system_version_info, typeUrl: r.type_url, nonce: r.nonce,
-  resources: r.resources.map((x) => ({ name: x.name, version: x.version, any: anyBytes(x.resource) })),
-});
+interface DeltaAnswer {
+  system_version_info: string;
+  resources: { name: string; version: string; resource: AnyMessage }[];
+  type_url: string;
+  nonce: string;
+}
+const writeSotw = (r: SotwAnswer): Buffer =>
+  encodeSotwResponse({
+    versionInfo: r.version_info,
+    resources: r.resources.map(anyBytes),
+    typeUrl: r.type_url,
+    nonce: r.nonce,
+  });
+const writeDelta = (r: DeltaAnswer): Buffer =>
+  encodeDeltaResponse({
+    systemVersionInfo: r.system_version_info,
+    typeUrl: r.type_url,
+    nonce: r.nonce,
+    resources: r.resources.map((x) => ({ name: x.name, version: x.version, any: anyBytes(x.resource) })),
+  });
 
 // Only served, never called: grpc-js wants the client half of the definition too.
 const notAClient = (): never => {
@@ -166,14 +194,24 @@ const notAClient = (): never => {
 };
 const SDS_DEFINITION: grpc.ServiceDefinition = {
   StreamSecrets: {
-    path: `/${SDS_SERVICE}/StreamSecrets`, requestStream: true, responseStream: true, originalName: 'streamSecrets',
-    requestSerialize: notAClient, requestDeserialize: readSotw,
-    responseSerialize: writeSotw, responseDeserialize: notAClient,
+    path: `/${SDS_SERVICE}/StreamSecrets`,
+    requestStream: true,
+    responseStream: true,
+    originalName: 'streamSecrets',
+    requestSerialize: notAClient,
+    requestDeserialize: readSotw,
+    responseSerialize: writeSotw,
+    responseDeserialize: notAClient,
   },
   DeltaSecrets: {
-    path: `/${SDS_SERVICE}/DeltaSecrets`, requestStream: true, responseStream: true, originalName: 'deltaSecrets',
-    requestSerialize: notAClient, requestDeserialize: readDelta,
-    responseSerialize: writeDelta, responseDeserialize: notAClient,
+    path: `/${SDS_SERVICE}/DeltaSecrets`,
+    requestStream: true,
+    responseStream: true,
+    originalName: 'deltaSecrets',
+    requestSerialize: notAClient,
+    requestDeserialize: readDelta,
+    responseSerialize: writeDelta,
+    responseDeserialize: notAClient,
   },
 };
 
@@ -244,7 +282,11 @@ export class SdsServer implements Component {
     } catch (e) {
       this.server?.forceShutdown();
       this.state = 'closed';
-      const err = wrap(`failed to start SDS server on ${this.socketPath}`, e, e instanceof AgentError ? undefined : 'IO');
+      const err = wrap(
+        `failed to start SDS server on ${this.socketPath}`,
+        e,
+        e instanceof AgentError ? undefined : 'IO',
+      );
       this.signal.resolve(err);
       throw err;
     }
@@ -282,34 +324,72 @@ export class SdsServer implements Component {
   }
 
   streamStatus(): SdsStreamStatus[] {
-    return [...this.streams.values()].map((s) => ({ id: s.id, kind: s.kind, node: s.node, names: [...s.names], acked: Object.fromEntries(s.acked) }));
+    return [...this.streams.values()].map((s) => ({
+      id: s.id,
+      kind: s.kind,
+      node: s.node,
+      names: [...s.names],
+      acked: Object.fromEntries(s.acked),
+    }));
   }
 
   registerMetrics(registry: Registry): void {
     const counts = this.counts;
-    registry.registerMetric(new Counter({
-      name: 'istio_agent_sds_pushes_total', help: 'Secrets sent to Envoy over SDS', registers: [],
-      collect() { this.reset(); this.inc(counts.pushes); },
-    }));
-    registry.registerMetric(new Counter({
-      name: 'istio_agent_sds_nacks_total', help: 'SDS responses Envoy rejected', registers: [],
-      collect() { this.reset(); this.inc(counts.nacks); },
-    }));
-    registry.registerMetric(new Counter({
-      name: 'istio_agent_sds_refused_names_total', help: 'SDS names not served, by reason', labelNames: ['reason'],
-      registers: [],
-      collect() { this.reset(); for (const [reason, n] of counts.refused) this.inc({ reason }, n); },
-    }));
+    registry.registerMetric(
+      new Counter({
+        name: 'istio_agent_sds_pushes_total',
+        help: 'Secrets sent to Envoy over SDS',
+        registers: [],
+        collect() {
+          this.reset();
+          this.inc(counts.pushes);
+        },
+      }),
+    );
+    registry.registerMetric(
+      new Counter({
+        name: 'istio_agent_sds_nacks_total',
+        help: 'SDS responses Envoy rejected',
+        registers: [],
+        collect() {
+          this.reset();
+          this.inc(counts.nacks);
+        },
+      }),
+    );
+    registry.registerMetric(
+      new Counter({
+        name: 'istio_agent_sds_refused_names_total',
+        help: 'SDS names not served, by reason',
+        labelNames: ['reason'],
+        registers: [],
+        collect() {
+          this.reset();
+          for (const [reason, n] of counts.refused) this.inc({ reason }, n);
+        },
+      }),
+    );
   }
 
-  private accept(call: grpc.ServerDuplexStream<DiscoveryRequest | DeltaRequest, unknown>, kind: 'sotw' | 'delta'): void {
+  private accept(
+    call: grpc.ServerDuplexStream<DiscoveryRequest | DeltaRequest, unknown>,
+    kind: 'sotw' | 'delta',
+  ): void {
     if (this.state !== 'serving') {
       call.emit('error', { code: grpc.status.UNAVAILABLE, details: 'SDS server shutting down' });
       return;
     }
     const s: Stream = {
-      id: this.nextId++, kind, node: '', names: new Set(), sent: new Map(), acked: new Map(), pending: new Map(), call,
-      responses: 0, overLimitLogged: false,
+      id: this.nextId++,
+      kind,
+      node: '',
+      names: new Set(),
+      sent: new Map(),
+      acked: new Map(),
+      pending: new Map(),
+      call,
+      responses: 0,
+      overLimitLogged: false,
     };
     this.streams.set(s.id, s);
     const end = () => {
@@ -336,7 +416,8 @@ export class SdsServer implements Component {
   }
 
   private checkType(typeUrl: string | undefined): void {
-    if (typeUrl && typeUrl !== SECRET_TYPE) throw new AgentError('BAD_INPUT', `stream asked for ${typeUrl}; this server serves only ${SECRET_TYPE}`);
+    if (typeUrl && typeUrl !== SECRET_TYPE)
+      throw new AgentError('BAD_INPUT', `stream asked for ${typeUrl}; this server serves only ${SECRET_TYPE}`);
   }
 
   /** Handles the ACK/NACK part of a request; false when the request is stale (names an old nonce). */
@@ -347,7 +428,9 @@ export class SdsServer implements Component {
     s.pending.delete(nonce);
     if (error) {
       this.counts.nacks++;
-      log.warn(`Envoy rejected secret(s) ${[...sent.keys()].join(', ')} (stream ${s.id}, nonce ${nonce}): ${error.message ?? 'no message'}; it keeps the last accepted one`);
+      log.warn(
+        `Envoy rejected secret(s) ${[...sent.keys()].join(', ')} (stream ${s.id}, nonce ${nonce}): ${error.message ?? 'no message'}; it keeps the last accepted one`,
+      );
     } else {
       for (const [n, v] of sent) s.acked.set(n, v);
     }
@@ -429,7 +512,9 @@ export class SdsServer implements Component {
     this.loggedRefusals.add(key);
     log.warn(`SDS: ${message}`);
     if (this.loggedRefusals.size === MAX_LOGGED_REFUSALS) {
-      log.warn(`SDS: ${MAX_LOGGED_REFUSALS} names refused; further refusals are only counted (istio_agent_sds_refused_names_total)`);
+      log.warn(
+        `SDS: ${MAX_LOGGED_REFUSALS} names refused; further refusals are only counted (istio_agent_sds_refused_names_total)`,
+      );
     }
   }
 
@@ -438,7 +523,9 @@ export class SdsServer implements Component {
     if (s.overLimitLogged) return;
     s.overLimitLogged = true;
     const who = `SDS stream ${s.id}${s.node ? ` (${s.node})` : ''}`;
-    log.warn(`${who} asks for ${asked} secrets; one stream may hold ${this.maxNames} (SDS_MAX_NAMES_PER_STREAM): ${over} not served`);
+    log.warn(
+      `${who} asks for ${asked} secrets; one stream may hold ${this.maxNames} (SDS_MAX_NAMES_PER_STREAM): ${over} not served`,
+    );
   }
 
   /** Whether the stream may hold the name at all: a served name always, one that waits while few others do. */
@@ -452,7 +539,9 @@ export class SdsServer implements Component {
     this.counts.refused.set('too_many_names', (this.counts.refused.get('too_many_names') ?? 0) + 1);
     if (!s.overLimitLogged) {
       s.overLimitLogged = true;
-      log.warn(`SDS stream ${s.id}: ${MAX_WAITING} names already wait unserved; its further unservable names are not held`);
+      log.warn(
+        `SDS stream ${s.id}: ${MAX_WAITING} names already wait unserved; its further unservable names are not held`,
+      );
     }
     return false;
   }
@@ -470,9 +559,13 @@ export class SdsServer implements Component {
     }
     this.waiting.add(name);
     const asked = `stream ${s.id} asks for ${JSON.stringify(name.slice(0, 200))}`;
-    this.refused(why, why === 'unknown_name'
-      ? `${asked}, which is not a secret this agent serves`
-      : `${asked}, which this Envoy's configuration (bootstrap, listeners, clusters) does not reference: not served`, name);
+    this.refused(
+      why,
+      why === 'unknown_name'
+        ? `${asked}, which is not a secret this agent serves`
+        : `${asked}, which this Envoy's configuration (bootstrap, listeners, clusters) does not reference: not served`,
+      name,
+    );
   }
 
   private release(name: string): void {
@@ -524,7 +617,11 @@ export class SdsServer implements Component {
     } else {
       s.call.write({
         system_version_info: changed.map((r) => r.version).join('.'),
-        resources: changed.map((r) => ({ name: r.name, version: r.version, resource: secretResource(r.name, r.value) })),
+        resources: changed.map((r) => ({
+          name: r.name,
+          version: r.version,
+          resource: secretResource(r.name, r.value),
+        })),
         type_url: SECRET_TYPE,
         nonce,
       });
@@ -533,7 +630,8 @@ export class SdsServer implements Component {
       for (const r of changed) s.sent.set(r.name, r.version);
     }
     this.counts.pushes += changed.length;
-    const what = changed.length > 10 ? `${changed.length} secrets` : changed.map((r) => `${r.name}@${r.version}`).join(', ');
+    const what =
+      changed.length > 10 ? `${changed.length} secrets` : changed.map((r) => `${r.name}@${r.version}`).join(', ');
     log.info(`SDS: sent ${what} to stream ${s.id}${s.node ? ` (${s.node})` : ''}`);
   }
 }

@@ -41,8 +41,11 @@ export async function probeSdsSockets(sdsSocket: string): Promise<SdsSocketFacts
   if (!externalSds && sdsSocket !== SDS_SOCKET) {
     // Go's words, and its path (filepath.Join drops the leading ./).
     const p = path.normalize(sdsSocket);
-    throw new AgentError('CONFIG_INVALID', `agent configured for non-default SDS socket path: ${p} but no socket found `
-      + '(WORKLOAD_IDENTITY_SOCKET_FILE names a socket another SDS server must serve)');
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `agent configured for non-default SDS socket path: ${p} but no socket found ` +
+        '(WORKLOAD_IDENTITY_SOCKET_FILE names a socket another SDS server must serve)',
+    );
   }
   if (externalSds) log.info(`existing workload SDS socket found at ${sdsSocket}: the agent serves only file secrets`);
   if (credentialSocket) log.info(`credential SDS socket found at ${CREDENTIAL_SOCKET}`);

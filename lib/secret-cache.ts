@@ -40,7 +40,13 @@ export const CREDENTIALS_DIR = './var/run/secrets/workload-spiffe-credentials';
 const CERT_CHAIN = 'cert-chain.pem';
 const KEY = 'key.pem';
 const ROOT_CERT = 'root-cert.pem';
-const SYSTEM_BUNDLES = ['/etc/ssl/certs/ca-certificates.crt', '/etc/pki/tls/certs/ca-bundle.crt', '/etc/ssl/ca-bundle.pem', '/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem', '/etc/ssl/cert.pem'];
+const SYSTEM_BUNDLES = [
+  '/etc/ssl/certs/ca-certificates.crt',
+  '/etc/pki/tls/certs/ca-bundle.crt',
+  '/etc/ssl/ca-bundle.pem',
+  '/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem',
+  '/etc/ssl/cert.pem',
+];
 // How long a file that does not check out (e.g. half written) is re-read before waiting for the next change.
 const FILE_RETRY_MS = 500;
 const FILE_RETRY_FOR_MS = 10_000;
@@ -88,11 +94,16 @@ export interface SecretCacheOptions {
  * ./etc/certs when OUTPUT_CERTS writes there (Istio's VM default): those are this agent's own issued files, and
  * reading them back would stop rotation (Go's outputToCertificatePath).
  */
-export function mountedCertsDir(fileMountedCerts: boolean, exists: (p: string) => boolean = fs.existsSync, outputDir = ''): string | undefined {
+export function mountedCertsDir(
+  fileMountedCerts: boolean,
+  exists: (p: string) => boolean = fs.existsSync,
+  outputDir = '',
+): string | undefined {
   if (exists(path.join(CREDENTIALS_DIR, CERT_CHAIN)) && exists(path.join(CREDENTIALS_DIR, KEY))) return CREDENTIALS_DIR;
   if (fileMountedCerts) return MOUNTED_CERTS_DIR;
   if (outputDir && path.resolve(outputDir) === path.resolve(MOUNTED_CERTS_DIR)) return undefined;
-  if (exists(path.join(MOUNTED_CERTS_DIR, CERT_CHAIN)) && exists(path.join(MOUNTED_CERTS_DIR, KEY))) return MOUNTED_CERTS_DIR;
+  if (exists(path.join(MOUNTED_CERTS_DIR, CERT_CHAIN)) && exists(path.join(MOUNTED_CERTS_DIR, KEY)))
+    return MOUNTED_CERTS_DIR;
   return undefined;
 }
 
@@ -103,7 +114,11 @@ export function mountedCertsDir(fileMountedCerts: boolean, exists: (p: string) =
  * renewed after 15 s instead of 75 s.
  */
 export function rotationTime(
-  leaf: Pick<CertInfo, 'notAfter'>, ratio: number, jitter: number, rand: () => number, issuedAt: number,
+  leaf: Pick<CertInfo, 'notAfter'>,
+  ratio: number,
+  jitter: number,
+  rand: () => number,
+  issuedAt: number,
 ): number {
   const lifetime = Math.max(0, leaf.notAfter - issuedAt);
   const r = Math.min(1, Math.max(0, ratio + jitter * (rand() * 2 - 1)));
@@ -218,7 +233,9 @@ export class SecretCache implements Component, SecretProvider {
       log.info(`workload certificate for ${this.o.identity} from CA ${this.o.signer.address}${when}`);
       if (this.wanted || this.o.prefetch) void this.fetch();
     } else {
-      log.info('no CA and no mounted certificates: serving only the certificate files the config names, no workload certificate');
+      log.info(
+        'no CA and no mounted certificates: serving only the certificate files the config names, no workload certificate',
+      );
     }
     for (const p of this.mountedFiles) this.watcher.add({ path: p, mode: 'content' });
     if (this.o.crlFile) {
@@ -240,7 +257,8 @@ export class SecretCache implements Component, SecretProvider {
   // ---- SecretProvider ----
 
   secret(name: string): SecretValue | undefined {
-    if (name === WORKLOAD_SECRET) return this.workload && { kind: 'tls', certChainPem: this.workload.chainPem, keyPem: this.workload.keyPem };
+    if (name === WORKLOAD_SECRET)
+      return this.workload && { kind: 'tls', certChainPem: this.workload.chainPem, keyPem: this.workload.keyPem };
     if (name === ROOT_SECRET) {
       if (!this.workload) return undefined;
       const rootPem = mergeRoots(this.workload.rootPem, this.extraRoots);
@@ -303,8 +321,15 @@ export class SecretCache implements Component, SecretProvider {
     // Until Envoy asks for the workload certificate, nothing waits for it (mounted files that are missing or bad
     // included, as in Istio, where readiness never looks at certificates).
     if (!this.wanted) return { ready: true, reason: '' };
-    if (!this.o.signer && !this.o.mountedDir && !this.workload) return { ready: false, reason: 'Envoy asks for a workload certificate (ISTIO_MUTUAL), and there is neither a CA nor mounted certificates' };
-    return this.workload ? { ready: true, reason: '' } : { ready: false, reason: `no workload certificate yet${this.ca.lastError ? ` (${this.ca.lastError})` : ''}` };
+    if (!this.o.signer && !this.o.mountedDir && !this.workload)
+      return {
+        ready: false,
+        reason:
+          'Envoy asks for a workload certificate (ISTIO_MUTUAL), and there is neither a CA nor mounted certificates',
+      };
+    return this.workload
+      ? { ready: true, reason: '' }
+      : { ready: false, reason: `no workload certificate yet${this.ca.lastError ? ` (${this.ca.lastError})` : ''}` };
   }
 
   routes(): StatusRoute[] {
@@ -316,10 +341,26 @@ export class SecretCache implements Component, SecretProvider {
     const iso = (t: number | undefined) => (t ? new Date(t).toISOString() : undefined);
     return {
       identity: this.o.identity,
-      source: this.o.mountedDir ? `files in ${this.o.mountedDir}` : this.o.signer ? `CA ${this.o.signer.address}` : 'none (file certificates only)',
-      certificate: w && { identities: w.leaf.identities, serial: w.leaf.serial, notBefore: iso(w.leaf.notBefore), notAfter: iso(w.leaf.notAfter), source: w.source },
+      source: this.o.mountedDir
+        ? `files in ${this.o.mountedDir}`
+        : this.o.signer
+          ? `CA ${this.o.signer.address}`
+          : 'none (file certificates only)',
+      certificate: w && {
+        identities: w.leaf.identities,
+        serial: w.leaf.serial,
+        notBefore: iso(w.leaf.notBefore),
+        notAfter: iso(w.leaf.notAfter),
+        source: w.source,
+      },
       nextRotation: iso(this.nextRotation),
-      ca: this.o.signer && { address: this.o.signer.address, reachable: this.ca.reachable, lastSuccess: iso(this.ca.lastSuccess), lastFailure: iso(this.ca.lastFailure), lastError: this.ca.lastError || undefined },
+      ca: this.o.signer && {
+        address: this.o.signer.address,
+        reachable: this.ca.reachable,
+        lastSuccess: iso(this.ca.lastSuccess),
+        lastFailure: iso(this.ca.lastFailure),
+        lastError: this.ca.lastError || undefined,
+      },
       fileSecrets: [...this.fileSecrets.values()].map((f) => ({ name: f.name, loaded: !!f.value, error: f.error })),
       rootsFromControlPlane: this.extraRoots.length,
       crl: this.o.crlFile && { file: this.o.crlFile, loaded: !!this.crlPem, error: this.crlError || undefined },
@@ -330,19 +371,73 @@ export class SecretCache implements Component, SecretProvider {
   registerMetrics(registry: Registry): void {
     const c = this.counts;
     const self = this;
-    registry.registerMetric(new Counter({ name: 'istio_agent_certificates_issued_total', help: 'Workload certificates obtained (from a CA or mounted files)', registers: [], collect() { this.reset(); this.inc(c.issued); } }));
-    registry.registerMetric(new Counter({ name: 'istio_agent_certificates_rotated_total', help: 'Workload certificates replaced by a newer one', registers: [], collect() { this.reset(); this.inc(c.rotated); } }));
-    registry.registerMetric(new Counter({
-      name: 'istio_agent_certificate_failures_total', help: 'Certificates or CA answers refused, by reason', labelNames: ['reason'], registers: [],
-      collect() { this.reset(); for (const [reason, n] of c.failed) this.inc({ reason }, n); },
-    }));
+    registry.registerMetric(
+      new Counter({
+        name: 'istio_agent_certificates_issued_total',
+        help: 'Workload certificates obtained (from a CA or mounted files)',
+        registers: [],
+        collect() {
+          this.reset();
+          this.inc(c.issued);
+        },
+      }),
+    );
+    registry.registerMetric(
+      new Counter({
+        name: 'istio_agent_certificates_rotated_total',
+        help: 'Workload certificates replaced by a newer one',
+        registers: [],
+        collect() {
+          this.reset();
+          this.inc(c.rotated);
+        },
+      }),
+    );
+    registry.registerMetric(
+      new Counter({
+        name: 'istio_agent_certificate_failures_total',
+        help: 'Certificates or CA answers refused, by reason',
+        labelNames: ['reason'],
+        registers: [],
+        collect() {
+          this.reset();
+          for (const [reason, n] of c.failed) this.inc({ reason }, n);
+        },
+      }),
+    );
     // The Go agent's names (security/pkg/nodeagent/cache/monitoring.go).
-    registry.registerMetric(new Counter({ name: 'istio_agent_num_file_watcher_failures_total', help: 'Number of times file watcher failed to add watchers', registers: [], collect() { this.reset(); this.inc(self.watcher?.failures ?? 0); } }));
-    registry.registerMetric(new Counter({ name: 'istio_agent_num_file_secret_failures_total', help: 'Number of times secret generation failed for files', registers: [], collect() { this.reset(); this.inc(self.fileSecretFailures); } }));
-    registry.registerMetric(new Gauge({
-      name: 'istio_agent_cert_expiry_seconds', help: 'Seconds until the workload certificate expires', registers: [],
-      collect() { if (self.workload) this.set((self.workload.leaf.notAfter - self.now()) / 1000); },
-    }));
+    registry.registerMetric(
+      new Counter({
+        name: 'istio_agent_num_file_watcher_failures_total',
+        help: 'Number of times file watcher failed to add watchers',
+        registers: [],
+        collect() {
+          this.reset();
+          this.inc(self.watcher?.failures ?? 0);
+        },
+      }),
+    );
+    registry.registerMetric(
+      new Counter({
+        name: 'istio_agent_num_file_secret_failures_total',
+        help: 'Number of times secret generation failed for files',
+        registers: [],
+        collect() {
+          this.reset();
+          this.inc(self.fileSecretFailures);
+        },
+      }),
+    );
+    registry.registerMetric(
+      new Gauge({
+        name: 'istio_agent_cert_expiry_seconds',
+        help: 'Seconds until the workload certificate expires',
+        registers: [],
+        collect() {
+          if (self.workload) this.set((self.workload.leaf.notAfter - self.now()) / 1000);
+        },
+      }),
+    );
   }
 
   // ---- from a CA ----
@@ -352,14 +447,20 @@ export class SecretCache implements Component, SecretProvider {
     this.fetching = true;
     const signer = this.o.signer!;
     try {
-      const { keyPem, csrPem } = await generateKeyAndCsr({ identity: this.o.identity, algorithm: this.o.algorithm, pkcs8: this.o.pkcs8 });
+      const { keyPem, csrPem } = await generateKeyAndCsr({
+        identity: this.o.identity,
+        algorithm: this.o.algorithm,
+        pkcs8: this.o.pkcs8,
+      });
       let chainPems: string[];
       try {
         chainPems = await signer.sign(csrPem, Math.max(1, Math.round(this.o.ttlMs / 1000)));
       } catch (e) {
         const local = (e as AgentError).code === 'IO' || (e as AgentError).code === 'CONFIG_INVALID';
         if (!local) this.ca.reachable = caAnswered(e);
-        throw Object.assign(e as Error, { reason: local ? 'credentials' : this.ca.reachable ? 'ca_refused' : 'ca_unreachable' });
+        throw Object.assign(e as Error, {
+          reason: local ? 'credentials' : this.ca.reachable ? 'ca_refused' : 'ca_unreachable',
+        });
       }
       this.ca.reachable = true;
       const where = `certificate from CA ${signer.address}`;
@@ -376,18 +477,26 @@ export class SecretCache implements Component, SecretProvider {
       this.ca.lastError = '';
       this.lastFailure = '';
       this.attempt = 0;
-      this.install({ chainPem: checked.chainPem, keyPem, rootPem: checked.rootPem, leaf: checked.leaf, source: `CA ${signer.address}` });
+      this.install({
+        chainPem: checked.chainPem,
+        keyPem,
+        rootPem: checked.rootPem,
+        leaf: checked.leaf,
+        source: `CA ${signer.address}`,
+      });
       this.scheduleRotation(rotationTime(checked.leaf, this.o.graceRatio, this.o.graceJitter, this.rand, this.now()));
     } catch (e) {
       if (this.state !== 'running') return;
-      const reason = ((e as { reason?: FailureReason }).reason ?? 'ca_refused');
+      const reason = (e as { reason?: FailureReason }).reason ?? 'ca_refused';
       this.fail(reason, errorMessage(e));
       this.ca.lastFailure = this.now();
       this.ca.lastError = errorMessage(e);
       this.attempt++;
       const delay = caRetryDelay(this.attempt, this.o.backoff, this.rand);
       const w = this.workload;
-      const keeps = w ? `; the current certificate (serial ${w.leaf.serial}, expires ${new Date(w.leaf.notAfter).toISOString()}) stays in use` : '';
+      const keeps = w
+        ? `; the current certificate (serial ${w.leaf.serial}, expires ${new Date(w.leaf.notAfter).toISOString()}) stays in use`
+        : '';
       log.warn(`retrying the CA in ${delay} ms (attempt ${this.attempt})${keeps}`);
       this.scheduleRotation(this.now() + delay);
     } finally {
@@ -413,7 +522,9 @@ export class SecretCache implements Component, SecretProvider {
     this.workload = w;
     this.counts.issued++;
     if (old) this.counts.rotated++;
-    log.info(`workload certificate ${old ? 'rotated' : 'ready'}: ${w.leaf.identities.join(', ') || 'no URI SAN'}, serial ${w.leaf.serial}, valid ${new Date(w.leaf.notBefore).toISOString()} to ${new Date(w.leaf.notAfter).toISOString()}, from ${w.source}`);
+    log.info(
+      `workload certificate ${old ? 'rotated' : 'ready'}: ${w.leaf.identities.join(', ') || 'no URI SAN'}, serial ${w.leaf.serial}, valid ${new Date(w.leaf.notBefore).toISOString()} to ${new Date(w.leaf.notAfter).toISOString()}, from ${w.source}`,
+    );
     if (this.o.outputDir) {
       try {
         const mode = this.o.outputMode ?? 0o600;
@@ -448,7 +559,6 @@ export class SecretCache implements Component, SecretProvider {
     log.error(`refused: ${message}`);
   }
 
-
   // ---- mounted files ----
 
   /** Reads the mounted directory; true when it checked out (or nothing changed). */
@@ -469,7 +579,10 @@ export class SecretCache implements Component, SecretProvider {
       return true;
     } catch (e) {
       this.fileSecretFailures++;
-      this.fail('bad_file', `${errorMessage(e)}${this.workload ? `; keeping serial ${this.workload.leaf.serial}` : ''}`);
+      this.fail(
+        'bad_file',
+        `${errorMessage(e)}${this.workload ? `; keeping serial ${this.workload.leaf.serial}` : ''}`,
+      );
       return false;
     }
   }
@@ -538,7 +651,8 @@ export class SecretCache implements Component, SecretProvider {
   }
 
   private async readFileSecret(f: FileSecret): Promise<SecretValue> {
-    if (!f.files.length) throw new AgentError('IO', `no system trust bundle found (looked in ${SYSTEM_BUNDLES.join(', ')})`);
+    if (!f.files.length)
+      throw new AgentError('IO', `no system trust bundle found (looked in ${SYSTEM_BUNDLES.join(', ')})`);
     // Asked for by whoever can connect to the SDS socket: only what that uid could read itself.
     const reader: Reader | undefined = this.o.sdsSocket ? socketReader(this.o.sdsSocket) : undefined;
     const read = async (file: string) => (await readNamedFile(file, { reader })).toString('utf8');
@@ -570,7 +684,8 @@ export class SecretCache implements Component, SecretProvider {
   private loadCrl(): void {
     const r = readCrl(this.o.crlFile!);
     if (r.error) {
-      if (r.error !== this.crlError) this.fail('bad_file', r.error + (this.crlPem ? '; keeping the last good CRL' : ''));
+      if (r.error !== this.crlError)
+        this.fail('bad_file', r.error + (this.crlPem ? '; keeping the last good CRL' : ''));
       this.crlError = r.error;
       return;
     }
@@ -620,7 +735,10 @@ const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g
 
 // The CRL file is read as Istio's SDS service checks it (present or not) at each ROOTCA; here a change is also
 // pushed. A file that holds no CRL keeps the last good one (dropping it would accept revoked peers).
-export interface CrlRead { pem?: string; error?: string }
+export interface CrlRead {
+  pem?: string;
+  error?: string;
+}
 export function readCrl(file: string): CrlRead {
   // As Go's isCrlFileProvided (os.Stat): no file, no CRL.
   if (!fs.existsSync(file)) return {};

@@ -83,18 +83,27 @@ spec:
 
 const str = (s: string) => ({ stringValue: s });
 const NODES = [
-  { id: 'sidecar~10.0.0.1~web-1.warm~warm.svc.cluster.local', metadata: { fields: { LABELS: { structValue: { fields: { app: str('web') } } } } } },
-  { id: 'router~10.0.0.9~gw-1.warm~warm.svc.cluster.local', metadata: { fields: { LABELS: { structValue: { fields: { istio: str('ingressgateway') } } } } } },
+  {
+    id: 'sidecar~10.0.0.1~web-1.warm~warm.svc.cluster.local',
+    metadata: { fields: { LABELS: { structValue: { fields: { app: str('web') } } } } },
+  },
+  {
+    id: 'router~10.0.0.9~gw-1.warm~warm.svc.cluster.local',
+    metadata: { fields: { LABELS: { structValue: { fields: { istio: str('ingressgateway') } } } } },
+  },
 ];
 
 const ADS_TYPES = [
-  'envoy.service.discovery.v3.DiscoveryRequest', 'envoy.service.discovery.v3.DiscoveryResponse',
-  'envoy.service.discovery.v3.DeltaDiscoveryRequest', 'envoy.service.discovery.v3.DeltaDiscoveryResponse',
+  'envoy.service.discovery.v3.DiscoveryRequest',
+  'envoy.service.discovery.v3.DiscoveryResponse',
+  'envoy.service.discovery.v3.DeltaDiscoveryRequest',
+  'envoy.service.discovery.v3.DeltaDiscoveryResponse',
 ];
 
 export function warmForSnapshot(): void {
   const { configs, issues } = parseConfigFile('snapshot-warm.yaml', WARM_CONFIG);
-  if (issues.length) throw new AgentError('INTERNAL', `snapshot warm-up config: ${issues.map((i) => i.message).join('; ')}`);
+  if (issues.length)
+    throw new AgentError('INTERNAL', `snapshot warm-up config: ${issues.map((i) => i.message).join('; ')}`);
   const store = new MemoryConfigStore();
   const registry = new ServiceEntryRegistry(store);
   registry.run();
@@ -107,10 +116,19 @@ export function warmForSnapshot(): void {
   // The ADS server's request/response codecs, both ways, as the server runs them.
   for (const name of ADS_TYPES) {
     const t = messageType(name);
-    const bytes = t.encode(t.fromObject({ type_url: 'x', node: { id: 'x', metadata: { fields: { a: str('b') } } }, resources: [] })).finish();
+    const bytes = t
+      .encode(t.fromObject({ type_url: 'x', node: { id: 'x', metadata: { fields: { a: str('b') } } }, resources: [] }))
+      .finish();
     t.toObject(t.decode(bytes), { longs: Number, enums: String, defaults: false, arrays: true });
   }
-  const nt = encodeNameTable({ table: { 'web.warm.local': { ips: ['10.0.0.1'], registry: 'Kubernetes', shortname: 'web', namespace: 'warm' } } });
-  const any = Buffer.concat([Buffer.from([0x0a, NAME_TABLE_TYPE.length]), Buffer.from(NAME_TABLE_TYPE), Buffer.from([0x12, nt.length]), Buffer.from(nt)]);
+  const nt = encodeNameTable({
+    table: { 'web.warm.local': { ips: ['10.0.0.1'], registry: 'Kubernetes', shortname: 'web', namespace: 'warm' } },
+  });
+  const any = Buffer.concat([
+    Buffer.from([0x0a, NAME_TABLE_TYPE.length]),
+    Buffer.from(NAME_TABLE_TYPE),
+    Buffer.from([0x12, nt.length]),
+    Buffer.from(nt),
+  ]);
   decodeNameTable(any);
 }

@@ -21,7 +21,6 @@ const gzipAsync = promisify(gzip);
 
 const log = scope('status');
 
-
 interface Route {
   method: string;
   handler: Handler;
@@ -75,7 +74,12 @@ export class StatusServer implements Component {
       });
     }
     if (metrics) {
-      gaugeFrom(metrics.registry, 'istio_agent_startup_duration_seconds', 'Seconds from the agent\'s start to its first readiness', () => this.startupSeconds);
+      gaugeFrom(
+        metrics.registry,
+        'istio_agent_startup_duration_seconds',
+        "Seconds from the agent's start to its first readiness",
+        () => this.startupSeconds,
+      );
       const merged = mergedScrape(metrics.registry, metrics.sources);
       // Scrapes that share one merge (lib/metrics.ts) share its compression too.
       const zipped = new WeakMap<object, Promise<Buffer>>();
@@ -85,7 +89,12 @@ export class StatusServer implements Component {
         if (/\bgzip\b/.test(String(req.headers['accept-encoding'] ?? ''))) {
           let z = zipped.get(m);
           if (!z) zipped.set(m, (z = gzipAsync(m.body)));
-          return { status: 200, body: await z, contentType: m.contentType, headers: { 'content-encoding': 'gzip', vary: 'accept-encoding' } };
+          return {
+            status: 200,
+            body: await z,
+            contentType: m.contentType,
+            headers: { 'content-encoding': 'gzip', vary: 'accept-encoding' },
+          };
         }
         return { status: 200, body: m.body, contentType: m.contentType };
       };
@@ -114,7 +123,9 @@ export class StatusServer implements Component {
     server.keepAliveTimeout = 5000;
     this.server = server;
     return new Promise((resolve, reject) => {
-      server.once('error', (err) => reject(new Error(`cannot listen on status port ${this.opts.port}: ${err.message}`)));
+      server.once('error', (err) =>
+        reject(new Error(`cannot listen on status port ${this.opts.port}: ${err.message}`)),
+      );
       // No host: Node listens on :: dual-stack where IPv6 exists (an IPv6-only pod's Envoy calls ::1),
       // else on 0.0.0.0. Kubelet probes reach the pod IP either way.
       const onListening = () => {
@@ -133,7 +144,8 @@ export class StatusServer implements Component {
     const route = this.table.get(path) ?? this.prefixRoute(path);
     let reply: Reply;
     if (!route) reply = { status: 404, body: `no such endpoint ${path}\n` };
-    else if (route.method !== req.method && !(route.method === 'GET' && req.method === 'HEAD')) reply = { status: 405, body: `${path} wants ${route.method}\n` };
+    else if (route.method !== req.method && !(route.method === 'GET' && req.method === 'HEAD'))
+      reply = { status: 405, body: `${path} wants ${route.method}\n` };
     else if (route.localOnly && !isLoopback(req.socket.remoteAddress)) {
       log.warn(`refused ${req.method} ${path} from ${req.socket.remoteAddress}: allowed from localhost only`);
       reply = { status: 403, body: 'allowed from localhost only\n' };

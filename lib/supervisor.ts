@@ -49,12 +49,29 @@ import type { AdminAddress } from './envoy-admin';
 import type { EnvoyProcess, ExitStatus } from './envoy-process';
 
 export const SUPERVISOR_STATES = [
-  'idle', 'running', 'backoff', 'launching', 'launching-backoff', 'draining', 'stopping', 'ended',
+  'idle',
+  'running',
+  'backoff',
+  'launching',
+  'launching-backoff',
+  'draining',
+  'stopping',
+  'ended',
 ] as const;
 export type SupervisorState = (typeof SUPERVISOR_STATES)[number];
 export const SUPERVISOR_EVENTS = [
-  'desire', 'launch', 'launched', 'launch-failed', 'cold-stopped', 'retry', 'retry-due', 'drained', 'drain', 'stop',
-  'all-exited', 'give-up',
+  'desire',
+  'launch',
+  'launched',
+  'launch-failed',
+  'cold-stopped',
+  'retry',
+  'retry-due',
+  'drained',
+  'drain',
+  'stop',
+  'all-exited',
+  'give-up',
 ] as const;
 export type SupervisorEvent = (typeof SUPERVISOR_EVENTS)[number];
 /** A row: the next state, and what the caller does once fire() accepted the event. */
@@ -71,8 +88,15 @@ export const TRANSITIONS: {
     desire: ['running', 'adopt the config (budgets reset), reconcile'],
     drained: ['idle', 'remember: the shutdown that follows need not drain'],
     stop: ['stopping', 'nothing to kill: end at once'],
-    launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'retry-due': _, drain: _,
-    'all-exited': _, 'give-up': _,
+    launch: _,
+    launched: _,
+    'launch-failed': _,
+    'cold-stopped': _,
+    retry: _,
+    'retry-due': _,
+    drain: _,
+    'all-exited': _,
+    'give-up': _,
   },
   running: {
     desire: ['running', 'adopt the config (budgets reset, rejection cleared), reconcile'],
@@ -82,7 +106,11 @@ export const TRANSITIONS: {
     drained: ['running', 'remember: the shutdown that follows need not drain'],
     drain: ['draining', 'readiness off, drain the serving epoch, wait'],
     stop: ['stopping', 'SIGKILL every epoch'],
-    launched: _, 'launch-failed': _, 'cold-stopped': _, 'retry-due': _, 'all-exited': _,
+    launched: _,
+    'launch-failed': _,
+    'cold-stopped': _,
+    'retry-due': _,
+    'all-exited': _,
   },
   backoff: {
     desire: ['running', 'adopt the config (the retry is cancelled), reconcile'],
@@ -92,7 +120,13 @@ export const TRANSITIONS: {
     stop: ['stopping', 'cancel the retry, SIGKILL every epoch'],
     // retry: one is already due. give-up needs a retry asked for (none is, until this one is due) or a first
     // epoch failing twice (with nothing ever live at most one epoch runs, and it has just failed).
-    launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'all-exited': _, 'give-up': _,
+    launch: _,
+    launched: _,
+    'launch-failed': _,
+    'cold-stopped': _,
+    retry: _,
+    'all-exited': _,
+    'give-up': _,
   },
   launching: {
     desire: ['launching', 'adopt the config; the launch drops a config no longer wanted, reconcile follows it'],
@@ -104,34 +138,68 @@ export const TRANSITIONS: {
     drain: ['draining', 'readiness off, drain the serving epoch, wait (the launch stops at its next step)'],
     stop: ['stopping', 'SIGKILL every epoch (the launch stops at its next step)'],
     // cold-stopped: no retry is due, so nothing to cancel.
-    launch: _, 'cold-stopped': _, 'retry-due': _, 'all-exited': _,
+    launch: _,
+    'cold-stopped': _,
+    'retry-due': _,
+    'all-exited': _,
   },
   'launching-backoff': {
     desire: ['launching', 'adopt the config (the retry is cancelled); reconcile follows the launch'],
     launched: ['backoff', 'none: the retry is still due'],
     'launch-failed': ['backoff', 'record the failure; the retry already due covers it'],
-    'cold-stopped': ['launching', 'cancel the retry the stopped epochs\' exits armed: this restart is deliberate'],
+    'cold-stopped': ['launching', "cancel the retry the stopped epochs' exits armed: this restart is deliberate"],
     'retry-due': ['launching', 'none: reconcile follows the launch'],
     drained: ['launching-backoff', 'remember: the shutdown that follows need not drain'],
     drain: ['draining', 'cancel the retry, readiness off, drain the serving epoch, wait'],
     stop: ['stopping', 'cancel the retry, SIGKILL every epoch'],
     // retry, give-up: as in backoff.
-    launch: _, retry: _, 'all-exited': _, 'give-up': _,
+    launch: _,
+    retry: _,
+    'all-exited': _,
+    'give-up': _,
   },
   draining: {
     stop: ['stopping', 'SIGKILL every epoch (the drain wait ends)'],
     // all-exited: the drain wait wakes on its own promise, then stops.
-    desire: _, launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'retry-due': _,
-    drained: _, drain: _, 'all-exited': _, 'give-up': _,
+    desire: _,
+    launch: _,
+    launched: _,
+    'launch-failed': _,
+    'cold-stopped': _,
+    retry: _,
+    'retry-due': _,
+    drained: _,
+    drain: _,
+    'all-exited': _,
+    'give-up': _,
   },
   stopping: {
     'all-exited': ['ended', 'drop the base id, end with code 0'],
-    desire: _, launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'retry-due': _,
-    drained: _, drain: _, stop: _, 'give-up': _,
+    desire: _,
+    launch: _,
+    launched: _,
+    'launch-failed': _,
+    'cold-stopped': _,
+    retry: _,
+    'retry-due': _,
+    drained: _,
+    drain: _,
+    stop: _,
+    'give-up': _,
   },
   ended: {
-    desire: _, launch: _, launched: _, 'launch-failed': _, 'cold-stopped': _, retry: _, 'retry-due': _,
-    drained: _, drain: _, stop: _, 'all-exited': _, 'give-up': _,
+    desire: _,
+    launch: _,
+    launched: _,
+    'launch-failed': _,
+    'cold-stopped': _,
+    retry: _,
+    'retry-due': _,
+    drained: _,
+    drain: _,
+    stop: _,
+    'all-exited': _,
+    'give-up': _,
   },
 };
 
@@ -449,9 +517,8 @@ export class Supervisor {
     let n = this.latestEpoch() + 1;
     let file = rt.writeBootstrap(n, cfg);
     // Both checks run Envoy once; run them side by side, they are independent.
-    const versionCheck = n > 0
-      ? rt.binaryHotRestartVersion(cfg.binaryPath).catch((e: Error) => `unknown (${e.message})`)
-      : undefined;
+    const versionCheck =
+      n > 0 ? rt.binaryHotRestartVersion(cfg.binaryPath).catch((e: Error) => `unknown (${e.message})`) : undefined;
     if (this.opts.validate && !cfg.validated) {
       const problem = await rt.validate(cfg, file);
       if (this.shuttingDown() || this.target() !== cfg) {
@@ -462,8 +529,11 @@ export class Supervisor {
         rt.removeBootstrap(file);
         this.rejectedHash = cfg.hash;
         this.metricsData.configs_rejected_total++;
-        this.recordFailure(n, cfg.hash,
-          `Envoy rejected the new bootstrap; it was not launched and the running epoch keeps serving: ${problem}`);
+        this.recordFailure(
+          n,
+          cfg.hash,
+          `Envoy rejected the new bootstrap; it was not launched and the running epoch keeps serving: ${problem}`,
+        );
         return;
       }
     }
@@ -475,8 +545,10 @@ export class Supervisor {
         return;
       }
       if (parent?.hotRestartVersion && want !== parent.hotRestartVersion) {
-        log.warn(`hot restart version of ${cfg.binaryPath} is ${want}, the running epoch ${n - 1} has ` +
-          `${parent.hotRestartVersion}: they cannot hand over sockets, so draining and cold-restarting instead`);
+        log.warn(
+          `hot restart version of ${cfg.binaryPath} is ${want}, the running epoch ${n - 1} has ` +
+            `${parent.hotRestartVersion}: they cannot hand over sockets, so draining and cold-restarting instead`,
+        );
         this.metricsData.cold_restarts_total++;
         await this.drainAndStopAll(this.opts.coldRestartDrainMs ?? this.opts.terminationDrainMs);
         if (this.shuttingDown()) {
@@ -504,7 +576,14 @@ export class Supervisor {
     const proc = this.opts.runtime.spawn(n, cfg, file, baseId);
     this.launchBudget = RESTART_BUDGET;
     const epoch: Epoch = {
-      n, config: cfg, proc, file, state: 'starting', startedAt: this.now(), aborted: false, baseId,
+      n,
+      config: cfg,
+      proc,
+      file,
+      state: 'starting',
+      startedAt: this.now(),
+      aborted: false,
+      baseId,
     };
     this.epochs.set(n, epoch);
     this.current = cfg;
@@ -617,8 +696,8 @@ export class Supervisor {
 
   private onExit(e: Epoch, status: ExitStatus): void {
     const wasLive = e.liveAt !== undefined;
-    const wasSuperseded = e.state === 'draining'
-      && [...this.epochs.values()].some((x) => x.n > e.n && x.state === 'live');
+    const wasSuperseded =
+      e.state === 'draining' && [...this.epochs.values()].some((x) => x.n > e.n && x.state === 'live');
     e.state = 'exited';
     this.epochs.delete(e.n);
     this.opts.runtime.removeBootstrap(e.file);
@@ -654,9 +733,13 @@ export class Supervisor {
       // Istio's agent treats this as "done". The agent's job is to keep Envoy up, and it stops Envoy itself
       // (SIGTERM, its own /quitquitquit), so a serving Envoy that quits (someone POSTed its admin /quitquitquit,
       // or a drain without skip_exit) is an outage to recover from, budget and backoff included.
-      this.recordFailure(e.n, e.config.hash, `epoch ${e.n} exited with code 0 without the agent asking ` +
-        '(Envoy\'s own admin /quitquitquit?); restarting it (the agent stops Envoy only on SIGTERM/SIGINT or its ' +
-        'own /quitquitquit)');
+      this.recordFailure(
+        e.n,
+        e.config.hash,
+        `epoch ${e.n} exited with code 0 without the agent asking ` +
+          "(Envoy's own admin /quitquitquit?); restarting it (the agent stops Envoy only on SIGTERM/SIGINT or its " +
+          'own /quitquitquit)',
+      );
       for (const other of this.epochs.values()) this.abort(other);
     } else {
       if (!wasLive) for (const fn of this.failedStartListeners) fn(e.n, e.config);
@@ -675,8 +758,8 @@ export class Supervisor {
       } else if (!wasLive && this.lastGood === undefined) {
         // Nothing has ever gone live: Envoy cannot start at all (a binary that exits at once, a port taken).
         // Once to tell a passing hiccup from that; the same failure again is a start-up error, not ten restarts.
-        const what = `Envoy epoch ${e.n} exited (${how}) before it ever went live` +
-          (reason ? `: ${reason}` : ' (no output)');
+        const what =
+          `Envoy epoch ${e.n} exited (${how}) before it ever went live` + (reason ? `: ${reason}` : ' (no output)');
         // Ignoring numbers (pids, base ids) and the marker protobuf randomly puts in its debug strings.
         const signature = `${how}\0${reason.replace(/goo\.gle\/debug\w*/g, '').replace(/\d+/g, 'N')}`;
         if (this.startFailure === signature) {
@@ -687,8 +770,11 @@ export class Supervisor {
         this.startFailure = signature;
         this.recordFailure(e.n, e.config.hash, `${what}; trying once more (the same failure again ends the agent)`);
       } else {
-        this.recordFailure(e.n, e.config.hash,
-          `epoch ${e.n} exited abnormally (${how})${reason ? `: ${reason}` : ''}; aborting the other epochs`);
+        this.recordFailure(
+          e.n,
+          e.config.hash,
+          `epoch ${e.n} exited abnormally (${how})${reason ? `: ${reason}` : ''}; aborting the other epochs`,
+        );
         for (const other of this.epochs.values()) this.abort(other);
       }
     }
@@ -711,22 +797,31 @@ export class Supervisor {
       const serving = this.newestLive();
       if (want && want === this.adminRestore) {
         this.adminRestore = 'given-up';
-        this.recordFailure(undefined, want.hash,
-          `could not restore the admin port; epoch ${serving?.n} keeps serving without it until the next change`);
+        this.recordFailure(
+          undefined,
+          want.hash,
+          `could not restore the admin port; epoch ${serving?.n} keeps serving without it until the next change`,
+        );
         return;
       }
       if (want) this.rejectedHash = want.hash;
-      this.recordFailure(undefined, want?.hash ?? '', `restart budget spent for config ${short(want?.hash ?? '')}; ` +
-        `epoch ${serving?.n} keeps serving the last good config until the next change`);
+      this.recordFailure(
+        undefined,
+        want?.hash ?? '',
+        `restart budget spent for config ${short(want?.hash ?? '')}; ` +
+          `epoch ${serving?.n} keeps serving the last good config until the next change`,
+      );
       if (serving) this.checkAdmin(serving);
       return;
     }
     const delay = (this.opts.initialBackoffMs ?? INITIAL_BACKOFF_MS) * 2 ** (RESTART_BUDGET - left);
     if (kind === 'launch') this.launchBudget--;
     else this.budget--;
-    log.info(kind === 'launch'
-      ? `retrying the launch in ${delay} ms (${this.launchBudget} retries left)`
-      : `restarting in ${delay} ms (restart budget left ${this.budget})`);
+    log.info(
+      kind === 'launch'
+        ? `retrying the launch in ${delay} ms (${this.launchBudget} retries left)`
+        : `restarting in ${delay} ms (restart budget left ${this.budget})`,
+    );
     this.fire('retry');
     this.retryAt = this.now() + delay;
     this.retryTimer = setTimeout(() => {
@@ -744,15 +839,20 @@ export class Supervisor {
    */
   private checkAdmin(serving: { n: number; config: DesiredConfig }): void {
     if (this.adminRestore !== 'untried' || !this.lastGood) return;
-    this.opts.runtime.probe(serving.config.admin).then(() => undefined, (err: NodeJS.ErrnoException) => {
-      // Refused on TCP; on the admin's Unix socket (ENVOY_ADMIN_MODE=uds) also a socket file that is gone.
-      if (err?.code !== 'ECONNREFUSED' && err?.code !== 'ENOENT') return;
-      if (this.shuttingDown() || this.adminRestore !== 'untried' || !this.lastGood) return;
-      log.warn(`epoch ${serving.n} serves without its admin port (a failed hot restart closed it); starting the ` +
-        'last good config as a new epoch to restore it');
-      this.adminRestore = { ...this.lastGood, hash: `${this.lastGood.hash}+admin` };
-      this.reconcile();
-    });
+    this.opts.runtime.probe(serving.config.admin).then(
+      () => undefined,
+      (err: NodeJS.ErrnoException) => {
+        // Refused on TCP; on the admin's Unix socket (ENVOY_ADMIN_MODE=uds) also a socket file that is gone.
+        if (err?.code !== 'ECONNREFUSED' && err?.code !== 'ENOENT') return;
+        if (this.shuttingDown() || this.adminRestore !== 'untried' || !this.lastGood) return;
+        log.warn(
+          `epoch ${serving.n} serves without its admin port (a failed hot restart closed it); starting the ` +
+            'last good config as a new epoch to restore it',
+        );
+        this.adminRestore = { ...this.lastGood, hash: `${this.lastGood.hash}+admin` };
+        this.reconcile();
+      },
+    );
   }
 
   private abort(e: Epoch): void {
@@ -863,7 +963,8 @@ export class Supervisor {
   private async drainAndStopAll(waitMs: number): Promise<void> {
     const serving = this.newestLive();
     if (serving) {
-      await this.opts.runtime.drain(serving.config.admin, false)
+      await this.opts.runtime
+        .drain(serving.config.admin, false)
         .catch((err: Error) => log.warn(`could not drain before the cold restart: ${err.message}`));
       await sleep(waitMs);
     }

@@ -19,8 +19,10 @@ export const PQC = 'pqc';
 
 /** Go's fipsCiphers: ECDHE_[RSA|ECDSA]_WITH_AES_*_GCM_SHA* (OpenSSL names). */
 export const FIPS_TLS12_CIPHERS = [
-  'ECDHE-ECDSA-AES128-GCM-SHA256', 'ECDHE-RSA-AES128-GCM-SHA256',
-  'ECDHE-ECDSA-AES256-GCM-SHA384', 'ECDHE-RSA-AES256-GCM-SHA384',
+  'ECDHE-ECDSA-AES128-GCM-SHA256',
+  'ECDHE-RSA-AES128-GCM-SHA256',
+  'ECDHE-ECDSA-AES256-GCM-SHA384',
+  'ECDHE-RSA-AES256-GCM-SHA384',
 ].join(':');
 const TLS13_AES_GCM = 'TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384';
 
@@ -46,7 +48,9 @@ export function tlsRestriction(policy: string | undefined): TlsRestriction | und
       return { minVersion: 'TLSv1.2', maxVersion: 'TLSv1.2', ciphers: FIPS_TLS12_CIPHERS, ecdhCurve: 'P-256' };
     case FIPS_140_3:
       return {
-        minVersion: 'TLSv1.2', maxVersion: 'TLSv1.3', ecdhCurve: 'P-256:P-384',
+        minVersion: 'TLSv1.2',
+        maxVersion: 'TLSv1.3',
+        ecdhCurve: 'P-256:P-384',
         ciphers: `${TLS13_AES_GCM}:${FIPS_TLS12_CIPHERS}`,
       };
     case PQC:
@@ -68,7 +72,10 @@ export function envoyEnvironment(policy: string | undefined, env: NodeJS.Process
 
 /** gRPC channel credentials for the agent's TLS clients: as createSsl, restricted by the policy when there is one. */
 export function tlsCredentials(
-  policy: string | undefined, root: Buffer | null, key: Buffer | null, cert: Buffer | null,
+  policy: string | undefined,
+  root: Buffer | null,
+  key: Buffer | null,
+  cert: Buffer | null,
 ): grpc.ChannelCredentials {
   /* eslint-disable @typescript-eslint/no-require-imports */
   const g = require('@grpc/grpc-js') as typeof grpc;
@@ -79,8 +86,11 @@ export function tlsCredentials(
     const pem = { ...(root ? { ca: root } : {}), ...(key && cert ? { key, cert } : {}) };
     ctx = (require('node:tls') as typeof tls).createSecureContext({ ...r, ...pem });
   } catch (e) {
-    throw new AgentError('CONFIG_INVALID', `cannot set up TLS under COMPLIANCE_POLICY=${policy}: ${errorMessage(e)}`,
-      e);
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `cannot set up TLS under COMPLIANCE_POLICY=${policy}: ${errorMessage(e)}`,
+      e,
+    );
   }
   /* eslint-enable @typescript-eslint/no-require-imports */
   return g.credentials.createFromSecureContext(ctx);

@@ -12,7 +12,8 @@ const log = scope('socket');
 
 /** Replaces a stale socket file; refuses to delete anything that is not a socket or that someone still serves. */
 export async function prepareSocket(p: string): Promise<void> {
-  if (Buffer.byteLength(p) > 107) throw new AgentError('CONFIG_INVALID', `socket path ${p} is longer than the 107 bytes a Unix socket allows`);
+  if (Buffer.byteLength(p) > 107)
+    throw new AgentError('CONFIG_INVALID', `socket path ${p} is longer than the 107 bytes a Unix socket allows`);
   mkdirs(path.dirname(p));
   let st: fs.Stats;
   try {

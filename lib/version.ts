@@ -6,11 +6,20 @@ export const VERSION: string = (require('../package.json') as { version: string 
 export function versionText(output: string, short: boolean): string {
   if (short) return `${VERSION}\n`;
   const info = {
-    version: VERSION, revision: 'unknown', golang_version: `node ${process.version}`, status: 'Clean', tag: VERSION,
+    version: VERSION,
+    revision: 'unknown',
+    golang_version: `node ${process.version}`,
+    status: 'Clean',
+    tag: VERSION,
     // The runtime inside the executable (scripts/build.sh pins it): what a security scan of the image must know.
-    node: process.version, v8: process.versions.v8, openssl: process.versions.openssl,
+    node: process.version,
+    v8: process.versions.v8,
+    openssl: process.versions.openssl,
   };
   if (output === 'json') return JSON.stringify({ clientVersion: info }, null, 2) + '\n';
-  if (output === 'yaml') return `clientVersion:\n${Object.entries(info).map(([k, v]) => `  ${k}: ${v}`).join('\n')}\n`;
+  if (output === 'yaml')
+    return `clientVersion:\n${Object.entries(info)
+      .map(([k, v]) => `  ${k}: ${v}`)
+      .join('\n')}\n`;
   return `pilot-agent version ${VERSION}\n`;
 }

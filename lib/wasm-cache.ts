@@ -163,8 +163,13 @@ export class WasmCache {
       let m;
       // The expected digest lets the fetcher refuse a wrong sha256 after the manifest, before any layer.
       const ociOpts = {
-        pullSecret: opts.pullSecret, insecure, timeoutMs: this.o.httpTimeoutMs, maxRetries: this.o.httpMaxRetries,
-        maxBytes: this.o.maxBytes, isBlocked: this.o.isBlocked, signal,
+        pullSecret: opts.pullSecret,
+        insecure,
+        timeoutMs: this.o.httpTimeoutMs,
+        maxRetries: this.o.httpMaxRetries,
+        maxBytes: this.o.maxBytes,
+        isBlocked: this.o.isBlocked,
+        signal,
         expectedManifestDigest: key.checksum ? `sha256:${key.checksum}` : undefined,
       };
       try {

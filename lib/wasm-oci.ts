@@ -52,7 +52,7 @@ export interface OciModule {
 
 /** Why a fetch failed, for the cache's log line and its `istio_agent_wasm_remote_fetch_count` result. */
 export type OciFailure =
-  | 'reference' | 'blocked' | 'auth' | 'manifest' | 'checksum' | 'too-large' | 'format' | 'download';
+  'reference' | 'blocked' | 'auth' | 'manifest' | 'checksum' | 'too-large' | 'format' | 'download';
 
 export class OciFetchError extends AgentError {
   readonly reason: OciFailure;
@@ -286,7 +286,7 @@ class RegistryClient {
       throw new OciFetchError('manifest', 'could not fetch manifest: the registry sent a body that is not JSON');
     }
     const o = (doc ?? {}) as Record<string, unknown>;
-    const mediaType = typeof o.mediaType === 'string' ? o.mediaType : contentType(res) ?? MEDIA.ociManifest;
+    const mediaType = typeof o.mediaType === 'string' ? o.mediaType : (contentType(res) ?? MEDIA.ociManifest);
     if (mediaType === MEDIA.ociIndex || mediaType === MEDIA.dockerList || Array.isArray(o.manifests)) {
       if (o.schemaVersion !== 2 || !Array.isArray(o.manifests)) {
         throw new OciFetchError('manifest', 'the image index is not schema version 2 with a list of manifests');
@@ -593,7 +593,10 @@ export function credentialsFor(registry: string, secret: Buffer | undefined): Cr
 }
 
 function hostOfKey(key: string): string {
-  return key.replace(/^[a-z]+:\/\//i, '').replace(/\/.*$/, '').toLowerCase();
+  return key
+    .replace(/^[a-z]+:\/\//i, '')
+    .replace(/\/.*$/, '')
+    .toLowerCase();
 }
 
 /** `Bearer realm="...",service="...",scope="..."` or `Basic realm="..."`. */
@@ -666,7 +669,11 @@ function retryable(status: number): boolean {
 }
 
 function statusText(res: Response): string {
-  const body = res.body.subarray(0, 200).toString('utf8').replace(/[^\x20-\x7e]+/g, ' ').trim();
+  const body = res.body
+    .subarray(0, 200)
+    .toString('utf8')
+    .replace(/[^\x20-\x7e]+/g, ' ')
+    .trim();
   return `HTTP ${res.status}${body ? ` (${body})` : ''}`;
 }
 

@@ -50,14 +50,21 @@ export async function workloadIdentity(
     log.info(`an SDS server already serves ${cfg.sdsServeSocket}; Envoy uses it and the agent serves no secrets`);
     return undefined;
   }
-  const mounted = filesOnly ? undefined : mountedCertsDir(envs.FILE_MOUNTED_CERTS.get(env), undefined, envs.OUTPUT_CERTS.get(env));
+  const mounted = filesOnly
+    ? undefined
+    : mountedCertsDir(envs.FILE_MOUNTED_CERTS.get(env), undefined, envs.OUTPUT_CERTS.get(env));
   let signer: CaClient | undefined;
   if (!mounted && !filesOnly) {
     if (standaloneSocket) {
       // The embedded CA's own test (lib/discovery/ca.ts caDeclared), not imported: that module is the CA server.
       if (fs.existsSync(path.join(cfg.standaloneDir, 'ca', 'identities'))) {
         const o = caClientOptions(cfg, env);
-        signer = new CaClient({ ...o, address: `unix:${path.resolve(standaloneSocket)}`, tls: false, headers: { ClusterID: cfg.clusterId } });
+        signer = new CaClient({
+          ...o,
+          address: `unix:${path.resolve(standaloneSocket)}`,
+          tls: false,
+          headers: { ClusterID: cfg.clusterId },
+        });
       }
     } else {
       signer = new CaClient(caClientOptions(cfg, env));
@@ -65,12 +72,18 @@ export async function workloadIdentity(
   }
   if (seen.sdsUnavailable) {
     if (mounted || signer) throw seen.sdsUnavailable;
-    log.warn(`no SDS server: ${seen.sdsUnavailable.message}; Envoy gets no file certificates (make ${path.dirname(cfg.sdsServeSocket)} writable to serve them)`);
+    log.warn(
+      `no SDS server: ${seen.sdsUnavailable.message}; Envoy gets no file certificates (make ${path.dirname(cfg.sdsServeSocket)} writable to serve them)`,
+    );
     return undefined;
   }
   const cache = new SecretCache({
     identity: spiffeId(cfg.trustDomain, cfg.podNamespace || 'default', cfg.serviceAccount || 'default'),
-    algorithm: keyAlgorithm(envs.ECC_SIGNATURE_ALGORITHM.get(env), envs.WORKLOAD_RSA_KEY_SIZE.get(env), envs.ECC_CURVE.get(env)),
+    algorithm: keyAlgorithm(
+      envs.ECC_SIGNATURE_ALGORITHM.get(env),
+      envs.WORKLOAD_RSA_KEY_SIZE.get(env),
+      envs.ECC_CURVE.get(env),
+    ),
     pkcs8: envs.PKCS8_KEY.get(env),
     ttlMs: envs.SECRET_TTL.get(env),
     graceRatio: envs.SECRET_GRACE_PERIOD_RATIO.get(env),
@@ -91,6 +104,21 @@ export async function workloadIdentity(
     lazy: true,
     prefetch: true,
   });
-  const sds = new SdsServer({ socketPath: cfg.sdsServeSocket, provider: cache, maxNamesPerStream: envs.SDS_MAX_NAMES_PER_STREAM.get(env) });
-  return { cache, sds, signer, source: mounted ? `files in ${mounted}` : signer ? `CA ${signer.address}` : filesOnly ? `file certificates only (${cfg.sdsSocket} serves the workload identity)` : 'file certificates only (no CA)' };
+  const sds = new SdsServer({
+    socketPath: cfg.sdsServeSocket,
+    provider: cache,
+    maxNamesPerStream: envs.SDS_MAX_NAMES_PER_STREAM.get(env),
+  });
+  return {
+    cache,
+    sds,
+    signer,
+    source: mounted
+      ? `files in ${mounted}`
+      : signer
+        ? `CA ${signer.address}`
+        : filesOnly
+          ? `file certificates only (${cfg.sdsSocket} serves the workload identity)`
+          : 'file certificates only (no CA)',
+  };
 }

@@ -8,16 +8,39 @@ export const TYPE_PREFIX = 'type.googleapis.com/';
 export const LISTENER_TYPE = `${TYPE_PREFIX}envoy.config.listener.v3.Listener`;
 
 // DiscoveryRequest
-const RQ_VERSION = 1, RQ_NODE = 2, RQ_NAMES = 3, RQ_TYPE = 4, RQ_NONCE = 5, RQ_ERROR = 6;
+const RQ_VERSION = 1,
+  RQ_NODE = 2,
+  RQ_NAMES = 3,
+  RQ_TYPE = 4,
+  RQ_NONCE = 5,
+  RQ_ERROR = 6;
 // DiscoveryResponse
-const RS_VERSION = 1, RS_RESOURCES = 2, RS_TYPE = 4, RS_NONCE = 5;
+const RS_VERSION = 1,
+  RS_RESOURCES = 2,
+  RS_TYPE = 4,
+  RS_NONCE = 5;
 // DeltaDiscoveryRequest
-const DQ_NODE = 1, DQ_TYPE = 2, DQ_SUB = 3, DQ_UNSUB = 4, DQ_INITIAL = 5, DQ_NONCE = 6, DQ_ERROR = 7;
+const DQ_NODE = 1,
+  DQ_TYPE = 2,
+  DQ_SUB = 3,
+  DQ_UNSUB = 4,
+  DQ_INITIAL = 5,
+  DQ_NONCE = 6,
+  DQ_ERROR = 7;
 // DeltaDiscoveryResponse and its Resource
-const DS_VERSION = 1, DS_RESOURCES = 2, DS_TYPE = 4, DS_NONCE = 5, DS_REMOVED = 6;
-const RES_VERSION = 1, RES_ANY = 2, RES_NAME = 3;
+const DS_VERSION = 1,
+  DS_RESOURCES = 2,
+  DS_TYPE = 4,
+  DS_NONCE = 5,
+  DS_REMOVED = 6;
+const RES_VERSION = 1,
+  RES_ANY = 2,
+  RES_NAME = 3;
 
-const WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5;
+const WT_VARINT = 0,
+  WT_I64 = 1,
+  WT_LEN = 2,
+  WT_I32 = 5;
 
 export interface ErrorDetail {
   code: number;
@@ -113,7 +136,8 @@ export function forEachField(buf: Buffer, visit: FieldVisitor, what = 'message')
         break;
       case WT_LEN: {
         const n = varint();
-        if (pos + n > len) throw bad(`${what}: field ${field} claims ${n} bytes but only ${len - pos} remain (byte ${tagAt})`);
+        if (pos + n > len)
+          throw bad(`${what}: field ${field} claims ${n} bytes but only ${len - pos} remain (byte ${tagAt})`);
         visit(field, wt, buf, pos, pos + n, 0);
         pos += n;
         break;
@@ -134,92 +158,174 @@ function str(buf: Buffer, start: number, end: number): string {
 
 function parseStatus(buf: Buffer): ErrorDetail {
   const out: ErrorDetail = { code: 0, message: '' };
-  forEachField(buf, (f, wt, b, s, e, v) => {
-    if (f === 1 && wt === WT_VARINT) out.code = v > 0x7fffffff ? v - 0x100000000 : v;
-    else if (f === 2 && wt === WT_LEN) out.message = str(b, s, e);
-  }, 'google.rpc.Status');
+  forEachField(
+    buf,
+    (f, wt, b, s, e, v) => {
+      if (f === 1 && wt === WT_VARINT) out.code = v > 0x7fffffff ? v - 0x100000000 : v;
+      else if (f === 2 && wt === WT_LEN) out.message = str(b, s, e);
+    },
+    'google.rpc.Status',
+  );
   return out;
 }
 
 export function parseSotwRequest(buf: Buffer): SotwRequest {
   const what = 'DiscoveryRequest';
   const r: SotwRequest = { versionInfo: '', resourceNames: [], typeUrl: '', responseNonce: '' };
-  forEachField(buf, (f, wt, b, s, e) => {
-    switch (f) {
-      case RQ_VERSION: expectLen(f, wt, what); r.versionInfo = str(b, s, e); break;
-      case RQ_NODE: expectLen(f, wt, what); r.node = b.subarray(s, e); break;
-      case RQ_NAMES: expectLen(f, wt, what); r.resourceNames.push(str(b, s, e)); break;
-      case RQ_TYPE: expectLen(f, wt, what); r.typeUrl = str(b, s, e); break;
-      case RQ_NONCE: expectLen(f, wt, what); r.responseNonce = str(b, s, e); break;
-      case RQ_ERROR: expectLen(f, wt, what); r.errorDetail = parseStatus(b.subarray(s, e)); break;
-    }
-  }, what);
+  forEachField(
+    buf,
+    (f, wt, b, s, e) => {
+      switch (f) {
+        case RQ_VERSION:
+          expectLen(f, wt, what);
+          r.versionInfo = str(b, s, e);
+          break;
+        case RQ_NODE:
+          expectLen(f, wt, what);
+          r.node = b.subarray(s, e);
+          break;
+        case RQ_NAMES:
+          expectLen(f, wt, what);
+          r.resourceNames.push(str(b, s, e));
+          break;
+        case RQ_TYPE:
+          expectLen(f, wt, what);
+          r.typeUrl = str(b, s, e);
+          break;
+        case RQ_NONCE:
+          expectLen(f, wt, what);
+          r.responseNonce = str(b, s, e);
+          break;
+        case RQ_ERROR:
+          expectLen(f, wt, what);
+          r.errorDetail = parseStatus(b.subarray(s, e));
+          break;
+      }
+    },
+    what,
+  );
   return r;
 }
 
 export function parseSotwResponse(buf: Buffer): SotwResponse {
   const what = 'DiscoveryResponse';
   const r: SotwResponse = { versionInfo: '', typeUrl: '', nonce: '', resourceCount: 0 };
-  forEachField(buf, (f, wt, b, s, e) => {
-    switch (f) {
-      case RS_VERSION: expectLen(f, wt, what); r.versionInfo = str(b, s, e); break;
-      case RS_RESOURCES: expectLen(f, wt, what); r.resourceCount++; break;
-      case RS_TYPE: expectLen(f, wt, what); r.typeUrl = str(b, s, e); break;
-      case RS_NONCE: expectLen(f, wt, what); r.nonce = str(b, s, e); break;
-    }
-  }, what);
+  forEachField(
+    buf,
+    (f, wt, b, s, e) => {
+      switch (f) {
+        case RS_VERSION:
+          expectLen(f, wt, what);
+          r.versionInfo = str(b, s, e);
+          break;
+        case RS_RESOURCES:
+          expectLen(f, wt, what);
+          r.resourceCount++;
+          break;
+        case RS_TYPE:
+          expectLen(f, wt, what);
+          r.typeUrl = str(b, s, e);
+          break;
+        case RS_NONCE:
+          expectLen(f, wt, what);
+          r.nonce = str(b, s, e);
+          break;
+      }
+    },
+    what,
+  );
   return r;
 }
 
 /** The Any bytes of each resource of a DiscoveryResponse, as views into buf. */
 export function sotwResources(buf: Buffer): Buffer[] {
   const out: Buffer[] = [];
-  forEachField(buf, (f, wt, b, s, e) => {
-    if (f === RS_RESOURCES && wt === WT_LEN) out.push(b.subarray(s, e));
-  }, 'DiscoveryResponse');
+  forEachField(
+    buf,
+    (f, wt, b, s, e) => {
+      if (f === RS_RESOURCES && wt === WT_LEN) out.push(b.subarray(s, e));
+    },
+    'DiscoveryResponse',
+  );
   return out;
 }
 
 function parseMapEntry(buf: Buffer): [string, string] {
   let k = '';
   let v = '';
-  forEachField(buf, (f, wt, b, s, e) => {
-    if (f === 1 && wt === WT_LEN) k = str(b, s, e);
-    else if (f === 2 && wt === WT_LEN) v = str(b, s, e);
-  }, 'map entry');
+  forEachField(
+    buf,
+    (f, wt, b, s, e) => {
+      if (f === 1 && wt === WT_LEN) k = str(b, s, e);
+      else if (f === 2 && wt === WT_LEN) v = str(b, s, e);
+    },
+    'map entry',
+  );
   return [k, v];
 }
 
 export function parseDeltaRequest(buf: Buffer): DeltaRequest {
   const what = 'DeltaDiscoveryRequest';
-  const r: DeltaRequest = { typeUrl: '', subscribe: [], unsubscribe: [], initialVersions: new Map(), responseNonce: '' };
-  forEachField(buf, (f, wt, b, s, e) => {
-    switch (f) {
-      case DQ_NODE: expectLen(f, wt, what); r.node = b.subarray(s, e); break;
-      case DQ_TYPE: expectLen(f, wt, what); r.typeUrl = str(b, s, e); break;
-      case DQ_SUB: expectLen(f, wt, what); r.subscribe.push(str(b, s, e)); break;
-      case DQ_UNSUB: expectLen(f, wt, what); r.unsubscribe.push(str(b, s, e)); break;
-      case DQ_INITIAL: {
-        expectLen(f, wt, what);
-        const [k, v] = parseMapEntry(b.subarray(s, e));
-        r.initialVersions.set(k, v);
-        break;
+  const r: DeltaRequest = {
+    typeUrl: '',
+    subscribe: [],
+    unsubscribe: [],
+    initialVersions: new Map(),
+    responseNonce: '',
+  };
+  forEachField(
+    buf,
+    (f, wt, b, s, e) => {
+      switch (f) {
+        case DQ_NODE:
+          expectLen(f, wt, what);
+          r.node = b.subarray(s, e);
+          break;
+        case DQ_TYPE:
+          expectLen(f, wt, what);
+          r.typeUrl = str(b, s, e);
+          break;
+        case DQ_SUB:
+          expectLen(f, wt, what);
+          r.subscribe.push(str(b, s, e));
+          break;
+        case DQ_UNSUB:
+          expectLen(f, wt, what);
+          r.unsubscribe.push(str(b, s, e));
+          break;
+        case DQ_INITIAL: {
+          expectLen(f, wt, what);
+          const [k, v] = parseMapEntry(b.subarray(s, e));
+          r.initialVersions.set(k, v);
+          break;
+        }
+        case DQ_NONCE:
+          expectLen(f, wt, what);
+          r.responseNonce = str(b, s, e);
+          break;
+        case DQ_ERROR:
+          expectLen(f, wt, what);
+          r.errorDetail = parseStatus(b.subarray(s, e));
+          break;
       }
-      case DQ_NONCE: expectLen(f, wt, what); r.responseNonce = str(b, s, e); break;
-      case DQ_ERROR: expectLen(f, wt, what); r.errorDetail = parseStatus(b.subarray(s, e)); break;
-    }
-  }, what);
+    },
+    what,
+  );
   return r;
 }
 
 function parseDeltaResource(buf: Buffer): DeltaResource {
   const r: DeltaResource = { name: '', version: '' };
-  forEachField(buf, (f, wt, b, s, e) => {
-    if (wt !== WT_LEN) return;
-    if (f === RES_NAME) r.name = str(b, s, e);
-    else if (f === RES_VERSION) r.version = str(b, s, e);
-    else if (f === RES_ANY) r.any = b.subarray(s, e);
-  }, 'Resource');
+  forEachField(
+    buf,
+    (f, wt, b, s, e) => {
+      if (wt !== WT_LEN) return;
+      if (f === RES_NAME) r.name = str(b, s, e);
+      else if (f === RES_VERSION) r.version = str(b, s, e);
+      else if (f === RES_ANY) r.any = b.subarray(s, e);
+    },
+    'Resource',
+  );
   return r;
 }
 
@@ -227,15 +333,34 @@ function parseDeltaResource(buf: Buffer): DeltaResource {
 export function parseDeltaResponse(buf: Buffer): DeltaResponse {
   const what = 'DeltaDiscoveryResponse';
   const r: DeltaResponse = { systemVersionInfo: '', typeUrl: '', nonce: '', resources: [], removed: [] };
-  forEachField(buf, (f, wt, b, s, e) => {
-    switch (f) {
-      case DS_VERSION: expectLen(f, wt, what); r.systemVersionInfo = str(b, s, e); break;
-      case DS_RESOURCES: expectLen(f, wt, what); r.resources.push(parseDeltaResource(b.subarray(s, e))); break;
-      case DS_TYPE: expectLen(f, wt, what); r.typeUrl = str(b, s, e); break;
-      case DS_NONCE: expectLen(f, wt, what); r.nonce = str(b, s, e); break;
-      case DS_REMOVED: expectLen(f, wt, what); r.removed.push(str(b, s, e)); break;
-    }
-  }, what);
+  forEachField(
+    buf,
+    (f, wt, b, s, e) => {
+      switch (f) {
+        case DS_VERSION:
+          expectLen(f, wt, what);
+          r.systemVersionInfo = str(b, s, e);
+          break;
+        case DS_RESOURCES:
+          expectLen(f, wt, what);
+          r.resources.push(parseDeltaResource(b.subarray(s, e)));
+          break;
+        case DS_TYPE:
+          expectLen(f, wt, what);
+          r.typeUrl = str(b, s, e);
+          break;
+        case DS_NONCE:
+          expectLen(f, wt, what);
+          r.nonce = str(b, s, e);
+          break;
+        case DS_REMOVED:
+          expectLen(f, wt, what);
+          r.removed.push(str(b, s, e));
+          break;
+      }
+    },
+    what,
+  );
   return r;
 }
 
@@ -244,9 +369,13 @@ export function nodeId(node: Buffer | undefined): string {
   let id = '';
   if (!node) return id;
   try {
-    forEachField(node, (f, wt, b, s, e) => {
-      if (f === 1 && wt === WT_LEN) id = str(b, s, e);
-    }, 'Node');
+    forEachField(
+      node,
+      (f, wt, b, s, e) => {
+        if (f === 1 && wt === WT_LEN) id = str(b, s, e);
+      },
+      'Node',
+    );
   } catch {
     return '';
   }
@@ -256,10 +385,14 @@ export function nodeId(node: Buffer | undefined): string {
 /** google.protobuf.Any: type_url = 1, value = 2. */
 export function unpackAnyBytes(any: Buffer): { typeUrl: string; value: Buffer } {
   const out: { typeUrl: string; value: Buffer } = { typeUrl: '', value: Buffer.alloc(0) };
-  forEachField(any, (f, wt, b, s, e) => {
-    if (f === 1 && wt === WT_LEN) out.typeUrl = str(b, s, e);
-    else if (f === 2 && wt === WT_LEN) out.value = b.subarray(s, e);
-  }, 'google.protobuf.Any');
+  forEachField(
+    any,
+    (f, wt, b, s, e) => {
+      if (f === 1 && wt === WT_LEN) out.typeUrl = str(b, s, e);
+      else if (f === 2 && wt === WT_LEN) out.value = b.subarray(s, e);
+    },
+    'google.protobuf.Any',
+  );
   return out;
 }
 
@@ -321,7 +454,10 @@ export class Writer {
 
 function encodeStatus(e: ErrorDetail): Buffer {
   // A negative int32 as its low 32 bits: decoders truncate int32 varints to 32 bits.
-  return new Writer().varint(1, e.code >>> 0).string(2, e.message).finish();
+  return new Writer()
+    .varint(1, e.code >>> 0)
+    .string(2, e.message)
+    .finish();
 }
 
 /** The tag and length of a Node field, to put in front of a message that lacks one (concatenation merges). */
@@ -357,7 +493,10 @@ export function packAnyBytes(typeUrl: string, value: Buffer): Buffer {
 
 /** A DiscoveryResponse from resources already packed as Any bytes (the SDS server's answers). */
 export function encodeSotwResponse(r: {
-  versionInfo: string; resources: Buffer[]; typeUrl: string; nonce: string;
+  versionInfo: string;
+  resources: Buffer[];
+  typeUrl: string;
+  nonce: string;
 }): Buffer {
   const w = new Writer().string(RS_VERSION, r.versionInfo);
   for (const any of r.resources) w.message(RS_RESOURCES, any);
@@ -366,7 +505,9 @@ export function encodeSotwResponse(r: {
 
 /** A DeltaDiscoveryResponse; each resource's Any is already packed. */
 export function encodeDeltaResponse(r: {
-  systemVersionInfo: string; resources: { name: string; version: string; any: Buffer }[]; typeUrl: string;
+  systemVersionInfo: string;
+  resources: { name: string; version: string; any: Buffer }[];
+  typeUrl: string;
   nonce: string;
   removed?: string[];
 }): Buffer {
@@ -385,10 +526,14 @@ export function withSotwResources(buf: Buffer, anys: readonly Buffer[]): Buffer 
   const w = new Writer();
   const parts: Buffer[] = [];
   let from = 0;
-  forEachField(buf, (f, _wt, b, _s, e) => {
-    if (f !== RS_RESOURCES) parts.push(b.subarray(from, e));
-    from = e;
-  }, 'DiscoveryResponse');
+  forEachField(
+    buf,
+    (f, _wt, b, _s, e) => {
+      if (f !== RS_RESOURCES) parts.push(b.subarray(from, e));
+      from = e;
+    },
+    'DiscoveryResponse',
+  );
   for (const a of anys) w.lenField(RS_RESOURCES, a);
   return Buffer.concat([...parts, w.finish()]);
 }
@@ -398,32 +543,42 @@ export function withSotwResources(buf: Buffer, anys: readonly Buffer[]): Buffer 
  * is left out), and whose removed names are those `keepRemoved` keeps; every other byte as it came.
  */
 export function withDeltaResources(
-  buf: Buffer, anys: ReadonlyArray<Buffer | undefined>, keepRemoved: (name: string) => boolean,
+  buf: Buffer,
+  anys: ReadonlyArray<Buffer | undefined>,
+  keepRemoved: (name: string) => boolean,
 ): Buffer {
   const parts: Buffer[] = [];
   let from = 0;
   let n = 0;
-  forEachField(buf, (f, wt, b, s, e) => {
-    const raw = b.subarray(from, e);
-    from = e;
-    if (f === DS_REMOVED && wt === WT_LEN) {
-      if (keepRemoved(str(b, s, e))) parts.push(raw);
-      return;
-    }
-    if (f !== DS_RESOURCES || wt !== WT_LEN) return void parts.push(raw);
-    const res = b.subarray(s, e);
-    if (parseDeltaResource(res).any === undefined) return void parts.push(raw);
-    const replacement = anys[n++];
-    if (!replacement) return;
-    const inner: Buffer[] = [];
-    let at = 0;
-    forEachField(res, (rf, _rwt, rb, _rs, re) => {
-      if (rf !== RES_ANY) inner.push(rb.subarray(at, re));
-      at = re;
-    }, 'Resource');
-    inner.push(new Writer().lenField(RES_ANY, replacement).finish());
-    parts.push(new Writer().lenField(DS_RESOURCES, Buffer.concat(inner)).finish());
-  }, 'DeltaDiscoveryResponse');
+  forEachField(
+    buf,
+    (f, wt, b, s, e) => {
+      const raw = b.subarray(from, e);
+      from = e;
+      if (f === DS_REMOVED && wt === WT_LEN) {
+        if (keepRemoved(str(b, s, e))) parts.push(raw);
+        return;
+      }
+      if (f !== DS_RESOURCES || wt !== WT_LEN) return void parts.push(raw);
+      const res = b.subarray(s, e);
+      if (parseDeltaResource(res).any === undefined) return void parts.push(raw);
+      const replacement = anys[n++];
+      if (!replacement) return;
+      const inner: Buffer[] = [];
+      let at = 0;
+      forEachField(
+        res,
+        (rf, _rwt, rb, _rs, re) => {
+          if (rf !== RES_ANY) inner.push(rb.subarray(at, re));
+          at = re;
+        },
+        'Resource',
+      );
+      inner.push(new Writer().lenField(RES_ANY, replacement).finish());
+      parts.push(new Writer().lenField(DS_RESOURCES, Buffer.concat(inner)).finish());
+    },
+    'DeltaDiscoveryResponse',
+  );
   return Buffer.concat(parts);
 }
 

@@ -29,7 +29,10 @@ export const ISTIO_DESCRIPTOR = {
                 v1: {
                   nested: {
                     NameTable: {
-                      fields: { table: { keyType: 'string', type: 'NameInfo', id: 1 }, name_info: { type: 'NameInfo', id: 2 } },
+                      fields: {
+                        table: { keyType: 'string', type: 'NameInfo', id: 1 },
+                        name_info: { type: 'NameInfo', id: 2 },
+                      },
                       nested: { NameInfo: nameInfo },
                     },
                   },
@@ -41,7 +44,13 @@ export const ISTIO_DESCRIPTOR = {
         v1: { nested: { HealthInformation: { fields: {} } } },
         // Only the field the agent reads (PCDS roots); protobufjs skips the others.
         mesh: {
-          nested: { v1alpha1: { nested: { ProxyConfig: { fields: { ca_certificates_pem: { rule: 'repeated', type: 'string', id: 34 } } } } } },
+          nested: {
+            v1alpha1: {
+              nested: {
+                ProxyConfig: { fields: { ca_certificates_pem: { rule: 'repeated', type: 'string', id: 34 } } },
+              },
+            },
+          },
         },
       },
     },
@@ -71,7 +80,9 @@ export function decodeNameTable(any: Buffer): NameTable {
   const { typeUrl, value } = unpackAnyBytes(any);
   if (typeUrl !== NAME_TABLE_TYPE) throw new Error(`expected ${NAME_TABLE_TYPE}, got ${typeUrl || 'no type URL'}`);
   const t = istioRoot().lookupType('istio.networking.nds.v1.NameTable');
-  const o = t.toObject(t.decode(value), { defaults: true, arrays: true, objects: true }) as { table: Record<string, NameInfo> };
+  const o = t.toObject(t.decode(value), { defaults: true, arrays: true, objects: true }) as {
+    table: Record<string, NameInfo>;
+  };
   return { table: o.table };
 }
 

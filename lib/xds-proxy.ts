@@ -45,7 +45,13 @@ import { json } from './status-server';
 import { scope } from './log';
 import { bindUnixSocket, type BoundUnixServer } from './grpc-unix';
 import {
-  newCounters, Session, type AgentHandler, type AgentRequest, type Counters, type ResourceRewriter, type SessionContext,
+  newCounters,
+  Session,
+  type AgentHandler,
+  type AgentRequest,
+  type Counters,
+  type ResourceRewriter,
+  type SessionContext,
 } from './xds-session';
 import type { XdsKind } from './xds-state';
 import type { SecretReferenceSink } from './secret-names';
@@ -83,8 +89,14 @@ const STREAM_LOG_WINDOW_MS = 10_000;
 const identity = (b: Buffer) => b;
 function method(kind: XdsKind, name: string): grpc.MethodDefinition<Buffer, Buffer> {
   return {
-    path: ADS_PATHS[kind], requestStream: true, responseStream: true, originalName: name,
-    requestSerialize: identity, requestDeserialize: identity, responseSerialize: identity, responseDeserialize: identity,
+    path: ADS_PATHS[kind],
+    requestStream: true,
+    responseStream: true,
+    originalName: name,
+    requestSerialize: identity,
+    requestDeserialize: identity,
+    responseSerialize: identity,
+    responseDeserialize: identity,
   };
 }
 const ADS_DEFINITION: grpc.ServiceDefinition = {
@@ -115,7 +127,8 @@ export class XdsProxy implements Component {
   private burstWarned = false;
   private lastRefusalWarn = -Infinity;
   private readonly lineBudget = new LineBudget(STREAM_LOG_BURST, STREAM_LOG_WINDOW_MS, (n) =>
-    log.info(`${n} more xDS stream lines in the last ${STREAM_LOG_WINDOW_MS / 1000} s were logged at debug level`));
+    log.info(`${n} more xDS stream lines in the last ${STREAM_LOG_WINDOW_MS / 1000} s were logged at debug level`),
+  );
   private state: 'new' | 'starting' | 'listening' | 'closed' = 'new';
   // Metadata object -> status gRPC itself sent, so a stream that grpc-js ends (e.g. oversized message) logs why.
   private readonly statusSlots = new WeakMap<grpc.Metadata, StatusSlot>();
@@ -173,7 +186,11 @@ export class XdsProxy implements Component {
     } catch (e) {
       this.server?.forceShutdown();
       this.state = 'closed';
-      const err = wrap(`failed to start xDS proxy on ${this.socketPath}`, e, e instanceof AgentError ? undefined : 'IO');
+      const err = wrap(
+        `failed to start xDS proxy on ${this.socketPath}`,
+        e,
+        e instanceof AgentError ? undefined : 'IO',
+      );
       this.resolveClosed(err);
       throw err;
     }
@@ -183,7 +200,9 @@ export class XdsProxy implements Component {
       return;
     }
     this.state = 'listening';
-    log.info(`xDS proxy listening on ${this.socketPath}, upstream ${this.o.upstream.address} (${this.o.upstream.tls ? 'TLS' : 'plaintext'})`);
+    log.info(
+      `xDS proxy listening on ${this.socketPath}, upstream ${this.o.upstream.address} (${this.o.upstream.tls ? 'TLS' : 'plaintext'})`,
+    );
   }
 
   /** Ends every stream and removes the socket. Safe to call twice. */
@@ -232,23 +251,48 @@ export class XdsProxy implements Component {
     registerCounters(registry, 'istio_agent_', 'xDS proxy', () => this.metrics());
     // The Go agent's names for what it measures the same way (dashboards and alerts use them).
     const c = this.counters;
-    counterFrom(registry, 'istio_agent_xds_proxy_requests', 'The total number of Xds Proxy Requests', () => c.requests_to_upstream);
-    counterFrom(registry, 'istio_agent_xds_proxy_responses', 'The total number of Xds Proxy Responses', () => c.responses_to_envoy);
-    counterFrom(registry, 'istio_agent_istiod_connection_failures', 'The total number of connection failures to Istiod', () => c.upstream_dial_failures_total);
+    counterFrom(
+      registry,
+      'istio_agent_xds_proxy_requests',
+      'The total number of Xds Proxy Requests',
+      () => c.requests_to_upstream,
+    );
+    counterFrom(
+      registry,
+      'istio_agent_xds_proxy_responses',
+      'The total number of Xds Proxy Responses',
+      () => c.responses_to_envoy,
+    );
+    counterFrom(
+      registry,
+      'istio_agent_istiod_connection_failures',
+      'The total number of connection failures to Istiod',
+      () => c.upstream_dial_failures_total,
+    );
     // Go: istiodDisconnections and envoyDisconnections, type="cancelled" | "error" (pkg/istio-agent/metrics).
-    const byType = (name: string, help: string, read: () => [number, number]) => registry.registerMetric(new Counter({
-      name, help, labelNames: ['type'], registers: [],
-      collect() {
-        this.reset();
-        const [cancelled, error] = read();
-        if (cancelled) this.inc({ type: 'cancelled' }, cancelled);
-        if (error) this.inc({ type: 'error' }, error);
-      },
-    }));
-    byType('istio_agent_istiod_connection_terminations', 'The total number of connection errors to Istiod',
-      () => [c.istiod_stream_cancellations_total, c.istiod_stream_errors_total]);
-    byType('istio_agent_envoy_connection_terminations', 'The total number of connection errors from envoy',
-      () => [c.envoy_stream_cancellations_total, c.envoy_stream_errors_total]);
+    const byType = (name: string, help: string, read: () => [number, number]) =>
+      registry.registerMetric(
+        new Counter({
+          name,
+          help,
+          labelNames: ['type'],
+          registers: [],
+          collect() {
+            this.reset();
+            const [cancelled, error] = read();
+            if (cancelled) this.inc({ type: 'cancelled' }, cancelled);
+            if (error) this.inc({ type: 'error' }, error);
+          },
+        }),
+      );
+    byType('istio_agent_istiod_connection_terminations', 'The total number of connection errors to Istiod', () => [
+      c.istiod_stream_cancellations_total,
+      c.istiod_stream_errors_total,
+    ]);
+    byType('istio_agent_envoy_connection_terminations', 'The total number of connection errors from envoy', () => [
+      c.envoy_stream_cancellations_total,
+      c.envoy_stream_errors_total,
+    ]);
   }
 
   routes(): StatusRoute[] {
@@ -259,9 +303,16 @@ export class XdsProxy implements Component {
   debugState(): Record<string, unknown> {
     return {
       socket: this.socketPath,
-      upstream: { address: this.o.upstream.address, tls: this.o.upstream.tls, serverName: this.o.upstream.tls ? this.o.upstream.serverName : undefined },
+      upstream: {
+        address: this.o.upstream.address,
+        tls: this.o.upstream.tls,
+        serverName: this.o.upstream.tls ? this.o.upstream.serverName : undefined,
+      },
       agentTypes: [...this.handlers.keys()],
-      agentRequests: [...this.agentRequests.values()].map((r) => ({ typeUrl: r.typeUrl, error: r.errorDetail?.message })),
+      agentRequests: [...this.agentRequests.values()].map((r) => ({
+        typeUrl: r.typeUrl,
+        error: r.errorDetail?.message,
+      })),
       streams: [...this.sessions.values()].map((s) => s.debugState()),
     };
   }
@@ -277,8 +328,11 @@ export class XdsProxy implements Component {
         const now = performance.now();
         this.burstWarned = now - this.lastRefusalWarn >= STREAM_LOG_WINDOW_MS;
         if (this.burstWarned) this.lastRefusalWarn = now;
-        (this.burstWarned ? log.warn : log.debug)(`refusing new xDS streams with RESOURCE_EXHAUSTED: ${this.sessions.size} `
-          + `are open, the most this proxy serves (Envoy holds one, two during a hot restart)`, { peer: call.getPeer() });
+        (this.burstWarned ? log.warn : log.debug)(
+          `refusing new xDS streams with RESOURCE_EXHAUSTED: ${this.sessions.size} ` +
+            `are open, the most this proxy serves (Envoy holds one, two during a hot restart)`,
+          { peer: call.getPeer() },
+        );
       }
       const details = `the xDS proxy serves at most ${this.maxStreams} streams at once`;
       call.emit('error', { code: grpc.status.RESOURCE_EXHAUSTED, details });
@@ -312,16 +366,16 @@ export class XdsProxy implements Component {
       send(status);
     };
     return new grpc.ServerInterceptingCall(call, {
-      start: (next) => next({
-        onReceiveMetadata: (md, nextMd) => {
-          this.statusSlots.set(md, slot);
-          nextMd(md);
-        },
-      }),
+      start: (next) =>
+        next({
+          onReceiveMetadata: (md, nextMd) => {
+            this.statusSlots.set(md, slot);
+            nextMd(md);
+          },
+        }),
     });
   };
 }
-
 
 /**
  * At most `burst` lines per window at their own level; the rest go to debug and their number is logged once the

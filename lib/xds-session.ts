@@ -8,12 +8,31 @@ import type * as grpc from '@grpc/grpc-js';
 import { errorMessage } from './errors';
 import { scope } from './log';
 import {
-  encodeDeltaRequest, encodeSotwRequest, LISTENER_TYPE, nodeField, TYPE_PREFIX, nodeId, parseDeltaRequest, parseDeltaResponse,
-  parseSotwRequest, parseSotwResponse, sotwResources, withDeltaResources, withoutFields, withSotwResources,
-  type DeltaResponse, type ErrorDetail,
+  encodeDeltaRequest,
+  encodeSotwRequest,
+  LISTENER_TYPE,
+  nodeField,
+  TYPE_PREFIX,
+  nodeId,
+  parseDeltaRequest,
+  parseDeltaResponse,
+  parseSotwRequest,
+  parseSotwResponse,
+  sotwResources,
+  withDeltaResources,
+  withoutFields,
+  withSotwResources,
+  type DeltaResponse,
+  type ErrorDetail,
 } from './xds-codec';
 import {
-  DeltaSubscriptions, IssuedNonces, namesKey, SotwSubscriptions, STRIP_STALE, type Subscriptions, type XdsKind,
+  DeltaSubscriptions,
+  IssuedNonces,
+  namesKey,
+  SotwSubscriptions,
+  STRIP_STALE,
+  type Subscriptions,
+  type XdsKind,
 } from './xds-state';
 import { backoffDelay, openUpstream, type Backoff, type UpstreamCall, type UpstreamOptions } from './xds-upstream';
 import { mayNameFile, type SecretReferenceSink } from './secret-names';
@@ -97,14 +116,31 @@ export interface Counters {
 
 export function newCounters(): Counters {
   return {
-    downstream_streams_total: 0, requests_from_envoy: 0, request_bytes_from_envoy: 0, requests_to_upstream: 0,
-    request_bytes_to_upstream: 0, responses_from_upstream: 0, response_bytes_from_upstream: 0, responses_to_envoy: 0,
-    response_bytes_to_envoy: 0, upstream_connects_total: 0, upstream_reconnects_total: 0, upstream_failures_total: 0,
-    envoy_nacks_total: 0, agent_acks_total: 0, agent_nacks_total: 0, bad_messages_total: 0,
-    downstream_streams_refused_total: 0, responses_rewritten_total: 0, rewrite_nacks_total: 0,
-    upstream_dial_failures_total: 0, upstream_terminations_total: 0,
-    envoy_stream_cancellations_total: 0, envoy_stream_errors_total: 0,
-    istiod_stream_cancellations_total: 0, istiod_stream_errors_total: 0,
+    downstream_streams_total: 0,
+    requests_from_envoy: 0,
+    request_bytes_from_envoy: 0,
+    requests_to_upstream: 0,
+    request_bytes_to_upstream: 0,
+    responses_from_upstream: 0,
+    response_bytes_from_upstream: 0,
+    responses_to_envoy: 0,
+    response_bytes_to_envoy: 0,
+    upstream_connects_total: 0,
+    upstream_reconnects_total: 0,
+    upstream_failures_total: 0,
+    envoy_nacks_total: 0,
+    agent_acks_total: 0,
+    agent_nacks_total: 0,
+    bad_messages_total: 0,
+    downstream_streams_refused_total: 0,
+    responses_rewritten_total: 0,
+    rewrite_nacks_total: 0,
+    upstream_dial_failures_total: 0,
+    upstream_terminations_total: 0,
+    envoy_stream_cancellations_total: 0,
+    envoy_stream_errors_total: 0,
+    istiod_stream_cancellations_total: 0,
+    istiod_stream_errors_total: 0,
   };
 }
 
@@ -240,7 +276,13 @@ export class Session {
         const req = parseSotwRequest(buf);
         if (!req.typeUrl) throw new Error('no type_url');
         this.subs.record(buf, req);
-        this.noteEnvoyRequest(req.typeUrl, req.responseNonce, req.errorDetail, req.versionInfo, req.resourceNames.length);
+        this.noteEnvoyRequest(
+          req.typeUrl,
+          req.responseNonce,
+          req.errorDetail,
+          req.versionInfo,
+          req.resourceNames.length,
+        );
         typeUrl = req.typeUrl;
         nonce = req.responseNonce;
         names = namesKey(req.resourceNames);
@@ -249,7 +291,13 @@ export class Session {
         const req = parseDeltaRequest(buf);
         if (!req.typeUrl) throw new Error('no type_url');
         this.subs.record(req);
-        this.noteEnvoyRequest(req.typeUrl, req.responseNonce, req.errorDetail, undefined, this.subs.subscribed(req.typeUrl).length);
+        this.noteEnvoyRequest(
+          req.typeUrl,
+          req.responseNonce,
+          req.errorDetail,
+          undefined,
+          this.subs.subscribed(req.typeUrl).length,
+        );
         typeUrl = req.typeUrl;
         nonce = req.responseNonce;
         changesNothing = req.subscribe.length === 0 && req.unsubscribe.length === 0;
@@ -274,7 +322,13 @@ export class Session {
     this.sendUpstream(up, typeUrl, out, names);
   }
 
-  private noteEnvoyRequest(typeUrl: string, nonce: string, err: ErrorDetail | undefined, version: string | undefined, subscribed: number): void {
+  private noteEnvoyRequest(
+    typeUrl: string,
+    nonce: string,
+    err: ErrorDetail | undefined,
+    version: string | undefined,
+    subscribed: number,
+  ): void {
     const t = this.typeDebug(typeUrl);
     t.envoy = { version, nonce, at: new Date().toISOString(), subscribed };
     if (err && nonce) {
@@ -286,7 +340,8 @@ export class Session {
 
   /** `names`: SotW requests from Envoy, the resource names they carry. */
   private sendUpstream(up: Upstream, typeUrl: string, bytes: Buffer, names?: string): void {
-    if (!up.sentAny && this.subs.node && !hasNode(bytes, this.kind)) bytes = Buffer.concat([nodeField(this.kind, this.subs.node), bytes]);
+    if (!up.sentAny && this.subs.node && !hasNode(bytes, this.kind))
+      bytes = Buffer.concat([nodeField(this.kind, this.subs.node), bytes]);
     up.sentAny = true;
     up.queue.push(bytes);
     if (names !== undefined) up.sentNames.set(typeUrl, names);
@@ -323,9 +378,10 @@ export class Session {
   private injectAgentRequests(up: Upstream, types: string[], withAgentRequests: boolean): void {
     for (const t of types) {
       this.typeDebug(t).agent = true;
-      const bytes = this.kind === 'sotw'
-        ? encodeSotwRequest({ typeUrl: t, versionInfo: this.agentVersions.get(t) })
-        : encodeDeltaRequest({ typeUrl: t });
+      const bytes =
+        this.kind === 'sotw'
+          ? encodeSotwRequest({ typeUrl: t, versionInfo: this.agentVersions.get(t) })
+          : encodeDeltaRequest({ typeUrl: t });
       this.sendUpstream(up, t, bytes);
     }
     if (withAgentRequests) for (const r of this.ctx.agentRequests()) this.sendAgentRequest(r);
@@ -341,9 +397,20 @@ export class Session {
   sendAgentRequest(r: AgentRequest): void {
     const up = this.upstream;
     if (!up || up.ended || !up.agentInjected) return;
-    const bytes = this.kind === 'sotw'
-      ? encodeSotwRequest({ typeUrl: r.typeUrl, resourceNames: r.resourceNames, responseNonce: r.nonce, errorDetail: r.errorDetail })
-      : encodeDeltaRequest({ typeUrl: r.typeUrl, subscribe: r.resourceNames, responseNonce: r.nonce, errorDetail: r.errorDetail });
+    const bytes =
+      this.kind === 'sotw'
+        ? encodeSotwRequest({
+            typeUrl: r.typeUrl,
+            resourceNames: r.resourceNames,
+            responseNonce: r.nonce,
+            errorDetail: r.errorDetail,
+          })
+        : encodeDeltaRequest({
+            typeUrl: r.typeUrl,
+            subscribe: r.resourceNames,
+            responseNonce: r.nonce,
+            errorDetail: r.errorDetail,
+          });
     this.sendUpstream(up, r.typeUrl, bytes);
   }
 
@@ -352,50 +419,71 @@ export class Session {
     for (const r of this.ctx.agentRequests()) this.sendAgentRequest(r);
   }
 
-  private handleAgentResponse(up: Upstream, buf: Buffer, delta: DeltaResponse | undefined, typeUrl: string, version: string, nonce: string): void {
+  private handleAgentResponse(
+    up: Upstream,
+    buf: Buffer,
+    delta: DeltaResponse | undefined,
+    typeUrl: string,
+    version: string,
+    nonce: string,
+  ): void {
     const handler = this.ctx.handler(typeUrl)!;
     const prev = this.agentChains.get(typeUrl) ?? Promise.resolve();
     // One response at a time per type, in order; a slow handler never blocks Envoy's types.
-    const next = prev.then(async () => {
-      let resources: Buffer[];
-      const meta: AgentResponseMeta = { typeUrl, version, nonce };
-      if (!delta) {
-        resources = sotwResources(buf);
-      } else {
-        const present = delta.resources.filter((r) => r.any);
-        resources = present.map((r) => r.any!);
-        meta.names = present.map((r) => r.name);
-        meta.removed = delta.removed;
-      }
-      let err: unknown;
-      if (this.ctx.isPrimary(this)) {
-        try {
-          await handler(resources, meta);
-        } catch (e) {
-          err = e ?? new Error('handler failed');
+    const next = prev
+      .then(async () => {
+        let resources: Buffer[];
+        const meta: AgentResponseMeta = { typeUrl, version, nonce };
+        if (!delta) {
+          resources = sotwResources(buf);
+        } else {
+          const present = delta.resources.filter((r) => r.any);
+          resources = present.map((r) => r.any!);
+          meta.names = present.map((r) => r.name);
+          meta.removed = delta.removed;
         }
-      }
-      if (up !== this.upstream || up.ended) return; // the reconnect re-subscribes
-      const t = this.typeDebug(typeUrl);
-      let bytes: Buffer;
-      if (err !== undefined) {
-        this.ctx.counters.agent_nacks_total++;
-        const errorDetail = { code: NACK_CODE, message: errorMessage(err) };
-        t.envoy = { version: this.agentVersions.get(typeUrl), nonce, at: new Date().toISOString(), nack: errorDetail.message };
-        log.warn(`agent rejected ${shortType(typeUrl)} version ${version} (nonce ${nonce}): ${errorDetail.message}`);
-        bytes = this.kind === 'sotw'
-          ? encodeSotwRequest({ typeUrl, versionInfo: this.agentVersions.get(typeUrl), responseNonce: nonce, errorDetail })
-          : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
-      } else {
-        this.ctx.counters.agent_acks_total++;
-        this.agentVersions.set(typeUrl, version);
-        t.envoy = { version, nonce, at: new Date().toISOString() };
-        bytes = this.kind === 'sotw'
-          ? encodeSotwRequest({ typeUrl, versionInfo: version, responseNonce: nonce })
-          : encodeDeltaRequest({ typeUrl, responseNonce: nonce });
-      }
-      this.sendUpstream(up, typeUrl, bytes);
-    }).catch((e) => log.error(`handling ${shortType(typeUrl)} failed: ${errorMessage(e)}`));
+        let err: unknown;
+        if (this.ctx.isPrimary(this)) {
+          try {
+            await handler(resources, meta);
+          } catch (e) {
+            err = e ?? new Error('handler failed');
+          }
+        }
+        if (up !== this.upstream || up.ended) return; // the reconnect re-subscribes
+        const t = this.typeDebug(typeUrl);
+        let bytes: Buffer;
+        if (err !== undefined) {
+          this.ctx.counters.agent_nacks_total++;
+          const errorDetail = { code: NACK_CODE, message: errorMessage(err) };
+          t.envoy = {
+            version: this.agentVersions.get(typeUrl),
+            nonce,
+            at: new Date().toISOString(),
+            nack: errorDetail.message,
+          };
+          log.warn(`agent rejected ${shortType(typeUrl)} version ${version} (nonce ${nonce}): ${errorDetail.message}`);
+          bytes =
+            this.kind === 'sotw'
+              ? encodeSotwRequest({
+                  typeUrl,
+                  versionInfo: this.agentVersions.get(typeUrl),
+                  responseNonce: nonce,
+                  errorDetail,
+                })
+              : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
+        } else {
+          this.ctx.counters.agent_acks_total++;
+          this.agentVersions.set(typeUrl, version);
+          t.envoy = { version, nonce, at: new Date().toISOString() };
+          bytes =
+            this.kind === 'sotw'
+              ? encodeSotwRequest({ typeUrl, versionInfo: version, responseNonce: nonce })
+              : encodeDeltaRequest({ typeUrl, responseNonce: nonce });
+        }
+        this.sendUpstream(up, typeUrl, bytes);
+      })
+      .catch((e) => log.error(`handling ${shortType(typeUrl)} failed: ${errorMessage(e)}`));
     this.agentChains.set(typeUrl, next);
   }
 
@@ -428,7 +516,10 @@ export class Session {
       if (!typeUrl) throw new Error('no type_url');
     } catch (e) {
       c.bad_messages_total++;
-      this.endUpstream(up, `malformed ${UPSTREAM_RESPONSE[this.kind]} from ${this.ctx.upstream.address} (${buf.length} bytes): ${errorMessage(e)}`);
+      this.endUpstream(
+        up,
+        `malformed ${UPSTREAM_RESPONSE[this.kind]} from ${this.ctx.upstream.address} (${buf.length} bytes): ${errorMessage(e)}`,
+      );
       return;
     }
     up.gotResponse = true;
@@ -485,7 +576,12 @@ export class Session {
    * earlier one, and a response left with nothing is dropped (Envoy ACKs the later one).
    */
   private rewriteAndForward(
-    up: Upstream, buf: Buffer, delta: DeltaResponse | undefined, typeUrl: string, nonce: string, rewrite: ResourceRewriter,
+    up: Upstream,
+    buf: Buffer,
+    delta: DeltaResponse | undefined,
+    typeUrl: string,
+    nonce: string,
+    rewrite: ResourceRewriter,
   ): void {
     const seq = ++this.rewriteSeq;
     const present = delta?.resources.filter((r) => r.any);
@@ -495,15 +591,18 @@ export class Session {
       if (stale()) return;
       this.ctx.counters.rewrite_nacks_total++;
       const errorDetail = { code: NACK_CODE, message: errorMessage(err) };
-      log.warn(`agent rejected ${shortType(typeUrl)} (nonce ${nonce}) for Envoy's stream ${this.id}: `
-        + errorDetail.message);
+      log.warn(
+        `agent rejected ${shortType(typeUrl)} (nonce ${nonce}) for Envoy's stream ${this.id}: ` + errorDetail.message,
+      );
       // SotW: on Envoy's latest request (its names, the version it accepted), so the server sees no change of
       // subscription (Go sends no names, which reads as a wildcard request).
-      const bytes = this.subs.kind === 'sotw'
-        ? Buffer.concat([
-          this.subs.latest(typeUrl) ?? Buffer.alloc(0), encodeSotwRequest({ typeUrl, responseNonce: nonce, errorDetail }),
-        ])
-        : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
+      const bytes =
+        this.subs.kind === 'sotw'
+          ? Buffer.concat([
+              this.subs.latest(typeUrl) ?? Buffer.alloc(0),
+              encodeSotwRequest({ typeUrl, responseNonce: nonce, errorDetail }),
+            ])
+          : encodeDeltaRequest({ typeUrl, responseNonce: nonce, errorDetail });
       this.sendUpstream(up, typeUrl, bytes);
     };
     let pending: Array<Promise<{ name: string; any: Buffer }>>;
@@ -527,7 +626,7 @@ export class Session {
       const keep = ready.filter((i) => !newer(name(i)));
       for (const i of ready) sent[i] = true;
       const removed = removalsSent ? [] : (delta?.removed ?? []).filter((n) => !newer(n));
-      const hadAny = ready.length + (removalsSent ? 0 : delta?.removed.length ?? 0) > 0;
+      const hadAny = ready.length + (removalsSent ? 0 : (delta?.removed.length ?? 0)) > 0;
       removalsSent = true;
       if (hadAny && keep.length + removed.length === 0) {
         log.debug(`${shortType(typeUrl)} nonce ${nonce}: left out, later responses brought its resources to Envoy`);
@@ -539,17 +638,32 @@ export class Session {
         this.subs.recordResponse({ ...delta, resources: present!.filter((_, i) => chosen.has(i)), removed });
       }
       const bytes = delta
-        ? withDeltaResources(buf, out.map((r, i) => (chosen.has(i) ? r!.any : undefined)), (n) => removed.includes(n))
-        : withSotwResources(buf, keep.map((i) => out[i]!.any));
+        ? withDeltaResources(
+            buf,
+            out.map((r, i) => (chosen.has(i) ? r!.any : undefined)),
+            (n) => removed.includes(n),
+          )
+        : withSotwResources(
+            buf,
+            keep.map((i) => out[i]!.any),
+          );
       this.ctx.counters.responses_rewritten_total++;
       this.forwardToEnvoy(bytes);
     };
-    pending.forEach((p, i) => void p.then((r) => (out[i] = r), () => undefined));
-    Promise.all(pending).then(() => {
-      finished = true;
-      const rest = out.map((_, i) => i).filter((i) => !sent[i]);
-      if (rest.length || !removalsSent) emit(rest);
-    }, nack).catch((e) => log.error(`forwarding ${shortType(typeUrl)} failed: ${errorMessage(e)}`));
+    pending.forEach(
+      (p, i) =>
+        void p.then(
+          (r) => (out[i] = r),
+          () => undefined,
+        ),
+    );
+    Promise.all(pending)
+      .then(() => {
+        finished = true;
+        const rest = out.map((_, i) => i).filter((i) => !sent[i]);
+        if (rest.length || !removalsSent) emit(rest);
+      }, nack)
+      .catch((e) => log.error(`forwarding ${shortType(typeUrl)} failed: ${errorMessage(e)}`));
     // What needed no I/O has resolved by the next turn of the event loop: it goes now, the rest when ready.
     setImmediate(() => {
       if (finished) return;
@@ -561,7 +675,6 @@ export class Session {
       }
     });
   }
-
 
   /** SotW: the response is every listener (cluster); Delta: each resource replaces or removes its own names. */
   private noteSecretReferences(typeUrl: string, buf: Buffer, delta: DeltaResponse | undefined): void {
@@ -588,7 +701,9 @@ export class Session {
   private start(): void {
     this.hasStarted = true;
     this.ctx.started(this);
-    this.ctx.streamLog('info', `Envoy connected: ${METHOD[this.kind]} stream ${this.id}`, { peer: this.call.getPeer() });
+    this.ctx.streamLog('info', `Envoy connected: ${METHOD[this.kind]} stream ${this.id}`, {
+      peer: this.call.getPeer(),
+    });
     this.connect();
   }
 
@@ -613,8 +728,19 @@ export class Session {
       return;
     }
     const cur: Upstream = (up = {
-      gen, up: handle, connected: false, ended: false, queue: [], writing: false, reading: false, sentAny: false,
-      issued: new IssuedNonces(), sentNames: new Map(), agentInjected: false, gotResponse: false, openedAt: Date.now(),
+      gen,
+      up: handle,
+      connected: false,
+      ended: false,
+      queue: [],
+      writing: false,
+      reading: false,
+      sentAny: false,
+      issued: new IssuedNonces(),
+      sentNames: new Map(),
+      agentInjected: false,
+      gotResponse: false,
+      openedAt: Date.now(),
     });
     this.upstream = cur;
     this.readNext(cur);
@@ -626,9 +752,15 @@ export class Session {
       }
       cur.connected = true;
       c.upstream_connects_total++;
-      const lost = this.lostAt === undefined ? '' : `, ${((performance.now() - this.lostAt) / 1000).toFixed(1)} s after it was lost`;
+      const lost =
+        this.lostAt === undefined
+          ? ''
+          : `, ${((performance.now() - this.lostAt) / 1000).toFixed(1)} s after it was lost`;
       const again = gen > 1 ? ` (reconnect ${gen - 1}${lost})` : '';
-      this.ctx.streamLog('info', `connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${again}`);
+      this.ctx.streamLog(
+        'info',
+        `connected to upstream ${this.ctx.upstream.address} for Envoy's stream ${this.id}${again}`,
+      );
       this.lastReconnectWhy = '';
     });
     // The first upstream stream gets Envoy's first request as it came (the caller forwards it next); a later one
@@ -659,8 +791,7 @@ export class Session {
       this.ctx.counters.upstream_terminations_total++;
       if (!up.endReason && expectedEnd(s)) this.ctx.counters.istiod_stream_cancellations_total++;
       else this.ctx.counters.istiod_stream_errors_total++;
-    }
-    else this.ctx.counters.upstream_dial_failures_total++;
+    } else this.ctx.counters.upstream_dial_failures_total++;
     if (s.code === 8 /* RESOURCE_EXHAUSTED: a message over the size limit */) this.ctx.counters.bad_messages_total++;
     // Start the backoff over only after a stream that worked for a while, so a server that answers once and
     // then fails (a crash loop, a push over the size limit) is not hammered every initialMs.
@@ -710,7 +841,7 @@ export class Session {
     this.upstream = undefined;
     if (up && !up.ended) {
       up.ended = true;
-      up.up.cancel('Envoy\'s stream closed');
+      up.up.cancel("Envoy's stream closed");
       up.up.close();
     }
     if (graceful) {
@@ -773,9 +904,25 @@ export function shortType(typeUrl: string): string {
   return typeUrl.slice(typeUrl.lastIndexOf('.') + 1) || typeUrl;
 }
 
-const STATUS_NAMES = ['OK', 'CANCELLED', 'UNKNOWN', 'INVALID_ARGUMENT', 'DEADLINE_EXCEEDED', 'NOT_FOUND', 'ALREADY_EXISTS',
-  'PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'FAILED_PRECONDITION', 'ABORTED', 'OUT_OF_RANGE', 'UNIMPLEMENTED', 'INTERNAL',
-  'UNAVAILABLE', 'DATA_LOSS', 'UNAUTHENTICATED'];
+const STATUS_NAMES = [
+  'OK',
+  'CANCELLED',
+  'UNKNOWN',
+  'INVALID_ARGUMENT',
+  'DEADLINE_EXCEEDED',
+  'NOT_FOUND',
+  'ALREADY_EXISTS',
+  'PERMISSION_DENIED',
+  'RESOURCE_EXHAUSTED',
+  'FAILED_PRECONDITION',
+  'ABORTED',
+  'OUT_OF_RANGE',
+  'UNIMPLEMENTED',
+  'INTERNAL',
+  'UNAVAILABLE',
+  'DATA_LOSS',
+  'UNAUTHENTICATED',
+];
 function statusName(code: number): string {
   return STATUS_NAMES[code] ?? `code ${code}`;
 }
@@ -783,5 +930,8 @@ function statusName(code: number): string {
 /** Go's GRPCErrorType: the peer went away (EOF, Canceled, DeadlineExceeded, Unavailable for a lost connection). */
 function expectedEnd(s: { code: number; details: string }): boolean {
   if (s.code === 0 || s.code === 1 || s.code === 4) return true;
-  return s.code === 14 && /connection dropped|ECONNRESET|EOF|transport is closing|client disconnected|GOAWAY/i.test(s.details);
+  return (
+    s.code === 14 &&
+    /connection dropped|ECONNRESET|EOF|transport is closing|client disconnected|GOAWAY/i.test(s.details)
+  );
 }

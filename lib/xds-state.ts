@@ -4,8 +4,14 @@
 // (SotW), or its current subscriptions with the versions of the resources it has ACKed (Delta).
 
 import {
-  DELTA_REQUEST_FIELDS, encodeDeltaRequest, nodeField, SOTW_REQUEST_FIELDS, withoutFields,
-  type DeltaRequest, type DeltaResponse, type SotwRequest,
+  DELTA_REQUEST_FIELDS,
+  encodeDeltaRequest,
+  nodeField,
+  SOTW_REQUEST_FIELDS,
+  withoutFields,
+  type DeltaRequest,
+  type DeltaResponse,
+  type SotwRequest,
 } from './xds-codec';
 
 export type XdsKind = 'sotw' | 'delta';
@@ -77,7 +83,12 @@ export class DeltaSubscriptions {
     if (req.node && !this.node) this.node = Buffer.from(req.node);
     let st = this.state.get(req.typeUrl);
     if (!st) {
-      st = { legacyWildcard: req.subscribe.length === 0, names: new Set(), versions: new Map(req.initialVersions), pending: new Map() };
+      st = {
+        legacyWildcard: req.subscribe.length === 0,
+        names: new Set(),
+        versions: new Map(req.initialVersions),
+        pending: new Map(),
+      };
       this.state.set(req.typeUrl, st);
     }
     for (const n of req.subscribe) st.names.add(n);

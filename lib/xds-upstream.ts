@@ -73,7 +73,8 @@ export function upstreamFromConfig(cfg: AgentConfig, env: Env): UpstreamOptions 
   const headers: Record<string, string> = { ClusterID: cfg.clusterId };
   for (const [k, v] of Object.entries(env)) {
     // As Istio does: the rest of the variable's name is the header name (gRPC lowercases it).
-    if (k.startsWith(XDS_HEADER_PREFIX) && k.length > XDS_HEADER_PREFIX.length && v !== undefined) headers[k.slice(XDS_HEADER_PREFIX.length)] = v;
+    if (k.startsWith(XDS_HEADER_PREFIX) && k.length > XDS_HEADER_PREFIX.length && v !== undefined)
+      headers[k.slice(XDS_HEADER_PREFIX.length)] = v;
   }
   const san = envs.ISTIOD_SAN.get(env);
   const o: UpstreamOptions = {
@@ -164,7 +165,9 @@ function rootCa(o: UpstreamOptions): Buffer | null {
 function clientCert(o: UpstreamOptions): { key: Buffer; cert: Buffer } | undefined {
   const files = o.clientCertDir
     ? { cert: path.join(o.clientCertDir, 'cert-chain.pem'), key: path.join(o.clientCertDir, 'key.pem') }
-    : o.clientCertFile && o.clientKeyFile ? { cert: o.clientCertFile, key: o.clientKeyFile } : undefined;
+    : o.clientCertFile && o.clientKeyFile
+      ? { cert: o.clientCertFile, key: o.clientKeyFile }
+      : undefined;
   if (!files) return undefined;
   const cert = readIfExists(files.cert);
   const key = readIfExists(files.key);
@@ -214,7 +217,12 @@ export function upstreamMetadata(o: UpstreamOptions): grpc.Metadata {
 }
 
 /** Opens one ADS call on a new channel with a connection of its own. Throws AgentError if credentials cannot be loaded. */
-export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes: number, listener: UpstreamListener): UpstreamCall {
+export function openUpstream(
+  o: UpstreamOptions,
+  kind: XdsKind,
+  maxMessageBytes: number,
+  listener: UpstreamListener,
+): UpstreamCall {
   const options: grpc.ChannelOptions = {
     'grpc.max_receive_message_length': maxMessageBytes,
     'grpc.max_send_message_length': maxMessageBytes,
@@ -236,7 +244,8 @@ export function openUpstream(o: UpstreamOptions, kind: XdsKind, maxMessageBytes:
     const cc = clientCert(o);
     creds = tlsCredentials(o.compliancePolicy, rootCa(o), cc?.key ?? null, cc?.cert ?? null);
     const { host } = splitHostPort(o.address);
-    if (o.serverName && o.serverName !== host && !net.isIP(o.serverName)) options['grpc.ssl_target_name_override'] = o.serverName;
+    if (o.serverName && o.serverName !== host && !net.isIP(o.serverName))
+      options['grpc.ssl_target_name_override'] = o.serverName;
   } else {
     creds = grpc.credentials.createInsecure();
   }

@@ -56,6 +56,12 @@ echo "test: building dist/pilot-agent"
 if ! bash scripts/build.sh; then echo "test: build failed"; echo "0 passed, 1 failed"; exit 1; fi
 echo "test: tsc --noEmit"
 if ! npx tsc --noEmit; then echo "test: type check failed"; failed=1; fi
+# lib/ and the entry points are kept as prettier formats them (.prettierrc.json: 120 columns); `npm run format` fixes.
+echo "test: prettier --check"
+if ! npx prettier --check 'lib/**/*.ts' agent.ts agent-snapshot.ts >/dev/null; then
+  npx prettier --list-different 'lib/**/*.ts' agent.ts agent-snapshot.ts | sed 's/^/test: not formatted: /'
+  failed=1
+fi
 
 pattern="${1:-\.test\.ts$}"
 # One uvu process a file: an unhandled rejection in one file ends that file's run (counted as a failure), not the

@@ -84,13 +84,22 @@ export class AdsConnection {
   private closed = false;
   private nonceSeq = 0;
 
-  constructor(readonly proxy: Proxy, readonly delta: boolean, private readonly host: ConnectionHost) {
+  constructor(
+    readonly proxy: Proxy,
+    readonly delta: boolean,
+    private readonly host: ConnectionHost,
+  ) {
     this.id = `${proxy.id}-${++nextConnId}`;
   }
 
   /** Types the proxy subscribed to, with the version it last ACKed. */
   subscriptions(): { typeUrl: string; acked?: string; sent?: string; resources: number }[] {
-    return [...this.watches].map(([typeUrl, w]) => ({ typeUrl, acked: w.ackedVersion, sent: w.last?.version, resources: w.has.size }));
+    return [...this.watches].map(([typeUrl, w]) => ({
+      typeUrl,
+      acked: w.ackedVersion,
+      sent: w.last?.version,
+      resources: w.has.size,
+    }));
   }
 
   close(): void {
@@ -131,7 +140,10 @@ export class AdsConnection {
       try {
         await fn();
       } catch (e) {
-        log.error('xDS connection failed to handle a request or push', { proxy: this.proxy.id, error: (e as Error).stack ?? String(e) });
+        log.error('xDS connection failed to handle a request or push', {
+          proxy: this.proxy.id,
+          error: (e as Error).stack ?? String(e),
+        });
       }
     });
   }
@@ -192,11 +204,29 @@ export class AdsConnection {
     const nonce = this.nonce();
     // Envoy warms an updated EDS cluster until its endpoints come again: the next EDS step re-sends them.
     const eds = type === TYPE_URLS.cluster ? this.watches.get(TYPE_URLS.endpoint) : undefined;
-    if (eds?.last && chosen.some((r) => { const old = w.last?.resources.get(r.name); return old !== undefined && old.hash !== r.hash; })) eds.last.setHash = '';
-    w.last = { nonce, version: push.version, resources: new Map(chosen.map((r) => [r.name, r])), previous: new Map(), setHash: h };
+    if (
+      eds?.last &&
+      chosen.some((r) => {
+        const old = w.last?.resources.get(r.name);
+        return old !== undefined && old.hash !== r.hash;
+      })
+    )
+      eds.last.setHash = '';
+    w.last = {
+      nonce,
+      version: push.version,
+      resources: new Map(chosen.map((r) => [r.name, r])),
+      previous: new Map(),
+      setHash: h,
+    };
     for (const n of [...w.has.keys()]) if (!w.last.resources.has(n)) w.has.delete(n);
     for (const r of chosen) w.has.set(r.name, r.hash);
-    await this.host.write(this, { version_info: push.version, resources: chosen.map((r) => r.any), type_url: type, nonce });
+    await this.host.write(this, {
+      version_info: push.version,
+      resources: chosen.map((r) => r.any),
+      type_url: type,
+      nonce,
+    });
   }
 
   // ---- delta ----
@@ -237,12 +267,22 @@ export class AdsConnection {
     if (isNew || subscribe.length) await this.sendDelta(this.host.current(), type, w, isNew, subscribe);
   }
 
-  private async sendDelta(push: PushContext, type: string, w: Watch, always: boolean, requested: string[]): Promise<void> {
+  private async sendDelta(
+    push: PushContext,
+    type: string,
+    w: Watch,
+    always: boolean,
+    requested: string[],
+  ): Promise<void> {
     const all = generate(push, this.proxy, type, w.names);
-    const desired = w.wildcard ? all : new Map([...w.names].flatMap((n) => {
-      const r = all.get(n);
-      return r ? [[n, r] as const] : [];
-    }));
+    const desired = w.wildcard
+      ? all
+      : new Map(
+          [...w.names].flatMap((n) => {
+            const r = all.get(n);
+            return r ? [[n, r] as const] : [];
+          }),
+        );
     const changed: Resource[] = [];
     for (const r of desired.values()) {
       if (w.has.get(r.name) === r.hash) continue;
@@ -268,7 +308,13 @@ export class AdsConnection {
       previous.set(n, w.has.get(n));
       w.has.delete(n);
     }
-    w.last = { nonce, version: push.version, resources: new Map(changed.map((r) => [r.name, r])), previous, setHash: '' };
+    w.last = {
+      nonce,
+      version: push.version,
+      resources: new Map(changed.map((r) => [r.name, r])),
+      previous,
+      setHash: '',
+    };
     await this.host.write(this, {
       system_version_info: push.version,
       resources: changed.map((r) => ({ name: r.name, version: r.hash, resource: r.any })),
@@ -308,7 +354,8 @@ function mentions(detail: string, name: string): boolean {
   while (i >= 0) {
     const before = detail[i - 1];
     const after = detail[i + name.length];
-    if ((before === undefined || !/[\w|.:-]/.test(before)) && (after === undefined || !/[\w|.-]/.test(after))) return true;
+    if ((before === undefined || !/[\w|.:-]/.test(before)) && (after === undefined || !/[\w|.-]/.test(after)))
+      return true;
     i = detail.indexOf(name, i + 1);
   }
   return false;

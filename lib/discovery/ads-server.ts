@@ -46,7 +46,11 @@ type Call = grpc.ServerDuplexStream<Record<string, unknown>, Record<string, unkn
 function codec(t: protobuf.Type) {
   return {
     serialize: (o: Record<string, unknown>) => Buffer.from(t.encode(o).finish()),
-    deserialize: (b: Buffer) => t.toObject(t.decode(b), { longs: Number, enums: String, defaults: false, arrays: true }) as Record<string, unknown>,
+    deserialize: (b: Buffer) =>
+      t.toObject(t.decode(b), { longs: Number, enums: String, defaults: false, arrays: true }) as Record<
+        string,
+        unknown
+      >,
   };
 }
 
@@ -65,8 +69,16 @@ function serviceDefinition(): grpc.ServiceDefinition {
     };
   };
   return {
-    StreamAggregatedResources: method('StreamAggregatedResources', 'envoy.service.discovery.v3.DiscoveryRequest', 'envoy.service.discovery.v3.DiscoveryResponse'),
-    DeltaAggregatedResources: method('DeltaAggregatedResources', 'envoy.service.discovery.v3.DeltaDiscoveryRequest', 'envoy.service.discovery.v3.DeltaDiscoveryResponse'),
+    StreamAggregatedResources: method(
+      'StreamAggregatedResources',
+      'envoy.service.discovery.v3.DiscoveryRequest',
+      'envoy.service.discovery.v3.DiscoveryResponse',
+    ),
+    DeltaAggregatedResources: method(
+      'DeltaAggregatedResources',
+      'envoy.service.discovery.v3.DeltaDiscoveryRequest',
+      'envoy.service.discovery.v3.DeltaDiscoveryResponse',
+    ),
   } as grpc.ServiceDefinition;
 }
 
@@ -80,7 +92,8 @@ export interface ConnectionStatus {
   subscriptions: ReturnType<AdsConnection['subscriptions']>;
 }
 
-const identityOf = (p: Proxy) => (p.identity ? `${p.identity.namespace}/${p.identity.serviceAccount} (${p.identity.via})` : 'anonymous');
+const identityOf = (p: Proxy) =>
+  p.identity ? `${p.identity.namespace}/${p.identity.serviceAccount} (${p.identity.via})` : 'anonymous';
 
 export class AdsServer {
   private readonly server: grpc.Server;
@@ -124,7 +137,9 @@ export class AdsServer {
       throw new AgentError('CONFIG_INVALID', `"${address}" is not HOST:PORT, unix:/path or an absolute path`);
     }
     const port = await new Promise<number>((resolve, reject) => {
-      this.server.bindAsync(target, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(new AgentError('IO', `cannot listen on ${address}: ${err.message}`, err)) : resolve(p)));
+      this.server.bindAsync(target, grpc.ServerCredentials.createInsecure(), (err, p) =>
+        err ? reject(new AgentError('IO', `cannot listen on ${address}: ${err.message}`, err)) : resolve(p),
+      );
     });
     if (this.socketPath) {
       // Owner and group only: the agents that may pull the mesh config run as this user or in its group.
@@ -149,7 +164,14 @@ export class AdsServer {
   }
 
   status(): { connections: ConnectionStatus[]; nacks: Nack[] } {
-    const connections = [...this.calls.keys()].map((c) => ({ id: c.id, proxy: c.proxy.id, identity: identityOf(c.proxy), type: c.proxy.type, delta: c.delta, subscriptions: c.subscriptions() }));
+    const connections = [...this.calls.keys()].map((c) => ({
+      id: c.id,
+      proxy: c.proxy.id,
+      identity: identityOf(c.proxy),
+      type: c.proxy.type,
+      delta: c.delta,
+      subscriptions: c.subscriptions(),
+    }));
     return { connections, nacks: [...this.nackLog] };
   }
 
@@ -212,9 +234,16 @@ export class AdsServer {
         if (verdict.identity) proxy = withIdentity(proxy, verdict.identity);
         conn = new AdsConnection(proxy, delta, host);
         this.calls.set(conn, call);
-        log.info('proxy connected', { proxy: conn.proxy.id, kind: conn.proxy.type, identity: identityOf(proxy), protocol: delta ? 'delta' : 'sotw', connections: this.calls.size });
+        log.info('proxy connected', {
+          proxy: conn.proxy.id,
+          kind: conn.proxy.type,
+          identity: identityOf(proxy),
+          protocol: delta ? 'delta' : 'sotw',
+          connections: this.calls.size,
+        });
       }
-      if (req.type_url === HEALTH_INFO_TYPE) return this.opts.onHealth?.(conn.proxy, req.error_detail as { message?: string } | undefined);
+      if (req.type_url === HEALTH_INFO_TYPE)
+        return this.opts.onHealth?.(conn.proxy, req.error_detail as { message?: string } | undefined);
       if (delta) conn.onDeltaRequest(req as DeltaRequest);
       else conn.onSotwRequest(req as SotwRequest);
     });
@@ -246,6 +275,9 @@ export class AdsServer {
     this.nackLog.push(n);
     if (this.nackLog.length > MAX_NACKS_KEPT) this.nackLog.shift();
     const what = n.names.length ? n.names.join(', ') : 'the whole response';
-    log.warn(`proxy rejected ${what} (${n.typeUrl.split('.').pop()}); not sending it again until its config changes: ${n.detail}`, { proxy: n.proxy, version: n.version });
+    log.warn(
+      `proxy rejected ${what} (${n.typeUrl.split('.').pop()}); not sending it again until its config changes: ${n.detail}`,
+      { proxy: n.proxy, version: n.version },
+    );
   }
 }

@@ -39,7 +39,9 @@ export function needsVip(svc: Pick<Service, 'hostname' | 'addresses' | 'resoluti
 }
 
 /** hostname -> allocated VIP for every service that needs one; deterministic for a given set of services. */
-export function allocateVips(services: readonly Pick<Service, 'hostname' | 'addresses' | 'resolution'>[]): Map<string, string> {
+export function allocateVips(
+  services: readonly Pick<Service, 'hostname' | 'addresses' | 'resolution'>[],
+): Map<string, string> {
   const taken = new Set<number>();
   for (const s of services) {
     for (const a of s.addresses) {
@@ -47,7 +49,10 @@ export function allocateVips(services: readonly Pick<Service, 'hostname' | 'addr
       if (slot !== undefined) taken.add(slot);
     }
   }
-  const hosts = services.filter(needsVip).map((s) => s.hostname).sort();
+  const hosts = services
+    .filter(needsVip)
+    .map((s) => s.hostname)
+    .sort();
   const out = new Map<string, string>();
   const probing: string[] = [];
   for (const h of hosts) {

@@ -97,7 +97,11 @@ export class EmbeddedCa {
       throw new AgentError('IO', `embedded CA: cannot read its root (${certFile}, ${keyFile}): ${errorMessage(e)}`, e);
     }
     const mode = fs.statSync(keyFile).mode & 0o077;
-    if (mode) throw new AgentError('CONFIG_INVALID', `embedded CA: ${keyFile} is readable by group or others (mode ${(fs.statSync(keyFile).mode & 0o777).toString(8)}); want 0600`);
+    if (mode)
+      throw new AgentError(
+        'CONFIG_INVALID',
+        `embedded CA: ${keyFile} is readable by group or others (mode ${(fs.statSync(keyFile).mode & 0o777).toString(8)}); want 0600`,
+      );
     let root: X509.X509Certificate;
     let key: webcrypto.CryptoKey;
     try {
@@ -114,7 +118,11 @@ export class EmbeddedCa {
   /** Signs the CSR for the identity the token proves; AgentError (code BAD_INPUT) with the reason otherwise. */
   async sign(req: CertificateRequest, token: string | undefined): Promise<string[]> {
     const X = x509();
-    if (!token) throw new AgentError('BAD_INPUT', 'no bearer token: a caller proves its identity with the token file of that identity');
+    if (!token)
+      throw new AgentError(
+        'BAD_INPUT',
+        'no bearer token: a caller proves its identity with the token file of that identity',
+      );
     const who = this.identities.identityForToken(token);
     if (!who) throw new AgentError('BAD_INPUT', 'the token matches no identity under ca/identities');
     const id = spiffeId(this.o.trustDomain, who.namespace, who.serviceAccount);
@@ -125,10 +133,16 @@ export class EmbeddedCa {
       throw new AgentError('BAD_INPUT', `the CSR does not parse: ${errorMessage(e)}`, e);
     }
     if (!(await csr.verify())) throw new AgentError('BAD_INPUT', 'the CSR signature does not verify');
-    const san = csr.extensions.find((e): e is X509.SubjectAlternativeNameExtension => e instanceof X.SubjectAlternativeNameExtension);
+    const san = csr.extensions.find(
+      (e): e is X509.SubjectAlternativeNameExtension => e instanceof X.SubjectAlternativeNameExtension,
+    );
     const uris = san?.names.items.filter((n) => n.type === 'url').map((n) => n.value) ?? [];
-    if (uris.length !== 1 || uris[0] !== id) throw new AgentError('BAD_INPUT', `the token is for ${id}; the CSR asks for ${uris.join(', ') || 'no URI SAN'}`);
-    const ttl = Math.min(req.validityDuration > 0 ? req.validityDuration * 1000 : DEFAULT_TTL_MS, this.o.maxTtlMs ?? DEFAULT_MAX_TTL_MS);
+    if (uris.length !== 1 || uris[0] !== id)
+      throw new AgentError('BAD_INPUT', `the token is for ${id}; the CSR asks for ${uris.join(', ') || 'no URI SAN'}`);
+    const ttl = Math.min(
+      req.validityDuration > 0 ? req.validityDuration * 1000 : DEFAULT_TTL_MS,
+      this.o.maxTtlMs ?? DEFAULT_MAX_TTL_MS,
+    );
     const now = this.now();
     const notAfter = Math.min(now + ttl, this.root.notAfter.getTime());
     const leaf = await X.X509CertificateGenerator.create({
@@ -159,7 +173,10 @@ export class EmbeddedCa {
     return {
       definition: CA_SERVICE_DEFINITION,
       implementation: {
-        CreateCertificate: (call: grpc.ServerUnaryCall<CertificateRequest, CertificateResponse>, cb: grpc.sendUnaryData<CertificateResponse>) => {
+        CreateCertificate: (
+          call: grpc.ServerUnaryCall<CertificateRequest, CertificateResponse>,
+          cb: grpc.sendUnaryData<CertificateResponse>,
+        ) => {
           const auth = String(call.metadata.get('authorization')[0] ?? '');
           const token = /^Bearer\s+(.+)$/i.exec(auth)?.[1]?.trim();
           this.sign(call.request, token).then(
@@ -167,7 +184,11 @@ export class EmbeddedCa {
             (e) => {
               this.stats.refused++;
               log.warn(`embedded CA: refused a certificate request: ${errorMessage(e)}`);
-              const code = !token ? grpc.status.UNAUTHENTICATED : /matches no identity/.test(errorMessage(e)) ? grpc.status.UNAUTHENTICATED : grpc.status.PERMISSION_DENIED;
+              const code = !token
+                ? grpc.status.UNAUTHENTICATED
+                : /matches no identity/.test(errorMessage(e))
+                  ? grpc.status.UNAUTHENTICATED
+                  : grpc.status.PERMISSION_DENIED;
               cb({ code, details: errorMessage(e) });
             },
           );
@@ -190,18 +211,27 @@ async function createRoot(o: EmbeddedCaOptions, certFile: string, keyFile: strin
   try {
     fs.mkdirSync(lock);
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw new AgentError('IO', `embedded CA: cannot create ${lock}: ${errorMessage(e)}`, e);
+    if ((e as NodeJS.ErrnoException).code !== 'EEXIST')
+      throw new AgentError('IO', `embedded CA: cannot create ${lock}: ${errorMessage(e)}`, e);
     // Another process is creating the root: wait for it.
     const deadline = Date.now() + 10_000;
     while (!(fs.existsSync(certFile) && fs.existsSync(keyFile))) {
-      if (Date.now() > deadline) throw new AgentError('TIMEOUT', `embedded CA: another process has been creating the root in ${o.dir} for 10 s (remove ${lock} if it died)`);
+      if (Date.now() > deadline)
+        throw new AgentError(
+          'TIMEOUT',
+          `embedded CA: another process has been creating the root in ${o.dir} for 10 s (remove ${lock} if it died)`,
+        );
       await new Promise((r) => setTimeout(r, 50));
     }
     return;
   }
   try {
     if (fs.existsSync(certFile)) return; // created between our check and the lock
-    if (fs.existsSync(keyFile)) throw new AgentError('CONFIG_INVALID', `embedded CA: ${keyFile} exists without ${certFile}; restore the certificate or remove the key to make a new root`);
+    if (fs.existsSync(keyFile))
+      throw new AgentError(
+        'CONFIG_INVALID',
+        `embedded CA: ${keyFile} exists without ${certFile}; restore the certificate or remove the key to make a new root`,
+      );
     const keys = (await webcrypto.subtle.generateKey(ALG, true, ['sign', 'verify'])) as webcrypto.CryptoKeyPair;
     const now = o.now?.() ?? Date.now();
     const cert = await X.X509CertificateGenerator.createSelfSigned({
@@ -213,7 +243,10 @@ async function createRoot(o: EmbeddedCaOptions, certFile: string, keyFile: strin
       notAfter: new Date(now + ROOT_LIFETIME_MS),
       extensions: [
         new X.BasicConstraintsExtension(true, undefined, true),
-        new X.KeyUsagesExtension(X.KeyUsageFlags.keyCertSign | X.KeyUsageFlags.cRLSign | X.KeyUsageFlags.digitalSignature, true),
+        new X.KeyUsagesExtension(
+          X.KeyUsageFlags.keyCertSign | X.KeyUsageFlags.cRLSign | X.KeyUsageFlags.digitalSignature,
+          true,
+        ),
         await X.SubjectKeyIdentifierExtension.create(keys.publicKey as never),
       ],
     });

@@ -53,7 +53,10 @@ export class MemoryConfigStore implements ConfigStoreCache {
     const old = m.get(key);
     if (!old) throw new AgentError('BAD_INPUT', `${key} does not exist`);
     if (config.meta.resourceVersion && config.meta.resourceVersion !== old.meta.resourceVersion) {
-      throw new AgentError('BAD_INPUT', `${key}: resourceVersion ${config.meta.resourceVersion} is stale (current ${old.meta.resourceVersion})`);
+      throw new AgentError(
+        'BAD_INPUT',
+        `${key}: resourceVersion ${config.meta.resourceVersion} is stale (current ${old.meta.resourceVersion})`,
+      );
     }
     const stored = this.stamp(config);
     m.set(key, stored);
@@ -90,7 +93,10 @@ export class MemoryConfigStore implements ConfigStoreCache {
 
   private stamp(config: Config): Config {
     this.revision++;
-    return Object.freeze({ meta: Object.freeze({ ...config.meta, resourceVersion: String(this.revision) }), spec: config.spec });
+    return Object.freeze({
+      meta: Object.freeze({ ...config.meta, resourceVersion: String(this.revision) }),
+      spec: config.spec,
+    });
   }
 
   private notify(kind: Kind, old: Config | undefined, cur: Config | undefined, event: Event): void {

@@ -1,7 +1,16 @@
 // Checks that need the whole config set at once: duplicate names, hosts defined twice, and references (routes to
 // unknown hosts, ports or subsets; unknown gateways). A set with any issue is never applied.
 
-import { type Config, type DestinationRuleSpec, describe, type GatewaySpec, keyOf, qualifyHost, type ServiceEntrySpec, type VirtualServiceSpec } from './model';
+import {
+  type Config,
+  type DestinationRuleSpec,
+  describe,
+  type GatewaySpec,
+  keyOf,
+  qualifyHost,
+  type ServiceEntrySpec,
+  type VirtualServiceSpec,
+} from './model';
 import { hostCovers } from './visibility';
 import { credentialIssues, tlsIssues } from './cross-check-tls';
 import { formatPath, type Path } from './schema';
@@ -11,7 +20,11 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
   const issues: ConfigIssue[] = [];
   const issue = (c: Config, path: Path, message: string) => {
     const src = c.meta.source;
-    const i: ConfigIssue = { file: src?.file ?? '(api)', subject: `${c.meta.kind} ${c.meta.namespace}/${c.meta.name}`, message };
+    const i: ConfigIssue = {
+      file: src?.file ?? '(api)',
+      subject: `${c.meta.kind} ${c.meta.namespace}/${c.meta.name}`,
+      message,
+    };
     if (src) {
       i.doc = src.doc;
       Object.assign(i, src.locate?.(path));
@@ -23,7 +36,12 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
   const seen = new Map<string, Config>();
   for (const c of configs) {
     const prev = seen.get(keyOf(c));
-    if (prev) issue(c, ['metadata', 'name'], `duplicate name: ${c.meta.kind} ${c.meta.namespace}/${c.meta.name} is also defined in ${describe(prev)}`);
+    if (prev)
+      issue(
+        c,
+        ['metadata', 'name'],
+        `duplicate name: ${c.meta.kind} ${c.meta.namespace}/${c.meta.name} is also defined in ${describe(prev)}`,
+      );
     else seen.set(keyOf(c), c);
   }
   const unique = [...seen.values()];
@@ -85,7 +103,12 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
           else meshHosts.set(h, vs);
           return;
         }
-        if (!se) return issue(vs, ['spec', 'hosts', i], `unknown host "${h}": sidecars route only hosts that a ServiceEntry defines`);
+        if (!se)
+          return issue(
+            vs,
+            ['spec', 'hosts', i],
+            `unknown host "${h}": sidecars route only hosts that a ServiceEntry defines`,
+          );
         const fq = se.spec.hosts.includes(h) ? h : qualifyHost(h, ns);
         const prev = meshHosts.get(fq);
         if (prev) issue(vs, ['spec', 'hosts', i], `host "${fq}" is already routed for the mesh by ${describe(prev)}`);
@@ -94,29 +117,46 @@ export function crossCheck(configs: readonly Config[]): ConfigIssue[] {
     }
     const routes = [
       ...vs.spec.http.map((route, ri) => {
-        const dests = route.route.map((d, di) => ({ d, path: ['spec', 'http', ri, 'route', di, 'destination'] as Path }));
+        const dests = route.route.map((d, di) => ({
+          d,
+          path: ['spec', 'http', ri, 'route', di, 'destination'] as Path,
+        }));
         if (route.mirror) dests.push({ d: { ...route.mirror, weight: 0 }, path: ['spec', 'http', ri, 'mirror'] });
         return dests;
       }),
-      ...vs.spec.tcp.map((route, ri) => route.route.map((d, di) => ({ d, path: ['spec', 'tcp', ri, 'route', di, 'destination'] as Path }))),
+      ...vs.spec.tcp.map((route, ri) =>
+        route.route.map((d, di) => ({ d, path: ['spec', 'tcp', ri, 'route', di, 'destination'] as Path })),
+      ),
     ];
     for (const x of tlsIssues(vs, gatewayConfigs)) issue(vs, x.path, x.message);
-    (vs.spec.tls ?? []).forEach((route, ri) => routes.push(route.route.map((d, di) => ({ d, path: ['spec', 'tls', ri, 'route', di, 'destination'] as Path }))));
+    (vs.spec.tls ?? []).forEach((route, ri) =>
+      routes.push(route.route.map((d, di) => ({ d, path: ['spec', 'tls', ri, 'route', di, 'destination'] as Path }))),
+    );
     routes.forEach((dests) => {
       dests.forEach(({ d, path }) => {
         const se = lookup(d.host, ns);
         if (!se) return issue(vs, [...path, 'host'], `route to unknown host "${d.host}": no ServiceEntry defines it`);
         const fq = se.spec.hosts.includes(d.host) ? d.host : qualifyHost(d.host, ns);
         if (d.port !== undefined && !se.spec.ports.some((p) => p.number === d.port)) {
-          issue(vs, [...path, 'port', 'number'], `host "${fq}" has no port ${d.port} (ports: ${se.spec.ports.map((p) => p.number).join(', ')})`);
+          issue(
+            vs,
+            [...path, 'port', 'number'],
+            `host "${fq}" has no port ${d.port} (ports: ${se.spec.ports.map((p) => p.number).join(', ')})`,
+          );
         } else if (d.port === undefined && se.spec.ports.length > 1 && !forMesh) {
           issue(vs, [...path, 'port'], `host "${fq}" has several ports; say which one`);
         }
         // Subsets come from the host's own DestinationRule, else from the most specific wildcard one covering it.
-        const wild = wildDrs.filter((w) => hostCovers(w.spec.host, fq)).sort((a, b) => b.spec.host.length - a.spec.host.length)[0];
+        const wild = wildDrs
+          .filter((w) => hostCovers(w.spec.host, fq))
+          .sort((a, b) => b.spec.host.length - a.spec.host.length)[0];
         const known = subsets.get(fq) ?? (wild ? new Set(wild.spec.subsets.map((x) => x.name)) : undefined);
         if (d.subset !== undefined && !known?.has(d.subset)) {
-          issue(vs, [...path, 'subset'], `unknown subset "${d.subset}" of host "${fq}" (define it in a DestinationRule)`);
+          issue(
+            vs,
+            [...path, 'subset'],
+            `unknown subset "${d.subset}" of host "${fq}" (define it in a DestinationRule)`,
+          );
         }
       });
     });

@@ -82,7 +82,10 @@ export class Debouncer {
 
   private arm(): void {
     if (this.timer) return; // the running timer re-checks both deadlines when it fires
-    const wait = Math.max(0, Math.min(this.lastAt + this.opts.quietMs, this.firstAt + this.opts.maxDelayMs) - this.now());
+    const wait = Math.max(
+      0,
+      Math.min(this.lastAt + this.opts.quietMs, this.firstAt + this.opts.maxDelayMs) - this.now(),
+    );
     this.timer = setTimeout(() => this.check(), wait);
     this.timer.unref();
   }

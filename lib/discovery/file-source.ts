@@ -71,7 +71,13 @@ export class FileConfigSource {
   onSync: (r: SyncResult) => void = () => {};
 
   constructor(opts: FileSourceOptions) {
-    this.opts = { quietMs: 50, pollMs: 5000, maxFileBytes: DEFAULT_MAX_FILE_BYTES, maxDocuments: DEFAULT_MAX_DOCUMENTS, ...opts };
+    this.opts = {
+      quietMs: 50,
+      pollMs: 5000,
+      maxFileBytes: DEFAULT_MAX_FILE_BYTES,
+      maxDocuments: DEFAULT_MAX_DOCUMENTS,
+      ...opts,
+    };
   }
 
   get issues(): readonly ConfigIssue[] {
@@ -95,7 +101,10 @@ export class FileConfigSource {
   }
 
   private async syncOnce(opts: { report?: boolean }): Promise<SyncResult> {
-    const names = fs.readdirSync(this.opts.dir).filter((n) => /\.(ya?ml|json)$/i.test(n) && !n.startsWith('.')).sort();
+    const names = fs
+      .readdirSync(this.opts.dir)
+      .filter((n) => /\.(ya?ml|json)$/i.test(n) && !n.startsWith('.'))
+      .sort();
     const fileIssues: ConfigIssue[] = [];
     const candidate: Config[] = [];
     const lastGoodIfApplied = new Map<string, Config[]>();
@@ -122,7 +131,10 @@ export class FileConfigSource {
     }
     // The periodic rescan usually finds every file unchanged (the same parsed arrays): then the set is the one
     // already checked and applied, and comparing 10,000 configs with the store again would be wasted work.
-    const same = this.lastSet !== undefined && this.lastSet.parts.length === parts.length && parts.every((p, i) => p === this.lastSet!.parts[i]);
+    const same =
+      this.lastSet !== undefined &&
+      this.lastSet.parts.length === parts.length &&
+      parts.every((p, i) => p === this.lastSet!.parts[i]);
     const cross = same ? this.lastSet!.cross : crossCheck(candidate);
     this.lastSet = { parts, cross };
     let changed = false;
@@ -153,9 +165,14 @@ export class FileConfigSource {
     if (this.closed || this.watcher) return;
     try {
       this.watcher = fs.watch(this.opts.dir, { persistent: false }, () => this.schedule());
-      this.watcher.on('error', (e) => log.warn('config directory watch failed; falling back to polling', { dir: this.opts.dir, error: e.message }));
+      this.watcher.on('error', (e) =>
+        log.warn('config directory watch failed; falling back to polling', { dir: this.opts.dir, error: e.message }),
+      );
     } catch (e) {
-      log.warn('cannot watch the config directory; polling it instead', { dir: this.opts.dir, error: (e as Error).message });
+      log.warn('cannot watch the config directory; polling it instead', {
+        dir: this.opts.dir,
+        error: (e as Error).message,
+      });
     }
     this.poller = setInterval(() => this.safeSync(), this.opts.pollMs);
     this.poller.unref();
@@ -178,7 +195,12 @@ export class FileConfigSource {
 
   private safeSync(): void {
     if (this.closed) return;
-    this.sync().catch((e: Error) => log.error('cannot read the config directory; keeping the last good config', { dir: this.opts.dir, error: e.message }));
+    this.sync().catch((e: Error) =>
+      log.error('cannot read the config directory; keeping the last good config', {
+        dir: this.opts.dir,
+        error: e.message,
+      }),
+    );
   }
 
   private async readFile(name: string): Promise<FileState | undefined> {
@@ -186,7 +208,14 @@ export class FileConfigSource {
     const prev = this.files.get(name);
     const unreadable = (message: string): FileState => {
       // The file's last good configs stay in force until it can be read again.
-      const st: FileState = { mtimeMs: -1, size: -1, text: '', configs: [], issues: [{ file: full, message }], unreadable: true };
+      const st: FileState = {
+        mtimeMs: -1,
+        size: -1,
+        text: '',
+        configs: [],
+        issues: [{ file: full, message }],
+        unreadable: true,
+      };
       if (prev?.lastGood) st.lastGood = prev.lastGood;
       this.files.set(name, st);
       return st;
@@ -252,7 +281,11 @@ export class FileConfigSource {
       if (!old) {
         store.create(c);
         changed = true;
-      } else if (!sameContent(old, c) || old.meta.source?.file !== c.meta.source?.file || old.meta.source?.doc !== c.meta.source?.doc) {
+      } else if (
+        !sameContent(old, c) ||
+        old.meta.source?.file !== c.meta.source?.file ||
+        old.meta.source?.doc !== c.meta.source?.doc
+      ) {
         // A config that only moved between files is updated too, so later messages point at the right place.
         store.update({ ...c, meta: { ...c.meta, resourceVersion: old.meta.resourceVersion } });
         changed = true;
@@ -272,7 +305,8 @@ export class FileConfigSource {
     if (setRejected && issues.length && [...now].some((t) => !this.loggedIssues.has(t))) {
       log.error('the config set was not applied because of the errors above; the last good set stays in force');
     }
-    if (now.size === 0 && this.loggedIssues.size > 0) log.info('config errors resolved; the files on disk are in force');
+    if (now.size === 0 && this.loggedIssues.size > 0)
+      log.info('config errors resolved; the files on disk are in force');
     this.loggedIssues = now;
   }
 }
@@ -312,10 +346,13 @@ function brokenLink(full: string, err: NodeJS.ErrnoException): string | undefine
     return undefined;
   }
   if (err.code === 'ELOOP') return `is a symbolic link loop (-> ${target}); not read`;
-  if (err.code === 'ENOENT' || err.code === 'ENOTDIR') return `is a symbolic link to ${target}, which does not exist; not read`;
+  if (err.code === 'ENOENT' || err.code === 'ENOTDIR')
+    return `is a symbolic link to ${target}, which does not exist; not read`;
   return `is a symbolic link to ${target}, which cannot be read: ${err.message}`;
 }
 
 function sameContent(a: Config, b: Config): boolean {
-  return JSON.stringify(a.spec) === JSON.stringify(b.spec) && JSON.stringify(a.meta.labels) === JSON.stringify(b.meta.labels);
+  return (
+    JSON.stringify(a.spec) === JSON.stringify(b.spec) && JSON.stringify(a.meta.labels) === JSON.stringify(b.meta.labels)
+  );
 }

@@ -12,7 +12,8 @@ export function serverHostAccepts(serverHost: string, gwNs: string, vsHost: stri
 
 export function hostsOverlap(a: string, b: string): boolean {
   if (a === '*' || b === '*' || a === b) return true;
-  if (a.startsWith('*.') && b.startsWith('*.')) return a.length < b.length ? b.endsWith(a.slice(1)) : a.endsWith(b.slice(1));
+  if (a.startsWith('*.') && b.startsWith('*.'))
+    return a.length < b.length ? b.endsWith(a.slice(1)) : a.endsWith(b.slice(1));
   if (a.startsWith('*.')) return b.endsWith(a.slice(1));
   if (b.startsWith('*.')) return a.endsWith(b.slice(1));
   return false;

@@ -33,15 +33,29 @@ export const INBOUND_PASSTHROUGH_BIND = '127.0.0.6';
 const TCP_PROXY = 'envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy';
 // Listener filters with an empty config message, packed by hand so the committed Envoy descriptor
 // (proto/envoy.json) needs no new type for them.
-const emptyFilter = (name: string, type: string): { name: string; typed_config: AnyMessage } => ({ name, typed_config: { type_url: typeUrl(type), value: new Uint8Array() } });
-const ORIGINAL_DST = emptyFilter('envoy.filters.listener.original_dst', 'envoy.extensions.filters.listener.original_dst.v3.OriginalDst');
-const TLS_INSPECTOR = emptyFilter('envoy.filters.listener.tls_inspector', 'envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector');
+const emptyFilter = (name: string, type: string): { name: string; typed_config: AnyMessage } => ({
+  name,
+  typed_config: { type_url: typeUrl(type), value: new Uint8Array() },
+});
+const ORIGINAL_DST = emptyFilter(
+  'envoy.filters.listener.original_dst',
+  'envoy.extensions.filters.listener.original_dst.v3.OriginalDst',
+);
+const TLS_INSPECTOR = emptyFilter(
+  'envoy.filters.listener.tls_inspector',
+  'envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector',
+);
 
 /** Filter chains another generator adds to virtualInbound (e.g. per-port mTLS), matched before the passthrough. */
 export type InboundChains = readonly Record<string, unknown>[];
 
-export function captureListeners(push: PushContext, scope: ProxyScope, inbound: InboundChains = [], tracing?: Record<string, unknown>,
-  wasm?: ProxyWasm): Map<string, Resource> {
+export function captureListeners(
+  push: PushContext,
+  scope: ProxyScope,
+  inbound: InboundChains = [],
+  tracing?: Record<string, unknown>,
+  wasm?: ProxyWasm,
+): Map<string, Resource> {
   const out = new Map<string, Resource>();
   const add = (l: Record<string, unknown>) => out.set(l.name as string, encodeResource(LISTENER, l.name as string, l));
   add(virtualOutbound(scope.outboundTrafficPolicy));
@@ -64,12 +78,18 @@ const INBOUND_PASSTHROUGH = encodeResource(CLUSTER, INBOUND_PASSTHROUGH_CLUSTER,
 });
 
 function tcpTo(cluster: string, statPrefix = cluster): Record<string, unknown> {
-  return { name: 'envoy.filters.network.tcp_proxy', typed_config: packAny(TCP_PROXY, { stat_prefix: statPrefix, cluster }) };
+  return {
+    name: 'envoy.filters.network.tcp_proxy',
+    typed_config: packAny(TCP_PROXY, { stat_prefix: statPrefix, cluster }),
+  };
 }
 
 /** What an outbound connection nobody claims gets. */
 function passthroughChain(policy: MeshConfig['outboundTrafficPolicy']): Record<string, unknown> {
-  return { name: 'PassthroughFilterChain', filters: [tcpTo(policy === 'REGISTRY_ONLY' ? BLACKHOLE_CLUSTER : PASSTHROUGH_CLUSTER)] };
+  return {
+    name: 'PassthroughFilterChain',
+    filters: [tcpTo(policy === 'REGISTRY_ONLY' ? BLACKHOLE_CLUSTER : PASSTHROUGH_CLUSTER)],
+  };
 }
 
 function virtualOutbound(policy: MeshConfig['outboundTrafficPolicy']): Record<string, unknown> {
@@ -78,14 +98,22 @@ function virtualOutbound(policy: MeshConfig['outboundTrafficPolicy']): Record<st
     address: { socket_address: { address: '0.0.0.0', port_value: OUTBOUND_CAPTURE_PORT } },
     use_original_dst: { value: true },
     // A connection made to 15001 itself (not redirected) would loop back into this listener.
-    filter_chains: [{ name: 'virtualOutbound-blackhole', filter_chain_match: { destination_port: { value: OUTBOUND_CAPTURE_PORT } }, filters: [tcpTo(BLACKHOLE_CLUSTER)] }],
+    filter_chains: [
+      {
+        name: 'virtualOutbound-blackhole',
+        filter_chain_match: { destination_port: { value: OUTBOUND_CAPTURE_PORT } },
+        filters: [tcpTo(BLACKHOLE_CLUSTER)],
+      },
+    ],
     default_filter_chain: passthroughChain(policy),
     traffic_direction: 'OUTBOUND',
   };
 }
 
 function virtualInbound(chains: InboundChains): Record<string, unknown> {
-  const tls = chains.some((c) => (c.filter_chain_match as { transport_protocol?: string } | undefined)?.transport_protocol);
+  const tls = chains.some(
+    (c) => (c.filter_chain_match as { transport_protocol?: string } | undefined)?.transport_protocol,
+  );
   return {
     name: VIRTUAL_INBOUND,
     address: { socket_address: { address: '0.0.0.0', port_value: INBOUND_CAPTURE_PORT } },
@@ -95,7 +123,11 @@ function virtualInbound(chains: InboundChains): Record<string, unknown> {
     // A server-first protocol sends nothing for the TLS inspector to read: go on without it, as istiod does.
     ...(tls ? { continue_on_listener_filters_timeout: true } : {}),
     filter_chains: [
-      { name: 'virtualInbound-blackhole', filter_chain_match: { destination_port: { value: INBOUND_CAPTURE_PORT } }, filters: [tcpTo(BLACKHOLE_CLUSTER)] },
+      {
+        name: 'virtualInbound-blackhole',
+        filter_chain_match: { destination_port: { value: INBOUND_CAPTURE_PORT } },
+        filters: [tcpTo(BLACKHOLE_CLUSTER)],
+      },
       ...chains,
     ],
     default_filter_chain: { name: 'virtualInbound', filters: [tcpTo(INBOUND_PASSTHROUGH_CLUSTER)] },
@@ -116,7 +148,12 @@ function prefixRange(addr: string): Record<string, unknown> {
   return { address_prefix: addr, prefix_len: { value: addr.includes(':') ? 128 : 32 } };
 }
 
-function outboundListeners(push: PushContext, scope: ProxyScope, tracing?: Record<string, unknown>, wasm?: ProxyWasm): Record<string, unknown>[] {
+function outboundListeners(
+  push: PushContext,
+  scope: ProxyScope,
+  tracing?: Record<string, unknown>,
+  wasm?: ProxyWasm,
+): Record<string, unknown>[] {
   const http = new Set<number>();
   const tcp = new Map<number, Service[]>();
   for (const svc of scope.services) {
@@ -129,10 +166,20 @@ function outboundListeners(push: PushContext, scope: ProxyScope, tracing?: Recor
   for (const port of [...new Set([...http, ...tcp.keys()])].sort((a, b) => a - b)) {
     if (port === OUTBOUND_CAPTURE_PORT || port === INBOUND_CAPTURE_PORT) continue;
     const name = `0.0.0.0_${port}`;
-    const base = { name, address: { socket_address: { address: '0.0.0.0', port_value: port } }, bind_to_port: { value: false }, traffic_direction: 'OUTBOUND' };
+    const base = {
+      name,
+      address: { socket_address: { address: '0.0.0.0', port_value: port } },
+      bind_to_port: { value: false },
+      traffic_direction: 'OUTBOUND',
+    };
     // A port with both HTTP and TCP services is served as HTTP, as in loopback mode.
     if (http.has(port)) {
-      out.push({ ...base, filter_chains: [{ filters: [hcmFilter(name, sidecarRouteName(port), false, tracing, wasm?.http('outbound', port))] }] });
+      out.push({
+        ...base,
+        filter_chains: [
+          { filters: [hcmFilter(name, sidecarRouteName(port), false, tracing, wasm?.http('outbound', port))] },
+        ],
+      });
       continue;
     }
     const used = new Set<string>(); // Envoy rejects two chains with the same match: the first service keeps an address
@@ -141,7 +188,11 @@ function outboundListeners(push: PushContext, scope: ProxyScope, tracing?: Recor
       const addrs = serviceAddresses(push, svc).filter((a) => !used.has(a) && used.add(a));
       if (!addrs.length) continue;
       const filters = [...(wasm?.network('outbound', port) ?? []), tcpProxyFilter(push, svc, port, scope.namespace)];
-      chains.push({ name: `${port}|${svc.hostname}`, filter_chain_match: { prefix_ranges: addrs.map(prefixRange) }, filters });
+      chains.push({
+        name: `${port}|${svc.hostname}`,
+        filter_chain_match: { prefix_ranges: addrs.map(prefixRange) },
+        filters,
+      });
     }
     out.push({ ...base, filter_chains: chains, default_filter_chain: passthroughChain(scope.outboundTrafficPolicy) });
   }

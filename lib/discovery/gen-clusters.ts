@@ -8,7 +8,16 @@ import { clusterLbFields, effectivePolicy } from './gen-lb-policy';
 import { originates, originationFields } from './gen-upstream-tls';
 import { SDS_SOURCE } from './gen-secrets';
 import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER } from './gen-common';
-import { type Config, type DestinationRuleSpec, labelsMatch, type Service, type ServiceInstance, type ServicePort, type Subset, type TrafficPolicy } from './model';
+import {
+  type Config,
+  type DestinationRuleSpec,
+  labelsMatch,
+  type Service,
+  type ServiceInstance,
+  type ServicePort,
+  type Subset,
+  type TrafficPolicy,
+} from './model';
 import type { ProxyScope, PushContext } from './push-context';
 import { ADS_SOURCE, CLUSTER, clusterName, dur, encodeResource, ENDPOINTS, type Resource } from './resources';
 
@@ -38,7 +47,8 @@ function clusterSpecs(push: PushContext, scope?: ProxyScope): ClusterSpec[] {
       const dr = push.destinationRule(svc.hostname, scope?.namespace);
       for (const port of svc.ports) {
         out.push({ name: clusterName(port.number, '', svc.hostname), service: svc, port });
-        for (const subset of dr?.spec.subsets ?? []) out.push({ name: clusterName(port.number, subset.name, svc.hostname), service: svc, port, subset });
+        for (const subset of dr?.spec.subsets ?? [])
+          out.push({ name: clusterName(port.number, subset.name, svc.hostname), service: svc, port, subset });
       }
     }
     return out;
@@ -51,8 +61,13 @@ export function buildClusters(push: PushContext, scope: ProxyScope): Resource[] 
     ...clusterSpecs(push, scope).map((c) => {
       // A cluster depends on its service, its DestinationRule and, for DNS services, its instances.
       const dr = push.destinationRule(c.service.hostname, scope.namespace);
-      const inst = c.service.resolution === 'STATIC' ? mtlsInputs(selectInstances(push, c)) : JSON.stringify(selectInstances(push, c));
-      return push.cache.get(c.service, c.name, `${dr?.meta.resourceVersion ?? ''}|${inst}|${scope.router}`, () => encodeResource(CLUSTER, c.name, clusterObject(push, c, dr, scope.router)));
+      const inst =
+        c.service.resolution === 'STATIC'
+          ? mtlsInputs(selectInstances(push, c))
+          : JSON.stringify(selectInstances(push, c));
+      return push.cache.get(c.service, c.name, `${dr?.meta.resourceVersion ?? ''}|${inst}|${scope.router}`, () =>
+        encodeResource(CLUSTER, c.name, clusterObject(push, c, dr, scope.router)),
+      );
     }),
     PASSTHROUGH,
     BLACKHOLE,
@@ -65,18 +80,35 @@ const PASSTHROUGH = encodeResource(CLUSTER, PASSTHROUGH_CLUSTER, {
   type: 'ORIGINAL_DST',
   connect_timeout: dur(DEFAULT_CONNECT_TIMEOUT_MS),
   lb_policy: 'CLUSTER_PROVIDED',
-  circuit_breakers: { thresholds: [{ max_connections: { value: UNLIMITED }, max_pending_requests: { value: UNLIMITED }, max_requests: { value: UNLIMITED }, max_retries: { value: UNLIMITED }, track_remaining: true }] },
+  circuit_breakers: {
+    thresholds: [
+      {
+        max_connections: { value: UNLIMITED },
+        max_pending_requests: { value: UNLIMITED },
+        max_requests: { value: UNLIMITED },
+        max_retries: { value: UNLIMITED },
+        track_remaining: true,
+      },
+    ],
+  },
   typed_extension_protocol_options: {
-    [HTTP_OPTIONS]: packAny(HTTP_OPTIONS, { use_downstream_protocol_config: { http_protocol_options: {}, http2_protocol_options: {} } }),
+    [HTTP_OPTIONS]: packAny(HTTP_OPTIONS, {
+      use_downstream_protocol_config: { http_protocol_options: {}, http2_protocol_options: {} },
+    }),
   },
 });
-const BLACKHOLE = encodeResource(CLUSTER, BLACKHOLE_CLUSTER, { name: BLACKHOLE_CLUSTER, type: 'STATIC', connect_timeout: dur(DEFAULT_CONNECT_TIMEOUT_MS) });
+const BLACKHOLE = encodeResource(CLUSTER, BLACKHOLE_CLUSTER, {
+  name: BLACKHOLE_CLUSTER,
+  type: 'STATIC',
+  connect_timeout: dur(DEFAULT_CONNECT_TIMEOUT_MS),
+});
 
 /** EDS for every EDS cluster, by name. */
 export function buildEndpoints(push: PushContext): ReadonlyMap<string, Resource> {
   return push.memoize('eds', () => {
     const out = new Map<string, Resource>();
-    for (const c of clusterSpecs(push)) if (c.service.resolution === 'STATIC') out.set(c.name, endpointResource(push, c));
+    for (const c of clusterSpecs(push))
+      if (c.service.resolution === 'STATIC') out.set(c.name, endpointResource(push, c));
     return out;
   });
 }
@@ -85,7 +117,9 @@ function endpointResource(push: PushContext, c: ClusterSpec): Resource {
   // Endpoints depend on the instance list (replaced by the registry only when it changes) and subset labels.
   const all = push.instances(c.service.hostname, c.port.number);
   const variant = c.subset ? JSON.stringify(c.subset.labels) : '';
-  return push.cache.get(all, c.name, variant, () => encodeResource(ENDPOINTS, c.name, loadAssignment(c.name, selectInstances(push, c))));
+  return push.cache.get(all, c.name, variant, () =>
+    encodeResource(ENDPOINTS, c.name, loadAssignment(c.name, selectInstances(push, c))),
+  );
 }
 
 /**
@@ -116,20 +150,34 @@ function loadAssignment(name: string, instances: readonly ServiceInstance[]): Re
   if (!instances.length) return { cluster_name: name, endpoints: [] };
   return {
     cluster_name: name,
-    endpoints: [{
-      lb_endpoints: instances.map((i) => ({
-        endpoint: { address: { socket_address: { address: i.address, port_value: i.port } } },
-        load_balancing_weight: { value: i.weight ?? 1 },
-        // Picks the cluster's mTLS transport socket for endpoints with a sidecar (auto-mTLS).
-        ...(i.labels[TLS_MODE_LABEL] === 'istio' ? { metadata: { filter_metadata: { 'envoy.transport_socket_match': { fields: { tlsMode: str('istio') } } } } } : {}),
-      })),
-    }],
+    endpoints: [
+      {
+        lb_endpoints: instances.map((i) => ({
+          endpoint: { address: { socket_address: { address: i.address, port_value: i.port } } },
+          load_balancing_weight: { value: i.weight ?? 1 },
+          // Picks the cluster's mTLS transport socket for endpoints with a sidecar (auto-mTLS).
+          ...(i.labels[TLS_MODE_LABEL] === 'istio'
+            ? {
+                metadata: {
+                  filter_metadata: { 'envoy.transport_socket_match': { fields: { tlsMode: str('istio') } } },
+                },
+              }
+            : {}),
+        })),
+      },
+    ],
   };
 }
 
 /** What of the instances a cluster's mTLS settings depend on (cache variant). */
 function mtlsInputs(instances: readonly ServiceInstance[]): string {
-  return JSON.stringify(instances.map((i) => [i.labels[TLS_MODE_LABEL] ?? '', i.identity?.namespace ?? '', i.identity?.serviceAccount ?? '']));
+  return JSON.stringify(
+    instances.map((i) => [
+      i.labels[TLS_MODE_LABEL] ?? '',
+      i.identity?.namespace ?? '',
+      i.identity?.serviceAccount ?? '',
+    ]),
+  );
 }
 
 /**
@@ -137,14 +185,24 @@ function mtlsInputs(instances: readonly ServiceInstance[]): string {
  * and the peer's SPIFFE id checked: the DestinationRule's subjectAltNames, else the service accounts the
  * endpoints declare (any trust domain: the root already pins it), else only the root.
  */
-function istioMutual(c: ClusterSpec, instances: readonly ServiceInstance[], sans: readonly string[], sni?: string): Record<string, unknown> {
-  const ids = new Set(instances.flatMap((i) => (i.identity ? [`${i.identity.namespace}/${i.identity.serviceAccount}`] : [])));
+function istioMutual(
+  c: ClusterSpec,
+  instances: readonly ServiceInstance[],
+  sans: readonly string[],
+  sni?: string,
+): Record<string, unknown> {
+  const ids = new Set(
+    instances.flatMap((i) => (i.identity ? [`${i.identity.namespace}/${i.identity.serviceAccount}`] : [])),
+  );
   const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
   const matchers = sans.length
     ? sans.map((s) => ({ san_type: 'URI', matcher: { exact: s } }))
     : [...ids].sort().map((id) => {
         const [ns, sa] = id.split('/') as [string, string];
-        return { san_type: 'URI', matcher: { safe_regex: { regex: `^spiffe://[^/]+/ns/${escape(ns)}/sa/${escape(sa)}$` } } };
+        return {
+          san_type: 'URI',
+          matcher: { safe_regex: { regex: `^spiffe://[^/]+/ns/${escape(ns)}/sa/${escape(sa)}$` } },
+        };
       });
   return {
     name: 'envoy.transport_sockets.tls',
@@ -164,22 +222,38 @@ function istioMutual(c: ClusterSpec, instances: readonly ServiceInstance[], sans
 
 function transportSocket(push: PushContext, c: ClusterSpec, policy: TrafficPolicy): Record<string, unknown> {
   const instances = selectInstances(push, c);
-  if (policy.tls?.mode === 'ISTIO_MUTUAL') return { transport_socket: istioMutual(c, instances, policy.tls.subjectAltNames, policy.tls.sni) };
+  if (policy.tls?.mode === 'ISTIO_MUTUAL')
+    return { transport_socket: istioMutual(c, instances, policy.tls.subjectAltNames, policy.tls.sni) };
   if (policy.tls?.mode === 'DISABLE' || c.service.location !== 'MESH_INTERNAL') return {};
   // Auto-mTLS, as Istio: with no TLS setting, endpoints labelled as having a sidecar get mTLS, the rest plaintext.
   if (!instances.some((i) => i.labels[TLS_MODE_LABEL] === 'istio')) return {};
   return {
     transport_socket_matches: [
-      { name: 'tlsMode-istio', match: { fields: { tlsMode: str('istio') } }, transport_socket: istioMutual(c, instances, []) },
-      { name: 'tlsMode-disabled', match: {}, transport_socket: { name: 'envoy.transport_sockets.raw_buffer', typed_config: packAny(RAW_BUFFER, {}) } },
+      {
+        name: 'tlsMode-istio',
+        match: { fields: { tlsMode: str('istio') } },
+        transport_socket: istioMutual(c, instances, []),
+      },
+      {
+        name: 'tlsMode-disabled',
+        match: {},
+        transport_socket: { name: 'envoy.transport_sockets.raw_buffer', typed_config: packAny(RAW_BUFFER, {}) },
+      },
     ],
   };
 }
 
-function clusterObject(push: PushContext, c: ClusterSpec, dr: Config<DestinationRuleSpec> | undefined, router: boolean): Record<string, unknown> {
+function clusterObject(
+  push: PushContext,
+  c: ClusterSpec,
+  dr: Config<DestinationRuleSpec> | undefined,
+  router: boolean,
+): Record<string, unknown> {
   const policy = effectivePolicy(dr?.spec.trafficPolicy, c.subset?.trafficPolicy, c.port.number);
   // TLS origination (DestinationRule tls SIMPLE/MUTUAL): ./gen-upstream-tls.ts.
-  const origination = originates(policy.tls) ? originationFields(policy.tls, router, c.port.protocol === 'HTTP2' || c.port.protocol === 'GRPC', SDS_SOURCE) : undefined;
+  const origination = originates(policy.tls)
+    ? originationFields(policy.tls, router, c.port.protocol === 'HTTP2' || c.port.protocol === 'GRPC', SDS_SOURCE)
+    : undefined;
   const tcp = policy.connectionPool?.tcp;
   const http = policy.connectionPool?.http;
   const out: Record<string, unknown> = {
@@ -187,13 +261,15 @@ function clusterObject(push: PushContext, c: ClusterSpec, dr: Config<Destination
     connect_timeout: dur(tcp?.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS),
     ...clusterLbFields(policy),
     circuit_breakers: {
-      thresholds: [{
-        max_connections: { value: tcp?.maxConnections ?? UNLIMITED },
-        max_pending_requests: { value: http?.http1MaxPendingRequests ?? UNLIMITED },
-        max_requests: { value: http?.http2MaxRequests ?? UNLIMITED },
-        max_retries: { value: http?.maxRetries ?? UNLIMITED },
-        track_remaining: true,
-      }],
+      thresholds: [
+        {
+          max_connections: { value: tcp?.maxConnections ?? UNLIMITED },
+          max_pending_requests: { value: http?.http1MaxPendingRequests ?? UNLIMITED },
+          max_requests: { value: http?.http2MaxRequests ?? UNLIMITED },
+          max_retries: { value: http?.maxRetries ?? UNLIMITED },
+          track_remaining: true,
+        },
+      ],
     },
   };
   if (c.service.resolution === 'STATIC') {
@@ -206,10 +282,15 @@ function clusterObject(push: PushContext, c: ClusterSpec, dr: Config<Destination
   }
   const h2 = c.port.protocol === 'HTTP2' || c.port.protocol === 'GRPC';
   if (h2 || http?.maxRequestsPerConnection || origination?.httpOptions) {
-    const opts: Record<string, unknown> = { explicit_http_config: h2 ? { http2_protocol_options: {} } : { http_protocol_options: {} } };
+    const opts: Record<string, unknown> = {
+      explicit_http_config: h2 ? { http2_protocol_options: {} } : { http_protocol_options: {} },
+    };
     if (origination?.httpOptions) opts.upstream_http_protocol_options = origination.httpOptions;
-    if (http?.maxRequestsPerConnection) opts.common_http_protocol_options = { max_requests_per_connection: { value: http.maxRequestsPerConnection } };
-    out.typed_extension_protocol_options = { 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': packAny(HTTP_OPTIONS, opts) };
+    if (http?.maxRequestsPerConnection)
+      opts.common_http_protocol_options = { max_requests_per_connection: { value: http.maxRequestsPerConnection } };
+    out.typed_extension_protocol_options = {
+      'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': packAny(HTTP_OPTIONS, opts),
+    };
   }
   if (origination) {
     if (origination.socket) out.transport_socket = origination.socket;

@@ -21,8 +21,10 @@ export const BLACKHOLE_CLUSTER = 'BlackHoleCluster';
 
 export const sidecarRouteName = (port: number) => String(port);
 
-export const isPlainHttp = (s: GatewayServer) => s.port.protocol === 'HTTP' || s.port.protocol === 'HTTP2' || s.port.protocol === 'GRPC';
-export const terminatesHttps = (s: GatewayServer) => s.port.protocol === 'HTTPS' && s.tls !== undefined && s.tls.mode !== 'PASSTHROUGH';
+export const isPlainHttp = (s: GatewayServer) =>
+  s.port.protocol === 'HTTP' || s.port.protocol === 'HTTP2' || s.port.protocol === 'GRPC';
+export const terminatesHttps = (s: GatewayServer) =>
+  s.port.protocol === 'HTTPS' && s.tls !== undefined && s.tls.mode !== 'PASSTHROUGH';
 
 /** istiod's gatewayRDSRouteName: `http.<port>` for plaintext servers, one name per terminating HTTPS server. */
 export function gatewayServerRouteName(gw: Config<GatewaySpec>, s: GatewayServer): string | undefined {
@@ -35,8 +37,13 @@ export function gatewayServerRouteName(gw: Config<GatewaySpec>, s: GatewayServer
  * `tracing`: the HCM's tracing block (./gen-tracing.ts), when tracing is configured. `wasm`: WasmPlugin filters
  * (./gen-wasm.ts), which istiod puts before its own (grpc_stats, fault, cors, router).
  */
-export function hcmFilter(statPrefix: string, routeName: string, edge: boolean, tracing?: Record<string, unknown>,
-  wasm: readonly Record<string, unknown>[] = []): Record<string, unknown> {
+export function hcmFilter(
+  statPrefix: string,
+  routeName: string,
+  edge: boolean,
+  tracing?: Record<string, unknown>,
+  wasm: readonly Record<string, unknown>[] = [],
+): Record<string, unknown> {
   // The settings istiod puts on every HTTP connection manager (istio/istio 86c9f01f,
   // pilot/pkg/networking/core/listener_builder.go buildHTTPConnectionManager). No mTLS here, so no client
   // certificate to forward: SANITIZE_SET drops any x-forwarded-client-cert a client sent.
@@ -56,7 +63,9 @@ export function hcmFilter(statPrefix: string, routeName: string, edge: boolean, 
       server_name: 'istio-envoy',
       forward_client_cert_details: 'SANITIZE_SET',
       set_current_client_cert_details: { subject: { value: true }, dns: true, uri: true },
-      request_id_extension: { typed_config: packAny(UUID_REQUEST_ID, { use_request_id_for_trace_sampling: { value: true } }) },
+      request_id_extension: {
+        typed_config: packAny(UUID_REQUEST_ID, { use_request_id_for_trace_sampling: { value: true } }),
+      },
       access_log: [],
       ...(tracing && { tracing }),
     }),
@@ -65,7 +74,10 @@ export function hcmFilter(statPrefix: string, routeName: string, edge: boolean, 
 
 // grpc_stats, then fault and cors (which read the routes' typed_per_filter_config), then the router: istiod's order.
 const HTTP_FILTERS = [
-  { name: 'envoy.filters.http.grpc_stats', typed_config: packAny(GRPC_STATS, { emit_filter_state: true, stats_for_all_methods: { value: false } }) },
+  {
+    name: 'envoy.filters.http.grpc_stats',
+    typed_config: packAny(GRPC_STATS, { emit_filter_state: true, stats_for_all_methods: { value: false } }),
+  },
   { name: FAULT_FILTER, typed_config: packAny(FAULT, {}) },
   { name: CORS_FILTER, typed_config: packAny(CORS, {}) },
   { name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) },

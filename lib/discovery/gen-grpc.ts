@@ -18,7 +18,15 @@ import { labelsMatch, type Service, type ServiceInstance, type TrafficPolicy } f
 import type { Proxy } from './proxy';
 import type { PushContext } from './push-context';
 import {
-  ADS_SOURCE, CLUSTER, clusterName, ENDPOINTS, encodeResource, LISTENER, type Resource, ROUTE, TYPE_URLS,
+  ADS_SOURCE,
+  CLUSTER,
+  clusterName,
+  ENDPOINTS,
+  encodeResource,
+  LISTENER,
+  type Resource,
+  ROUTE,
+  TYPE_URLS,
 } from './resources';
 
 export const GRPC_GENERATOR = 'grpc';
@@ -35,7 +43,10 @@ const FAULT_FILTER = Object.freeze({ name: 'envoy.filters.http.fault', typed_con
 
 /** The resources of one type a gRPC node asked for, by name (gRPC never subscribes to a wildcard). */
 export function generateGrpc(
-  push: PushContext, proxy: Proxy, typeUrl: string, names: ReadonlySet<string>,
+  push: PushContext,
+  proxy: Proxy,
+  typeUrl: string,
+  names: ReadonlySet<string>,
 ): ReadonlyMap<string, Resource> {
   const out = new Map<string, Resource>();
   const add = (r: Resource | undefined) => r && out.set(r.name, r);
@@ -146,7 +157,9 @@ function cluster(push: PushContext, proxy: Proxy, name: string): Resource | unde
   const t = target(push, proxy, name);
   if (!t || t.svc.resolution !== 'STATIC') return undefined;
   const out: Record<string, unknown> = {
-    name, type: 'EDS', eds_cluster_config: { service_name: name, eds_config: ADS_SOURCE },
+    name,
+    type: 'EDS',
+    eds_cluster_config: { service_name: name, eds_config: ADS_SOURCE },
   };
   if (t.policy.consistentHash) {
     out.lb_policy = 'RING_HASH';
@@ -174,8 +187,9 @@ function instancesOf(push: PushContext, t: Target): readonly ServiceInstance[] {
  * trust domain, the root already pins it. */
 function serviceAccountMatchers(push: PushContext, t: Target): Record<string, unknown>[] {
   const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
-  const declared = instancesOf(push, t)
-    .flatMap((i) => (i.identity ? [`${i.identity.namespace}/${i.identity.serviceAccount}`] : []));
+  const declared = instancesOf(push, t).flatMap((i) =>
+    i.identity ? [`${i.identity.namespace}/${i.identity.serviceAccount}`] : [],
+  );
   const ids = new Set(declared);
   return [...ids].sort().map((id) => {
     const [ns, sa] = id.split('/') as [string, string];
@@ -190,14 +204,16 @@ function endpoints(push: PushContext, proxy: Proxy, name: string): Resource {
   const weights = instances.map((i) => i.weight ?? 1);
   return encodeResource(ENDPOINTS, name, {
     cluster_name: name,
-    endpoints: [{
-      locality: {},
-      load_balancing_weight: { value: weights.reduce((a, b) => a + b, 0) },
-      lb_endpoints: instances.map((i, n) => ({
-        endpoint: { address: { socket_address: { address: i.address, port_value: i.port } } },
-        load_balancing_weight: { value: weights[n] },
-      })),
-    }],
+    endpoints: [
+      {
+        locality: {},
+        load_balancing_weight: { value: weights.reduce((a, b) => a + b, 0) },
+        lb_endpoints: instances.map((i, n) => ({
+          endpoint: { address: { socket_address: { address: i.address, port_value: i.port } } },
+          load_balancing_weight: { value: weights[n] },
+        })),
+      },
+    ],
   });
 }
 
@@ -230,9 +246,13 @@ function inboundListener(push: PushContext, proxy: Proxy, name: string): Resourc
   const hcm = {
     route_config: {
       name: 'inbound',
-      virtual_hosts: [{
-        name: 'inbound', domains: ['*'], routes: [{ match: { prefix: '/' }, non_forwarding_action: {} }],
-      }],
+      virtual_hosts: [
+        {
+          name: 'inbound',
+          domains: ['*'],
+          routes: [{ match: { prefix: '/' }, non_forwarding_action: {} }],
+        },
+      ],
     },
     http_filters: [ROUTER_FILTER],
   };
@@ -244,7 +264,8 @@ function inboundListener(push: PushContext, proxy: Proxy, name: string): Resourc
     chain.transport_socket = {
       name: 'envoy.transport_sockets.tls',
       typed_config: packAny(DOWNSTREAM_TLS, {
-        common_tls_context: commonTls([]), require_client_certificate: { value: true },
+        common_tls_context: commonTls([]),
+        require_client_certificate: { value: true },
       }),
     };
   }

@@ -27,12 +27,18 @@ export function retryPolicy(r: HttpRoute['retries'], hashPolicy = false): Record
     num_retries: { value: r?.attempts ?? 2 },
     host_selection_retry_max_attempts: 5,
   };
-  if (!hashPolicy) p.retry_host_predicate = [{ name: 'envoy.retry_host_predicates.previous_hosts', typed_config: packAny(PREVIOUS_HOSTS, {}) }];
+  if (!hashPolicy)
+    p.retry_host_predicate = [
+      { name: 'envoy.retry_host_predicates.previous_hosts', typed_config: packAny(PREVIOUS_HOSTS, {}) },
+    ];
   if (r?.retryOn) {
     // Integers in retryOn are status codes; `retriable-status-codes` is added when codes are given without it.
     const conditions: string[] = [];
     const codes: number[] = [];
-    for (const part of r.retryOn.split(',').map((x) => x.trim()).filter(Boolean)) {
+    for (const part of r.retryOn
+      .split(',')
+      .map((x) => x.trim())
+      .filter(Boolean)) {
       if (/^\d+$/.test(part) && Number(part) >= 100 && Number(part) <= 599) codes.push(Number(part));
       else conditions.push(part);
     }
@@ -43,10 +49,17 @@ export function retryPolicy(r: HttpRoute['retries'], hashPolicy = false): Record
   if (r?.perTryTimeoutMs !== undefined) p.per_try_timeout = dur(r.perTryTimeoutMs);
   // An explicit retryIgnorePreviousHosts decides the previous_hosts predicate, whatever the hashing.
   if (r?.ignorePreviousHosts === false) delete p.retry_host_predicate;
-  if (r?.ignorePreviousHosts === true) p.retry_host_predicate = [{ name: 'envoy.retry_host_predicates.previous_hosts', typed_config: packAny(PREVIOUS_HOSTS, {}) }];
+  if (r?.ignorePreviousHosts === true)
+    p.retry_host_predicate = [
+      { name: 'envoy.retry_host_predicates.previous_hosts', typed_config: packAny(PREVIOUS_HOSTS, {}) },
+    ];
   if (r?.backoffMs !== undefined) p.retry_back_off = { base_interval: dur(r.backoffMs) };
   // A retry prefers another priority (locality) than the one that failed.
-  if (r?.retryRemoteLocalities) p.retry_priority = { name: 'envoy.retry_priorities.previous_priorities', typed_config: packAny(PREVIOUS_PRIORITIES, { update_frequency: 2 }) };
+  if (r?.retryRemoteLocalities)
+    p.retry_priority = {
+      name: 'envoy.retry_priorities.previous_priorities',
+      typed_config: packAny(PREVIOUS_PRIORITIES, { update_frequency: 2 }),
+    };
   return p;
 }
 
@@ -57,11 +70,13 @@ export function fractionalPercent(p: Percent | undefined): Record<string, unknow
 
 function faultConfig(f: HttpFault): Record<string, unknown> {
   const out: Record<string, unknown> = {};
-  if (f.delay) out.delay = { fixed_delay: dur(f.delay.fixedDelayMs), percentage: fractionalPercent(f.delay.percentage) };
+  if (f.delay)
+    out.delay = { fixed_delay: dur(f.delay.fixedDelayMs), percentage: fractionalPercent(f.delay.percentage) };
   if (f.abort) {
-    out.abort = f.abort.grpcStatus !== undefined
-      ? { grpc_status: f.abort.grpcStatus, percentage: fractionalPercent(f.abort.percentage) }
-      : { http_status: f.abort.httpStatus, percentage: fractionalPercent(f.abort.percentage) };
+    out.abort =
+      f.abort.grpcStatus !== undefined
+        ? { grpc_status: f.abort.grpcStatus, percentage: fractionalPercent(f.abort.percentage) }
+        : { http_status: f.abort.httpStatus, percentage: fractionalPercent(f.abort.percentage) };
   }
   return out;
 }
@@ -95,14 +110,22 @@ export function perFilterConfig(r: HttpRoute): Record<string, unknown> | undefin
 
 /** request_mirror_policies for a mirror cluster. */
 export function mirrorPolicies(cluster: string, percentage: Percent | undefined): Record<string, unknown>[] {
-  return [{ cluster, runtime_fraction: { default_value: fractionalPercent(percentage) }, trace_sampled: { value: false } }];
+  return [
+    { cluster, runtime_fraction: { default_value: fractionalPercent(percentage) }, trace_sampled: { value: false } },
+  ];
 }
 
 function headersToAdd(ops: HeaderOperations): Record<string, unknown>[] {
   // `set` replaces any value the request already has; `add` appends another one.
   return [
-    ...Object.entries(ops.set).map(([key, value]) => ({ header: { key, value }, append_action: 'OVERWRITE_IF_EXISTS_OR_ADD' })),
-    ...Object.entries(ops.add).map(([key, value]) => ({ header: { key, value }, append_action: 'APPEND_IF_EXISTS_OR_ADD' })),
+    ...Object.entries(ops.set).map(([key, value]) => ({
+      header: { key, value },
+      append_action: 'OVERWRITE_IF_EXISTS_OR_ADD',
+    })),
+    ...Object.entries(ops.add).map(([key, value]) => ({
+      header: { key, value },
+      append_action: 'APPEND_IF_EXISTS_OR_ADD',
+    })),
   ];
 }
 

@@ -40,15 +40,24 @@ function ownPorts(push: PushContext, proxy: Proxy): ServiceInstance[] {
 }
 
 export function inboundClusters(push: PushContext, proxy: Proxy): Resource[] {
-  return push.memoize(`inbound-cds|${proxy.ip}|${proxy.type}`, () => ownPorts(push, proxy).map((i) => {
-    const name = inboundClusterName(i.port);
-    return encodeResource(CLUSTER, name, {
-      name,
-      type: 'STATIC',
-      connect_timeout: dur(10_000),
-      load_assignment: { cluster_name: name, endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: APP_BIND, port_value: i.port } } } }] }] },
-    });
-  }));
+  return push.memoize(`inbound-cds|${proxy.ip}|${proxy.type}`, () =>
+    ownPorts(push, proxy).map((i) => {
+      const name = inboundClusterName(i.port);
+      return encodeResource(CLUSTER, name, {
+        name,
+        type: 'STATIC',
+        connect_timeout: dur(10_000),
+        load_assignment: {
+          cluster_name: name,
+          endpoints: [
+            {
+              lb_endpoints: [{ endpoint: { address: { socket_address: { address: APP_BIND, port_value: i.port } } } }],
+            },
+          ],
+        },
+      });
+    }),
+  );
 }
 
 export function inboundListeners(push: PushContext, proxy: Proxy): Resource[] {
@@ -57,16 +66,21 @@ export function inboundListeners(push: PushContext, proxy: Proxy): Resource[] {
   if (proxy.capture) return [];
   const mode = push.peerAuthenticationMode(proxy);
   const wasm = proxyWasm(push, proxy);
-  return push.memoize(`inbound-lds|${proxy.ip}|${proxy.type}|${mode}|${tracingKey(push, proxy)}|${wasm.key}`, () => ownPorts(push, proxy).map((i) => {
-    const name = `inbound_${proxy.ip}_${i.port}`;
-    return encodeResource(LISTENER, name, {
-      name,
-      address: { socket_address: { address: proxy.ip, port_value: i.port } },
-      traffic_direction: 'INBOUND',
-      listener_filters: mode === 'PERMISSIVE' ? [{ name: 'envoy.filters.listener.tls_inspector', typed_config: packAny(TLS_INSPECTOR, {}) }] : [],
-      filter_chains: portChains(i, mode, hcmTracing(push, proxy, 'inbound'), wasm),
-    });
-  }));
+  return push.memoize(`inbound-lds|${proxy.ip}|${proxy.type}|${mode}|${tracingKey(push, proxy)}|${wasm.key}`, () =>
+    ownPorts(push, proxy).map((i) => {
+      const name = `inbound_${proxy.ip}_${i.port}`;
+      return encodeResource(LISTENER, name, {
+        name,
+        address: { socket_address: { address: proxy.ip, port_value: i.port } },
+        traffic_direction: 'INBOUND',
+        listener_filters:
+          mode === 'PERMISSIVE'
+            ? [{ name: 'envoy.filters.listener.tls_inspector', typed_config: packAny(TLS_INSPECTOR, {}) }]
+            : [],
+        filter_chains: portChains(i, mode, hcmTracing(push, proxy, 'inbound'), wasm),
+      });
+    }),
+  );
 }
 
 /** Capture mode: each workload port's chains for virtualInbound, matched by the original destination port. */
@@ -74,34 +88,62 @@ export function inboundCaptureChains(push: PushContext, proxy: Proxy): Record<st
   const mode = push.peerAuthenticationMode(proxy);
   const tracing = hcmTracing(push, proxy, 'inbound');
   const wasm = proxyWasm(push, proxy);
-  return ownPorts(push, proxy).flatMap((i) => portChains(i, mode, tracing, wasm).map((c) => ({
-    ...c,
-    name: `${inboundClusterName(i.port)}${c.transport_socket ? 'mtls' : ''}`,
-    filter_chain_match: { destination_port: { value: i.port }, ...(c.filter_chain_match as object | undefined) },
-  })));
+  return ownPorts(push, proxy).flatMap((i) =>
+    portChains(i, mode, tracing, wasm).map((c) => ({
+      ...c,
+      name: `${inboundClusterName(i.port)}${c.transport_socket ? 'mtls' : ''}`,
+      filter_chain_match: { destination_port: { value: i.port }, ...(c.filter_chain_match as object | undefined) },
+    })),
+  );
 }
 
 /** STRICT accepts only mTLS; DISABLE only plaintext; PERMISSIVE both, told apart by the TLS inspector. */
-function portChains(i: ServiceInstance, mode: string, tracing: Record<string, unknown> | undefined, wasm: ProxyWasm): Record<string, unknown>[] {
-  const filters = isHttp(i.servicePort.protocol) ? [filter(i, tracing, wasm)] : [...wasm.network('inbound', i.port), filter(i, tracing, wasm)];
+function portChains(
+  i: ServiceInstance,
+  mode: string,
+  tracing: Record<string, unknown> | undefined,
+  wasm: ProxyWasm,
+): Record<string, unknown>[] {
+  const filters = isHttp(i.servicePort.protocol)
+    ? [filter(i, tracing, wasm)]
+    : [...wasm.network('inbound', i.port), filter(i, tracing, wasm)];
   const mtls = { filters, transport_socket: downstreamTls() };
   if (mode === 'STRICT') return [mtls];
   if (mode === 'DISABLE') return [{ filters }];
   return [{ ...mtls, filter_chain_match: { transport_protocol: 'tls' } }, { filters }];
 }
 
-function filter(i: ServiceInstance, tracing: Record<string, unknown> | undefined, wasm: ProxyWasm): Record<string, unknown> {
+function filter(
+  i: ServiceInstance,
+  tracing: Record<string, unknown> | undefined,
+  wasm: ProxyWasm,
+): Record<string, unknown> {
   const cluster = inboundClusterName(i.port);
   if (!isHttp(i.servicePort.protocol)) {
-    return { name: 'envoy.filters.network.tcp_proxy', typed_config: packAny(TCP_PROXY, { stat_prefix: cluster, cluster }) };
+    return {
+      name: 'envoy.filters.network.tcp_proxy',
+      typed_config: packAny(TCP_PROXY, { stat_prefix: cluster, cluster }),
+    };
   }
   return {
     name: 'envoy.filters.network.http_connection_manager',
     typed_config: packAny(HCM, {
       stat_prefix: cluster,
       codec_type: 'AUTO',
-      route_config: { name: cluster, virtual_hosts: [{ name: 'inbound', domains: ['*'], routes: [{ match: { prefix: '/' }, route: { cluster, timeout: dur(0) } }] }] },
-      http_filters: [...wasm.http('inbound', i.port), { name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) }],
+      route_config: {
+        name: cluster,
+        virtual_hosts: [
+          {
+            name: 'inbound',
+            domains: ['*'],
+            routes: [{ match: { prefix: '/' }, route: { cluster, timeout: dur(0) } }],
+          },
+        ],
+      },
+      http_filters: [
+        ...wasm.http('inbound', i.port),
+        { name: 'envoy.filters.http.router', typed_config: packAny(ROUTER, {}) },
+      ],
       // As istiod's inbound HCM (listener_inbound.go buildSidecarInboundHTTPOpts, util.GetProxyHeaders): the
       // caller's certificate details (subject, SPIFFE URI, DNS SANs) are appended to any x-forwarded-client-cert
       // already there, for the app.
@@ -123,7 +165,9 @@ function downstreamTls(): Record<string, unknown> {
         tls_certificate_sds_secret_configs: [{ name: 'default', sds_config: SDS_SOURCE }],
         combined_validation_context: {
           // Any workload of the mesh (the root pins the trust domain); authorization is not this server's job.
-          default_validation_context: { match_typed_subject_alt_names: [{ san_type: 'URI', matcher: { prefix: 'spiffe://' } }] },
+          default_validation_context: {
+            match_typed_subject_alt_names: [{ san_type: 'URI', matcher: { prefix: 'spiffe://' } }],
+          },
           validation_context_sds_secret_config: { name: 'ROOTCA', sds_config: SDS_SOURCE },
         },
       },

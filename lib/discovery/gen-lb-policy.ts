@@ -8,8 +8,13 @@ import { dur } from './resources';
 
 /** The policy of one cluster, as istiod merges it: the top-level policy, its settings for the port, then the
  * subset's policy and the subset's settings for the port, each overriding field by field. */
-export function effectivePolicy(top: TrafficPolicy | undefined, sub: TrafficPolicy | undefined, port?: number): TrafficPolicy {
-  const atPort = (p: TrafficPolicy | undefined) => (port === undefined ? undefined : p?.portLevelSettings?.find((l) => l.port === port)?.policy);
+export function effectivePolicy(
+  top: TrafficPolicy | undefined,
+  sub: TrafficPolicy | undefined,
+  port?: number,
+): TrafficPolicy {
+  const atPort = (p: TrafficPolicy | undefined) =>
+    port === undefined ? undefined : p?.portLevelSettings?.find((l) => l.port === port)?.policy;
   let out = mergePolicy(top, atPort(top));
   if (sub) out = mergePolicy(mergePolicy(out, sub), atPort(sub));
   delete out.portLevelSettings;
@@ -27,7 +32,13 @@ export function mergePolicy(base: TrafficPolicy | undefined, over: TrafficPolicy
 }
 
 /** The consistent hash in force for a destination (host + optional subset), if any. */
-function consistentHashFor(push: PushContext, hostname: string, subset: string | undefined, namespace?: string, port?: number): ConsistentHash | undefined {
+function consistentHashFor(
+  push: PushContext,
+  hostname: string,
+  subset: string | undefined,
+  namespace?: string,
+  port?: number,
+): ConsistentHash | undefined {
   const dr = push.destinationRule(hostname, namespace);
   if (!dr) return undefined;
   const sub = subset ? dr.spec.subsets.find((s) => s.name === subset)?.trafficPolicy : undefined;
@@ -35,7 +46,13 @@ function consistentHashFor(push: PushContext, hostname: string, subset: string |
 }
 
 /** Route hash_policy for a destination with consistent hashing, else undefined. */
-export function hashPolicy(push: PushContext, hostname: string, subset: string | undefined, namespace?: string, port?: number): Record<string, unknown>[] | undefined {
+export function hashPolicy(
+  push: PushContext,
+  hostname: string,
+  subset: string | undefined,
+  namespace?: string,
+  port?: number,
+): Record<string, unknown>[] | undefined {
   const ch = consistentHashFor(push, hostname, subset, namespace, port);
   if (!ch) return undefined;
   const k = ch.key;
@@ -54,11 +71,15 @@ export function clusterLbFields(policy: TrafficPolicy): Record<string, unknown> 
   if (!ch) {
     const lb = policy.loadBalancer ?? 'LEAST_REQUEST';
     // warmupDurationSecs: slow start for round robin and least request only (RANDOM has none in istiod either).
-    const slow = policy.warmupMs === undefined ? undefined : { slow_start_config: { slow_start_window: dur(policy.warmupMs) } };
+    const slow =
+      policy.warmupMs === undefined ? undefined : { slow_start_config: { slow_start_window: dur(policy.warmupMs) } };
     if (slow && lb === 'ROUND_ROBIN') return { lb_policy: lb, round_robin_lb_config: slow };
     if (slow && lb === 'LEAST_REQUEST') return { lb_policy: lb, least_request_lb_config: slow };
     return { lb_policy: lb };
   }
-  if (ch.maglev) return ch.maglevTableSize ? { lb_policy: 'MAGLEV', maglev_lb_config: { table_size: { value: ch.maglevTableSize } } } : { lb_policy: 'MAGLEV' };
+  if (ch.maglev)
+    return ch.maglevTableSize
+      ? { lb_policy: 'MAGLEV', maglev_lb_config: { table_size: { value: ch.maglevTableSize } } }
+      : { lb_policy: 'MAGLEV' };
   return { lb_policy: 'RING_HASH', ring_hash_lb_config: { minimum_ring_size: { value: ch.minimumRingSize ?? 1024 } } };
 }

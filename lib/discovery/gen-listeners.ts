@@ -23,9 +23,13 @@ export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<str
     if (proxy.capture) {
       // The workload's own ports (inbound mTLS) depend on the proxy's address and PeerAuthentication mode.
       const key = `lds|sidecar-capture|${scope.key}|${proxy.ip}|${push.peerAuthenticationMode(proxy)}|${tk}|${wasm.key}`;
-      return push.memoize(key, () => captureListeners(push, scope, inboundCaptureChains(push, proxy), hcmTracing(push, proxy, 'outbound'), wasm));
+      return push.memoize(key, () =>
+        captureListeners(push, scope, inboundCaptureChains(push, proxy), hcmTracing(push, proxy, 'outbound'), wasm),
+      );
     }
-    return push.memoize(`lds|sidecar|${scope.key}|${tk}|${wasm.key}`, () => sidecarListeners(push, scope, hcmTracing(push, proxy, 'outbound'), wasm));
+    return push.memoize(`lds|sidecar|${scope.key}|${tk}|${wasm.key}`, () =>
+      sidecarListeners(push, scope, hcmTracing(push, proxy, 'outbound'), wasm),
+    );
   }
   const gws = push.gatewaysFor(proxy);
   const wasm = proxyWasm(push, proxy);
@@ -34,7 +38,12 @@ export function buildListeners(push: PushContext, proxy: Proxy): ReadonlyMap<str
   return push.memoize(key, () => routerListeners(push, gws, proxy.namespace, hcmTracing(push, proxy, 'gateway'), wasm));
 }
 
-function sidecarListeners(push: PushContext, scope: ProxyScope, tracing: Record<string, unknown> | undefined, wasm: ProxyWasm): Map<string, Resource> {
+function sidecarListeners(
+  push: PushContext,
+  scope: ProxyScope,
+  tracing: Record<string, unknown> | undefined,
+  wasm: ProxyWasm,
+): Map<string, Resource> {
   const http = new Set<number>();
   const tcp = new Map<number, Service>(); // port -> the first service with a TCP port there
   for (const svc of scope.services) {
@@ -55,7 +64,13 @@ function sidecarListeners(push: PushContext, scope: ProxyScope, tracing: Record<
   return out;
 }
 
-function listener(name: string, address: string, port: number, filters: Record<string, unknown>[], direction: string): Record<string, unknown> {
+function listener(
+  name: string,
+  address: string,
+  port: number,
+  filters: Record<string, unknown>[],
+  direction: string,
+): Record<string, unknown> {
   return {
     name,
     address: { socket_address: { address, port_value: port } },
@@ -63,4 +78,3 @@ function listener(name: string, address: string, port: number, filters: Record<s
     traffic_direction: direction,
   };
 }
-

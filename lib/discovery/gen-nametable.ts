@@ -33,7 +33,12 @@ export function buildNameTable(push: PushContext, scope?: ProxyScope): NameTable
     if (!ips.length) continue;
     const short = svc.hostname.slice(0, svc.hostname.indexOf('.'));
     const kube = svc.hostname === `${short}.${svc.namespace}.svc.cluster.local`;
-    table[svc.hostname] = { ips, registry: kube ? 'Kubernetes' : 'External', shortname: kube ? short : '', namespace: kube ? svc.namespace : '' };
+    table[svc.hostname] = {
+      ips,
+      registry: kube ? 'Kubernetes' : 'External',
+      shortname: kube ? short : '',
+      namespace: kube ? svc.namespace : '',
+    };
   }
   return { table };
 }

@@ -17,7 +17,12 @@ export const CA_SUFFIX = '-cacert';
 
 // The agent's SDS server, through the bootstrap's sds-grpc cluster: files and the workload certificate.
 export const SDS_SOURCE = Object.freeze({
-  api_config_source: { api_type: 'GRPC', transport_api_version: 'V3', set_node_on_first_message_only: true, grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }] },
+  api_config_source: {
+    api_type: 'GRPC',
+    transport_api_version: 'V3',
+    set_node_on_first_message_only: true,
+    grpc_services: [{ envoy_grpc: { cluster_name: 'sds-grpc' } }],
+  },
   initial_fetch_timeout: { seconds: 0, nanos: 0 },
   resource_api_version: 'V3',
 });
@@ -36,15 +41,24 @@ export function buildSecrets(push: PushContext, proxy: Proxy): ReadonlyMap<strin
     for (const s of secrets) {
       if (s.spec.cert && s.spec.key && keys) {
         const name = credentialResource(s.meta.name);
-        out.set(name, encodeResource(SECRET, name, {
+        out.set(
           name,
-          tls_certificate: { certificate_chain: { inline_bytes: Buffer.from(s.spec.cert) }, private_key: { inline_bytes: Buffer.from(s.spec.key) } },
-        }));
+          encodeResource(SECRET, name, {
+            name,
+            tls_certificate: {
+              certificate_chain: { inline_bytes: Buffer.from(s.spec.cert) },
+              private_key: { inline_bytes: Buffer.from(s.spec.key) },
+            },
+          }),
+        );
       }
       const ca = caOf(s, byName);
       if (ca) {
         const name = credentialCaResource(s.meta.name);
-        out.set(name, encodeResource(SECRET, name, { name, validation_context: { trusted_ca: { inline_bytes: Buffer.from(ca) } } }));
+        out.set(
+          name,
+          encodeResource(SECRET, name, { name, validation_context: { trusted_ca: { inline_bytes: Buffer.from(ca) } } }),
+        );
       }
     }
     return out;

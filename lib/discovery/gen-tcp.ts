@@ -9,20 +9,33 @@ import { clusterName } from './resources';
 
 const TCP_PROXY = 'envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy';
 
-export function tcpProxyFilter(push: PushContext, svc: Service, port: number, namespace: string): Record<string, unknown> {
+export function tcpProxyFilter(
+  push: PushContext,
+  svc: Service,
+  port: number,
+  namespace: string,
+): Record<string, unknown> {
   const vs = push.meshVirtualService(svc.hostname, namespace);
-  const route = vs?.spec.tcp.find((t) => !t.match.length || t.match.some((m) => m.port === undefined || m.port === port));
+  const route = vs?.spec.tcp.find(
+    (t) => !t.match.length || t.match.some((m) => m.port === undefined || m.port === port),
+  );
   const dests = (route?.route ?? [])
     .filter((d) => d.weight > 0 || route!.route.length === 1)
     .map((d) => ({ cluster: destinationCluster(push, d, vs!.meta.namespace, port), weight: d.weight }))
     .filter((d): d is { cluster: string; weight: number } => d.cluster !== undefined);
   const config: Record<string, unknown> = { stat_prefix: `outbound|${port}` };
-  if (dests.length > 1) config.weighted_clusters = { clusters: dests.map((d) => ({ name: d.cluster, weight: d.weight })) };
+  if (dests.length > 1)
+    config.weighted_clusters = { clusters: dests.map((d) => ({ name: d.cluster, weight: d.weight })) };
   else config.cluster = dests[0]?.cluster ?? clusterName(port, '', svc.hostname);
   return { name: 'envoy.filters.network.tcp_proxy', typed_config: packAny(TCP_PROXY, config) };
 }
 
-function destinationCluster(push: PushContext, d: RouteDestination, namespace: string, port: number): string | undefined {
+function destinationCluster(
+  push: PushContext,
+  d: RouteDestination,
+  namespace: string,
+  port: number,
+): string | undefined {
   const svc = push.lookupService(d.host, namespace);
   if (!svc) return undefined;
   const p = d.port ?? (svc.ports.some((sp) => sp.number === port) ? port : svc.ports[0]!.number);

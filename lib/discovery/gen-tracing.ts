@@ -52,21 +52,32 @@ export function hcmTracing(push: PushContext, proxy: Proxy, _cls: ListenerClass)
   out.random_sampling = { value: sampling };
   const tags = [...(istioTags ? [...serviceTags(proxy), ...POLICY_TAGS] : []), ...customTags(cfg?.customTags ?? {})];
   out.custom_tags = tags.sort((a, b) => (a.tag < b.tag ? -1 : a.tag > b.tag ? 1 : 0));
-  if (out.max_path_tag_length === undefined && cfg?.maxPathTagLength) out.max_path_tag_length = { value: cfg.maxPathTagLength };
+  if (out.max_path_tag_length === undefined && cfg?.maxPathTagLength)
+    out.max_path_tag_length = { value: cfg.maxPathTagLength };
   return out;
 }
 
 /** A key that tells apart proxies whose tracing blocks differ, for the listeners' memo keys. */
 export function tracingKey(push: PushContext, proxy: Proxy): string {
   if (!push.mesh.tracing) return '';
-  return JSON.stringify([proxy.type, proxy.namespace, proxy.labels['service.istio.io/canonical-name'], proxy.labels['service.istio.io/canonical-revision'], proxy.meshId, proxy.clusterId, proxy.proxyConfig ?? null]);
+  return JSON.stringify([
+    proxy.type,
+    proxy.namespace,
+    proxy.labels['service.istio.io/canonical-name'],
+    proxy.labels['service.istio.io/canonical-revision'],
+    proxy.meshId,
+    proxy.clusterId,
+    proxy.proxyConfig ?? null,
+  ]);
 }
 
 function zipkinProvider(push: PushContext, proxy: Proxy, p: ZipkinProvider): Record<string, unknown> | undefined {
   // istiod's LookupCluster: `namespace/host`, or a host that only one namespace defines; the port is not checked.
   const slash = p.service.indexOf('/');
   const host = slash < 0 ? p.service : p.service.slice(slash + 1);
-  const svc = push.services.find((s) => s.hostname === host && (slash < 0 || s.namespace === p.service.slice(0, slash)));
+  const svc = push.services.find(
+    (s) => s.hostname === host && (slash < 0 || s.namespace === p.service.slice(0, slash)),
+  );
   if (!svc || (slash < 0 && push.services.filter((s) => s.hostname === host).length > 1)) {
     log.warn(`tracing provider "${p.name}": no single service ${p.service} in the registry; no tracing configured`);
     return undefined;
@@ -104,17 +115,23 @@ function serviceTags(proxy: Proxy): ({ tag: string } & Record<string, unknown>)[
 }
 
 // The RBAC dry-run results istiod tags every span with (request metadata of envoy.filters.http.rbac).
-const POLICY_TAGS = ([
-  ['istio.authorization.dry_run.allow_policy.name', 'istio_dry_run_allow_shadow_effective_policy_id'],
-  ['istio.authorization.dry_run.allow_policy.result', 'istio_dry_run_allow_shadow_engine_result'],
-  ['istio.authorization.dry_run.deny_policy.name', 'istio_dry_run_deny_shadow_effective_policy_id'],
-  ['istio.authorization.dry_run.deny_policy.result', 'istio_dry_run_deny_shadow_engine_result'],
-] as const).map(([tag, key]) => ({ tag, metadata: { kind: { request: {} }, metadata_key: { key: 'envoy.filters.http.rbac', path: [{ key }] } } }));
+const POLICY_TAGS = (
+  [
+    ['istio.authorization.dry_run.allow_policy.name', 'istio_dry_run_allow_shadow_effective_policy_id'],
+    ['istio.authorization.dry_run.allow_policy.result', 'istio_dry_run_allow_shadow_engine_result'],
+    ['istio.authorization.dry_run.deny_policy.name', 'istio_dry_run_deny_shadow_effective_policy_id'],
+    ['istio.authorization.dry_run.deny_policy.result', 'istio_dry_run_deny_shadow_engine_result'],
+  ] as const
+).map(([tag, key]) => ({
+  tag,
+  metadata: { kind: { request: {} }, metadata_key: { key: 'envoy.filters.http.rbac', path: [{ key }] } },
+}));
 
 function customTags(tags: Readonly<Record<string, CustomTag>>): ({ tag: string } & Record<string, unknown>)[] {
   return Object.entries(tags).map(([tag, t]) => {
     if ('literal' in t) return literal(tag, t.literal.value);
-    if ('environment' in t) return { tag, environment: { name: t.environment.name, default_value: t.environment.defaultValue ?? '' } };
+    if ('environment' in t)
+      return { tag, environment: { name: t.environment.name, default_value: t.environment.defaultValue ?? '' } };
     return { tag, request_header: { name: t.header.name, default_value: t.header.defaultValue ?? '' } };
   });
 }

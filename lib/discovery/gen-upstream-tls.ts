@@ -22,38 +22,61 @@ export interface OriginationFields {
   httpOptions?: Record<string, unknown>;
 }
 
-export const originates = (tls: ClientTls | undefined): tls is ClientTls => tls?.mode === 'SIMPLE' || tls?.mode === 'MUTUAL';
+export const originates = (tls: ClientTls | undefined): tls is ClientTls =>
+  tls?.mode === 'SIMPLE' || tls?.mode === 'MUTUAL';
 
-export function originationFields(tls: ClientTls, router: boolean, h2: boolean, sdsSource: Readonly<Record<string, unknown>>): OriginationFields {
+export function originationFields(
+  tls: ClientTls,
+  router: boolean,
+  h2: boolean,
+  sdsSource: Readonly<Record<string, unknown>>,
+): OriginationFields {
   if (tls.credentialName !== undefined && !router) return {};
   const mutual = tls.mode === 'MUTUAL';
   const skip = tls.insecureSkipVerify === true;
   const sans = tls.subjectAltNames.map((s) => ({ exact: s }));
-  const common: Record<string, unknown> = { tls_params: { tls_minimum_protocol_version: 'TLSv1_2', tls_maximum_protocol_version: 'TLSv1_3' } };
+  const common: Record<string, unknown> = {
+    tls_params: { tls_minimum_protocol_version: 'TLSv1_2', tls_maximum_protocol_version: 'TLSv1_3' },
+  };
   if (tls.credentialName !== undefined) {
-    if (mutual) common.tls_certificate_sds_secret_configs = [{ name: credentialResource(tls.credentialName), sds_config: ADS_SOURCE }];
+    if (mutual)
+      common.tls_certificate_sds_secret_configs = [
+        { name: credentialResource(tls.credentialName), sds_config: ADS_SOURCE },
+      ];
     if (!skip) {
       common.combined_validation_context = {
         default_validation_context: { match_subject_alt_names: sans },
-        validation_context_sds_secret_config: { name: credentialCaResource(tls.credentialName), sds_config: ADS_SOURCE },
+        validation_context_sds_secret_config: {
+          name: credentialCaResource(tls.credentialName),
+          sds_config: ADS_SOURCE,
+        },
       };
     }
   } else {
-    if (mutual) common.tls_certificate_sds_secret_configs = [{ name: `file-cert:${tls.clientCertificate}~${tls.privateKey}`, sds_config: sdsSource }];
+    if (mutual)
+      common.tls_certificate_sds_secret_configs = [
+        { name: `file-cert:${tls.clientCertificate}~${tls.privateKey}`, sds_config: sdsSource },
+      ];
     if (skip) common.validation_context = {};
     else {
       common.combined_validation_context = {
         default_validation_context: { match_subject_alt_names: sans },
-        validation_context_sds_secret_config: { name: `file-root:${tls.caCertificates ?? 'system'}`, sds_config: sdsSource },
+        validation_context_sds_secret_config: {
+          name: `file-root:${tls.caCertificates ?? 'system'}`,
+          sds_config: sdsSource,
+        },
       };
     }
   }
   if (h2) common.alpn_protocols = ['h2'];
   const ctx: Record<string, unknown> = { common_tls_context: common };
   if (tls.sni !== undefined) ctx.sni = tls.sni;
-  const out: OriginationFields = { socket: { name: 'envoy.transport_sockets.tls', typed_config: packAny(UPSTREAM_TLS, ctx) } };
+  const out: OriginationFields = {
+    socket: { name: 'envoy.transport_sockets.tls', typed_config: packAny(UPSTREAM_TLS, ctx) },
+  };
   const autoSni = tls.sni === undefined;
   const autoSan = autoSni && !sans.length && !skip;
-  if (autoSni || autoSan) out.httpOptions = { ...(autoSni && { auto_sni: true }), ...(autoSan && { auto_san_validation: true }) };
+  if (autoSni || autoSan)
+    out.httpOptions = { ...(autoSni && { auto_sni: true }), ...(autoSan && { auto_san_validation: true }) };
   return out;
 }

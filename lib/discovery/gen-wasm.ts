@@ -54,9 +54,8 @@ export function proxyWasm(push: PushContext, proxy: Proxy): ProxyWasm {
   const plugins = selectedPlugins(push, proxy);
   if (!plugins.length) return NONE;
   const key = plugins.map((p) => `${p.meta.namespace}/${p.meta.name}@${p.meta.resourceVersion}`).join(',');
-  const filters = (type: WasmPluginSpec['type'], cls: ListenerClass, port: number) => plugins
-    .filter((p) => p.spec.type === type && matches(p.spec, cls, port))
-    .map((p) => ecdsFilter(p, type));
+  const filters = (type: WasmPluginSpec['type'], cls: ListenerClass, port: number) =>
+    plugins.filter((p) => p.spec.type === type && matches(p.spec, cls, port)).map((p) => ecdsFilter(p, type));
   return Object.freeze({
     key,
     plugins,
@@ -69,16 +68,18 @@ export function proxyWasm(push: PushContext, proxy: Proxy): ProxyWasm {
 function selectedPlugins(push: PushContext, proxy: Proxy): Config<WasmPluginSpec>[] {
   const gatewayName = proxy.labels['gateway.networking.k8s.io/gateway-name'];
   const namespaces = [...new Set([proxy.namespace, ROOT_NAMESPACE])];
-  const picked = namespaces.flatMap((ns) => push.wasmPlugins.filter((p) => {
-    if (p.meta.namespace !== ns) return false;
-    const { targetGateways, selector } = p.spec;
-    // As istiod's policy matcher: targetRefs apply only to Gateway API gateways of the plugin's namespace; a
-    // plugin without them selects by labels (Gateway API gateways too: ENABLE_SELECTOR_BASED_K8S_GATEWAY_POLICY).
-    if (targetGateways) {
-      return gatewayName !== undefined && ns === proxy.namespace && targetGateways.includes(gatewayName);
-    }
-    return !selector || labelsMatch(selector, proxy.labels);
-  }));
+  const picked = namespaces.flatMap((ns) =>
+    push.wasmPlugins.filter((p) => {
+      if (p.meta.namespace !== ns) return false;
+      const { targetGateways, selector } = p.spec;
+      // As istiod's policy matcher: targetRefs apply only to Gateway API gateways of the plugin's namespace; a
+      // plugin without them selects by labels (Gateway API gateways too: ENABLE_SELECTOR_BASED_K8S_GATEWAY_POLICY).
+      if (targetGateways) {
+        return gatewayName !== undefined && ns === proxy.namespace && targetGateways.includes(gatewayName);
+      }
+      return !selector || labelsMatch(selector, proxy.labels);
+    }),
+  );
   const prio = (p: Config<WasmPluginSpec>) => p.spec.priority ?? -(2 ** 31);
   // Stable sorts: phase, then priority (higher first); equal ones keep namespace-then-name order.
   return PHASES.flatMap((phase) => picked.filter((p) => p.spec.phase === phase).sort((a, b) => prio(b) - prio(a)));
@@ -87,8 +88,11 @@ function selectedPlugins(push: PushContext, proxy: Proxy): Config<WasmPluginSpec
 function matches(spec: WasmPluginSpec, cls: ListenerClass, port: number): boolean {
   if (!spec.match.length) return true;
   const mode = cls === 'inbound' ? 'SERVER' : 'CLIENT';
-  return spec.match.some((m) => (m.mode === 'UNDEFINED' || m.mode === 'CLIENT_AND_SERVER' || m.mode === mode)
-    && (!m.ports.length || m.ports.includes(port)));
+  return spec.match.some(
+    (m) =>
+      (m.mode === 'UNDEFINED' || m.mode === 'CLIENT_AND_SERVER' || m.mode === mode) &&
+      (!m.ports.length || m.ports.includes(port)),
+  );
 }
 
 function ecdsFilter(p: Config<WasmPluginSpec>, type: WasmPluginSpec['type']): Record<string, unknown> {
@@ -109,12 +113,18 @@ export function buildExtensionConfigs(push: PushContext, proxy: Proxy): Readonly
   // Pull secrets are credentials: as istiod, only to a proxy that proved who it is, and only over a stream that
   // does not leave the host in plaintext (the rule this server applies to private keys, ./gen-secrets.ts).
   const secrets = push.servePrivateKeys && proxy.identity !== undefined;
-  return push.memoize(`ecds|${key}|${secrets}`, () => new Map(plugins.map((p) => {
-    const name = wasmResourceName(p.meta.namespace, p.meta.name);
-    const pluginConfig = wasmPluginConfig(p, secrets ? pullSecret(push, p) : '');
-    const wasm = packAny(p.spec.type === 'HTTP' ? WASM_HTTP : WASM_NETWORK, { config: pluginConfig });
-    return [name, encodeResource(EXTENSION_CONFIG, name, { name, typed_config: wasm })] as const;
-  })));
+  return push.memoize(
+    `ecds|${key}|${secrets}`,
+    () =>
+      new Map(
+        plugins.map((p) => {
+          const name = wasmResourceName(p.meta.namespace, p.meta.name);
+          const pluginConfig = wasmPluginConfig(p, secrets ? pullSecret(push, p) : '');
+          const wasm = packAny(p.spec.type === 'HTTP' ? WASM_HTTP : WASM_NETWORK, { config: pluginConfig });
+          return [name, encodeResource(EXTENSION_CONFIG, name, { name, typed_config: wasm })] as const;
+        }),
+      ),
+  );
 }
 
 function pullSecret(push: PushContext, p: Config<WasmPluginSpec>): string {

@@ -16,9 +16,15 @@ import { type Resource, TYPE_URLS } from './resources';
 export const SUPPORTED_TYPES: ReadonlySet<string> = new Set(Object.values(TYPE_URLS));
 
 /** `names`: what the proxy subscribed to; only the gRPC generator builds by name (its clients never ask for all). */
-export function generate(push: PushContext, proxy: Proxy, typeUrl: string, names: ReadonlySet<string> = new Set()): ReadonlyMap<string, Resource> {
+export function generate(
+  push: PushContext,
+  proxy: Proxy,
+  typeUrl: string,
+  names: ReadonlySet<string> = new Set(),
+): ReadonlyMap<string, Resource> {
   // As istiod: a node whose metadata names the grpc generator gets that generator's LDS, RDS, CDS and EDS.
-  if (proxy.generator === GRPC_GENERATOR && typeUrl !== TYPE_URLS.secret && typeUrl !== TYPE_URLS.nameTable) return generateGrpc(push, proxy, typeUrl, names);
+  if (proxy.generator === GRPC_GENERATOR && typeUrl !== TYPE_URLS.secret && typeUrl !== TYPE_URLS.nameTable)
+    return generateGrpc(push, proxy, typeUrl, names);
   switch (typeUrl) {
     case TYPE_URLS.cluster: {
       const inbound = inboundClusters(push, proxy);
@@ -47,5 +53,8 @@ export function generate(push: PushContext, proxy: Proxy, typeUrl: string, names
 
 function cdsFor(push: PushContext, scope: ProxyScope, capture: boolean): ReadonlyMap<string, Resource> {
   const extra = capture ? captureClusters() : [];
-  return push.memoize(`cds-map|${scope.key}|${capture}`, () => new Map([...buildClusters(push, scope), ...extra].map((r) => [r.name, r])));
+  return push.memoize(
+    `cds-map|${scope.key}|${capture}`,
+    () => new Map([...buildClusters(push, scope), ...extra].map((r) => [r.name, r])),
+  );
 }

@@ -101,7 +101,10 @@ export class TokenIdentities {
 
   private list(dir: string): string[] {
     try {
-      return fs.readdirSync(dir).filter((n) => LABEL.test(n)).sort();
+      return fs
+        .readdirSync(dir)
+        .filter((n) => LABEL.test(n))
+        .sort();
     } catch {
       return [];
     }

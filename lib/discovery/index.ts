@@ -10,7 +10,13 @@ import type { Registry } from 'prom-client';
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
 import { parseJsonOrYaml } from '../json-or-yaml';
-import { DISCOVERY_MAX_DOCUMENTS, DISCOVERY_MAX_FILE_BYTES, PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, type Env } from '../env';
+import {
+  DISCOVERY_MAX_DOCUMENTS,
+  DISCOVERY_MAX_FILE_BYTES,
+  PILOT_DEBOUNCE_AFTER,
+  PILOT_DEBOUNCE_MAX,
+  type Env,
+} from '../env';
 import { timestamp, scope } from '../log';
 import { registerCounters } from '../metrics';
 import { AdsServer, type ConnectionStatus } from './ads-server';
@@ -110,8 +116,14 @@ export class DiscoveryServer implements Component {
       ...(o.maxFileBytes !== undefined && { maxFileBytes: o.maxFileBytes }),
       ...(o.maxDocuments !== undefined && { maxDocuments: o.maxDocuments }),
     });
-    this.debouncer = new Debouncer({ quietMs: o.debounceMs ?? 100, maxDelayMs: o.maxDelayMs ?? 10_000, onFlush: (req) => this.onFlush(req) });
-    this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, { servePrivateKeys: isLocalAddress(o.listen) });
+    this.debouncer = new Debouncer({
+      quietMs: o.debounceMs ?? 100,
+      maxDelayMs: o.maxDelayMs ?? 10_000,
+      onFlush: (req) => this.onFlush(req),
+    });
+    this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, {
+      servePrivateKeys: isLocalAddress(o.listen),
+    });
     this.auth = new XdsAuthenticator({ ...(o.inProcess && { inProcess: o.inProcess }) });
     this.ads = new AdsServer({
       current: () => this.push,
@@ -144,18 +156,29 @@ export class DiscoveryServer implements Component {
         this.debouncer.push(pushRequest(`${kind}/${c.meta.namespace}/${c.meta.name}`, `config ${event}`));
       });
     }
-    this.registry.appendServiceHandler((svc, event) => this.debouncer.push(pushRequest(`Service/${svc.hostname}`, `service ${event}`)));
-    this.registry.appendInstanceHandler((inst, event) => this.debouncer.push(pushRequest(`Service/${inst.hostname}`, `endpoint ${event}`)));
+    this.registry.appendServiceHandler((svc, event) =>
+      this.debouncer.push(pushRequest(`Service/${svc.hostname}`, `service ${event}`)),
+    );
+    this.registry.appendInstanceHandler((inst, event) =>
+      this.debouncer.push(pushRequest(`Service/${inst.hostname}`, `endpoint ${event}`)),
+    );
     this.registry.run();
     try {
       let issues: ConfigIssue[];
       try {
         issues = (await this.files.sync({ report: false })).issues;
       } catch (e) {
-        throw new AgentError('CONFIG_INVALID', `cannot read config directory ${this.o.configDir}: ${errorMessage(e)}`, e);
+        throw new AgentError(
+          'CONFIG_INVALID',
+          `cannot read config directory ${this.o.configDir}: ${errorMessage(e)}`,
+          e,
+        );
       }
       if (issues.length) {
-        throw new AgentError('CONFIG_INVALID', `invalid config in ${this.o.configDir}:\n  ${issues.map(formatIssue).join('\n  ')}`);
+        throw new AgentError(
+          'CONFIG_INVALID',
+          `invalid config in ${this.o.configDir}:\n  ${issues.map(formatIssue).join('\n  ')}`,
+        );
       }
       // The initial load needs no debounce: build the first push context now.
       this.debouncer.close();
@@ -168,26 +191,42 @@ export class DiscoveryServer implements Component {
       this.debouncer.close();
       await this.ads.close();
       this.resolveClosed(e as Error);
-      throw e instanceof AgentError ? e : new AgentError('IO', `failed to start the discovery server: ${errorMessage(e)}`, e);
+      throw e instanceof AgentError
+        ? e
+        : new AgentError('IO', `failed to start the discovery server: ${errorMessage(e)}`, e);
     }
     if (!this.push.servePrivateKeys && this.push.secrets.some((x) => x.spec.key)) {
-      log.warn(`Secret private keys are not served: ${this.o.listen} is not a Unix socket or loopback address and the xDS stream is plaintext; gateways get only CA bundles (use certificate files on the gateway host)`);
+      log.warn(
+        `Secret private keys are not served: ${this.o.listen} is not a Unix socket or loopback address and the xDS stream is plaintext; gateways get only CA bundles (use certificate files on the gateway host)`,
+      );
     } else if (!this.auth.enabled && this.push.secrets.some((x) => x.spec.key)) {
-      log.warn(`Secret private keys are not served: they go only to a gateway authenticated with a token of its namespace, and ${path.join(this.o.configDir, 'ca', 'identities')} declares none; gateways get only CA bundles`);
+      log.warn(
+        `Secret private keys are not served: they go only to a gateway authenticated with a token of its namespace, and ${path.join(this.o.configDir, 'ca', 'identities')} declares none; gateways get only CA bundles`,
+      );
     }
     this.files.start();
     this.state = 'running';
-    log.info('discovery server listening', { address: this.boundAddress, configDir: this.o.configDir, services: this.push.services.length, version: this.push.version });
+    log.info('discovery server listening', {
+      address: this.boundAddress,
+      configDir: this.o.configDir,
+      services: this.push.services.length,
+      version: this.push.version,
+    });
   }
 
   /** The embedded CA, when the config directory declares identities and the address is local. */
   private async startCa(): Promise<void> {
     if (!caDeclared(this.o.configDir)) return;
     if (!isLocalAddress(this.o.listen)) {
-      log.warn(`embedded CA not served: ${this.o.listen} is not a Unix socket or loopback address, and tokens must not cross the network in plaintext`);
+      log.warn(
+        `embedded CA not served: ${this.o.listen} is not a Unix socket or loopback address, and tokens must not cross the network in plaintext`,
+      );
       return;
     }
-    this.ca = await EmbeddedCa.open({ dir: path.join(this.o.configDir, 'ca'), trustDomain: this.o.trustDomain ?? 'cluster.local' });
+    this.ca = await EmbeddedCa.open({
+      dir: path.join(this.o.configDir, 'ca'),
+      trustDomain: this.o.trustDomain ?? 'cluster.local',
+    });
     // The same tokens authenticate xDS streams: a gateway's private keys and a VM's health reports need them.
     this.auth.identities = this.ca.identities;
     const svc = this.ca.service();
@@ -258,7 +297,9 @@ export class DiscoveryServer implements Component {
     try {
       push = await this.buildPushContext();
     } catch (e) {
-      log.error('failed to build the push context; proxies keep the previous config', { error: (e as Error).stack ?? String(e) });
+      log.error('failed to build the push context; proxies keep the previous config', {
+        error: (e as Error).stack ?? String(e),
+      });
       return;
     }
     if (this.state !== 'running') return;
@@ -268,7 +309,9 @@ export class DiscoveryServer implements Component {
     log.info('push', {
       version: this.push.version,
       events: req.events,
-      reasons: Object.entries(req.reasons).map(([k, v]) => `${k}:${v}`).join(','),
+      reasons: Object.entries(req.reasons)
+        .map(([k, v]) => `${k}:${v}`)
+        .join(','),
       debouncedMs: Date.now() - req.start,
       buildMs: Math.round(buildMs * 10) / 10,
       connections: this.ads.connectionCount(),
@@ -282,7 +325,9 @@ export class DiscoveryServer implements Component {
    * back every 10 ms (one RouteConfiguration of 10,000 virtual hosts took over a second to encode in one go).
    */
   private async buildPushContext(): Promise<PushContext> {
-    const push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, { servePrivateKeys: isLocalAddress(this.o.listen) });
+    const push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, {
+      servePrivateKeys: isLocalAddress(this.o.listen),
+    });
     let sliceStart = performance.now();
     const breathe = async () => {
       if (performance.now() - sliceStart < 10) return;
@@ -320,7 +365,12 @@ function readMeshFile(file: string): unknown {
  * Returns 0 after a signal, 1 if the config is invalid or the server cannot start or fails.
  */
 export async function runDiscoveryCommand(
-  argv: { configDir: string; grpcAddr?: string; outboundTrafficPolicy?: MeshConfig['outboundTrafficPolicy']; meshConfigFile?: string },
+  argv: {
+    configDir: string;
+    grpcAddr?: string;
+    outboundTrafficPolicy?: MeshConfig['outboundTrafficPolicy'];
+    meshConfigFile?: string;
+  },
   env: Env = process.env,
 ): Promise<number> {
   let server: DiscoveryServer;
@@ -330,7 +380,9 @@ export async function runDiscoveryCommand(
       listen: argv.grpcAddr ?? '127.0.0.1:15010',
       mesh: {
         ...(argv.outboundTrafficPolicy && { outboundTrafficPolicy: argv.outboundTrafficPolicy }),
-        ...(argv.meshConfigFile && { tracing: readMeshTracing(readMeshFile(argv.meshConfigFile), `mesh config ${argv.meshConfigFile}`) }),
+        ...(argv.meshConfigFile && {
+          tracing: readMeshTracing(readMeshFile(argv.meshConfigFile), `mesh config ${argv.meshConfigFile}`),
+        }),
       },
       debounceMs: PILOT_DEBOUNCE_AFTER.get(env),
       maxDelayMs: PILOT_DEBOUNCE_MAX.get(env),

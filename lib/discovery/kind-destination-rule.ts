@@ -16,7 +16,11 @@ export function readDestinationRule(r: Reader, v: unknown, path: Path): Destinat
     const sp = [...path, 'subsets', i];
     const so = r.object(s, sp, ['name', 'labels', 'trafficPolicy'], ['name']);
     if (!so) return;
-    const name = r.string(so.name, [...sp, 'name'], { required: true, pattern: /^[A-Za-z0-9_.-]+$/, patternText: 'a subset name (letters, digits, _ . -)' });
+    const name = r.string(so.name, [...sp, 'name'], {
+      required: true,
+      pattern: /^[A-Za-z0-9_.-]+$/,
+      patternText: 'a subset name (letters, digits, _ . -)',
+    });
     const labels = r.stringMap(so.labels, [...sp, 'labels']);
     const tp = readTrafficPolicy(r, so.trafficPolicy, [...sp, 'trafficPolicy']);
     if (name === undefined) return;
@@ -31,7 +35,13 @@ export function readDestinationRule(r: Reader, v: unknown, path: Path): Destinat
 }
 
 function readTrafficPolicy(r: Reader, v: unknown, path: Path, portLevel = false): TrafficPolicy | undefined {
-  const o = r.object(v, path, portLevel ? ['port', 'loadBalancer', 'connectionPool', 'outlierDetection', 'tls'] : ['loadBalancer', 'connectionPool', 'outlierDetection', 'portLevelSettings', 'tls']);
+  const o = r.object(
+    v,
+    path,
+    portLevel
+      ? ['port', 'loadBalancer', 'connectionPool', 'outlierDetection', 'tls']
+      : ['loadBalancer', 'connectionPool', 'outlierDetection', 'portLevelSettings', 'tls'],
+  );
   if (!o) return undefined;
   const out: TrafficPolicy = {};
   if (!portLevel && o.portLevelSettings !== undefined) {
@@ -54,11 +64,15 @@ function readTrafficPolicy(r: Reader, v: unknown, path: Path, portLevel = false)
   const lp = [...path, 'loadBalancer'];
   const lb = r.object(o.loadBalancer, lp, ['simple', 'consistentHash', 'warmupDurationSecs']);
   if (lb) {
-    if (lb.simple !== undefined && lb.consistentHash !== undefined) r.fail(lp, 'simple and consistentHash are exclusive');
-    if (lb.simple === undefined && lb.consistentHash === undefined && lb.warmupDurationSecs === undefined) r.fail(lp, 'needs simple, consistentHash or warmupDurationSecs');
+    if (lb.simple !== undefined && lb.consistentHash !== undefined)
+      r.fail(lp, 'simple and consistentHash are exclusive');
+    if (lb.simple === undefined && lb.consistentHash === undefined && lb.warmupDurationSecs === undefined)
+      r.fail(lp, 'needs simple, consistentHash or warmupDurationSecs');
     const warmup = r.duration(lb.warmupDurationSecs, [...lp, 'warmupDurationSecs']);
     if (warmup !== undefined) out.warmupMs = warmup;
-    const simple = r.oneOf(lb.simple, [...lp, 'simple'], ['ROUND_ROBIN', 'LEAST_REQUEST', 'RANDOM'] as const, { unsupported: ['PASSTHROUGH', 'LEAST_CONN', 'UNSPECIFIED'] });
+    const simple = r.oneOf(lb.simple, [...lp, 'simple'], ['ROUND_ROBIN', 'LEAST_REQUEST', 'RANDOM'] as const, {
+      unsupported: ['PASSTHROUGH', 'LEAST_CONN', 'UNSPECIFIED'],
+    });
     if (simple) out.loadBalancer = simple;
     const ch = readConsistentHash(r, lb.consistentHash, [...lp, 'consistentHash']);
     if (ch) out.consistentHash = ch;
@@ -74,7 +88,12 @@ function readTrafficPolicy(r: Reader, v: unknown, path: Path, portLevel = false)
       });
     }
     const hp = [...path, 'connectionPool', 'http'];
-    const http = r.object(cp.http, hp, ['http1MaxPendingRequests', 'http2MaxRequests', 'maxRequestsPerConnection', 'maxRetries']);
+    const http = r.object(cp.http, hp, [
+      'http1MaxPendingRequests',
+      'http2MaxRequests',
+      'maxRequestsPerConnection',
+      'maxRetries',
+    ]);
     if (http) {
       out.connectionPool.http = clean({
         http1MaxPendingRequests: r.int(http.http1MaxPendingRequests, [...hp, 'http1MaxPendingRequests'], { min: 1 }),
@@ -85,7 +104,13 @@ function readTrafficPolicy(r: Reader, v: unknown, path: Path, portLevel = false)
     }
   }
   const op = [...path, 'outlierDetection'];
-  const od = r.object(o.outlierDetection, op, ['consecutive5xxErrors', 'consecutiveGatewayErrors', 'interval', 'baseEjectionTime', 'maxEjectionPercent']);
+  const od = r.object(o.outlierDetection, op, [
+    'consecutive5xxErrors',
+    'consecutiveGatewayErrors',
+    'interval',
+    'baseEjectionTime',
+    'maxEjectionPercent',
+  ]);
   if (od) {
     out.outlierDetection = clean({
       consecutive5xxErrors: r.int(od.consecutive5xxErrors, [...op, 'consecutive5xxErrors'], { min: 0 }),
@@ -117,7 +142,8 @@ function readConsistentHash(r: Reader, v: unknown, path: Path): ConsistentHash |
     const q = r.string(o.httpQueryParameterName, [...path, 'httpQueryParameterName'], { required: true });
     if (q !== undefined) key = { httpQueryParameterName: q };
   } else if (o.useSourceIp !== undefined) {
-    if (r.bool(o.useSourceIp, [...path, 'useSourceIp']) !== true) return r.fail([...path, 'useSourceIp'], 'must be true when given');
+    if (r.bool(o.useSourceIp, [...path, 'useSourceIp']) !== true)
+      return r.fail([...path, 'useSourceIp'], 'must be true when given');
     key = { useSourceIp: true };
   } else {
     const cp = [...path, 'httpCookie'];
@@ -131,8 +157,11 @@ function readConsistentHash(r: Reader, v: unknown, path: Path): ConsistentHash |
   const ring = r.object(o.ringHash, [...path, 'ringHash'], ['minimumRingSize']);
   const mag = r.object(o.maglev, [...path, 'maglev'], ['tableSize']);
   const tableSize = r.int(mag?.tableSize, [...path, 'maglev', 'tableSize'], { min: 1, max: 5000011 });
-  if (tableSize !== undefined && !isPrime(tableSize)) r.fail([...path, 'maglev', 'tableSize'], `${tableSize} is not a prime number (Envoy requires one)`);
-  const min = r.int(ring?.minimumRingSize ?? o.minimumRingSize, [...path, ring ? 'ringHash' : 'minimumRingSize'], { min: 1 });
+  if (tableSize !== undefined && !isPrime(tableSize))
+    r.fail([...path, 'maglev', 'tableSize'], `${tableSize} is not a prime number (Envoy requires one)`);
+  const min = r.int(ring?.minimumRingSize ?? o.minimumRingSize, [...path, ring ? 'ringHash' : 'minimumRingSize'], {
+    min: 1,
+  });
   if (!key) return undefined;
   const out: ConsistentHash = { key, maglev: mag !== undefined };
   if (tableSize) out.maglevTableSize = tableSize;

@@ -26,7 +26,8 @@ export function readSecret(r: Reader, top: Record<string, unknown>): SecretSpec 
     const s = r.string(v, ['data', k]);
     if (s === undefined) continue;
     const text = Buffer.from(s.replace(/\s+/g, ''), 'base64').toString('utf8');
-    if (!/^[A-Za-z0-9+/]*={0,2}$/.test(s.replace(/\s+/g, ''))) r.fail(['data', k], 'is not base64 (use stringData for PEM text)');
+    if (!/^[A-Za-z0-9+/]*={0,2}$/.test(s.replace(/\s+/g, '')))
+      r.fail(['data', k], 'is not base64 (use stringData for PEM text)');
     else fields.set(k, { text, path: ['data', k] });
   }
   // As in Kubernetes, stringData wins over data for the same key.
@@ -39,8 +40,13 @@ export function readSecret(r: Reader, top: Record<string, unknown>): SecretSpec 
   const cert = pick(CERT_KEYS);
   const key = pick(KEY_KEYS);
   const ca = pick(CA_KEYS);
-  if (!cert && !key && !ca) return r.fail([], 'a Secret for TLS needs tls.crt and tls.key (or cert and key), and/or ca.crt (or cacert)');
-  if (!!cert !== !!key) return r.fail(cert ? cert.path : key!.path, `has no matching ${cert ? 'private key (tls.key or key)' : 'certificate (tls.crt or cert)'}`);
+  if (!cert && !key && !ca)
+    return r.fail([], 'a Secret for TLS needs tls.crt and tls.key (or cert and key), and/or ca.crt (or cacert)');
+  if (!!cert !== !!key)
+    return r.fail(
+      cert ? cert.path : key!.path,
+      `has no matching ${cert ? 'private key (tls.key or key)' : 'certificate (tls.crt or cert)'}`,
+    );
   const out: SecretSpec = {};
   if (cert && key) {
     const leaf = certificates(r, cert.text, cert.path)[0];
@@ -51,7 +57,11 @@ export function readSecret(r: Reader, top: Record<string, unknown>): SecretSpec 
       r.fail(key.path, 'is not a PEM private key');
     }
     if (leaf && pk) {
-      if (!leaf.checkPrivateKey(pk)) r.fail(key.path, `does not match the certificate in ${cert.path.join('.')} (${leaf.subject ? `subject ${leaf.subject.replace(/\n/g, ', ')}` : leaf.subjectAltName ?? 'no subject'})`);
+      if (!leaf.checkPrivateKey(pk))
+        r.fail(
+          key.path,
+          `does not match the certificate in ${cert.path.join('.')} (${leaf.subject ? `subject ${leaf.subject.replace(/\n/g, ', ')}` : (leaf.subjectAltName ?? 'no subject')})`,
+        );
     }
     out.cert = cert.text;
     out.key = key.text;

@@ -10,7 +10,12 @@ const PROTOCOLS: readonly Protocol[] = ['HTTP', 'HTTP2', 'GRPC', 'TCP'];
 const UNSUPPORTED_PROTOCOLS = ['HTTPS', 'TLS', 'MONGO', 'REDIS', 'MYSQL', 'UDP', 'GRPC-WEB'];
 
 export function readServiceEntry(r: Reader, v: unknown, path: Path): ServiceEntrySpec | undefined {
-  const o = r.object(v, path, ['hosts', 'addresses', 'ports', 'resolution', 'location', 'endpoints', 'workloadSelector', 'exportTo'], ['hosts', 'ports']);
+  const o = r.object(
+    v,
+    path,
+    ['hosts', 'addresses', 'ports', 'resolution', 'location', 'endpoints', 'workloadSelector', 'exportTo'],
+    ['hosts', 'ports'],
+  );
   const exportTo = readExportTo(r, o?.exportTo, [...path, 'exportTo']);
   if (!o) return undefined;
   const hosts = readHosts(r, o.hosts, [...path, 'hosts'], false);
@@ -21,21 +26,30 @@ export function readServiceEntry(r: Reader, v: unknown, path: Path): ServiceEntr
     if (!po) return;
     const number = r.port(po.number, [...pp, 'number'], true);
     const name = r.string(po.name, [...pp, 'name'], { required: true });
-    const protocol = r.oneOf(po.protocol, [...pp, 'protocol'], PROTOCOLS, { unsupported: UNSUPPORTED_PROTOCOLS }) ?? 'HTTP';
+    const protocol =
+      r.oneOf(po.protocol, [...pp, 'protocol'], PROTOCOLS, { unsupported: UNSUPPORTED_PROTOCOLS }) ?? 'HTTP';
     const targetPort = r.port(po.targetPort, [...pp, 'targetPort']);
     if (number === undefined || name === undefined) return;
     if (ports.some((x) => x.number === number)) r.fail([...pp, 'number'], `port ${number} is listed twice`);
     if (ports.some((x) => x.name === name)) r.fail([...pp, 'name'], `port name "${name}" is listed twice`);
     ports.push(targetPort === undefined ? { number, name, protocol } : { number, name, protocol, targetPort });
   });
-  const resolution = r.oneOf(o.resolution, [...path, 'resolution'], ['STATIC', 'DNS'] as const, { unsupported: ['NONE', 'DNS_ROUND_ROBIN'] }) ?? 'STATIC';
-  const location = r.oneOf(o.location, [...path, 'location'], ['MESH_EXTERNAL', 'MESH_INTERNAL'] as const) ?? 'MESH_EXTERNAL';
+  const resolution =
+    r.oneOf(o.resolution, [...path, 'resolution'], ['STATIC', 'DNS'] as const, {
+      unsupported: ['NONE', 'DNS_ROUND_ROBIN'],
+    }) ?? 'STATIC';
+  const location =
+    r.oneOf(o.location, [...path, 'location'], ['MESH_EXTERNAL', 'MESH_INTERNAL'] as const) ?? 'MESH_EXTERNAL';
   const endpoints: WorkloadEntrySpec[] = [];
   r.array(o.endpoints, [...path, 'endpoints']).forEach((e, i) => {
     const ep = readWorkload(r, e, [...path, 'endpoints', i], resolution, false);
     if (!ep) return;
     for (const pn of Object.keys(ep.ports)) {
-      if (!ports.some((p) => p.name === pn)) r.fail([...path, 'endpoints', i, 'ports', pn], `names no port of this ServiceEntry (ports: ${ports.map((p) => p.name).join(', ')})`);
+      if (!ports.some((p) => p.name === pn))
+        r.fail(
+          [...path, 'endpoints', i, 'ports', pn],
+          `names no port of this ServiceEntry (ports: ${ports.map((p) => p.name).join(', ')})`,
+        );
     }
     endpoints.push(ep);
   });
@@ -48,7 +62,8 @@ export function readServiceEntry(r: Reader, v: unknown, path: Path): ServiceEntr
   if (resolution === 'STATIC' && !endpoints.length && !workloadSelector) {
     r.fail([...path, 'endpoints'], 'resolution STATIC needs endpoints or a workloadSelector');
   }
-  if (resolution === 'DNS' && hosts.some((h) => h.includes('*'))) r.fail([...path, 'hosts'], 'a wildcard host cannot be resolved by DNS: use resolution STATIC with endpoints');
+  if (resolution === 'DNS' && hosts.some((h) => h.includes('*')))
+    r.fail([...path, 'hosts'], 'a wildcard host cannot be resolved by DNS: use resolution STATIC with endpoints');
   const out: ServiceEntrySpec = { hosts, ports, resolution, location, endpoints };
   if (exportTo) out.exportTo = exportTo;
   if (workloadSelector) out.workloadSelector = workloadSelector;
@@ -57,7 +72,13 @@ export function readServiceEntry(r: Reader, v: unknown, path: Path): ServiceEntr
   return out;
 }
 
-export function readWorkload(r: Reader, v: unknown, path: Path, resolution: 'STATIC' | 'DNS', standalone: boolean): WorkloadEntrySpec | undefined {
+export function readWorkload(
+  r: Reader,
+  v: unknown,
+  path: Path,
+  resolution: 'STATIC' | 'DNS',
+  standalone: boolean,
+): WorkloadEntrySpec | undefined {
   const allowed = ['address', 'ports', 'labels', 'weight', 'network', 'locality', 'serviceAccount'];
   const o = r.object(v, path, allowed, ['address']);
   if (!o) return undefined;
@@ -66,8 +87,12 @@ export function readWorkload(r: Reader, v: unknown, path: Path, resolution: 'STA
   if (address !== undefined) {
     if (address.startsWith('unix://')) r.fail([...path, 'address'], 'unix socket endpoints are not supported');
     else if (resolution === 'STATIC' && !net.isIP(address)) {
-      r.fail([...path, 'address'], `"${address}" is not an IP address (${standalone ? 'a WorkloadEntry needs one' : 'resolution STATIC needs IP addresses; use resolution DNS for hostnames'})`);
-    } else if (!net.isIP(address) && !HOST.test(address)) r.fail([...path, 'address'], `"${address}" is neither an IP address nor a hostname`);
+      r.fail(
+        [...path, 'address'],
+        `"${address}" is not an IP address (${standalone ? 'a WorkloadEntry needs one' : 'resolution STATIC needs IP addresses; use resolution DNS for hostnames'})`,
+      );
+    } else if (!net.isIP(address) && !HOST.test(address))
+      r.fail([...path, 'address'], `"${address}" is neither an IP address nor a hostname`);
   }
   const ports: Record<string, number> = {};
   const po = r.mapping(o.ports, [...path, 'ports']);

@@ -23,7 +23,10 @@ export function readSidecar(r: Reader, v: unknown, path: Path): SidecarSpec | un
       const ns = s.slice(0, slash);
       const host = s.slice(slash + 1);
       if (slash < 0 || !/^(\*|\.|~|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)$/.test(ns) || !HOST.test(host)) {
-        r.fail([...ep, 'hosts', j], `"${s}" is not namespace/host (namespace "*", ".", "~" or a name; host "*", "*.suffix" or a name)`);
+        r.fail(
+          [...ep, 'hosts', j],
+          `"${s}" is not namespace/host (namespace "*", ".", "~" or a name; host "*", "*.suffix" or a name)`,
+        );
       } else out.egressHosts.push(s);
     });
   });

@@ -2,7 +2,17 @@
 // rewrite, fault injection, CORS, mirroring and header manipulation; TCP routes by port with weighted destinations.
 
 import { dict } from '../dict';
-import type { CorsPolicy, HeaderOperations, HttpFault, HttpMatch, HttpRoute, RouteDestination, StringMatch, TcpRoute, VirtualServiceSpec } from './model';
+import type {
+  CorsPolicy,
+  HeaderOperations,
+  HttpFault,
+  HttpMatch,
+  HttpRoute,
+  RouteDestination,
+  StringMatch,
+  TcpRoute,
+  VirtualServiceSpec,
+} from './model';
 import { readExportTo } from './visibility';
 import { HOST, type Path, type Reader, readHosts } from './schema';
 import { readTlsRoutes } from './kind-tls';
@@ -15,7 +25,11 @@ export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualSe
   const hosts = readHosts(r, o.hosts, [...path, 'hosts'], true);
   const gateways: string[] = [];
   r.array(o.gateways, [...path, 'gateways']).forEach((g, i) => {
-    const s = r.string(g, [...path, 'gateways', i], { required: true, pattern: /^(mesh|([a-z0-9-]+\/)?[a-z0-9.-]+)$/, patternText: 'mesh, a Gateway name, or namespace/name' });
+    const s = r.string(g, [...path, 'gateways', i], {
+      required: true,
+      pattern: /^(mesh|([a-z0-9-]+\/)?[a-z0-9.-]+)$/,
+      patternText: 'mesh, a Gateway name, or namespace/name',
+    });
     if (s !== undefined) gateways.push(s);
   });
   const http: HttpRoute[] = [];
@@ -45,24 +59,58 @@ export function readVirtualService(r: Reader, v: unknown, path: Path): VirtualSe
 }
 
 function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined {
-  const o = r.object(v, path, ['name', 'match', 'route', 'redirect', 'directResponse', 'timeout', 'retries', 'rewrite', 'fault', 'corsPolicy', 'mirror', 'mirrorPercentage', 'headers']);
+  const o = r.object(v, path, [
+    'name',
+    'match',
+    'route',
+    'redirect',
+    'directResponse',
+    'timeout',
+    'retries',
+    'rewrite',
+    'fault',
+    'corsPolicy',
+    'mirror',
+    'mirrorPercentage',
+    'headers',
+  ]);
   if (!o) return undefined;
   const actions = ['route', 'redirect', 'directResponse'].filter((k) => o[k] !== undefined);
-  if (actions.length !== 1) r.fail(path, `needs exactly one of route, redirect, directResponse${actions.length ? ` (has ${actions.join(', ')})` : ''}`);
+  if (actions.length !== 1)
+    r.fail(
+      path,
+      `needs exactly one of route, redirect, directResponse${actions.length ? ` (has ${actions.join(', ')})` : ''}`,
+    );
   const out: HttpRoute = { match: [], route: [] };
   const name = r.string(o.name, [...path, 'name']);
   if (name !== undefined) out.name = name;
   r.array(o.match, [...path, 'match']).forEach((m, i) => {
     const mp = [...path, 'match', i];
-    const mo = r.object(m, mp, ['name', 'uri', 'headers', 'port', 'ignoreUriCase', 'method', 'authority', 'scheme', 'queryParams', 'withoutHeaders', ...SOURCE_MATCH_FIELDS]);
+    const mo = r.object(m, mp, [
+      'name',
+      'uri',
+      'headers',
+      'port',
+      'ignoreUriCase',
+      'method',
+      'authority',
+      'scheme',
+      'queryParams',
+      'withoutHeaders',
+      ...SOURCE_MATCH_FIELDS,
+    ]);
     if (!mo) return;
     r.string(mo.name, [...mp, 'name']);
-    const match: HttpMatch = { headers: {}, ignoreUriCase: r.bool(mo.ignoreUriCase, [...mp, 'ignoreUriCase']) ?? false };
+    const match: HttpMatch = {
+      headers: {},
+      ignoreUriCase: r.bool(mo.ignoreUriCase, [...mp, 'ignoreUriCase']) ?? false,
+    };
     if (mo.uri !== undefined) match.uri = readStringMatch(r, mo.uri, [...mp, 'uri']);
     const matchMap = (key: 'headers' | 'withoutHeaders' | 'queryParams') => {
       const out = dict<StringMatch>();
       for (const [hn, hv] of Object.entries(r.mapping(mo[key], [...mp, key]) ?? {})) {
-        if (!/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/.test(hn)) r.fail([...mp, key, hn], `"${hn}" is not a valid ${key === 'queryParams' ? 'parameter' : 'header'} name`);
+        if (!/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/.test(hn))
+          r.fail([...mp, key, hn], `"${hn}" is not a valid ${key === 'queryParams' ? 'parameter' : 'header'} name`);
         const sm = readStringMatch(r, hv, [...mp, key, hn]);
         if (sm) out[key === 'queryParams' ? hn : hn.toLowerCase()] = sm;
       }
@@ -84,7 +132,11 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
     out.match.push(match);
   });
   if (o.route !== undefined || actions.length !== 1) out.route = readDestinations(r, o.route, [...path, 'route'], true);
-  const rd = r.object(o.redirect, [...path, 'redirect'], ['uri', 'authority', 'port', 'derivePort', 'scheme', 'redirectCode']);
+  const rd = r.object(
+    o.redirect,
+    [...path, 'redirect'],
+    ['uri', 'authority', 'port', 'derivePort', 'scheme', 'redirectCode'],
+  );
   if (rd) {
     const rp = [...path, 'redirect'];
     out.redirect = {};
@@ -92,11 +144,15 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
     const authority = r.string(rd.authority, [...rp, 'authority']);
     const port = r.port(rd.port, [...rp, 'port']);
     if (rd.port !== undefined && rd.derivePort !== undefined) r.fail(rp, 'port and derivePort are exclusive');
-    const derivePort = r.oneOf(rd.derivePort, [...rp, 'derivePort'], ['FROM_PROTOCOL_DEFAULT', 'FROM_REQUEST_PORT'] as const);
+    const derivePort = r.oneOf(rd.derivePort, [...rp, 'derivePort'], [
+      'FROM_PROTOCOL_DEFAULT',
+      'FROM_REQUEST_PORT',
+    ] as const);
     if (derivePort !== undefined) out.redirect.derivePort = derivePort;
     const scheme = r.oneOf(rd.scheme, [...rp, 'scheme'], ['http', 'https'] as const);
     const code = r.int(rd.redirectCode, [...rp, 'redirectCode']);
-    if (code !== undefined && !REDIRECT_CODES.includes(code)) r.fail([...rp, 'redirectCode'], `${code} is not one of ${REDIRECT_CODES.join(', ')}`);
+    if (code !== undefined && !REDIRECT_CODES.includes(code))
+      r.fail([...rp, 'redirectCode'], `${code} is not one of ${REDIRECT_CODES.join(', ')}`);
     if (uri !== undefined) out.redirect.uri = uri;
     if (authority !== undefined) out.redirect.authority = authority;
     if (port !== undefined) out.redirect.port = port;
@@ -108,21 +164,36 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
     const status = r.int(dr.status, [...path, 'directResponse', 'status'], { required: true, min: 200, max: 599 });
     const bp = [...path, 'directResponse', 'body'];
     const body = r.object(dr.body, bp, ['string', 'bytes']);
-    if (body && (body.string === undefined) === (body.bytes === undefined)) r.fail(bp, 'needs exactly one of string, bytes');
+    if (body && (body.string === undefined) === (body.bytes === undefined))
+      r.fail(bp, 'needs exactly one of string, bytes');
     const text = r.string(body?.string, [...bp, 'string']);
     const bytes = r.string(body?.bytes, [...bp, 'bytes'], { pattern: /^[A-Za-z0-9+/]*={0,2}$/, patternText: 'base64' });
-    if (status !== undefined) out.directResponse = { status, ...(text !== undefined && { body: text }), ...(bytes !== undefined && { bodyBytes: bytes }) };
+    if (status !== undefined)
+      out.directResponse = {
+        status,
+        ...(text !== undefined && { body: text }),
+        ...(bytes !== undefined && { bodyBytes: bytes }),
+      };
   }
   for (const k of ['mirror', 'retries', 'timeout', 'rewrite'] as const) {
-    if (!o.route && o[k] !== undefined) r.fail([...path, k], 'applies only to a route, not to a redirect or directResponse');
+    if (!o.route && o[k] !== undefined)
+      r.fail([...path, k], 'applies only to a route, not to a redirect or directResponse');
   }
   const timeoutMs = r.duration(o.timeout, [...path, 'timeout']);
   if (timeoutMs !== undefined) out.timeoutMs = timeoutMs;
-  const ro = r.object(o.retries, [...path, 'retries'], ['attempts', 'perTryTimeout', 'retryOn', 'retryIgnorePreviousHosts', 'backoff', 'retryRemoteLocalities'], ['attempts']);
+  const ro = r.object(
+    o.retries,
+    [...path, 'retries'],
+    ['attempts', 'perTryTimeout', 'retryOn', 'retryIgnorePreviousHosts', 'backoff', 'retryRemoteLocalities'],
+    ['attempts'],
+  );
   if (ro) {
     const attempts = r.int(ro.attempts, [...path, 'retries', 'attempts'], { required: true, min: 0, max: 100 });
     const perTry = r.duration(ro.perTryTimeout, [...path, 'retries', 'perTryTimeout']);
-    const retryOn = r.string(ro.retryOn, [...path, 'retries', 'retryOn'], { pattern: /^[a-z0-9, -]+$/, patternText: 'a comma-separated list of Envoy retry conditions and status codes' });
+    const retryOn = r.string(ro.retryOn, [...path, 'retries', 'retryOn'], {
+      pattern: /^[a-z0-9, -]+$/,
+      patternText: 'a comma-separated list of Envoy retry conditions and status codes',
+    });
     if (attempts !== undefined) {
       out.retries = { attempts };
       if (perTry !== undefined) out.retries.perTryTimeoutMs = perTry;
@@ -152,7 +223,11 @@ function readHttpRoute(r: Reader, v: unknown, path: Path): HttpRoute | undefined
   if (cors) out.corsPolicy = cors;
   const mo = r.object(o.mirror, [...path, 'mirror'], ['host', 'subset', 'port'], ['host']);
   if (mo) {
-    const host = r.string(mo.host, [...path, 'mirror', 'host'], { required: true, pattern: HOST, patternText: 'a hostname' });
+    const host = r.string(mo.host, [...path, 'mirror', 'host'], {
+      required: true,
+      pattern: HOST,
+      patternText: 'a hostname',
+    });
     const subset = r.string(mo.subset, [...path, 'mirror', 'subset']);
     const po = r.object(mo.port, [...path, 'mirror', 'port'], ['number'], ['number']);
     const port = po ? r.port(po.number, [...path, 'mirror', 'port', 'number'], true) : undefined;
@@ -184,15 +259,22 @@ function readDestinations(r: Reader, v: unknown, path: Path, http = false): Rout
   const dests = r.array(v, path, { required: true, nonEmpty: true });
   dests.forEach((d, i) => {
     const dp = [...path, i];
-    const dO = r.object(d, dp, http ? ['destination', 'weight', 'headers'] : ['destination', 'weight'], ['destination']);
+    const dO = r.object(d, dp, http ? ['destination', 'weight', 'headers'] : ['destination', 'weight'], [
+      'destination',
+    ]);
     if (!dO) return;
     const de = r.object(dO.destination, [...dp, 'destination'], ['host', 'subset', 'port'], ['host']);
-    const host = r.string(de?.host, [...dp, 'destination', 'host'], { required: true, pattern: HOST, patternText: 'a hostname' });
+    const host = r.string(de?.host, [...dp, 'destination', 'host'], {
+      required: true,
+      pattern: HOST,
+      patternText: 'a hostname',
+    });
     const subset = r.string(de?.subset, [...dp, 'destination', 'subset']);
     const po = r.object(de?.port, [...dp, 'destination', 'port'], ['number'], ['number']);
     const port = po ? r.port(po.number, [...dp, 'destination', 'port', 'number'], true) : undefined;
     const weight = r.int(dO.weight, [...dp, 'weight'], { min: 0, max: 100 });
-    if (dO.weight === undefined && dests.length > 1) r.fail([...dp, 'weight'], 'is required when a route has more than one destination');
+    if (dO.weight === undefined && dests.length > 1)
+      r.fail([...dp, 'weight'], 'is required when a route has more than one destination');
     if (weight === undefined && dO.weight !== undefined) return;
     if (host === undefined) return;
     const rd: RouteDestination = { host, weight: weight ?? 100 };
@@ -217,7 +299,8 @@ function readDestinations(r: Reader, v: unknown, path: Path, http = false): Rout
 function readPercentage(r: Reader, v: unknown, path: Path): number | undefined {
   const o = r.object(v, path, ['value'], ['value']);
   if (!o) return undefined;
-  if (typeof o.value !== 'number' || o.value < 0 || o.value > 100) return r.fail([...path, 'value'], 'must be a number from 0 to 100');
+  if (typeof o.value !== 'number' || o.value < 0 || o.value > 100)
+    return r.fail([...path, 'value'], 'must be a number from 0 to 100');
   return o.value;
 }
 
@@ -227,8 +310,13 @@ function readFault(r: Reader, v: unknown, path: Path): HttpFault | undefined {
   const out: HttpFault = {};
   const d = r.object(o.delay, [...path, 'delay'], ['fixedDelay', 'percentage', 'percent', 'exponentialDelay']);
   if (d) {
-    if (d.exponentialDelay !== undefined) r.fail([...path, 'delay', 'exponentialDelay'], 'is not supported (Istio does not implement it either); use fixedDelay');
-    if (d.percent !== undefined) r.fail([...path, 'delay', 'percent'], 'is deprecated and not supported; use percentage: {value: N}');
+    if (d.exponentialDelay !== undefined)
+      r.fail(
+        [...path, 'delay', 'exponentialDelay'],
+        'is not supported (Istio does not implement it either); use fixedDelay',
+      );
+    if (d.percent !== undefined)
+      r.fail([...path, 'delay', 'percent'], 'is deprecated and not supported; use percentage: {value: N}');
     const ms = r.duration(d.fixedDelay, [...path, 'delay', 'fixedDelay']);
     if (d.fixedDelay === undefined) r.fail([...path, 'delay', 'fixedDelay'], 'is required');
     const pct = readPercentage(r, d.percentage, [...path, 'delay', 'percentage']);
@@ -236,13 +324,22 @@ function readFault(r: Reader, v: unknown, path: Path): HttpFault | undefined {
   }
   const a = r.object(o.abort, [...path, 'abort'], ['httpStatus', 'percentage', 'grpcStatus', 'http2Error']);
   if (a) {
-    if (a.http2Error !== undefined) r.fail([...path, 'abort', 'http2Error'], 'is not supported (Istio does not implement it either); use httpStatus or grpcStatus');
-    if ((a.httpStatus === undefined) === (a.grpcStatus === undefined) && a.http2Error === undefined) r.fail([...path, 'abort'], 'needs exactly one of httpStatus, grpcStatus');
+    if (a.http2Error !== undefined)
+      r.fail(
+        [...path, 'abort', 'http2Error'],
+        'is not supported (Istio does not implement it either); use httpStatus or grpcStatus',
+      );
+    if ((a.httpStatus === undefined) === (a.grpcStatus === undefined) && a.http2Error === undefined)
+      r.fail([...path, 'abort'], 'needs exactly one of httpStatus, grpcStatus');
     const status = r.int(a.httpStatus, [...path, 'abort', 'httpStatus'], { min: 200, max: 599 });
     const grpc = r.oneOf(a.grpcStatus, [...path, 'abort', 'grpcStatus'], GRPC_CODES);
     const pct = readPercentage(r, a.percentage, [...path, 'abort', 'percentage']);
     if (status !== undefined || grpc !== undefined) {
-      out.abort = { ...(status !== undefined && { httpStatus: status }), ...(grpc !== undefined && { grpcStatus: GRPC_CODES.indexOf(grpc) }), ...(pct !== undefined && { percentage: pct }) };
+      out.abort = {
+        ...(status !== undefined && { httpStatus: status }),
+        ...(grpc !== undefined && { grpcStatus: GRPC_CODES.indexOf(grpc) }),
+        ...(pct !== undefined && { percentage: pct }),
+      };
     }
   }
   if (!out.delay && !out.abort && !r.problems.length) r.fail(path, 'needs delay or abort');
@@ -250,12 +347,28 @@ function readFault(r: Reader, v: unknown, path: Path): HttpFault | undefined {
 }
 
 function readCors(r: Reader, v: unknown, path: Path): CorsPolicy | undefined {
-  const o = r.object(v, path, ['allowOrigins', 'allowMethods', 'allowHeaders', 'exposeHeaders', 'maxAge', 'allowCredentials', 'allowOrigin']);
+  const o = r.object(v, path, [
+    'allowOrigins',
+    'allowMethods',
+    'allowHeaders',
+    'exposeHeaders',
+    'maxAge',
+    'allowCredentials',
+    'allowOrigin',
+  ]);
   if (!o) return undefined;
-  if (o.allowOrigin !== undefined) r.fail([...path, 'allowOrigin'], 'is deprecated and not supported; use allowOrigins with exact, prefix or regex');
-  const strings = (k: string) => r.array(o[k], [...path, k]).map((x, i) => r.string(x, [...path, k, i], { required: true })).filter((x): x is string => x !== undefined);
+  if (o.allowOrigin !== undefined)
+    r.fail([...path, 'allowOrigin'], 'is deprecated and not supported; use allowOrigins with exact, prefix or regex');
+  const strings = (k: string) =>
+    r
+      .array(o[k], [...path, k])
+      .map((x, i) => r.string(x, [...path, k, i], { required: true }))
+      .filter((x): x is string => x !== undefined);
   const out: CorsPolicy = {
-    allowOrigins: r.array(o.allowOrigins, [...path, 'allowOrigins']).map((x, i) => readStringMatch(r, x, [...path, 'allowOrigins', i])).filter((x): x is StringMatch => x !== undefined),
+    allowOrigins: r
+      .array(o.allowOrigins, [...path, 'allowOrigins'])
+      .map((x, i) => readStringMatch(r, x, [...path, 'allowOrigins', i]))
+      .filter((x): x is StringMatch => x !== undefined),
     allowMethods: strings('allowMethods'),
     allowHeaders: strings('allowHeaders'),
     exposeHeaders: strings('exposeHeaders'),
@@ -270,9 +383,25 @@ function readCors(r: Reader, v: unknown, path: Path): CorsPolicy | undefined {
 const REDIRECT_CODES = [301, 302, 303, 307, 308];
 
 /** gRPC status names in code order (0 OK ... 16 UNAUTHENTICATED), as Istio's SupportedGRPCStatus. */
-const GRPC_CODES = ['OK', 'CANCELLED', 'UNKNOWN', 'INVALID_ARGUMENT', 'DEADLINE_EXCEEDED', 'NOT_FOUND', 'ALREADY_EXISTS', 'PERMISSION_DENIED',
-  'RESOURCE_EXHAUSTED', 'FAILED_PRECONDITION', 'ABORTED', 'OUT_OF_RANGE', 'UNIMPLEMENTED', 'INTERNAL', 'UNAVAILABLE', 'DATA_LOSS', 'UNAUTHENTICATED'] as const;
-
+const GRPC_CODES = [
+  'OK',
+  'CANCELLED',
+  'UNKNOWN',
+  'INVALID_ARGUMENT',
+  'DEADLINE_EXCEEDED',
+  'NOT_FOUND',
+  'ALREADY_EXISTS',
+  'PERMISSION_DENIED',
+  'RESOURCE_EXHAUSTED',
+  'FAILED_PRECONDITION',
+  'ABORTED',
+  'OUT_OF_RANGE',
+  'UNIMPLEMENTED',
+  'INTERNAL',
+  'UNAVAILABLE',
+  'DATA_LOSS',
+  'UNAUTHENTICATED',
+] as const;
 
 const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/;
 
@@ -281,10 +410,16 @@ function readHeaderOps(r: Reader, v: unknown, path: Path): HeaderOperations | un
   if (!o) return undefined;
   const map = (k: 'set' | 'add') => {
     const m = r.stringMap(o[k], [...path, k]);
-    for (const h of Object.keys(m)) if (!HEADER_NAME.test(h)) r.fail([...path, k, h], `"${h}" is not a valid header name`);
+    for (const h of Object.keys(m))
+      if (!HEADER_NAME.test(h)) r.fail([...path, k, h], `"${h}" is not a valid header name`);
     return m;
   };
-  const remove = r.array(o.remove, [...path, 'remove']).map((x, i) => r.string(x, [...path, 'remove', i], { required: true, pattern: HEADER_NAME, patternText: 'a header name' })).filter((x): x is string => x !== undefined);
+  const remove = r
+    .array(o.remove, [...path, 'remove'])
+    .map((x, i) =>
+      r.string(x, [...path, 'remove', i], { required: true, pattern: HEADER_NAME, patternText: 'a header name' }),
+    )
+    .filter((x): x is string => x !== undefined);
   return { set: map('set'), add: map('add'), remove };
 }
 

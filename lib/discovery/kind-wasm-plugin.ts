@@ -8,8 +8,22 @@ import type { WasmPhase, WasmPluginSpec, WorkloadMode } from './model';
 import { DNS_NAME, type Path, type Reader } from './schema';
 
 const FIELDS = [
-  'selector', 'targetRef', 'targetRefs', 'phase', 'priority', 'url', 'sha256', 'imagePullPolicy', 'imagePullSecret',
-  'pluginConfig', 'pluginName', 'failStrategy', 'vmConfig', 'match', 'type', 'verificationKey',
+  'selector',
+  'targetRef',
+  'targetRefs',
+  'phase',
+  'priority',
+  'url',
+  'sha256',
+  'imagePullPolicy',
+  'imagePullSecret',
+  'pluginConfig',
+  'pluginName',
+  'failStrategy',
+  'vmConfig',
+  'match',
+  'type',
+  'verificationKey',
 ];
 const SCHEMES = ['oci:', 'http:', 'https:', 'file:'];
 const GATEWAY_GROUP = 'gateway.networking.k8s.io';
@@ -23,13 +37,23 @@ export function readWasmPlugin(r: Reader, v: unknown, path: Path): WasmPluginSpe
   const url = readUrl(r, o.url, [...path, 'url']);
   const out: WasmPluginSpec = {
     url: url ?? '',
-    phase: r.oneOf(o.phase, [...path, 'phase'], ['UNSPECIFIED_PHASE', 'AUTHN', 'AUTHZ', 'STATS'] as const satisfies
-      readonly WasmPhase[]) ?? 'UNSPECIFIED_PHASE',
-    imagePullPolicy: r.oneOf(o.imagePullPolicy, [...path, 'imagePullPolicy'],
-      ['UNSPECIFIED_POLICY', 'IfNotPresent', 'Always'] as const) ?? 'UNSPECIFIED_POLICY',
+    phase:
+      r.oneOf(o.phase, [...path, 'phase'], [
+        'UNSPECIFIED_PHASE',
+        'AUTHN',
+        'AUTHZ',
+        'STATS',
+      ] as const satisfies readonly WasmPhase[]) ?? 'UNSPECIFIED_PHASE',
+    imagePullPolicy:
+      r.oneOf(o.imagePullPolicy, [...path, 'imagePullPolicy'], [
+        'UNSPECIFIED_POLICY',
+        'IfNotPresent',
+        'Always',
+      ] as const) ?? 'UNSPECIFIED_POLICY',
     failStrategy: r.oneOf(o.failStrategy, [...path, 'failStrategy'], FAIL_STRATEGIES) ?? 'FAIL_CLOSE',
-    type: (r.oneOf(o.type, [...path, 'type'], ['UNSPECIFIED_PLUGIN_TYPE', 'HTTP', 'NETWORK'] as const) ?? 'HTTP')
-      .replace('UNSPECIFIED_PLUGIN_TYPE', 'HTTP') as WasmPluginSpec['type'],
+    type: (
+      r.oneOf(o.type, [...path, 'type'], ['UNSPECIFIED_PLUGIN_TYPE', 'HTTP', 'NETWORK'] as const) ?? 'HTTP'
+    ).replace('UNSPECIFIED_PLUGIN_TYPE', 'HTTP') as WasmPluginSpec['type'],
     env: [],
     match: [],
   };
@@ -117,7 +141,7 @@ function readVmConfig(r: Reader, v: unknown, path: Path, out: WasmPluginSpec): v
     const value = r.string(eo.value, [...ep, 'value']) ?? '';
     if (name === undefined) return;
     if (name.length > 256) r.fail([...ep, 'name'], 'is longer than 256 characters');
-    else if (name.startsWith('ISTIO_META_')) r.fail([...ep, 'name'], 'ISTIO_META_ variables are the agent\'s');
+    else if (name.startsWith('ISTIO_META_')) r.fail([...ep, 'name'], "ISTIO_META_ variables are the agent's");
     else if (env.some((x) => x.name === name)) r.fail([...ep, 'name'], `"${name}" is listed twice`);
     else if (valueFrom !== 'INLINE' && value) r.fail([...ep, 'value'], 'may only be set when valueFrom is INLINE');
     else env.push({ name, value, valueFrom });

@@ -36,12 +36,29 @@ export function readDocument(doc: unknown): ReadResult {
     r.fail(['kind'], `unknown or unsupported kind "${kindText}" (supported: ${KINDS.join(', ')})`);
   }
   const api = r.string(top.apiVersion, ['apiVersion'], { required: true });
-  const apis = kindText === 'PeerAuthentication' ? SECURITY_API_VERSIONS : kindText === 'Secret' ? ['v1']
-    : kindText === 'WasmPlugin' ? EXTENSIONS_API_VERSIONS : API_VERSIONS;
+  const apis =
+    kindText === 'PeerAuthentication'
+      ? SECURITY_API_VERSIONS
+      : kindText === 'Secret'
+        ? ['v1']
+        : kindText === 'WasmPlugin'
+          ? EXTENSIONS_API_VERSIONS
+          : API_VERSIONS;
   if (api !== undefined && !apis.includes(api)) r.fail(['apiVersion'], `"${api}" is not one of ${apis.join(', ')}`);
-  const md = r.object(top.metadata, ['metadata'], ['name', 'namespace', 'labels', 'annotations', 'resourceVersion', 'uid', 'generation', 'creationTimestamp'], ['name']);
-  const name = r.string(md?.name, ['metadata', 'name'], { required: true, pattern: DNS_NAME, patternText: 'a lowercase DNS name' });
-  const namespace = r.string(md?.namespace, ['metadata', 'namespace'], { pattern: DNS_LABEL, patternText: 'a lowercase DNS label' }) ?? 'default';
+  const md = r.object(
+    top.metadata,
+    ['metadata'],
+    ['name', 'namespace', 'labels', 'annotations', 'resourceVersion', 'uid', 'generation', 'creationTimestamp'],
+    ['name'],
+  );
+  const name = r.string(md?.name, ['metadata', 'name'], {
+    required: true,
+    pattern: DNS_NAME,
+    patternText: 'a lowercase DNS name',
+  });
+  const namespace =
+    r.string(md?.namespace, ['metadata', 'namespace'], { pattern: DNS_LABEL, patternText: 'a lowercase DNS label' }) ??
+    'default';
   const labels = r.stringMap(md?.labels, ['metadata', 'labels']);
   r.stringMap(md?.annotations, ['metadata', 'annotations']);
   if (!kindText || !(KINDS as readonly string[]).includes(kindText)) return { problems: r.problems };
@@ -72,7 +89,10 @@ function readPeerAuthentication(r: Reader, v: unknown, path: Path): PeerAuthenti
     selector = r.stringMap(s?.matchLabels, [...path, 'selector', 'matchLabels']);
   }
   const m = r.object(o.mtls, [...path, 'mtls'], ['mode'], []);
-  const mode = r.oneOf(m?.mode, [...path, 'mtls', 'mode'], ['STRICT', 'PERMISSIVE', 'DISABLE'] as const, { unsupported: ['UNSET'] }) ?? 'PERMISSIVE';
+  const mode =
+    r.oneOf(m?.mode, [...path, 'mtls', 'mode'], ['STRICT', 'PERMISSIVE', 'DISABLE'] as const, {
+      unsupported: ['UNSET'],
+    }) ?? 'PERMISSIVE';
   const out: PeerAuthenticationSpec = { mode };
   if (selector) out.selector = selector;
   return out;

@@ -6,7 +6,10 @@
 import { AgentError } from '../errors';
 import { type Path, Reader, formatPath } from './schema';
 
-export type CustomTag = { literal: { value: string } } | { environment: { name: string; defaultValue?: string } } | { header: { name: string; defaultValue?: string } };
+export type CustomTag =
+  | { literal: { value: string } }
+  | { environment: { name: string; defaultValue?: string } }
+  | { header: { name: string; defaultValue?: string } };
 
 /** ProxyConfig.tracing, the parts the discovery server uses. */
 export interface ProxyTracing {
@@ -45,9 +48,12 @@ export function readMeshTracing(mesh: unknown, source: string): MeshTracing | un
   const r = new Reader();
   const enableTracing = r.bool(m.enableTracing, ['enableTracing']) ?? false;
   const dc = r.mapping(m.defaultConfig, ['defaultConfig']);
-  const defaultConfig = dc?.tracing !== undefined ? readProxyTracing(r, dc.tracing, ['defaultConfig', 'tracing']) : undefined;
+  const defaultConfig =
+    dc?.tracing !== undefined ? readProxyTracing(r, dc.tracing, ['defaultConfig', 'tracing']) : undefined;
   const dp = r.mapping(m.defaultProviders, ['defaultProviders']);
-  const names = r.array(dp?.tracing, ['defaultProviders', 'tracing']).map((x, i) => r.string(x, ['defaultProviders', 'tracing', i], { required: true }));
+  const names = r
+    .array(dp?.tracing, ['defaultProviders', 'tracing'])
+    .map((x, i) => r.string(x, ['defaultProviders', 'tracing', i], { required: true }));
   let provider: ZipkinProvider | undefined;
   if (names[0] !== undefined) {
     const list = r.array(m.extensionProviders, ['extensionProviders']);
@@ -56,7 +62,10 @@ export function readMeshTracing(mesh: unknown, source: string): MeshTracing | un
     else provider = readProvider(r, list[i], ['extensionProviders', i]);
   }
   if (r.problems.length) {
-    throw new AgentError('CONFIG_INVALID', `${source}: ${r.problems.map((p) => `${formatPath(p.path)}: ${p.message}`).join('; ')}`);
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `${source}: ${r.problems.map((p) => `${formatPath(p.path)}: ${p.message}`).join('; ')}`,
+    );
   }
   if (!enableTracing && !provider) return undefined;
   return { enableTracing, ...(defaultConfig && { defaultConfig }), ...(provider && { provider }) };
@@ -72,11 +81,14 @@ export function proxyTracingFromMetadata(v: unknown): ProxyTracing | undefined {
 const TRACERS = ['zipkin', 'datadog', 'lightstep', 'stackdriver', 'openCensusAgent', 'tlsSettings'];
 
 function readProxyTracing(r: Reader, v: unknown, path: Path, lenient = false): ProxyTracing | undefined {
-  const o = lenient ? r.mapping(v, path) : r.object(v, path, ['sampling', 'customTags', 'maxPathTagLength', 'enableIstioTags', ...TRACERS]);
+  const o = lenient
+    ? r.mapping(v, path)
+    : r.object(v, path, ['sampling', 'customTags', 'maxPathTagLength', 'enableIstioTags', ...TRACERS]);
   if (!o) return undefined;
   const out: ProxyTracing = { customTags: {} };
   if (o.sampling !== undefined) {
-    if (typeof o.sampling !== 'number' || o.sampling < 0) r.fail([...path, 'sampling'], 'must be a percentage from 0 to 100');
+    if (typeof o.sampling !== 'number' || o.sampling < 0)
+      r.fail([...path, 'sampling'], 'must be a percentage from 0 to 100');
     else out.sampling = o.sampling;
   }
   const len = r.int(o.maxPathTagLength, [...path, 'maxPathTagLength'], { min: 0 });
@@ -101,7 +113,8 @@ function readProxyTracing(r: Reader, v: unknown, path: Path, lenient = false): P
       const eo = r.object(to[k], [...tp, k], ['name', 'defaultValue'], ['name']);
       const n = r.string(eo?.name, [...tp, k, 'name'], { required: true });
       const d = r.string(eo?.defaultValue, [...tp, k, 'defaultValue']);
-      if (n !== undefined) customTags[name] = { [k]: d === undefined ? { name: n } : { name: n, defaultValue: d } } as CustomTag;
+      if (n !== undefined)
+        customTags[name] = { [k]: d === undefined ? { name: n } : { name: n, defaultValue: d } } as CustomTag;
     }
   }
   out.customTags = customTags;
@@ -115,10 +128,18 @@ function readProvider(r: Reader, v: unknown, path: Path): ZipkinProvider | undef
   if (!o) return undefined;
   const kinds = Object.keys(o).filter((k) => k !== 'name');
   if (kinds.length !== 1 || kinds[0] !== 'zipkin') {
-    return r.fail(path, `tracing provider ${kinds.map((k) => `"${k}"`).join(', ')} is not supported by the standalone discovery server (supported: zipkin)`);
+    return r.fail(
+      path,
+      `tracing provider ${kinds.map((k) => `"${k}"`).join(', ')} is not supported by the standalone discovery server (supported: zipkin)`,
+    );
   }
   const zp = [...path, 'zipkin'];
-  const z = r.object(o.zipkin, zp, ['service', 'port', 'path', 'maxTagLength', 'enable64bitTraceId'], ['service', 'port']);
+  const z = r.object(
+    o.zipkin,
+    zp,
+    ['service', 'port', 'path', 'maxTagLength', 'enable64bitTraceId'],
+    ['service', 'port'],
+  );
   if (!z) return undefined;
   const service = r.string(z.service, [...zp, 'service'], { required: true });
   const port = r.port(z.port, [...zp, 'port'], true);

@@ -3,7 +3,17 @@
 
 import type { MeshTracing } from './mesh-tracing';
 
-export const KINDS = ['ServiceEntry', 'WorkloadEntry', 'VirtualService', 'DestinationRule', 'Gateway', 'Sidecar', 'PeerAuthentication', 'Secret', 'WasmPlugin'] as const;
+export const KINDS = [
+  'ServiceEntry',
+  'WorkloadEntry',
+  'VirtualService',
+  'DestinationRule',
+  'Gateway',
+  'Sidecar',
+  'PeerAuthentication',
+  'Secret',
+  'WasmPlugin',
+] as const;
 export type Kind = (typeof KINDS)[number];
 
 export type Event = 'add' | 'update' | 'delete';
@@ -32,7 +42,15 @@ export interface Config<S = Spec> {
   spec: S;
 }
 
-export type Spec = ServiceEntrySpec | WorkloadEntrySpec | VirtualServiceSpec | DestinationRuleSpec | GatewaySpec | SidecarSpec | PeerAuthenticationSpec | SecretSpec
+export type Spec =
+  | ServiceEntrySpec
+  | WorkloadEntrySpec
+  | VirtualServiceSpec
+  | DestinationRuleSpec
+  | GatewaySpec
+  | SidecarSpec
+  | PeerAuthenticationSpec
+  | SecretSpec
   | WasmPluginSpec;
 
 /** meshConfig fields the server honours. */
@@ -147,7 +165,14 @@ export interface HttpRoute {
   match: HttpMatch[];
   route: RouteDestination[];
   timeoutMs?: number;
-  retries?: { attempts: number; perTryTimeoutMs?: number; retryOn?: string; ignorePreviousHosts?: boolean; backoffMs?: number; retryRemoteLocalities?: boolean };
+  retries?: {
+    attempts: number;
+    perTryTimeoutMs?: number;
+    retryOn?: string;
+    ignorePreviousHosts?: boolean;
+    backoffMs?: number;
+    retryRemoteLocalities?: boolean;
+  };
   rewrite?: { uri?: string; authority?: string };
   fault?: HttpFault;
   corsPolicy?: CorsPolicy;
@@ -155,7 +180,14 @@ export interface HttpRoute {
   mirrorPercentage?: Percent;
   headers?: { request?: HeaderOperations; response?: HeaderOperations };
   /** Instead of `route`: an HTTP redirect, or a response from the proxy itself. */
-  redirect?: { uri?: string; authority?: string; port?: number; derivePort?: 'FROM_PROTOCOL_DEFAULT' | 'FROM_REQUEST_PORT'; scheme?: 'http' | 'https'; redirectCode?: number };
+  redirect?: {
+    uri?: string;
+    authority?: string;
+    port?: number;
+    derivePort?: 'FROM_PROTOCOL_DEFAULT' | 'FROM_REQUEST_PORT';
+    scheme?: 'http' | 'https';
+    redirectCode?: number;
+  };
   /** `body` is text; `bodyBytes` base64, as body.bytes is written in YAML. */
   directResponse?: { status: number; body?: string; bodyBytes?: string };
 }
@@ -179,7 +211,11 @@ export interface VirtualServiceSpec {
 
 /** DestinationRule loadBalancer.consistentHash: one hash key source, ring hash (Istio's default) or Maglev. */
 export interface ConsistentHash {
-  key: { httpHeaderName: string } | { httpCookie: { name: string; path?: string; ttlMs?: number } } | { useSourceIp: true } | { httpQueryParameterName: string };
+  key:
+    | { httpHeaderName: string }
+    | { httpCookie: { name: string; path?: string; ttlMs?: number } }
+    | { useSourceIp: true }
+    | { httpQueryParameterName: string };
   maglev: boolean;
   minimumRingSize?: number;
   /** maglev.tableSize: a prime. */
@@ -198,7 +234,12 @@ export interface TrafficPolicy {
   warmupMs?: number;
   connectionPool?: {
     tcp?: { maxConnections?: number; connectTimeoutMs?: number };
-    http?: { http1MaxPendingRequests?: number; http2MaxRequests?: number; maxRequestsPerConnection?: number; maxRetries?: number };
+    http?: {
+      http1MaxPendingRequests?: number;
+      http2MaxRequests?: number;
+      maxRequestsPerConnection?: number;
+      maxRetries?: number;
+    };
   };
   outlierDetection?: {
     consecutive5xxErrors?: number;
@@ -278,7 +319,8 @@ export interface ServiceInstance {
   source: string;
 }
 
-export const instanceKey = (i: ServiceInstance) => `${i.hostname}|${i.servicePort.number}|${i.address}|${i.port}|${i.source}`;
+export const instanceKey = (i: ServiceInstance) =>
+  `${i.hostname}|${i.servicePort.number}|${i.address}|${i.port}|${i.source}`;
 
 /** A short name (no dot) means `<name>.<namespace>.svc.cluster.local`, as in Istio; anything else is taken as is. */
 export function qualifyHost(host: string, namespace: string): string {
@@ -286,7 +328,10 @@ export function qualifyHost(host: string, namespace: string): string {
 }
 
 /** Does `labels` contain every key/value of `selector`? */
-export function labelsMatch(selector: Readonly<Record<string, string>>, labels: Readonly<Record<string, string>>): boolean {
+export function labelsMatch(
+  selector: Readonly<Record<string, string>>,
+  labels: Readonly<Record<string, string>>,
+): boolean {
   for (const [k, v] of Object.entries(selector)) if (labels[k] !== v) return false;
   return true;
 }

@@ -48,12 +48,14 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
   const id = node?.id;
   if (!id) throw new AgentError('BAD_INPUT', 'the first request has no node id');
   const parts = id.split('~');
-  if (parts.length !== 4) throw new AgentError('BAD_INPUT', `node id ${quote(id)} is not <type>~<ip>~<pod>.<namespace>~<domain>`);
+  if (parts.length !== 4)
+    throw new AgentError('BAD_INPUT', `node id ${quote(id)} is not <type>~<ip>~<pod>.<namespace>~<domain>`);
   const [t, ip, podNs, domain] = parts as [string, string, string, string];
   let type: ProxyType;
   if (t === 'sidecar') type = 'sidecar';
   else if (t === 'router' || t === 'ingress') type = 'router';
-  else throw new AgentError('BAD_INPUT', `node id ${quote(id)}: unknown proxy type ${quote(t)} (want sidecar or router)`);
+  else
+    throw new AgentError('BAD_INPUT', `node id ${quote(id)}: unknown proxy type ${quote(t)} (want sidecar or router)`);
   const dot = podNs.indexOf('.');
   const namespace = (dot >= 0 ? podNs.slice(dot + 1) : domain.split('.')[0]) || 'default';
   const meta = structToJson(node?.metadata);
@@ -64,16 +66,25 @@ export function proxyFromNode(node: { id?: string; metadata?: unknown } | undefi
   }
   const we = meta && typeof meta === 'object' ? (meta as Record<string, unknown>).WORKLOAD_ENTRY : undefined;
   const capture = meta && typeof meta === 'object' ? (meta as Record<string, unknown>).STANDALONE_CAPTURE : undefined;
-  const m = meta && typeof meta === 'object' ? meta as Record<string, unknown> : {};
-  const pc = m.PROXY_CONFIG && typeof m.PROXY_CONFIG === 'object' ? m.PROXY_CONFIG as Record<string, unknown> : undefined;
+  const m = meta && typeof meta === 'object' ? (meta as Record<string, unknown>) : {};
+  const pc =
+    m.PROXY_CONFIG && typeof m.PROXY_CONFIG === 'object' ? (m.PROXY_CONFIG as Record<string, unknown>) : undefined;
   const tracing = pc && proxyTracingFromMetadata(pc.tracing);
-  const str = (k: string) => (typeof m[k] === 'string' && m[k] ? { [k === 'MESH_ID' ? 'meshId' : 'clusterId']: m[k] as string } : {});
+  const str = (k: string) =>
+    typeof m[k] === 'string' && m[k] ? { [k === 'MESH_ID' ? 'meshId' : 'clusterId']: m[k] as string } : {};
   const ips = [ip, ...(typeof m.INSTANCE_IPS === 'string' ? m.INSTANCE_IPS.split(',').map((x) => x.trim()) : [])];
   return Object.freeze({
-    id, type, ip, ips: Object.freeze([...new Set(ips.filter(Boolean))]), namespace, labels: Object.freeze(labels), capture: capture === true || capture === 'true',
+    id,
+    type,
+    ip,
+    ips: Object.freeze([...new Set(ips.filter(Boolean))]),
+    namespace,
+    labels: Object.freeze(labels),
+    capture: capture === true || capture === 'true',
     ...(typeof we === 'string' && we ? { workloadEntry: we } : {}),
     ...(pc && { proxyConfig: Object.freeze(tracing ? { tracing } : {}) }),
-    ...str('MESH_ID'), ...str('CLUSTER_ID'),
+    ...str('MESH_ID'),
+    ...str('CLUSTER_ID'),
     ...((m.DNS_CAPTURE === true || m.DNS_CAPTURE === 'true') && { dnsCapture: true }),
     ...(typeof m.GENERATOR === 'string' && m.GENERATOR && { generator: m.GENERATOR }),
   });
@@ -98,6 +109,7 @@ function valueToJson(v: unknown): unknown {
   if ('numberValue' in o || 'number_value' in o) return get('numberValue', 'number_value');
   if ('boolValue' in o || 'bool_value' in o) return get('boolValue', 'bool_value');
   if ('structValue' in o || 'struct_value' in o) return structToJson(get('structValue', 'struct_value'));
-  if ('listValue' in o || 'list_value' in o) return ((get('listValue', 'list_value') as { values?: unknown[] }).values ?? []).map(valueToJson);
+  if ('listValue' in o || 'list_value' in o)
+    return ((get('listValue', 'list_value') as { values?: unknown[] }).values ?? []).map(valueToJson);
   return null;
 }

@@ -5,8 +5,20 @@
 
 import type { ConfigStore } from './config-store';
 import {
-  type Config, DEFAULT_MESH, type DestinationRuleSpec, type MeshConfig, type GatewaySpec, labelsMatch, qualifyHost, type Service, type ServiceInstance,
-  type PeerAuthenticationSpec, type SecretSpec, type SidecarSpec, type VirtualServiceSpec, type WasmPluginSpec,
+  type Config,
+  DEFAULT_MESH,
+  type DestinationRuleSpec,
+  type MeshConfig,
+  type GatewaySpec,
+  labelsMatch,
+  qualifyHost,
+  type Service,
+  type ServiceInstance,
+  type PeerAuthenticationSpec,
+  type SecretSpec,
+  type SidecarSpec,
+  type VirtualServiceSpec,
+  type WasmPluginSpec,
 } from './model';
 import { egressAdmits, exportedTo, hostCovers } from './visibility';
 import { usesSourceLabels } from './source-match';
@@ -73,9 +85,16 @@ export class PushContext {
     this.peerAuthentications = Object.freeze(sortByKey(parts.pas));
     this.secrets = Object.freeze(sortByKey(parts.secrets ?? []));
     this.servePrivateKeys = parts.servePrivateKeys ?? true;
-    this.credentialDrs = parts.drs.some((d) => [d.spec.trafficPolicy, ...(d.spec.trafficPolicy?.portLevelSettings ?? []).map((p) => p.policy), ...d.spec.subsets.map((x) => x.trafficPolicy)]
-      .some((tp) => tp?.tls?.credentialName !== undefined));
-    this.services = Object.freeze(parts.services.sort((a, b) => (a.hostname < b.hostname ? -1 : a.hostname > b.hostname ? 1 : 0)));
+    this.credentialDrs = parts.drs.some((d) =>
+      [
+        d.spec.trafficPolicy,
+        ...(d.spec.trafficPolicy?.portLevelSettings ?? []).map((p) => p.policy),
+        ...d.spec.subsets.map((x) => x.trafficPolicy),
+      ].some((tp) => tp?.tls?.credentialName !== undefined),
+    );
+    this.services = Object.freeze(
+      parts.services.sort((a, b) => (a.hostname < b.hostname ? -1 : a.hostname > b.hostname ? 1 : 0)),
+    );
     this.serviceByHost = new Map(this.services.map((s) => [s.hostname, s]));
     this.instanceMap = parts.instances;
     const drs = new Map<string, Config<DestinationRuleSpec>>();
@@ -130,7 +149,14 @@ export class PushContext {
     Object.freeze(this);
   }
 
-  static build(version: string, store: ConfigStore, registry: ServiceDiscovery, cache = new ResourceCache(), mesh: MeshConfig = DEFAULT_MESH, opts: { servePrivateKeys?: boolean } = {}): PushContext {
+  static build(
+    version: string,
+    store: ConfigStore,
+    registry: ServiceDiscovery,
+    cache = new ResourceCache(),
+    mesh: MeshConfig = DEFAULT_MESH,
+    opts: { servePrivateKeys?: boolean } = {},
+  ): PushContext {
     const services = registry.services();
     const instances = new Map<string, readonly ServiceInstance[]>();
     for (const s of services) {
@@ -162,13 +188,17 @@ export class PushContext {
   /** The host's DestinationRule, if it is exported to `namespace` (any namespace when not given). */
   destinationRule(hostname: string, namespace?: string): Config<DestinationRuleSpec> | undefined {
     const dr = this.drByHost.get(hostname);
-    return dr && (namespace === undefined || exportedTo(dr.spec.exportTo, dr.meta.namespace, namespace)) ? dr : undefined;
+    return dr && (namespace === undefined || exportedTo(dr.spec.exportTo, dr.meta.namespace, namespace))
+      ? dr
+      : undefined;
   }
 
   /** The host's mesh VirtualService, if it is exported to `namespace` (any namespace when not given). */
   meshVirtualService(hostname: string, namespace?: string): Config<VirtualServiceSpec> | undefined {
     const vs = this.meshVs.get(hostname);
-    return vs && (namespace === undefined || exportedTo(vs.spec.exportTo, vs.meta.namespace, namespace)) ? vs : undefined;
+    return vs && (namespace === undefined || exportedTo(vs.spec.exportTo, vs.meta.namespace, namespace))
+      ? vs
+      : undefined;
   }
 
   /** The Sidecar that applies to a sidecar proxy: its namespace's selecting one, else its namespace's default,
@@ -176,9 +206,11 @@ export class PushContext {
   sidecarFor(proxy: Proxy): Config<SidecarSpec> | undefined {
     if (proxy.type !== 'sidecar') return undefined;
     const own = this.sidecars.filter((s) => s.meta.namespace === proxy.namespace);
-    return own.find((s) => s.spec.workloadSelector && labelsMatch(s.spec.workloadSelector, proxy.labels))
-      ?? own.find((s) => !s.spec.workloadSelector)
-      ?? this.sidecars.find((s) => s.meta.namespace === ROOT_NAMESPACE && !s.spec.workloadSelector);
+    return (
+      own.find((s) => s.spec.workloadSelector && labelsMatch(s.spec.workloadSelector, proxy.labels)) ??
+      own.find((s) => !s.spec.workloadSelector) ??
+      this.sidecars.find((s) => s.meta.namespace === ROOT_NAMESPACE && !s.spec.workloadSelector)
+    );
   }
 
   scopeFor(proxy: Proxy): ProxyScope {
@@ -186,14 +218,21 @@ export class PushContext {
     // Routers see other clusters than sidecars only when a DestinationRule has a credentialName (gen-upstream-tls.ts).
     const router = proxy.type === 'router' && this.credentialDrs;
     const key = `${router ? 'router|' : ''}${proxy.namespace}|${sc ? `${sc.meta.namespace}/${sc.meta.name}` : '-'}`;
-    return this.memoize(`scope|${key}`, () => Object.freeze({
-      key,
-      namespace: proxy.namespace,
-      router,
-      outboundTrafficPolicy: sc?.spec.outboundTrafficPolicy ?? this.mesh.outboundTrafficPolicy,
-      services: Object.freeze(this.services.filter((svc) => exportedTo(svc.exportTo, svc.namespace, proxy.namespace)
-        && (!sc || sc.spec.egressHosts.some((h) => egressAdmits(h, sc.meta.namespace, svc.hostname, svc.namespace))))),
-    }));
+    return this.memoize(`scope|${key}`, () =>
+      Object.freeze({
+        key,
+        namespace: proxy.namespace,
+        router,
+        outboundTrafficPolicy: sc?.spec.outboundTrafficPolicy ?? this.mesh.outboundTrafficPolicy,
+        services: Object.freeze(
+          this.services.filter(
+            (svc) =>
+              exportedTo(svc.exportTo, svc.namespace, proxy.namespace) &&
+              (!sc || sc.spec.egressHosts.some((h) => egressAdmits(h, sc.meta.namespace, svc.hostname, svc.namespace))),
+          ),
+        ),
+      }),
+    );
   }
 
   virtualServicesForGateway(ref: string): readonly Config<VirtualServiceSpec>[] {
@@ -211,9 +250,10 @@ export class PushContext {
    */
   peerAuthenticationMode(proxy: Proxy): PeerAuthenticationSpec['mode'] {
     const inNs = this.peerAuthentications.filter((p) => p.meta.namespace === proxy.namespace);
-    const pick = inNs.find((p) => p.spec.selector && labelsMatch(p.spec.selector, proxy.labels))
-      ?? inNs.find((p) => !p.spec.selector)
-      ?? this.peerAuthentications.find((p) => p.meta.namespace === ROOT_NAMESPACE && !p.spec.selector);
+    const pick =
+      inNs.find((p) => p.spec.selector && labelsMatch(p.spec.selector, proxy.labels)) ??
+      inNs.find((p) => !p.spec.selector) ??
+      this.peerAuthentications.find((p) => p.meta.namespace === ROOT_NAMESPACE && !p.spec.selector);
     return pick?.spec.mode ?? 'PERMISSIVE';
   }
 

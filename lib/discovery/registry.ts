@@ -4,8 +4,16 @@
 
 import type { ConfigStoreCache } from './config-store';
 import {
-  type Config, configKey, type Event, instanceKey, keyOf, labelsMatch, type Service, type ServiceEntrySpec,
-  type ServiceInstance, type WorkloadEntrySpec,
+  type Config,
+  configKey,
+  type Event,
+  instanceKey,
+  keyOf,
+  labelsMatch,
+  type Service,
+  type ServiceEntrySpec,
+  type ServiceInstance,
+  type WorkloadEntrySpec,
 } from './model';
 
 export interface ServiceDiscovery {
@@ -62,8 +70,12 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
   run(): void {
     if (this.running) return;
     this.running = true;
-    this.store.registerEventHandler('ServiceEntry', (old, cur) => this.onServiceEntry(old as Config<ServiceEntrySpec> | undefined, cur as Config<ServiceEntrySpec> | undefined));
-    this.store.registerEventHandler('WorkloadEntry', (old, cur) => this.onWorkloadEntry(old as Config<WorkloadEntrySpec> | undefined, cur as Config<WorkloadEntrySpec> | undefined));
+    this.store.registerEventHandler('ServiceEntry', (old, cur) =>
+      this.onServiceEntry(old as Config<ServiceEntrySpec> | undefined, cur as Config<ServiceEntrySpec> | undefined),
+    );
+    this.store.registerEventHandler('WorkloadEntry', (old, cur) =>
+      this.onWorkloadEntry(old as Config<WorkloadEntrySpec> | undefined, cur as Config<WorkloadEntrySpec> | undefined),
+    );
     for (const se of this.store.list('ServiceEntry')) this.onServiceEntry(undefined, se as Config<ServiceEntrySpec>);
   }
 
@@ -72,16 +84,19 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
     const newServices = new Map<string, Service>();
     if (cur) {
       for (const h of cur.spec.hosts) {
-        newServices.set(h, Object.freeze({
-          hostname: h,
-          namespace: cur.meta.namespace,
-          addresses: cur.spec.addresses ?? [],
-          ports: cur.spec.ports,
-          resolution: cur.spec.resolution,
-          location: cur.spec.location,
-          ...(cur.spec.exportTo ? { exportTo: Object.freeze([...cur.spec.exportTo]) } : {}),
-          source: key,
-        }));
+        newServices.set(
+          h,
+          Object.freeze({
+            hostname: h,
+            namespace: cur.meta.namespace,
+            addresses: cur.spec.addresses ?? [],
+            ports: cur.spec.ports,
+            resolution: cur.spec.resolution,
+            location: cur.spec.location,
+            ...(cur.spec.exportTo ? { exportTo: Object.freeze([...cur.spec.exportTo]) } : {}),
+            source: key,
+          }),
+        );
       }
     }
     for (const h of old?.spec.hosts ?? []) {
@@ -101,7 +116,6 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
         this.byHost.set(h, svc);
         this.emitService(svc, 'update');
       } // else keep the old object: resources cached on it stay valid
-
     }
     this.refreshInstances(key, cur);
   }
@@ -117,12 +131,16 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
     return true;
   }
 
-  private onWorkloadEntry(old: Config<WorkloadEntrySpec> | undefined, cur: Config<WorkloadEntrySpec> | undefined): void {
+  private onWorkloadEntry(
+    old: Config<WorkloadEntrySpec> | undefined,
+    cur: Config<WorkloadEntrySpec> | undefined,
+  ): void {
     const ns = (cur ?? old)!.meta.namespace;
     for (const se of this.store.list('ServiceEntry', ns) as Config<ServiceEntrySpec>[]) {
       const sel = se.spec.workloadSelector;
       if (!sel) continue;
-      if ((old && labelsMatch(sel, labelsOf(old))) || (cur && labelsMatch(sel, labelsOf(cur)))) this.refreshInstances(keyOf(se), se);
+      if ((old && labelsMatch(sel, labelsOf(old))) || (cur && labelsMatch(sel, labelsOf(cur))))
+        this.refreshInstances(keyOf(se), se);
     }
   }
 
@@ -156,7 +174,11 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
   private computeInstances(se: Config<ServiceEntrySpec>): ServiceInstance[] {
     const seKey = keyOf(se);
     const out: ServiceInstance[] = [];
-    const workloads: { spec: WorkloadEntrySpec; source: string; namespace: string }[] = se.spec.endpoints.map((e) => ({ spec: e, source: seKey, namespace: se.meta.namespace }));
+    const workloads: { spec: WorkloadEntrySpec; source: string; namespace: string }[] = se.spec.endpoints.map((e) => ({
+      spec: e,
+      source: seKey,
+      namespace: se.meta.namespace,
+    }));
     if (se.spec.workloadSelector) {
       for (const we of this.store.list('WorkloadEntry', se.meta.namespace) as Config<WorkloadEntrySpec>[]) {
         const key = configKey('WorkloadEntry', we.meta.namespace, we.meta.name);
@@ -169,7 +191,16 @@ export class ServiceEntryRegistry implements ServiceDiscovery, Controller {
       for (const port of se.spec.ports) {
         if (se.spec.resolution === 'DNS' && workloads.length === 0) {
           // DNS without endpoints: the host itself is the endpoint, as in Istio.
-          out.push(Object.freeze({ hostname: host, servicePort: port, address: host, port: port.targetPort ?? port.number, labels: {}, source: seKey }));
+          out.push(
+            Object.freeze({
+              hostname: host,
+              servicePort: port,
+              address: host,
+              port: port.targetPort ?? port.number,
+              labels: {},
+              source: seKey,
+            }),
+          );
           continue;
         }
         for (const w of workloads) {

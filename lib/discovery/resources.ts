@@ -28,11 +28,22 @@ export const TYPE_URLS = {
 /** Push order that lets Envoy warm clusters before endpoints and listeners before routes. */
 // Secrets last: Envoy asks for them while warming the clusters and listeners that name them.
 // ECDS after the listeners whose filters name its resources, as istiod orders it.
-export const PUSH_ORDER: readonly string[] = [TYPE_URLS.cluster, TYPE_URLS.endpoint, TYPE_URLS.listener, TYPE_URLS.route, TYPE_URLS.secret, TYPE_URLS.nameTable,
-  TYPE_URLS.extensionConfig];
+export const PUSH_ORDER: readonly string[] = [
+  TYPE_URLS.cluster,
+  TYPE_URLS.endpoint,
+  TYPE_URLS.listener,
+  TYPE_URLS.route,
+  TYPE_URLS.secret,
+  TYPE_URLS.nameTable,
+  TYPE_URLS.extensionConfig,
+];
 
 /** Types whose empty subscription means "everything" (wildcard). */
-export const WILDCARD_TYPES: ReadonlySet<string> = new Set([TYPE_URLS.cluster, TYPE_URLS.listener, TYPE_URLS.nameTable]);
+export const WILDCARD_TYPES: ReadonlySet<string> = new Set([
+  TYPE_URLS.cluster,
+  TYPE_URLS.listener,
+  TYPE_URLS.nameTable,
+]);
 
 export interface Resource {
   readonly name: string;
@@ -50,7 +61,9 @@ export function encodeResource(fullName: string, name: string, obj: Record<strin
  * (10,000 virtual hosts on one port took a second in one go). The bytes are exactly those of a one-shot encode:
  * fields in number order, each virtual host as field 2 (tag 0x12, length, message).
  */
-export function* encodeRouteConfigSteps(route: { name: string; virtual_hosts: readonly Record<string, unknown>[] } & Record<string, unknown>): Generator<void, Resource> {
+export function* encodeRouteConfigSteps(
+  route: { name: string; virtual_hosts: readonly Record<string, unknown>[] } & Record<string, unknown>,
+): Generator<void, Resource> {
   const { name, virtual_hosts: vhosts, ...rest } = route;
   const vhType = messageType('envoy.config.route.v3.VirtualHost');
   // Every other RouteConfiguration field is numbered above virtual_hosts (2), so it is encoded after them.
@@ -67,7 +80,11 @@ export function* encodeRouteConfigSteps(route: { name: string; virtual_hosts: re
   }
   parts.push(tail);
   const value = Buffer.concat(parts);
-  return Object.freeze({ name, any: { type_url: typeUrl(ROUTE), value }, hash: createHash('sha256').update(value).digest('base64url').slice(0, 16) });
+  return Object.freeze({
+    name,
+    any: { type_url: typeUrl(ROUTE), value },
+    hash: createHash('sha256').update(value).digest('base64url').slice(0, 16),
+  });
 }
 
 function varint(n: number): Uint8Array {

@@ -28,13 +28,19 @@ export class Reader {
   }
 
   /** An object with only the listed keys; `required` keys must be present when the object is. */
-  object(v: unknown, path: Path, allowed: readonly string[], required: readonly string[] = []): Record<string, unknown> | undefined {
+  object(
+    v: unknown,
+    path: Path,
+    allowed: readonly string[],
+    required: readonly string[] = [],
+  ): Record<string, unknown> | undefined {
     // An absent object is the parent's business (its own `required` list); `required` here is for keys inside.
     if (v === undefined || v === null) return undefined;
     if (typeof v !== 'object' || Array.isArray(v)) return this.fail(path, `must be a mapping, not ${describeValue(v)}`);
     const o = v as Record<string, unknown>;
     for (const k of Object.keys(o)) {
-      if (!allowed.includes(k)) this.fail([...path, k], `unknown or unsupported field "${k}" (supported here: ${allowed.join(', ')})`);
+      if (!allowed.includes(k))
+        this.fail([...path, k], `unknown or unsupported field "${k}" (supported here: ${allowed.join(', ')})`);
     }
     for (const k of required) if (o[k] === undefined || o[k] === null) this.fail([...path, k], 'is required');
     return o;
@@ -60,25 +66,40 @@ export class Reader {
     return v;
   }
 
-  string(v: unknown, path: Path, opts: { required?: boolean; pattern?: RegExp; patternText?: string } = {}): string | undefined {
+  string(
+    v: unknown,
+    path: Path,
+    opts: { required?: boolean; pattern?: RegExp; patternText?: string } = {},
+  ): string | undefined {
     if (v === undefined || v === null) return opts.required ? this.fail(path, 'is required') : undefined;
     if (typeof v !== 'string') return this.fail(path, `must be a string, not ${describeValue(v)}`);
     if (v === '' && opts.required) return this.fail(path, 'must not be empty');
-    if (opts.pattern && !opts.pattern.test(v)) return this.fail(path, `${quote(v)} is not ${opts.patternText ?? `matching ${opts.pattern}`}`);
+    if (opts.pattern && !opts.pattern.test(v))
+      return this.fail(path, `${quote(v)} is not ${opts.patternText ?? `matching ${opts.pattern}`}`);
     return v;
   }
 
-  oneOf<T extends string>(v: unknown, path: Path, values: readonly T[], opts: { required?: boolean; unsupported?: readonly string[] } = {}): T | undefined {
+  oneOf<T extends string>(
+    v: unknown,
+    path: Path,
+    values: readonly T[],
+    opts: { required?: boolean; unsupported?: readonly string[] } = {},
+  ): T | undefined {
     const s = this.string(v, path, { required: opts.required });
     if (s === undefined) return undefined;
-    if (opts.unsupported?.includes(s)) return this.fail(path, `${quote(s)} is not supported by the standalone discovery server (supported: ${values.join(', ')})`);
+    if (opts.unsupported?.includes(s))
+      return this.fail(
+        path,
+        `${quote(s)} is not supported by the standalone discovery server (supported: ${values.join(', ')})`,
+      );
     if (!values.includes(s as T)) return this.fail(path, `${quote(s)} is not one of ${values.join(', ')}`);
     return s as T;
   }
 
   int(v: unknown, path: Path, opts: { required?: boolean; min?: number; max?: number } = {}): number | undefined {
     if (v === undefined || v === null) return opts.required ? this.fail(path, 'is required') : undefined;
-    if (typeof v !== 'number' || !Number.isInteger(v)) return this.fail(path, `must be an integer, not ${describeValue(v)}`);
+    if (typeof v !== 'number' || !Number.isInteger(v))
+      return this.fail(path, `must be an integer, not ${describeValue(v)}`);
     if (opts.min !== undefined && v < opts.min) return this.fail(path, `${v} is below the minimum ${opts.min}`);
     if (opts.max !== undefined && v > opts.max) return this.fail(path, `${v} is above the maximum ${opts.max}`);
     return v;

@@ -13,9 +13,18 @@ export const SOURCE_MATCH_FIELDS = ['sourceLabels', 'sourceNamespace', 'gateways
 export function readSourceMatch(r: Reader, mo: Record<string, unknown>, mp: Path, match: HttpMatch): void {
   const labels = r.stringMap(mo.sourceLabels, [...mp, 'sourceLabels']);
   if (Object.keys(labels).length) match.sourceLabels = labels;
-  const ns = r.string(mo.sourceNamespace, [...mp, 'sourceNamespace'], { pattern: /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/, patternText: 'a namespace name' });
+  const ns = r.string(mo.sourceNamespace, [...mp, 'sourceNamespace'], {
+    pattern: /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/,
+    patternText: 'a namespace name',
+  });
   if (ns !== undefined) match.sourceNamespace = ns;
-  const gws = r.array(mo.gateways, [...mp, 'gateways']).map((g, i) => r.string(g, [...mp, 'gateways', i], { required: true, pattern: /^(mesh|([a-z0-9-]+\/)?[a-z0-9.-]+)$/, patternText: 'mesh, a Gateway name, or namespace/name' }));
+  const gws = r.array(mo.gateways, [...mp, 'gateways']).map((g, i) =>
+    r.string(g, [...mp, 'gateways', i], {
+      required: true,
+      pattern: /^(mesh|([a-z0-9-]+\/)?[a-z0-9.-]+)$/,
+      patternText: 'mesh, a Gateway name, or namespace/name',
+    }),
+  );
   if (gws.length) match.gateways = gws.filter((g): g is string => g !== undefined);
   const sp = r.string(mo.statPrefix, [...mp, 'statPrefix'], { required: mo.statPrefix !== undefined });
   if (sp !== undefined) match.statPrefix = sp;
@@ -30,7 +39,8 @@ export interface RouteSource {
 
 /** Does a match apply to routes built for this proxy? (A short Gateway name is of the VirtualService's namespace.) */
 export function sourceMatches(m: HttpMatch, vs: Config<VirtualServiceSpec>, src: RouteSource): boolean {
-  if (m.gateways?.length) return m.gateways.some((g) => (g === 'mesh' || g.includes('/') ? g : `${vs.meta.namespace}/${g}`) === src.gateway);
+  if (m.gateways?.length)
+    return m.gateways.some((g) => (g === 'mesh' || g.includes('/') ? g : `${vs.meta.namespace}/${g}`) === src.gateway);
   if (m.sourceLabels && !labelsMatch(m.sourceLabels, src.labels)) return false;
   return m.sourceNamespace === undefined || m.sourceNamespace === src.namespace;
 }

@@ -9,7 +9,11 @@ export function readExportTo(r: Reader, v: unknown, path: Path): string[] | unde
   if (v === undefined || v === null) return undefined;
   const out: string[] = [];
   r.array(v, path).forEach((x, i) => {
-    const s = r.string(x, [...path, i], { required: true, pattern: /^(\*|\.|~|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)$/, patternText: '"*", ".", "~" or a namespace name' });
+    const s = r.string(x, [...path, i], {
+      required: true,
+      pattern: /^(\*|\.|~|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)$/,
+      patternText: '"*", ".", "~" or a namespace name',
+    });
     if (s !== undefined) out.push(s);
   });
   if (out.length > 1 && (out.includes('*') || out.includes('~'))) r.fail(path, '"*" and "~" must be the only entry');

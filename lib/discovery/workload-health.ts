@@ -45,9 +45,11 @@ export class WorkloadHealth {
     this.reports.set(key, { workloadEntry: key, proxy: proxy.id, healthy, message, at: new Date().toISOString() });
     if (!this.registry.setWorkloadHealthy(proxy.namespace, proxy.workloadEntry!, healthy)) return;
     if (healthy) log.info(`WorkloadEntry ${key} is healthy again: its endpoints are back`, { proxy: proxy.id });
-    else log.warn(`WorkloadEntry ${key} is unhealthy: its endpoints are withdrawn`, {
-      proxy: proxy.id, reason: message,
-    });
+    else
+      log.warn(`WorkloadEntry ${key} is unhealthy: its endpoints are withdrawn`, {
+        proxy: proxy.id,
+        reason: message,
+      });
   }
 
   /** Why this proxy may not report for the entry it names; undefined when it may. */
@@ -60,8 +62,7 @@ export class WorkloadHealth {
       return `proxy ${proxy.id} reports for WorkloadEntry ${key} ${why}`;
     }
     const we = this.store.get('WorkloadEntry', proxy.workloadEntry, proxy.namespace) as
-      | Config<WorkloadEntrySpec>
-      | undefined;
+      Config<WorkloadEntrySpec> | undefined;
     if (!we) return `proxy ${proxy.id} reports for WorkloadEntry ${key}, which does not exist`;
     const sa = we.spec.serviceAccount || 'default';
     if (id.namespace !== we.meta.namespace || id.serviceAccount !== sa) {

@@ -19,9 +19,7 @@ import { quote } from '../errors';
 import type { Identity, TokenIdentities } from './identities';
 import type { Proxy, VerifiedIdentity } from './proxy';
 
-export type AuthVerdict =
-  | { ok: true; identity?: VerifiedIdentity }
-  | { ok: false; code: grpc.status; reason: string };
+export type AuthVerdict = { ok: true; identity?: VerifiedIdentity } | { ok: false; code: grpc.status; reason: string };
 
 export interface XdsAuthOptions {
   /** The agent that runs this server in its own process, and its identity. */

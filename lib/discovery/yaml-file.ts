@@ -53,7 +53,12 @@ export function parseConfigFile(file: string, text: string, limits: ParseLimits 
  * The same, giving the event loop back every `sliceMs` of work, so that the status and discovery servers keep
  * answering while a large file loads. The parser is incremental: one document is tokenised and read at a time.
  */
-export async function parseConfigFileAsync(file: string, text: string, limits: ParseLimits = {}, sliceMs = 10): Promise<FileResult> {
+export async function parseConfigFileAsync(
+  file: string,
+  text: string,
+  limits: ParseLimits = {},
+  sliceMs = 10,
+): Promise<FileResult> {
   const out: FileResult = { configs: [], issues: [] };
   let sliceStart = performance.now();
   for (const _ of parseSteps(file, text, limits, out)) {
@@ -78,7 +83,10 @@ function* parseSteps(file: string, text: string, limits: ParseLimits, out: FileR
   for (const doc of composer.compose(parser.parse(text))) {
     docNo++;
     if (docNo > maxDocuments) {
-      issues.push({ file, message: `has more than ${maxDocuments} documents (DISCOVERY_MAX_DOCUMENTS); split it into several files or raise the limit` });
+      issues.push({
+        file,
+        message: `has more than ${maxDocuments} documents (DISCOVERY_MAX_DOCUMENTS); split it into several files or raise the limit`,
+      });
       return;
     }
     readOne(doc, docNo);
@@ -88,7 +96,12 @@ function* parseSteps(file: string, text: string, limits: ParseLimits, out: FileR
   function readOne(doc: YAML.Document.Parsed, docNo: number): void {
     if (doc.errors.length) {
       for (const e of doc.errors) {
-        issues.push({ file, doc: docNo, message: `invalid YAML: ${yamlErrorText(e.message)}`, ...pos(lineCounter, e.pos[0]) });
+        issues.push({
+          file,
+          doc: docNo,
+          message: `invalid YAML: ${yamlErrorText(e.message)}`,
+          ...pos(lineCounter, e.pos[0]),
+        });
       }
       return;
     }
@@ -149,7 +162,11 @@ const KIND_NAME = /^[A-Z][A-Za-z0-9]{0,62}$/;
 function notAConfig(js: unknown): { field?: string; message: string } | undefined {
   const supported = `supported: ${KINDS.join(', ')}`;
   if (typeof js !== 'object' || js === null || Array.isArray(js)) {
-    const what = Array.isArray(js) ? 'a list' : typeof js === 'string' ? `a string (${js.length} characters)` : `a ${typeof js}`;
+    const what = Array.isArray(js)
+      ? 'a list'
+      : typeof js === 'string'
+        ? `a string (${js.length} characters)`
+        : `a ${typeof js}`;
     return { message: `is not a config: must be a mapping with apiVersion and kind, not ${what}` };
   }
   const kind = (js as { kind?: unknown }).kind;
