@@ -307,9 +307,14 @@ export class SecretCache implements Component, SecretProvider {
     }
   }
 
+  /** Files watched for certificates and keys; the CRL's own watch is reported under `crl`. */
+  private secretFilesWatched(): number {
+    return (this.watcher?.size ?? 0) - (this.o.crlFile && this.watcher ? 1 : 0);
+  }
+
   /** How many file secrets are held and how many files watched (for tests and /debug/certs). */
   fileSecretCount(): { secrets: number; watchedFiles: number } {
-    return { secrets: this.fileSecrets.size, watchedFiles: this.watcher?.size ?? 0 };
+    return { secrets: this.fileSecrets.size, watchedFiles: this.secretFilesWatched() };
   }
 
   /** The current workload certificate's facts (never the key). */
@@ -364,7 +369,7 @@ export class SecretCache implements Component, SecretProvider {
       fileSecrets: [...this.fileSecrets.values()].map((f) => ({ name: f.name, loaded: !!f.value, error: f.error })),
       rootsFromControlPlane: this.extraRoots.length,
       crl: this.o.crlFile && { file: this.o.crlFile, loaded: !!this.crlPem, error: this.crlError || undefined },
-      watchedFiles: this.watcher?.size ?? 0,
+      watchedFiles: this.secretFilesWatched(),
     };
   }
 
