@@ -11,8 +11,9 @@ import * as path from 'node:path';
 import { promisify } from 'node:util';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { agentBin } from './helpers/agent';
-import { envoyBin, tempDir, waitFor } from './helpers/harness';
+import { agentFixture, type AgentFixture } from './helpers/agent-fixture';
+import { tempDir, waitFor } from './helpers/harness';
+import { createNetns, type Netns } from './helpers/netns';
 
 const run = promisify(execFile);
 const CLIENT = 'spiffe://cluster.local/ns/shop/sa/client';
@@ -63,7 +64,6 @@ const APP = `require('http').createServer((q, s) => { q.resume(); s.end(String(q
 
 test('two standalone sidecars in two network namespaces: mTLS between the apps with identities from the embedded CA; plaintext refused under STRICT', async () => {
   const id = randomBytes(3).toString('hex');
-  const [nsA, nsB] = [`pa-a-${id}`, `pa-b-${id}`];
   const subnet = `10.${200 + (parseInt(id.slice(0, 2), 16) % 50)}.${parseInt(id.slice(2, 4), 16)}`;
   const [ipA, ipB] = [`${subnet}.1`, `${subnet}.2`];
   const dir = tempDir('pa-sidecars-');
@@ -73,34 +73,35 @@ test('two standalone sidecars in two network namespaces: mTLS between the apps w
   fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'shop', 'server'), 'server-token\n', { mode: 0o600 });
   fs.writeFileSync(path.join(cfgDir, 'mesh.yaml'), yaml(ipB, 'STRICT'));
   const procs: { proc: ChildProcess; log: () => string; exited: Promise<number | null> }[] = [];
-  const agentLogs = () => procs.map((p, i) => `--- process ${i}\n${p.log().slice(-2500)}`).join('\n');
-  await sh('ip', 'netns', 'add', nsA);
-  await sh('ip', 'netns', 'add', nsB);
+  const agents: AgentFixture[] = [];
+  const agentLogs = () => [...agents.map((a) => a.log()), ...procs.map((p) => p.log())]
+    .map((l, i) => `--- process ${i}\n${l.slice(-2500)}`).join('\n');
+  const spaces: Netns[] = [];
   try {
+    const [a, b] = [createNetns('pa-a-'), createNetns('pa-b-')];
+    spaces.push(a, b);
+    const [nsA, nsB] = [a.name, b.name];
     await sh('ip', 'link', 'add', `va${id}`, 'type', 'veth', 'peer', 'name', `vb${id}`);
     await sh('ip', 'link', 'set', `va${id}`, 'netns', nsA);
     await sh('ip', 'link', 'set', `vb${id}`, 'netns', nsB);
     for (const [ns, dev, ip] of [[nsA, `va${id}`, ipA], [nsB, `vb${id}`, ipB]] as const) {
       await sh('ip', '-n', ns, 'addr', 'add', `${ip}/24`, 'dev', dev);
       await sh('ip', '-n', ns, 'link', 'set', dev, 'up');
-      await sh('ip', '-n', ns, 'link', 'set', 'lo', 'up');
     }
-    const agent = (ns: string, host: string, sa: string, ip: string) => {
-      const cwd = path.join(dir.path, host);
+    const agent = async (ns: Netns, host: string, sa: string, ip: string) => {
+      const fixture = await agentFixture({ prefix: `pa-${host}-`, netns: ns });
+      agents.push(fixture);
+      const cwd = fixture.dir.path;
       fs.mkdirSync(path.join(cwd, 'var/run/secrets/tokens'), { recursive: true });
       fs.writeFileSync(path.join(cwd, 'var/run/secrets/tokens/istio-token'), `${sa}-token`);
-      const p = spawnIn(ns, agentBin(), ['proxy', 'sidecar', '--standalone', cfgDir], {
-        cwd,
-        env: {
-          PROXY_CONFIG: JSON.stringify({ configPath: path.join(cwd, 'proxy'), binaryPath: envoyBin(), drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-          POD_NAME: `${sa}-1`, POD_NAMESPACE: 'shop', SERVICE_ACCOUNT: sa, INSTANCE_IP: ip,
-        },
+      await fixture.start({
+        args: ['proxy', 'sidecar', '--standalone', cfgDir],
+        env: { POD_NAME: `${sa}-1`, POD_NAMESPACE: 'shop', SERVICE_ACCOUNT: sa, INSTANCE_IP: ip },
+        ready: 'none',
       });
-      procs.push(p);
-      return p;
     };
-    agent(nsA, 'host-a', 'client', ipA);
-    agent(nsB, 'host-b', 'server', ipB);
+    await agent(a, 'host-a', 'client', ipA);
+    await agent(b, 'host-b', 'server', ipB);
     procs.push(spawnIn(nsB, process.execPath, ['-e', APP], { cwd: dir.path, env: {} }));
     for (const ns of [nsA, nsB]) {
       await waitFor(`the agent in ${ns} ready`, async () => (await curlIn(ns, 'http://127.0.0.1:15020/healthz/ready')).startsWith('200'), 30_000, 300)
@@ -132,21 +133,11 @@ test('two standalone sidecars in two network namespaces: mTLS between the apps w
     assert.match(await viaSidecars(), `URI=${CLIENT}`, 'mTLS still used by the sidecars under PERMISSIVE');
   } finally {
     for (const p of procs) p.proc.kill('SIGTERM');
+    await Promise.all(agents.map((a) => a.close()));
     await Promise.race([Promise.all(procs.map((p) => p.exited)), new Promise((r) => setTimeout(r, 15_000))]);
     for (const p of procs) if (p.proc.exitCode === null && p.proc.signalCode === null) p.proc.kill('SIGKILL');
     await Promise.all(procs.map((p) => p.exited));
-    // Anything still in the namespaces (an Envoy whose agent was killed) goes with them.
-    for (const ns of [nsA, nsB]) {
-      const { stdout } = await run('ip', ['netns', 'pids', ns]).catch(() => ({ stdout: '' }));
-      for (const pid of stdout.split('\n').filter(Boolean)) {
-        try {
-          process.kill(Number(pid), 'SIGKILL');
-        } catch {
-          // gone
-        }
-      }
-      await sh('ip', 'netns', 'del', ns).catch(() => undefined);
-    }
+    for (const ns of spaces) ns.remove();
     dir.cleanup();
   }
 });

@@ -22,7 +22,6 @@ const ALLOWED: Record<string, string> = {
   'dns-agent.test.ts': 'a namespace with dnsmasq and an optional istio-iptables run before the agent',
   'helpers/hostile.ts': 'a namespace with dnsmasq, a discovery process and hostile peers beside the agent',
   'security-model.test.ts': 'two namespaces joined by a veth pair, peers as other uids',
-  'standalone-sidecars.test.ts': 'two sidecars in two namespaces joined by a veth pair',
   'iptables.test.ts': 'runs istio-iptables (one-shot) and validation servers as uids inside namespaces',
   // The discovery server alone (no Envoy, no status port): test/helpers/discovery-process.ts.
   'helpers/discovery-process.ts': '`pilot-agent discovery`, not the agent',
