@@ -8,8 +8,9 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { claimConfigPath, LOCK_PID, LOCK_SOCKET } from '../lib/config-path-lock';
 import { configureLogging, resetLogging } from '../lib/log';
-import { debugEpochs, startAgent, waitLiveEpoch, type RunningAgent } from './helpers/agent';
-import { envoyBin, envoyShm, freePort, httpRequest, pidAlive, sleep, tempDir, waitFor } from './helpers/harness';
+import { debugEpochs, waitLiveEpoch, type RunningAgent } from './helpers/agent';
+import { agentFixture, type AgentFixture } from './helpers/agent-fixture';
+import { envoyShm, freePort, httpRequest, pidAlive, sleep, tempDir, waitFor } from './helpers/harness';
 import { staticBootstrap } from './helpers/static-bootstrap';
 
 /** A socket file nobody listens on, as a killed agent leaves it. */
@@ -99,21 +100,21 @@ agents('a second agent on the same configPath exits 1 naming the first one\'s pi
   const custom = path.join(dir.path, 'custom.json');
   fs.writeFileSync(custom, JSON.stringify(staticBootstrap(ports, 'first')));
   const proxyDir = path.join(dir.path, 'proxy');
-  // The same config twice, as a second copy of a unit or a mistyped script would start it.
-  const env = {
-    PROXY_CONFIG: JSON.stringify({ configPath: proxyDir, binaryPath: envoyBin(), customConfigFile: custom, statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'two', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  };
+  // The same config twice, as a second copy of a unit or a mistyped script would start it: one fixture a run, all
+  // on this temp dir and these ports.
+  const fixturePorts = { status: ports.status, admin: ports.admin, envoyStatus: await freePort(), prometheus: await freePort() };
+  const fixtures: AgentFixture[] = [];
   const started: RunningAgent[] = [];
   const envoyPids = new Set<number>();
-  const run = () => {
-    const a = startAgent(['proxy', 'sidecar'], env, dir.path);
+  const run = async () => {
+    const f = await agentFixture({ dir, ports: fixturePorts });
+    fixtures.push(f);
+    const a = await f.start({ proxyConfig: { configPath: proxyDir, customConfigFile: custom }, env: { POD_NAME: 'two' }, ready: 'none' });
     started.push(a);
     return a;
   };
   try {
-    const first = run();
+    const first = await run();
     const live = await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${first.log()}`); });
     envoyPids.add(live.pid);
     const baseId = (await debugEpochs(ports.status)).baseId!;
@@ -122,7 +123,7 @@ agents('a second agent on the same configPath exits 1 naming the first one\'s pi
     const shm = `envoy_shared_memory_${baseId * 10}`;
     assert.ok(envoyShm().includes(shm));
 
-    const second = run();
+    const second = await run();
     const exit = await waitFor('second agent exit', () => second.exited, 20_000);
     assert.is(exit.code, 1, second.log());
     assert.match(second.log(), new RegExp(`configPath ${proxyDir} is in use: another pilot-agent \\(pid ${first.pid}\\)`));
@@ -144,7 +145,7 @@ agents('a second agent on the same configPath exits 1 naming the first one\'s pi
       const left = [...envoyPids].filter(pidAlive).map((p) => `${p}: ${fs.readFileSync(`/proc/${p}/status`, 'utf8').split('\n').slice(0, 3).join(' ')}`);
       throw new Error(`${e.message}: ${left.join('; ')}\n${first.log().slice(-2000)}`);
     });
-    const third = run();
+    const third = await run();
     const again = await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${third.log()}`); });
     envoyPids.add(again.pid);
     assert.match(third.log(), /removed the lock of an agent that is gone/);
@@ -154,6 +155,7 @@ agents('a second agent on the same configPath exits 1 naming the first one\'s pi
   } finally {
     for (const a of started) await a.stop();
     for (const p of envoyPids) if (pidAlive(p)) process.kill(p, 'SIGKILL');
+    for (const f of fixtures) await f.close();
     dir.cleanup();
   }
 });
@@ -191,25 +193,22 @@ const one = (i) => new Promise((resolve) => {
 `;
 
 hostile('600 connect/close cycles on agent.lock.sock from another uid (junk, early closes, unread connections): the agent and its Envoy live on, and the lock stays held', async () => {
-  const dir = tempDir('pa-lock-storm-');
-  fs.chmodSync(dir.path, 0o755);
-  const ports = { admin: await freePort(), status: await freePort(), listen: await freePort() };
+  const fixture = await agentFixture({ prefix: 'pa-lock-storm-', mode: 0o755 });
+  const { dir } = fixture;
+  const ports = { admin: fixture.ports.admin, status: fixture.ports.status, listen: await freePort() };
   const custom = path.join(dir.path, 'custom.json');
   fs.writeFileSync(custom, JSON.stringify(staticBootstrap(ports, 'held')));
   const proxyDir = path.join(dir.path, 'proxy');
-  const env = {
-    PROXY_CONFIG: JSON.stringify({ configPath: proxyDir, binaryPath: envoyBin(), customConfigFile: custom, statusPort: ports.status, proxyAdminPort: ports.admin, drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'storm', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-  };
-  // umask 0: the lock socket is connectable by every uid, the case where any local user is a peer.
+  // umask 0: the lock socket is connectable by every uid, the case where any local user is a peer. The agent is
+  // spawned before start() first waits, so the umask is restored right after.
   const umask = process.umask(0);
-  let agent: RunningAgent;
+  let starting: Promise<RunningAgent>;
   try {
-    agent = startAgent(['proxy', 'sidecar'], env, dir.path);
+    starting = fixture.start({ proxyConfig: { configPath: proxyDir, customConfigFile: custom }, env: { POD_NAME: 'storm' }, ready: 'none' });
   } finally {
     process.umask(umask);
   }
+  const agent = await starting;
   try {
     const live = await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
     const sock = path.join(proxyDir, LOCK_SOCKET);
@@ -237,7 +236,7 @@ hostile('600 connect/close cycles on agent.lock.sock from another uid (junk, ear
     assert.is((await waitFor('agent exit', () => agent.exited, 20_000)).code, 0, agent.log());
   } finally {
     await agent.stop();
-    dir.cleanup();
+    await fixture.close();
   }
 });
 
