@@ -9,8 +9,9 @@ import * as dnsPacket from 'dns-packet';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { agentBin } from './helpers/agent';
+import { agentFixture, type AgentFixture } from './helpers/agent-fixture';
 import { dig, type Dnsmasq, ensureDnsTools, parseDig as parseDigOut, startDnsmasq } from './helpers/dns';
-import { envoyBin, tempDir, waitFor } from './helpers/harness';
+import { tempDir, waitFor } from './helpers/harness';
 import {
   normalize, normalizeRaw, type Normal, PARITY_CONFIG, PARITY_DNSMASQ_ARGS, PARITY_RESOLV_CONF, RAW_SCRIPT, type RawNormal,
 } from './helpers/dns-parity';
@@ -42,7 +43,8 @@ async function startVm(opts: {
   resolverIp: string;
   resolvConf: string;
   env?: Record<string, string>;
-  wrap?: (bin: string, args: string[]) => [string, string[]];
+  /** A command that sets something up and execs the agent's command line appended to it (agentFixture's wrap). */
+  wrap?: string[];
   configs?: Record<string, string>;
   /** Runs in the namespace before the agent starts (e.g. istio-iptables). */
   setup?: (ns: Netns, agentBin: string) => Promise<void>;
@@ -58,16 +60,9 @@ async function startVm(opts: {
     throw e;
   }
   let dnsmasq: Dnsmasq | undefined;
-  let agent: ChildProcess | undefined;
-  let out = '';
+  let fixture: AgentFixture | undefined;
   const stop = async () => {
-    if (agent && agent.exitCode === null && agent.signalCode === null) {
-      const exited = new Promise((r) => agent!.once('exit', r));
-      agent.kill('SIGTERM');
-      const t = setTimeout(() => agent!.kill('SIGKILL'), 15_000);
-      await exited;
-      clearTimeout(t);
-    }
+    await fixture?.close(15_000);
     await dnsmasq?.stop();
     ns.remove();
     tmp.cleanup();
@@ -83,35 +78,28 @@ async function startVm(opts: {
     for (const [f, text] of Object.entries(configs)) fs.writeFileSync(path.join(config, f), text);
     // As root with DNS on port 53, the agent runs Envoy as uid/gid 1337 (Istio's rule): like a VM install, the
     // proxy's directory belongs to that user.
-    fs.chmodSync(tmp.path, 0o755);
     fs.mkdirSync(path.join(tmp.path, 'proxy'));
     fs.chownSync(path.join(tmp.path, 'proxy'), 1337, 1337);
+    fixture = await agentFixture({ dir: tmp, mode: 0o755, netns: ns });
     await opts.setup?.(ns, bin);
-    const args = ['proxy', 'sidecar', '--standalone', config];
-    const [cmd, cmdArgs] = opts.wrap ? opts.wrap(bin, args) : [bin, args];
-    agent = ns.spawn(cmd, cmdArgs, {
-      cwd: tmp.path,
-      stdio: ['ignore', 'pipe', 'pipe'],
-      env: {
-        PATH: process.env.PATH ?? '/usr/bin:/bin',
-        PROXY_CONFIG: JSON.stringify({ configPath: path.join(tmp.path, 'proxy'), binaryPath: envoyBin(), drainDuration: '1s', terminationDrainDuration: '1s' }),
-        POD_NAME: 'vm-1', POD_NAMESPACE: 'test', INSTANCE_IP: '10.99.0.2', ISTIO_META_DNS_CAPTURE: 'true',
-        ...opts.env,
-      },
+    const agent = await fixture.start({
+      args: ['proxy', 'sidecar', '--standalone', config],
+      env: { POD_NAME: 'vm-1', INSTANCE_IP: '10.99.0.2', ISTIO_META_DNS_CAPTURE: 'true', ...opts.env },
+      wrap: opts.wrap,
+      ready: 'none',
     });
-    agent.stdout!.on('data', (d) => (out += d));
-    agent.stderr!.on('data', (d) => (out += d));
     const status = async (p: string) => {
       const r = await ns.run(process.execPath, ['-e', `require('http').get('http://127.0.0.1:15020${p}', (res) => { let b = ''; res.on('data', (d) => b += d); res.on('end', () => { process.stdout.write(res.statusCode + '\\n' + b); }); }).on('error', (e) => { process.stdout.write('0\\n' + e.message); })`]);
       const nl = r.stdout.indexOf('\n');
       return { code: Number(r.stdout.slice(0, nl)), body: r.stdout.slice(nl + 1) };
     };
+    const out = () => fixture!.log();
     await waitFor('the agent ready in its namespace', async () => {
-      if (agent!.exitCode !== null) throw new Error(`the agent exited with ${agent!.exitCode}`);
+      if (agent.proc.exitCode !== null) throw new Error(`the agent exited with ${agent.proc.exitCode}`);
       return (await status('/healthz/ready')).code === 200;
     }, 60_000, 250)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${out}`); });
-    return { ns, dir: tmp.path, config, agent, log: () => out, status, stop };
+      .catch((e: Error) => { throw new Error(`${e.message}\n${out()}`); });
+    return { ns, dir: tmp.path, config, agent: agent.proc, log: out, status, stop };
   } catch (e) {
     await stop();
     throw e;
@@ -154,8 +142,8 @@ test('DNS on port 53 as root (no iptables): the VM\'s own resolver library goes 
     resolverIp: '127.0.0.53',
     resolvConf: 'nameserver 127.0.0.1\n',
     env: { DNS_PROXY_ADDR: '127.0.0.1:53' },
-    wrap: (bin, args) => ['unshare', ['--mount', '--propagation', 'private', 'sh', '-c',
-      'mount -t tmpfs tmpfs /var/lib && mkdir /var/lib/istio && echo "nameserver 127.0.0.53" > /var/lib/istio/resolv.conf && exec "$0" "$@"', bin, ...args]],
+    wrap: ['unshare', '--mount', '--propagation', 'private', 'sh', '-c',
+      'mount -t tmpfs tmpfs /var/lib && mkdir /var/lib/istio && echo "nameserver 127.0.0.53" > /var/lib/istio/resolv.conf && exec "$0" "$@"'],
   });
   try {
     const getent = async (name: string) => (await vm.ns.run('getent', ['ahostsv4', name])).stdout.split('\n')[0]?.split(/\s+/)[0] ?? '';
@@ -177,7 +165,7 @@ test('DNS capture by istio-iptables: an app under another uid resolves mesh name
     resolverIp: '127.0.0.53',
     resolvConf: 'nameserver 127.0.0.53\nsearch test.svc.cluster.local\n',
     env: { ENVOY_UID: '1337', ENVOY_GID: '1337' },
-    wrap: (bin, args) => ['setpriv', ['--regid=1337', '--clear-groups', bin, ...args]],
+    wrap: ['setpriv', '--regid=1337', '--clear-groups'],
     setup: async (ns, bin) => {
       const r = await ns.run(bin, ['istio-iptables', '-p', '15001', '-z', '15006', '-u', '1337', '-g', '1337', '-m', 'REDIRECT', '-i', '*', '-b', '*', '--redirect-dns']);
       assert.is(r.code, 0, `istio-iptables: ${r.stdout}${r.stderr}`);

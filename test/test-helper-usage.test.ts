@@ -19,7 +19,6 @@ const ALLOWED: Record<string, string> = {
   'helpers/agent-fixture.ts': 'the helper',
   // Their own topologies: veth pairs between namespaces, nsenter with a uid, iptables programmed first.
   'capture-agent.test.ts': 'two namespaces joined by a veth pair, iptables capture, the agent and apps as uids',
-  'dns-agent.test.ts': 'a namespace with dnsmasq and an optional istio-iptables run before the agent',
   'helpers/hostile.ts': 'a namespace with dnsmasq, a discovery process and hostile peers beside the agent',
   'security-model.test.ts': 'two namespaces joined by a veth pair, peers as other uids',
   'iptables.test.ts': 'runs istio-iptables (one-shot) and validation servers as uids inside namespaces',
