@@ -9,7 +9,8 @@ import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { agentBin } from './helpers/agent';
-import { envoyBin, tempDir, waitFor } from './helpers/harness';
+import { agentFixture, type AgentFixture } from './helpers/agent-fixture';
+import { tempDir, waitFor } from './helpers/harness';
 import { createNetns, type Netns } from './helpers/netns';
 
 const REPO = path.resolve(__dirname, '..');
@@ -43,8 +44,10 @@ async function start(opts: { configs?: Record<string, string>; env?: Record<stri
   const children: ChildProcess[] = [];
   let vm: Netns | undefined;
   let remote: Netns | undefined;
+  let fixture: AgentFixture | undefined;
   let out = '';
   const stop = async () => {
+    await fixture?.close(15_000);
     for (const c of children.reverse()) {
       if (c.exitCode !== null || c.signalCode !== null) continue;
       const exited = new Promise((r) => c.once('exit', r));
@@ -101,14 +104,23 @@ spec:
     spawnIn(vm, process.execPath, [path.join(REPO, 'examples/standalone/backends.js')]);
     spawnIn(vm, 'setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', process.execPath, '-e', SERVER('0.0.0.0', [APP_PORT], 'app')]);
     spawnIn(remote, process.execPath, ['-e', SERVER(REMOTE_IP, [8080, 9000], 'remote')]);
-    const agent = spawnIn(vm, 'setpriv', ['--regid=1337', '--clear-groups', bin, 'proxy', 'sidecar', '--standalone', config], {
-      PROXY_CONFIG: JSON.stringify({ configPath: path.join(tmp.path, 'proxy'), binaryPath: envoyBin(), drainDuration: '1s', terminationDrainDuration: '1s',
+    fixture = await agentFixture({ dir: tmp, netns: vm });
+    const agent = (await fixture.start({
+      args: ['proxy', 'sidecar', '--standalone', config],
+      proxyConfig: {
         // Istio's bootstrap keeps no per-cluster stats unless asked; the test counts upstream connections.
-        proxyStatsMatcher: { inclusionPrefixes: ['cluster.', 'listener.'] } }),
-      POD_NAME: 'vm-1', POD_NAMESPACE: 'demo', INSTANCE_IP: VM_IP,
-      ENVOY_UID: '1337', ENVOY_GID: '1337', ISTIO_META_DNS_CAPTURE: 'true', ISTIO_META_STANDALONE_CAPTURE: 'true',
-      ...opts.env,
-    });
+        proxyStatsMatcher: { inclusionPrefixes: ['cluster.', 'listener.'] },
+      },
+      env: {
+        POD_NAME: 'vm-1', POD_NAMESPACE: 'demo', INSTANCE_IP: VM_IP,
+        ENVOY_UID: '1337', ENVOY_GID: '1337', ISTIO_META_DNS_CAPTURE: 'true', ISTIO_META_STANDALONE_CAPTURE: 'true',
+        ...opts.env,
+      },
+      wrap: ['setpriv', '--regid=1337', '--clear-groups'],
+      ready: 'none',
+    })).proc;
+    const f = fixture;
+    const logs = () => out + f.log();
     const curlIn = async (ns: Netns, asApp: boolean, args: string[]): Promise<[number, string]> => {
       const cmd = ['curl', '-sS', '-m', '10', ...args];
       const r = asApp ? await ns.run('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', ...cmd]) : await ns.run(cmd[0]!, cmd.slice(1));
@@ -117,13 +129,13 @@ spec:
     await waitFor('the agent ready in the VM', async () => {
       if (agent.exitCode !== null) throw new Error(`the agent exited with ${agent.exitCode}`);
       return (await curlIn(vm!, false, ['-o', '/dev/null', '-w', '%{http_code}', 'http://127.0.0.1:15020/healthz/ready']))[1] === '200';
-    }, 60_000, 250).catch((e: Error) => { throw new Error(`${e.message}\n${out}`); });
+    }, 60_000, 250).catch((e: Error) => { throw new Error(`${e.message}\n${logs()}`); });
     const v = vm;
     return {
       vm: v,
       remote,
       config,
-      agentLog: () => out,
+      agentLog: logs,
       app: (...args) => curlIn(v, true, args),
       stat: async (name) => {
         const body = (await curlIn(v, false, ['http://127.0.0.1:15000/stats']))[1];
