@@ -439,6 +439,9 @@ async function proxylessCommand(
   return code;
 }
 
+/** Resolves in the next turn of the event loop, after the I/O that is ready now has been handled. */
+const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
+
 /**
  * `proxy`: Envoy first (its xDS and SDS sockets bound before it), then the other components, in start order:
  * status server, app probes, profiling, (embedded discovery server), (SDS server and secret cache), xDS proxy, (DNS
@@ -513,34 +516,34 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     signals.whenEnvoy(envoy);
     await envoy.start();
     if (wantKey) pregenerateKey(algorithm);
-    // Beside Envoy the gRPC bootstrap is a by-product (an app may use proxyless gRPC next to the sidecar): a failure
-    // to write it is logged, and like Envoy's bootstrap it is removed when the agent exits.
-    await writeGrpcBootstrap(resolved, agentEnv).then(
-      (f) => process.on('exit', () => fs.rmSync(f, { force: true })),
-      (err: Error) => log.warn(err.message),
-    );
-    const [
-      { composeReadiness },
-      { newRegistry },
-      { StatusServer },
-      xdsMod,
-      { ConfigReloader },
-      istio,
-      { Profiling },
-      { workloadIdentity },
-    ] = await Promise.all([
-      import('./lib/component'),
-      import('./lib/metrics'),
-      import('./lib/status-server'),
-      import('./lib/xds-proxy'),
-      import('./lib/config-reloader'),
-      import('./lib/xds-istio'),
-      import('./lib/profiling'),
-      import('./lib/workload-identity'),
-    ]);
+    // With a CA (not the embedded one, which serves only once the components start), the workload certificate is
+    // asked for now, before the rest of the agent loads: the CA's answer overlaps Envoy's start and the loading.
+    const { workloadIdentity } = await import('./lib/workload-identity');
+    const early = cfg.standaloneDir
+      ? undefined
+      : await workloadIdentity(cfg, agentEnv, undefined, { sdsServedElsewhere, sdsUnavailable });
+    await early?.cache.start();
+    // The bundle's dynamic imports resolve as microtasks, so loading the rest would hold the event loop until it is
+    // all done: the CA call's connect and answer, Envoy's first connections, wait for a turn of the loop. Each group
+    // of modules loads in its own turn.
+    await nextTurn();
+    const xdsMod = await import('./lib/xds-proxy');
+    await nextTurn();
+    const [{ composeReadiness }, { newRegistry }, { StatusServer }, { ConfigReloader }, istio, { Profiling }] =
+      await Promise.all([
+        import('./lib/component'),
+        import('./lib/metrics'),
+        import('./lib/status-server'),
+        import('./lib/config-reloader'),
+        import('./lib/xds-istio'),
+        import('./lib/profiling'),
+      ]);
+    await nextTurn();
 
     const { discovery, discoverySock, upstream } = await xdsUpstream(cfg, agentEnv);
-    const identity = await workloadIdentity(cfg, agentEnv, discoverySock, { sdsServedElsewhere, sdsUnavailable });
+    const identity = cfg.standaloneDir
+      ? await workloadIdentity(cfg, agentEnv, discoverySock, { sdsServedElsewhere, sdsUnavailable })
+      : early;
     // The SDS server serves a file name only while this Envoy's config references it: the listeners and clusters the
     // xDS proxy passes on, and the bootstrap (names of every epoch's bootstrap are kept: an old epoch may still drain).
     const xds = new xdsMod.XdsProxy({
@@ -659,7 +662,16 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
         if (resources.length) identity?.cache.setConfigTrustBundle(istio.decodeProxyConfigCaCerts(resources[0]!));
       });
     }
-    return await runComponents(components, envoy, () => signals.off());
+    const running = runComponents(components, envoy, () => signals.off());
+    running.catch(() => undefined); // awaited below; a failed start must not count as unhandled meanwhile
+    // Beside Envoy the gRPC bootstrap is a by-product (an app may use proxyless gRPC next to the sidecar), written
+    // once the components are starting: a failure to write it is logged, and like Envoy's bootstrap it is removed
+    // when the agent exits.
+    await writeGrpcBootstrap(resolved, agentEnv).then(
+      (f) => process.on('exit', () => fs.rmSync(f, { force: true })),
+      (err: Error) => log.warn(err.message),
+    );
+    return await running;
   } catch (err) {
     return startupFailure(err);
   }

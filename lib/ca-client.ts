@@ -9,8 +9,7 @@
 
 import * as fs from 'node:fs';
 import * as net from 'node:net';
-import * as grpc from '@grpc/grpc-js';
-import { Counter, type Registry } from 'prom-client';
+import { Counter, type Registry } from './prom';
 import {
   CREATE_CERTIFICATE_PATH,
   decodeCertificateResponse,
@@ -23,7 +22,8 @@ import * as envs from './env';
 import type { Env } from './env';
 import { readNamedFile } from './named-file';
 import { AgentError, errorMessage } from './errors';
-import { tlsCredentials } from './tls-policy';
+import { GrpcError, GrpcStatus, unaryCall } from './grpc-unary';
+import { tlsRestriction } from './tls-policy';
 import { DEFAULT_ROOT_CA, ISTIOD_ROOT_CA, splitHostPort, upstreamFromConfig } from './xds-upstream';
 
 export interface CaClientOptions {
@@ -81,7 +81,7 @@ export function caAnswered(err: unknown): boolean {
   return (
     err.code === 'UPSTREAM' &&
     code !== undefined &&
-    ![grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED].includes(code)
+    !([GrpcStatus.UNAVAILABLE, GrpcStatus.DEADLINE_EXCEEDED, GrpcStatus.CANCELLED] as number[]).includes(code)
   );
 }
 
@@ -135,6 +135,24 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
 function caServerName(explicit: string | undefined, host: string, istiodSan: string, xdsServerName?: string): string {
   if (explicit === undefined) return istiodSan || (xdsServerName ?? host);
   return explicit.includes('localhost') ? 'istiod.istio-system.svc' : host;
+}
+
+/** The CA connection's TLS: the root (else the system's), restricted by COMPLIANCE_POLICY when set. */
+function caTlsOptions(policy: string | undefined, root: Buffer | undefined): import('node:tls').ConnectionOptions {
+  const r = tlsRestriction(policy);
+  const ca = root ? { ca: root } : {};
+  if (!r) return ca;
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const tls = require('node:tls') as typeof import('node:tls');
+    return { secureContext: tls.createSecureContext({ ...r, ...ca }) };
+  } catch (e) {
+    throw new AgentError(
+      'CONFIG_INVALID',
+      `cannot set up TLS under COMPLIANCE_POLICY=${policy}: ${errorMessage(e)}`,
+      e,
+    );
+  }
 }
 
 function isLocal(address: string): boolean {
@@ -211,8 +229,7 @@ export class CaClient implements CertificateSigner {
       validityDuration: validitySeconds,
       ...(o.certSigner ? { metadata: { CertSigner: o.certSigner } } : {}),
     };
-    const md = new grpc.Metadata();
-    for (const [k, v] of Object.entries(o.headers)) md.set(k, v);
+    const metadata: Record<string, string> = { ...o.headers };
     if (o.tokenFile && (o.tls || isLocal(o.address))) {
       let token: string;
       try {
@@ -222,17 +239,12 @@ export class CaClient implements CertificateSigner {
         throw new AgentError('IO', `cannot read the CA token file ${o.tokenFile}: ${errorMessage(e)}`, e);
       }
       if (!token) throw new AgentError('BAD_INPUT', `the CA token file ${o.tokenFile} is empty`);
-      md.set('authorization', `Bearer ${token}`);
+      metadata.authorization = `Bearer ${token}`;
     }
-    // Its own connection, closed with the client: a pooled one could outlive a rotated root or a CA restart.
-    const options: grpc.ChannelOptions = {
-      'grpc.enable_retries': 0,
-      'grpc.use_local_subchannel_pool': 1,
-      'grpc.enable_channelz': 0,
-    };
-    let creds: grpc.ChannelCredentials;
+    // Its own connection, closed with the call: a pooled one could outlive a rotated root or a CA restart.
+    let tlsOpts: { serverName: string; options: import('node:tls').ConnectionOptions } | undefined;
     if (o.tls) {
-      let root: Buffer | null = null;
+      let root: Buffer | undefined;
       if (o.rootCaFile !== 'SYSTEM') {
         try {
           root = await readNamedFile(o.rootCaFile);
@@ -240,36 +252,29 @@ export class CaClient implements CertificateSigner {
           throw new AgentError('IO', `cannot read the CA root certificate ${o.rootCaFile}: ${errorMessage(e)}`, e);
         }
       }
-      creds = tlsCredentials(o.compliancePolicy, root, null, null);
       const { host } = splitHostPort(o.address);
-      if (o.serverName && o.serverName !== host) options['grpc.ssl_target_name_override'] = o.serverName;
-    } else {
-      creds = grpc.credentials.createInsecure();
+      tlsOpts = { serverName: o.serverName || host, options: caTlsOptions(o.compliancePolicy, root) };
     }
-    const client = new grpc.Client(o.address, creds, options);
+    const where = `CA ${o.address}${o.tls ? ` (TLS, name ${o.serverName})` : ' (plaintext)'}`;
     let resp: CertificateResponse;
     try {
-      resp = await new Promise<CertificateResponse>((resolve, reject) =>
-        client.makeUnaryRequest(
-          CREATE_CERTIFICATE_PATH,
-          encodeCertificateRequest,
-          decodeCertificateResponse,
-          request,
-          md,
-          { deadline: Date.now() + (o.timeoutMs ?? 10_000) },
-          (e, r) => (e ? reject(e) : resolve(r!)),
-        ),
-      );
+      const answer = await unaryCall({
+        address: o.address,
+        path: CREATE_CERTIFICATE_PATH,
+        message: encodeCertificateRequest(request),
+        metadata,
+        tls: tlsOpts,
+        timeoutMs: o.timeoutMs ?? 10_000,
+      });
+      try {
+        resp = decodeCertificateResponse(answer);
+      } catch (e) {
+        throw new AgentError('BAD_INPUT', `${where}: answer not parsable: ${errorMessage(e)}`, e);
+      }
     } catch (e) {
-      const se = e as grpc.ServiceError;
-      const garbage = se.code === grpc.status.INTERNAL && /parsing|parse|deserializ/i.test(se.details ?? '');
-      throw new AgentError(
-        garbage ? 'BAD_INPUT' : 'UPSTREAM',
-        `CA ${o.address}${o.tls ? ` (TLS, name ${o.serverName})` : ' (plaintext)'}: ${se.details || se.message}`,
-        e,
-      );
-    } finally {
-      client.close();
+      if (e instanceof AgentError) throw e;
+      const ge = e as GrpcError;
+      throw new AgentError('UPSTREAM', `${where}: ${ge.details || ge.message}`, e);
     }
     const chain = resp.certChain ?? [];
     if (chain.length < 2)

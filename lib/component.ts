@@ -6,7 +6,7 @@
 // something registers its metrics into the agent's single registry. Nothing else about a component is known
 // outside its own file.
 
-import type { Registry } from 'prom-client';
+import type { Registry } from './prom';
 import type * as http from 'node:http';
 
 /** An answer of the status server (lib/status-server.ts) to one request. */

@@ -10,7 +10,7 @@
 import * as dgram from 'node:dgram';
 import * as net from 'node:net';
 import * as dnsPacket from 'dns-packet';
-import { Counter, Histogram, type Registry } from 'prom-client';
+import { Counter, Histogram, type Registry } from './prom';
 import { type Component, type Condition, closedSignal, type StatusRoute } from './component';
 import { buildDnsTable, type DnsTable, lookup } from './dns-table';
 import { joinHostPort, splitHostPort, Upstreams } from './dns-upstream';

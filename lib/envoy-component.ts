@@ -1,7 +1,7 @@
 // Envoy as a component: the epoch supervisor with the real runtime, the desired config built from a resolved
 // config, and what Envoy contributes to the status server (lifecycle routes, readiness, metrics, its stats text).
 
-import type { Registry } from 'prom-client';
+import type { Registry } from './prom';
 import { json, type Component, type Condition, type StatusRoute } from './component';
 import * as admin from './envoy-admin';
 import {

@@ -4,14 +4,14 @@
 // (prom-client `collect`), so nothing is updated on the hot path. Process and runtime metrics come from
 // prom-client's defaults under the `istio_agent_` prefix, which gives the Go agent's `istio_agent_process_*` names.
 
-import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client';
+import { collectDefaultMetrics, Counter, Gauge, Registry } from './prom';
 import { scope } from './log';
 import { VERSION } from './version';
 import { mergeExpositions, negotiateFormat, type MetricsFormat } from './metrics-merge';
 
 const log = scope('metrics');
 
-export type { Registry } from 'prom-client';
+export type { Registry } from './prom';
 
 // Registries whose process metrics (CPU, memory, event loop, GC) are set up on their first scrape, not at start-up:
 // setting them up is a tenth of the agent's CPU before Envoy is ready, and nothing reads them before a scrape.

@@ -17,7 +17,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import { Counter, type Registry } from 'prom-client';
+import { Counter, type Registry } from './prom';
 import { closedSignal, type Component } from './component';
 import type { AnyMessage } from './envoy-protos';
 import { AgentError, wrap } from './errors';

@@ -18,7 +18,7 @@
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { Counter, Gauge, type Registry } from 'prom-client';
+import { Counter, Gauge, type Registry } from './prom';
 import { caAnswered, caRetryDelay, type CertificateSigner } from './ca-client';
 import { checkChain, checkKeyPair, checkValidity, parseCerts, type CertInfo } from './cert-chain';
 import { X509Certificate } from 'node:crypto';
@@ -219,9 +219,14 @@ export class SecretCache implements Component, SecretProvider {
     this.listeners.push(fn);
   }
 
-  /** Starts getting the first certificate (does not wait for it: see readiness()). */
+  /**
+   * Starts getting the first certificate (does not wait for it: see readiness()). A second call does nothing: the
+   * agent starts the cache just after Envoy's spawn, before its other components load, so that the CA's answer
+   * overlaps Envoy's start; the components' start then meets a running cache.
+   */
   async start(): Promise<void> {
-    if (this.state !== 'new') throw new AgentError('INTERNAL', 'secret cache already started');
+    if (this.state === 'running') return;
+    if (this.state !== 'new') throw new AgentError('INTERNAL', 'secret cache already closed');
     this.state = 'running';
     const debounceMs = this.o.debounceMs ?? 100;
     this.watcher = new FileWatcher((changed) => this.filesChanged(changed), { debounceMs, pollMs: 2000 });

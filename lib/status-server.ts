@@ -7,7 +7,7 @@
 
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { Registry } from 'prom-client';
+import type { Registry } from './prom';
 import type { Component, Condition, Handler, Reply, StatusRoute } from './component';
 
 export type { Handler, Reply };

@@ -10,7 +10,7 @@
 // no code at all, rejects the whole response, which the proxy NACKs upstream as Go does.
 
 import * as path from 'node:path';
-import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, type Registry } from './prom';
 import { json, type Component, type StatusRoute } from './component';
 import { AgentError, configError, errorMessage } from './errors';
 import * as envs from './env';

@@ -37,7 +37,7 @@
 
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import { Counter, type Registry } from 'prom-client';
+import { Counter, type Registry } from './prom';
 import type { Component, StatusRoute } from './component';
 import { AgentError, wrap } from './errors';
 import { counterFrom, registerCounters } from './metrics';

@@ -6,7 +6,7 @@
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import type { Registry } from 'prom-client';
+import type { Registry } from '../prom';
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
 import { parseJsonOrYaml } from '../json-or-yaml';
