@@ -10,12 +10,13 @@ import * as path from 'node:path';
 import { envoyCredentials } from '../lib/envoy-process';
 import type { IdLookup } from '../lib/os-users';
 import { removeShm, shmPath } from '../lib/hot-restart-shm';
-import { envoyBin, freePort, httpRequest, pidAlive, tempDir, waitFor } from './helpers/harness';
-import { debugEpochs, startAgent, waitLiveEpoch } from './helpers/agent';
+import { freePort, httpRequest, pidAlive, waitFor } from './helpers/harness';
+import { debugEpochs, waitLiveEpoch } from './helpers/agent';
+import { agentFixture } from './helpers/agent-fixture';
+import { createNetns, type Netns } from './helpers/netns';
 import { staticBootstrap } from './helpers/static-bootstrap';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { runIstioIptables } from '../lib/iptables-command';
-import { agentBin } from './helpers/agent';
 import { configureLogging, resetLogging } from '../lib/log';
 
 const ids: IdLookup = {
@@ -46,43 +47,25 @@ function ownerOf(pid: number): { uid: number; gid: number } {
 
 test('the agent as root starts Envoy as 1337:1337 (ENVOY_UID/ENVOY_GID); it serves and hot-restarts as 1337', async () => {
   assert.is(process.getuid?.(), 0, 'this test runs as root, as CI does');
-  const dir = tempDir('pa-envoy-user-');
   // Envoy, as 1337, reads its bootstrap under the agent's directory.
-  fs.chmodSync(dir.path, 0o755);
-  const ports = { admin: await freePort(), status: await freePort(), listen: await freePort() };
-  const custom = path.join(dir.path, 'custom.json');
+  const agent = await agentFixture({ prefix: 'pa-envoy-user-', mode: 0o755 });
+  const ports = { admin: agent.ports.admin, status: agent.ports.status, listen: await freePort() };
+  const custom = path.join(agent.dir.path, 'custom.json');
   const write = (body: string) => {
     fs.writeFileSync(custom + '.tmp', JSON.stringify(staticBootstrap(ports, body)));
     fs.renameSync(custom + '.tmp', custom);
   };
   write('v0');
-  const configPath = path.join(dir.path, 'proxy');
-  const agent = startAgent(['proxy', 'sidecar'], {
-    PROXY_CONFIG: JSON.stringify({
-      configPath,
-      binaryPath: envoyBin(),
-      customConfigFile: custom,
-      statusPort: ports.status,
-      proxyAdminPort: ports.admin,
-      drainDuration: '1s',
-      parentShutdownDuration: '2s',
-      terminationDrainDuration: '1s',
-    }),
-    POD_NAME: 'user',
-    POD_NAMESPACE: 'test',
-    INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()),
-    ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    FILE_DEBOUNCE_DURATION: '50ms',
-    ENVOY_UID: '1337',
-    ENVOY_GID: '1337',
-  }, dir.path);
+  const configPath = path.join(agent.dir.path, 'proxy');
   const pids: number[] = [];
   let baseId: number | null = null;
   try {
-    const first = await waitLiveEpoch(ports.status, 0, 30_000).catch((e: Error) => {
-      throw new Error(`${e.message}\nagent log:\n${agent.log()}`);
+    await agent.start({
+      proxyConfig: { customConfigFile: custom },
+      env: { POD_NAME: 'user', FILE_DEBOUNCE_DURATION: '50ms', ENVOY_UID: '1337', ENVOY_GID: '1337' },
+      ready: 'live',
     });
+    const first = await waitLiveEpoch(ports.status, 0);
     pids.push(first.pid);
     assert.equal(ownerOf(first.pid), { uid: 1337, gid: 1337 });
     assert.match(agent.log(), /starting Envoy as uid 1337 gid 1337: ENVOY_UID\/ENVOY_GID/);
@@ -112,16 +95,15 @@ test('the agent as root starts Envoy as 1337:1337 (ENVOY_UID/ENVOY_GID); it serv
     for (const pid of pids) assert.not.ok(pidAlive(pid), `Envoy ${pid} ended`);
     assert.not.ok(fs.existsSync(shmPath(baseId!)), 'shared memory removed');
   } finally {
-    await agent.stop();
+    await agent.close();
+    // The test ended the agent itself: an Envoy or shared memory that outlived it is not close()'s to find.
     if (baseId !== null) removeShm(baseId);
     for (const pid of pids) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
-    dir.cleanup();
   }
 });
 
 test('Envoy as 1337 gets its config over the agent\'s xDS socket (standalone discovery) and routes traffic', async () => {
-  const dir = tempDir('pa-envoy-user-xds-');
-  fs.chmodSync(dir.path, 0o755);
+  const agent = await agentFixture({ prefix: 'pa-envoy-user-xds-', mode: 0o755 });
   const backend = http.createServer((req, res) => {
     req.resume();
     res.end('from-backend');
@@ -129,8 +111,8 @@ test('Envoy as 1337 gets its config over the agent\'s xDS socket (standalone dis
   await new Promise<void>((r) => backend.listen(0, '127.0.0.1', () => r()));
   const backendPort = (backend.address() as AddressInfo).port;
   const servicePort = await freePort();
-  const status = await freePort();
-  const cfgDir = path.join(dir.path, 'mesh');
+  const status = agent.ports.status;
+  const cfgDir = path.join(agent.dir.path, 'mesh');
   fs.mkdirSync(cfgDir);
   fs.writeFileSync(path.join(cfgDir, 'web.yaml'), `apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -143,30 +125,17 @@ spec:
   endpoints:
   - { address: 127.0.0.1, ports: { http: ${backendPort} } }
 `);
-  const agent = startAgent(['proxy', 'sidecar', '--standalone', cfgDir], {
-    PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), statusPort: status, proxyAdminPort: await freePort(), drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-    POD_NAME: 'web-client', POD_NAMESPACE: 'test', INSTANCE_IP: '127.0.0.1',
-    ENVOY_STATUS_PORT: String(await freePort()), ENVOY_PROMETHEUS_PORT: String(await freePort()),
-    ENVOY_UID: '1337',
-  }, dir.path);
-  let baseId: number | null = null;
-  let pid = 0;
   try {
-    await waitFor('agent ready', async () => (await httpRequest(`http://127.0.0.1:${status}/healthz/ready`)).status === 200, 30_000)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${agent.log()}`); });
+    await agent.start({ args: ['proxy', 'sidecar', '--standalone', cfgDir], env: { POD_NAME: 'web-client', ENVOY_UID: '1337' } });
     const d = await debugEpochs(status);
-    baseId = d.baseId;
-    pid = d.epochs[0]!.pid;
+    const pid = d.epochs[0]!.pid;
     assert.equal(ownerOf(pid), { uid: 1337, gid: 1337 });
-    const socket = fs.statSync(path.join(dir.path, 'proxy', 'XDS'));
+    const socket = fs.statSync(path.join(agent.dir.path, 'proxy', 'XDS'));
     assert.equal([socket.uid, socket.gid], [1337, 1337], 'the xDS socket is handed to Envoy\'s user');
     await waitFor('routed through Envoy', async () => (await httpRequest(`http://127.0.0.1:${servicePort}/`)).body === 'from-backend', 15_000);
   } finally {
-    await agent.stop();
-    if (pid && pidAlive(pid)) process.kill(pid, 'SIGKILL');
-    if (baseId !== null) removeShm(baseId);
+    await agent.close();
     backend.close();
-    dir.cleanup();
   }
 });
 
@@ -178,17 +147,15 @@ function getIn(nsPath: string, url: string): string {
 
 test('with the injector\'s capture rules, Envoy as 1337 reaches a remote backend directly; as root its upstream is captured to 15001', async () => {
   // Pod namespace (10.1.0.5) and a "remote host" namespace (10.1.0.6), joined by a veth pair.
-  const pod = `ipt-user-pod-${process.pid}`;
-  const remote = `ipt-user-remote-${process.pid}`;
   const ip = (...a: string[]) => execFileSync('ip', a, { stdio: ['ignore', 'pipe', 'pipe'] });
-  const dir = tempDir('pa-envoy-capture-');
-  fs.chmodSync(dir.path, 0o755);
+  const made: Netns[] = [];
   const children: ReturnType<typeof spawn>[] = [];
-  ip('netns', 'add', pod);
-  ip('netns', 'add', remote);
   try {
-    ip('-n', pod, 'link', 'set', 'lo', 'up');
-    ip('-n', remote, 'link', 'set', 'lo', 'up');
+    const podNs = createNetns('ipt-user-pod');
+    made.push(podNs);
+    const remoteNs = createNetns('ipt-user-rem');
+    made.push(remoteNs);
+    const [pod, remote] = [podNs.name, remoteNs.name];
     ip('-n', pod, 'link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'eth0', 'netns', remote);
     ip('-n', pod, 'addr', 'add', '10.1.0.5/24', 'dev', 'eth0');
     ip('-n', remote, 'addr', 'add', '10.1.0.6/24', 'dev', 'eth0');
@@ -211,33 +178,25 @@ test('with the injector\'s capture rules, Envoy as 1337 reaches a remote backend
     const bootstrap = staticBootstrap(ports, 'direct', { backendPort: 8080 });
     const text = JSON.stringify(bootstrap).replace(/"address":"127\.0\.0\.1","port_value":8080/, '"address":"10.1.0.6","port_value":8080');
     const runAgent = async (env: Record<string, string>) => {
-      const custom = path.join(dir.path, 'custom.json');
-      fs.writeFileSync(custom, text);
-      const agent = spawn('nsenter', [`--net=${podPath}`, '--', agentBin(), 'proxy', 'sidecar'], {
-        cwd: dir.path,
-        env: {
-          PATH: process.env.PATH, HOME: '/',
-          PROXY_CONFIG: JSON.stringify({ configPath: path.join(dir.path, 'proxy'), binaryPath: envoyBin(), customConfigFile: custom, drainDuration: '1s', terminationDrainDuration: '1s' }),
-          POD_NAME: 'capture', POD_NAMESPACE: 'test', INSTANCE_IP: '10.1.0.5',
-          ...env,
-        },
-        stdio: 'ignore',
-      });
-      children.push(agent);
-      await waitFor('agent ready', async () => getIn(podPath, 'http://127.0.0.1:15020/healthz/ready').startsWith('200'), 30_000);
-      const body = getIn(podPath, `http://127.0.0.1:${ports.listen}/slow`);
-      agent.kill('SIGTERM');
-      await new Promise((r) => agent.once('exit', r));
-      return body;
+      const agent = await agentFixture({ prefix: 'pa-envoy-capture-', mode: 0o755, netns: podNs });
+      try {
+        const custom = path.join(agent.dir.path, 'custom.json');
+        fs.writeFileSync(custom, text);
+        await agent.start({
+          proxyConfig: { customConfigFile: custom, parentShutdownDuration: undefined },
+          env: { HOME: '/', POD_NAME: 'capture', INSTANCE_IP: '10.1.0.5', ...env },
+        });
+        return getIn(podPath, `http://127.0.0.1:${ports.listen}/slow`);
+      } finally {
+        await agent.close();
+      }
     };
     assert.is(await runAgent({ ENVOY_UID: '1337', ENVOY_GID: '1337' }), '200 from-remote', 'Envoy as 1337: its upstream connection is not captured');
     // As root, Envoy's own connection is an app connection: redirected to 15001, where nothing listens here.
     assert.match(await runAgent({}), /^503 /);
   } finally {
     for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
-    ip('netns', 'del', pod);
-    ip('netns', 'del', remote);
-    dir.cleanup();
+    for (const ns of made) ns.remove();
   }
 });
 

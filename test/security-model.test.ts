@@ -3,15 +3,16 @@
 // uid on the same host (uid 65534 inside A, the way the app of a pod or another user of a VM would) and another
 // host (namespace B, joined to A by a veth pair). What must be public stays reachable; nothing else is.
 
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { agentBin } from './helpers/agent';
-import { envoyBin, tempDir, waitFor } from './helpers/harness';
+import { agentFixture, type AgentFixture } from './helpers/agent-fixture';
+import { waitFor } from './helpers/harness';
+import { createNetns, type Netns } from './helpers/netns';
 
 const run = promisify(execFile);
 const NOBODY = ['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups'];
@@ -79,47 +80,43 @@ spec:
 
 test('every socket and port of the agent, tried by another uid and from another host', async () => {
   const id = randomBytes(3).toString('hex');
-  const [nsA, nsB] = [`pa-sa-${id}`, `pa-sb-${id}`];
   const subnet = `10.${200 + (parseInt(id.slice(0, 2), 16) % 50)}.${parseInt(id.slice(2, 4), 16)}`;
   const [ipA, ipB] = [`${subnet}.1`, `${subnet}.2`];
-  const dir = tempDir('pa-secmodel-');
-  fs.chmodSync(dir.path, 0o755); // another uid may walk the tree: the sockets' own modes must hold
-  const cfgDir = path.join(dir.path, 'config');
-  fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'shop'), { recursive: true, mode: 0o700 });
-  fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'shop', 'app'), 'app-token\n', { mode: 0o600 });
-  fs.writeFileSync(path.join(cfgDir, 'mesh.yaml'), CONFIG(ipA));
-  const cwd = path.join(dir.path, 'host-a');
-  fs.mkdirSync(path.join(cwd, 'var/run/secrets/tokens'), { recursive: true });
-  fs.writeFileSync(path.join(cwd, 'var/run/secrets/tokens/istio-token'), 'app-token', { mode: 0o600 });
-  const configPath = path.join(cwd, 'proxy');
-  let agent: ChildProcess | undefined;
-  let out = '';
-  await sh('ip', 'netns', 'add', nsA);
-  await sh('ip', 'netns', 'add', nsB);
+  const made: Netns[] = [];
+  let agent: AgentFixture | undefined;
   try {
+    const hostA = createNetns('pa-sa-');
+    made.push(hostA);
+    const hostB = createNetns('pa-sb-');
+    made.push(hostB);
+    const [nsA, nsB] = [hostA.name, hostB.name];
     await sh('ip', 'link', 'add', `sa${id}`, 'type', 'veth', 'peer', 'name', `sb${id}`);
     await sh('ip', 'link', 'set', `sa${id}`, 'netns', nsA);
     await sh('ip', 'link', 'set', `sb${id}`, 'netns', nsB);
     for (const [ns, dev, ip] of [[nsA, `sa${id}`, ipA], [nsB, `sb${id}`, ipB]] as const) {
       await sh('ip', '-n', ns, 'addr', 'add', `${ip}/24`, 'dev', dev);
       await sh('ip', '-n', ns, 'link', 'set', dev, 'up');
-      await sh('ip', '-n', ns, 'link', 'set', 'lo', 'up');
     }
-    agent = spawn('ip', ['netns', 'exec', nsA, agentBin(), 'proxy', 'sidecar', '--standalone', cfgDir], {
+    // 0o755: another uid may walk the tree, so the sockets' own modes must hold.
+    agent = await agentFixture({ prefix: 'pa-secmodel-', mode: 0o755, netns: hostA });
+    const cfgDir = path.join(agent.dir.path, 'config');
+    fs.mkdirSync(path.join(cfgDir, 'ca', 'identities', 'shop'), { recursive: true, mode: 0o700 });
+    fs.writeFileSync(path.join(cfgDir, 'ca', 'identities', 'shop', 'app'), 'app-token\n', { mode: 0o600 });
+    fs.writeFileSync(path.join(cfgDir, 'mesh.yaml'), CONFIG(ipA));
+    const cwd = path.join(agent.dir.path, 'host-a');
+    fs.mkdirSync(path.join(cwd, 'var/run/secrets/tokens'), { recursive: true });
+    fs.writeFileSync(path.join(cwd, 'var/run/secrets/tokens/istio-token'), 'app-token', { mode: 0o600 });
+    const configPath = path.join(cwd, 'proxy');
+    await agent.start({
+      args: ['proxy', 'sidecar', '--standalone', cfgDir],
       cwd,
+      proxyConfig: { configPath },
       env: {
-        PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/',
-        PROXY_CONFIG: JSON.stringify({ configPath, binaryPath: envoyBin(), drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
-        POD_NAME: 'app-1', POD_NAMESPACE: 'shop', SERVICE_ACCOUNT: 'app', INSTANCE_IP: ipA, ISTIO_META_DNS_CAPTURE: 'true',
+        HOME: '/', POD_NAME: 'app-1', POD_NAMESPACE: 'shop', SERVICE_ACCOUNT: 'app', INSTANCE_IP: ipA, ISTIO_META_DNS_CAPTURE: 'true',
         OUTPUT_CERTS: path.join(cwd, 'certs'),
       },
-      stdio: ['ignore', 'pipe', 'pipe'],
+      readyTimeoutMs: 40_000,
     });
-    agent.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-    agent.stderr!.on('data', (d: Buffer) => (out += d.toString()));
-    const exited = new Promise<number | null>((r) => agent!.once('exit', (c) => r(c)));
-    await waitFor('the agent ready', async () => (await curl(nsA, 'http://127.0.0.1:15020/healthz/ready')).startsWith('200'), 40_000, 300)
-      .catch((e: Error) => { throw new Error(`${e.message}\n${out.slice(-4000)}`); });
     // The workload certificate exists once Envoy asked for it (the inbound listener's mTLS).
     await waitFor('the workload certificate written', () => fs.existsSync(path.join(cwd, 'certs', 'key.pem')), 20_000);
 
@@ -166,23 +163,13 @@ test('every socket and port of the agent, tried by another uid and from another 
       assert.is(fs.statSync(path.join('/dev/shm', f)).mode & 0o077, 0, `/dev/shm/${f} is its owner's only`);
     }
 
-    agent.kill('SIGTERM');
-    const code = await Promise.race([exited, new Promise<string>((r) => setTimeout(() => r('no exit within 30 s'), 30_000))]);
+    agent.proc.kill('SIGTERM');
+    const late = new Promise<string>((r) => setTimeout(() => r('no exit within 30 s'), 30_000).unref());
+    const code = await Promise.race([agent.exited.then((e) => e.code), late]);
     assert.is(code, 0, 'the agent drains and exits 0');
   } finally {
-    if (agent && agent.exitCode === null && agent.signalCode === null) agent.kill('SIGKILL');
-    for (const ns of [nsA, nsB]) {
-      const { stdout } = await run('ip', ['netns', 'pids', ns]).catch(() => ({ stdout: '' }));
-      for (const pid of stdout.split('\n').filter(Boolean)) {
-        try {
-          process.kill(Number(pid), 'SIGKILL');
-        } catch {
-          // gone
-        }
-      }
-      await sh('ip', 'netns', 'del', ns).catch(() => undefined);
-    }
-    dir.cleanup();
+    await agent?.close();
+    for (const ns of made) ns.remove();
   }
 });
 

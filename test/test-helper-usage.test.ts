@@ -17,16 +17,11 @@ const TEST = __dirname;
 const ALLOWED: Record<string, string> = {
   'helpers/agent.ts': 'startAgent() itself',
   'helpers/agent-fixture.ts': 'the helper',
-  // Their own topologies: veth pairs between namespaces, nsenter with a uid, iptables programmed first.
-  'helpers/hostile.ts': 'a namespace with dnsmasq, a discovery process and hostile peers beside the agent',
-  'security-model.test.ts': 'two namespaces joined by a veth pair, peers as other uids',
   'iptables.test.ts': 'runs istio-iptables (one-shot) and validation servers as uids inside namespaces',
   // The discovery server alone (no Envoy, no status port): test/helpers/discovery-process.ts.
   'helpers/discovery-process.ts': '`pilot-agent discovery`, not the agent',
   'go-knobs-cli.test.ts': '`pilot-agent discovery` with extra flags',
   'standalone-tracing.test.ts': '`pilot-agent discovery` beside an agent from agentFixture()',
-  // Not migrated yet (issue 25): its standalone test failed before the migration too (agent not ready as uid 1337).
-  'envoy-user.test.ts': 'not migrated yet (an agent in a pod namespace through nsenter, Envoy as uid 1337)',
 };
 
 function files(dir: string): string[] {

@@ -86,6 +86,11 @@ export interface StartOptions {
    * the uid change. It must exec, so that the pid (and its Envoys, which close() kills) stays the agent's.
    */
   wrap?: string[];
+  /**
+   * Its stdout and stderr go to this file (a relative path: in the temp dir) instead of pipes that this process
+   * reads, so that a test whose event loop is busy cannot slow the agent's synchronous writes; log() reads it.
+   */
+  logFile?: string;
   ready?: Readiness;
   readyTimeoutMs?: number;
 }
@@ -109,6 +114,7 @@ export interface AgentFixture {
   readonly proc: ChildProcess;
   readonly pid: number;
   readonly exited: RunningAgent['exited'];
+  /** Its output so far (still there after close()). */
   log(): string;
   /** Kills the agent (SIGKILL) and waits, as RunningAgent.stop(); the fixture stays for close(). */
   stop(): Promise<void>;
@@ -229,7 +235,8 @@ export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixt
         ...(s.wrap ?? []),
         ...(s.uid !== undefined ? ['setpriv', `--reuid=${s.uid}`, `--regid=${s.uid}`, '--clear-groups'] : []),
       ];
-      running = startAgent(s.args ?? ['proxy', 'sidecar'], defined, s.cwd ?? dir.path, { prefix });
+      const logFile = s.logFile === undefined ? undefined : path.resolve(dir.path, s.logFile);
+      running = startAgent(s.args ?? ['proxy', 'sidecar'], defined, s.cwd ?? dir.path, { prefix, logFile });
       const ready = s.ready ?? 'ready';
       if (ready === 'none') return running;
       const check = ready === 'ready'
@@ -264,6 +271,7 @@ export async function agentFixture(opts: FixtureOptions = {}): Promise<AgentFixt
           await a.stop(); // removes what a killed agent left in /dev/shm
         }
         if (ownNetns) netns!.remove();
+        running?.log(); // read before the temp dir goes, in case the log is a file there
         dir.cleanup();
       })();
       return closing;

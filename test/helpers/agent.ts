@@ -1,6 +1,6 @@
 // Runs the real agent executable (dist/pilot-agent, built by the test script) as a child process.
 
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess, type StdioOptions } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { REPO, httpRequest, waitFor } from './harness';
@@ -24,21 +24,35 @@ export interface RunningAgent {
 
 /**
  * Tests start agents through agentFixture() (./agent-fixture.ts), which calls this. `prefix`: a command that execs
- * the agent (`ip netns exec NAME`, `setpriv ...`), so that the pid is still the agent's.
+ * the agent (`ip netns exec NAME`, `setpriv ...`), so that the pid is still the agent's. `logFile`: its stdout and
+ * stderr go to that file instead of pipes, which log() reads (its last read once the file is gone).
  */
-export function startAgent(args: string[], env: Record<string, string>, cwd: string, opts: { prefix?: string[] } = {}): RunningAgent {
+export function startAgent(args: string[], env: Record<string, string>, cwd: string, opts: { prefix?: string[]; logFile?: string } = {}): RunningAgent {
   const [file, ...pre] = [...(opts.prefix ?? []), agentBin()];
   const procEnv = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/', ...env };
-  const proc = spawn(file!, [...pre, ...args], { cwd, env: procEnv, stdio: ['ignore', 'pipe', 'pipe'] });
+  const logFile = opts.logFile;
+  const fd = logFile === undefined ? undefined : fs.openSync(logFile, 'a');
+  const stdio: StdioOptions = fd === undefined ? ['ignore', 'pipe', 'pipe'] : ['ignore', fd, fd];
+  const proc = spawn(file!, [...pre, ...args], { cwd, env: procEnv, stdio });
+  if (fd !== undefined) fs.closeSync(fd); // the child has its own
   let out = '';
-  proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
-  proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));
+  proc.stdout?.on('data', (c: Buffer) => (out += c.toString()));
+  proc.stderr?.on('data', (c: Buffer) => (out += c.toString()));
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) => proc.once('exit', (code, signal) => r({ code, signal })));
   return {
     proc,
     pid: proc.pid!,
     exited,
-    log: () => out,
+    log() {
+      if (logFile !== undefined) {
+        try {
+          out = fs.readFileSync(logFile, 'utf8');
+        } catch {
+          // removed with its directory: the last read
+        }
+      }
+      return out;
+    },
     async stop() {
       if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
       await exited;

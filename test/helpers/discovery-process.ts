@@ -1,11 +1,12 @@
 // The real `pilot-agent discovery` as a child process, and peers of it run as any uid (./discovery-attacker.ts),
 // for the discovery server's security tests.
 
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { type ChildProcess, execFile, spawn, type SpawnOptions } from 'node:child_process';
 import * as path from 'node:path';
 import type { AdsAttack, AttackResult, CaAttack } from './discovery-attacker';
 import { agentBin } from './agent';
 import { waitFor } from './harness';
+import type { Netns } from './netns';
 
 export interface DiscoveryProcess {
   proc: ChildProcess;
@@ -16,8 +17,11 @@ export interface DiscoveryProcess {
   stop(): Promise<void>;
 }
 
-export function startDiscoveryProcess(configDir: string, addr: string): DiscoveryProcess {
-  const proc = spawn(agentBin(), ['discovery', '--config-dir', configDir, '--grpc-addr', addr], { stdio: ['ignore', 'pipe', 'pipe'] });
+/** `netns`: inside that namespace (the pid is still the server's: ip execs it). */
+export function startDiscoveryProcess(configDir: string, addr: string, opts: { netns?: Netns; cwd?: string } = {}): DiscoveryProcess {
+  const args = ['discovery', '--config-dir', configDir, '--grpc-addr', addr];
+  const o: SpawnOptions = { cwd: opts.cwd, stdio: ['ignore', 'pipe', 'pipe'] };
+  const proc = opts.netns ? opts.netns.spawn(agentBin(), args, o) : spawn(agentBin(), args, o);
   let out = '';
   proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
   proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));

@@ -14,10 +14,11 @@ import * as http2 from 'node:http2';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import * as readline from 'node:readline';
-import { agentBin } from './agent';
+import { agentFixture } from './agent-fixture';
+import { type DiscoveryProcess, discoveryListening, startDiscoveryProcess } from './discovery-process';
 import { type Dnsmasq, ensureDnsTools, startDnsmasq } from './dns';
-import { envoyBin, REPO, tempDir, waitFor } from './harness';
-import { createNetns, type Netns } from './netns';
+import { REPO, waitFor } from './harness';
+import type { Netns } from './netns';
 
 // ---------------------------------------------------------------------------------------------------------------
 // Targets: every socket and port the agent and its servers listen on.
@@ -1099,46 +1100,41 @@ export interface HostileVm {
 
 export async function startHostileVm(): Promise<HostileVm> {
   ensureDnsTools();
-  const bin = agentBin();
-  const tmp = tempDir('pa-hostile-');
-  const ns = createNetns('pahostile', { 'resolv.conf': 'nameserver 127.0.0.1\nsearch test.svc.cluster.local\n' }, '10.99.0.2/24');
+  const fixture = await agentFixture({
+    prefix: 'pa-hostile-',
+    netns: { files: { 'resolv.conf': 'nameserver 127.0.0.1\nsearch test.svc.cluster.local\n' }, ip: '10.99.0.2/24' },
+  });
+  const ns = fixture.netns!;
+  const tmp = fixture.dir;
   let dnsmasq: Dnsmasq | undefined;
-  let agent: ChildProcess | undefined;
-  let discovery: ChildProcess | undefined;
-  let discoveryExit: Promise<{ code: number | null; signal: NodeJS.Signals | null }> | undefined;
+  let spawned = false;
+  let discovery: DiscoveryProcess | undefined;
   let discoveryResult: { code: number | null; signal: NodeJS.Signals | null } | undefined;
   let left: string[] = [];
   const peers: Peer[] = [];
-  let out = '';
-  let readLog = () => out;
-  let exit: Promise<{ code: number | null; signal: NodeJS.Signals | null }> | undefined;
   const stop = async (graceMs = 15_000) => {
     let result: { code: number | null; signal: NodeJS.Signals | null } = { code: null, signal: null };
-    if (agent && exit) {
-      if (agent.exitCode === null && agent.signalCode === null) {
-        agent.kill('SIGTERM');
-        const t = setTimeout(() => agent!.kill('SIGKILL'), graceMs);
-        result = await exit;
+    if (spawned) {
+      const { proc, exited } = fixture.agent;
+      if (proc.exitCode === null && proc.signalCode === null) {
+        proc.kill('SIGTERM');
+        const t = setTimeout(() => proc.kill('SIGKILL'), graceMs);
+        result = await exited;
         clearTimeout(t);
-      } else result = await exit;
+      } else result = await exited;
     }
-    if (discovery && discoveryExit) {
-      if (discovery.exitCode === null && discovery.signalCode === null) discovery.kill('SIGTERM');
-      const t = setTimeout(() => discovery!.kill('SIGKILL'), 5000);
-      discoveryResult = await discoveryExit;
-      clearTimeout(t);
+    if (discovery) {
+      await discovery.stop();
+      discoveryResult = { code: discovery.proc.exitCode, signal: discovery.proc.signalCode };
     }
     for (const p of peers) await p.stop();
     await dnsmasq?.stop();
-    out = readLog();
     try {
       left = fs.readdirSync(path.join(tmp.path, 'proxy'));
     } catch {
       left = [];
     }
-    ns.remove();
-    removeLeftShm(tmp.path);
-    tmp.cleanup();
+    await fixture.close();
     return result;
   };
   try {
@@ -1158,23 +1154,10 @@ export async function startHostileVm(): Promise<HostileVm> {
     const attacker = startPeer(spawnIn);
     peers.push(attacker);
     await client.call({ op: 'backend', port: 9081 });
-    // The agent logs to a file, not a pipe: a pipe the test reads late would block the agent's synchronous writes to
-    // stdout and make the agent look slow.
-    const logFile = path.join(tmp.path, 'agent.log');
-    const fd = fs.openSync(logFile, 'a');
-    readLog = () => {
-      try {
-        return fs.readFileSync(logFile, 'utf8');
-      } catch {
-        return out;
-      }
-    };
-    agent = ns.spawn(bin, ['proxy', 'sidecar', '--standalone', config], {
-      cwd: tmp.path,
-      stdio: ['ignore', fd, fd],
+    spawned = true; // start() spawns before it waits: from here on stop() ends the agent
+    await fixture.start({
+      args: ['proxy', 'sidecar', '--standalone', config],
       env: {
-        PATH: process.env.PATH ?? '/usr/bin:/bin',
-        PROXY_CONFIG: JSON.stringify({ configPath: path.join(tmp.path, 'proxy'), binaryPath: envoyBin(), drainDuration: '1s', parentShutdownDuration: '2s', terminationDrainDuration: '1s' }),
         POD_NAME: 'client-1', POD_NAMESPACE: 'test', SERVICE_ACCOUNT: 'client', INSTANCE_IP: '10.99.0.2', ISTIO_META_DNS_CAPTURE: 'true',
         // kubelet's probe of an app whose gRPC health service misbehaves (the round that starts it: hostileApp).
         ISTIO_KUBE_APP_PROBERS: JSON.stringify({
@@ -1182,44 +1165,21 @@ export async function startHostileVm(): Promise<HostileVm> {
           '/app-health/app/livez': { httpGet: { port: 9084, path: '/healthz' }, timeoutSeconds: 1 },
         }),
       },
+      // A pipe the test reads late would block the agent's synchronous writes and make it look slow.
+      logFile: 'agent.log',
+      readyTimeoutMs: 60_000,
     });
-    const proc = agent;
-    exit = new Promise((r) => proc.once('exit', (code, signal) => r({ code, signal })));
-    fs.closeSync(fd);
     const status = (p: string, timeoutMs = 5000) => client.call<{ status: number; body: string; ms: number }>({ op: 'get', url: `http://127.0.0.1:15020${p}`, timeoutMs }, timeoutMs + 5000);
-    await waitFor('the agent ready in its namespace', async () => {
-      if (proc.exitCode !== null) throw new Error(`the agent exited with ${proc.exitCode}`);
-      return (await status('/healthz/ready')).status === 200;
-    }, 60_000, 250).catch((e: Error) => { throw new Error(`${e.message}\n${readLog()}`); });
     // The discovery server as its own process on 127.0.0.1:15010, on the same config directory (and CA root).
-    const discoveryFd = fs.openSync(path.join(tmp.path, 'discovery.log'), 'a');
-    discovery = ns.spawn(bin, ['discovery', '--config-dir', config, '--grpc-addr', '127.0.0.1:15010'], { cwd: tmp.path, stdio: ['ignore', discoveryFd, discoveryFd], env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } });
-    fs.closeSync(discoveryFd);
-    const d = discovery;
-    discoveryExit = new Promise((r) => d.once('exit', (code, signal) => r({ code, signal })));
-    await waitFor('pilot-agent discovery listening', () => {
-      if (d.exitCode !== null) throw new Error(`pilot-agent discovery exited with ${d.exitCode}`);
-      return fs.readFileSync(path.join(tmp.path, 'discovery.log'), 'utf8').includes('discovery server listening');
-    }, 30_000, 100);
+    discovery = startDiscoveryProcess(config, '127.0.0.1:15010', { netns: ns, cwd: tmp.path });
+    await discoveryListening(discovery);
     await waitFor('requests through Envoy', async () => (await client.call<{ body: string }>({ op: 'get', url: 'http://127.0.0.1:8080/', timeoutMs: 2000 })).body === 'ok', 20_000, 200);
     return {
-      ns, dir: tmp.path, agent, discovery: d, client, attacker, targets: agentTargets(tmp.path), log: () => readLog(), status, stop,
-      discoveryExit: () => discoveryResult, leftInConfigPath: () => left,
+      ns, dir: tmp.path, agent: fixture.proc, discovery: discovery.proc, client, attacker, targets: agentTargets(tmp.path),
+      log: () => fixture.log(), status, stop, discoveryExit: () => discoveryResult, leftInConfigPath: () => left,
     };
   } catch (e) {
     await stop(2000);
     throw e;
-  }
-}
-
-/** The Envoy shared memory of an agent that had to be killed (its base id file says which). */
-function removeLeftShm(dir: string): void {
-  try {
-    const id = fs.readFileSync(path.join(dir, 'proxy', 'envoy-base-id'), 'utf8').trim();
-    if (!/^\d+$/.test(id)) return;
-    fs.rmSync(`/dev/shm/envoy_shared_memory_${Number(id) * 10}`, { force: true });
-    fs.rmSync(`/dev/shm/pilot-agent-envoy-shm-owner_${Number(id) * 10}`, { force: true });
-  } catch {
-    // none
   }
 }
