@@ -4,7 +4,7 @@
 // pre-bound listener if there was one, and removes the socket file.
 
 import * as fs from 'node:fs';
-import * as grpc from '@grpc/grpc-js';
+import type * as grpc from '@grpc/grpc-js';
 import { AGENT_SOCKET_MODE, prepareSocket, takePrebound } from './unix-socket';
 
 export interface BoundUnixServer {
@@ -24,14 +24,12 @@ export async function bindUnixSocket(
 ): Promise<BoundUnixServer> {
   let injector: grpc.ConnectionInjector | undefined;
   const early = takePrebound(socketPath, (s) =>
-    (injector ??= server.createConnectionInjector(grpc.ServerCredentials.createInsecure())).injectConnection(s),
+    (injector ??= server.createConnectionInjector(insecure())).injectConnection(s),
   );
   if (!early) {
     await prepareSocket(socketPath);
     await new Promise<void>((resolve, reject) =>
-      server.bindAsync(`unix://${socketPath}`, grpc.ServerCredentials.createInsecure(), (e) =>
-        e ? reject(e) : resolve(),
-      ),
+      server.bindAsync(`unix://${socketPath}`, insecure(), (e) => (e ? reject(e) : resolve())),
     );
     fs.chmodSync(socketPath, mode);
   }
@@ -47,3 +45,7 @@ export async function bindUnixSocket(
     },
   };
 }
+
+// Required when a server is bound: importers (the SDS server) load before grpc-js is needed.
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const insecure = () => (require('@grpc/grpc-js') as typeof grpc).ServerCredentials.createInsecure();

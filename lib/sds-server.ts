@@ -16,7 +16,8 @@
 
 import { createHash, randomBytes } from 'node:crypto';
 import * as path from 'node:path';
-import * as grpc from '@grpc/grpc-js';
+import type * as grpc from '@grpc/grpc-js';
+import { GrpcStatus } from './grpc-unary';
 import { Counter, type Registry } from './prom';
 import { closedSignal, type Component } from './component';
 import type { AnyMessage } from './envoy-protos';
@@ -272,7 +273,10 @@ export class SdsServer implements Component {
     if (this.state !== 'new') throw new AgentError('INTERNAL', 'SDS server already started');
     this.state = 'starting';
     try {
-      const server = new grpc.Server({ 'grpc.enable_channelz': 0 });
+      // grpc-js loads here, when the server starts: the secret cache and its CA call come first (see agent.ts).
+      // eslint-disable-next-line @typescript-eslint/no-require-imports
+      const { Server } = require('@grpc/grpc-js') as typeof grpc;
+      const server = new Server({ 'grpc.enable_channelz': 0 });
       server.addService(SDS_DEFINITION, {
         StreamSecrets: (call: grpc.ServerDuplexStream<DiscoveryRequest, unknown>) => this.accept(call, 'sotw'),
         DeltaSecrets: (call: grpc.ServerDuplexStream<DeltaRequest, unknown>) => this.accept(call, 'delta'),
@@ -376,7 +380,7 @@ export class SdsServer implements Component {
     kind: 'sotw' | 'delta',
   ): void {
     if (this.state !== 'serving') {
-      call.emit('error', { code: grpc.status.UNAVAILABLE, details: 'SDS server shutting down' });
+      call.emit('error', { code: GrpcStatus.UNAVAILABLE, details: 'SDS server shutting down' });
       return;
     }
     const s: Stream = {
@@ -403,7 +407,7 @@ export class SdsServer implements Component {
         else this.onDelta(s, req as DeltaRequest);
       } catch (e) {
         log.error(`SDS stream ${s.id}: ${(e as Error).message}`);
-        call.emit('error', { code: grpc.status.INTERNAL, details: (e as Error).message });
+        call.emit('error', { code: GrpcStatus.INTERNAL, details: (e as Error).message });
         end();
       }
     });

@@ -8,13 +8,12 @@ import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { X509Certificate } from 'node:crypto';
-import * as grpc from '@grpc/grpc-js';
+import type * as grpc from '@grpc/grpc-js';
 import { ISTIOD_ROOT_CA, MOUNTED_ROOT_CA as DEFAULT_ROOT_CA } from './cert-provider';
 import type { AgentConfig } from './config';
 import * as envs from './env';
 import type { Env } from './env';
 import { AgentError, errorMessage } from './errors';
-import { connectOnceOptions, whenChannelReady } from './grpc-connect-once';
 import type { XdsKind } from './xds-state';
 import { tlsCredentials } from './tls-policy';
 
@@ -205,9 +204,14 @@ export interface UpstreamCall {
 
 const FLOW_CONTROL_WINDOW = 16 * 1024 * 1024;
 
+// grpc-js loads with the first call, not with this module: the CA client takes its options from here, and the agent
+// asks the CA before grpc-js has loaded (see agent.ts).
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const grpcJs = () => require('@grpc/grpc-js') as typeof grpc;
+
 /** The stream's metadata: the headers, and the token where it may go (TLS, or a Unix socket or loopback address). */
 export function upstreamMetadata(o: UpstreamOptions): grpc.Metadata {
-  const md = new grpc.Metadata();
+  const md = new (grpcJs().Metadata)();
   for (const [k, v] of Object.entries(o.headers ?? {})) md.set(k, v);
   if (o.tls || isLocalAddress(o.address)) {
     const token = o.token ?? (o.tokenFile ? readIfExists(o.tokenFile)?.toString('utf8').trim() : undefined);
@@ -223,6 +227,10 @@ export function openUpstream(
   maxMessageBytes: number,
   listener: UpstreamListener,
 ): UpstreamCall {
+  const grpc = grpcJs();
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { connectOnceOptions, whenChannelReady } =
+    require('./grpc-connect-once') as typeof import('./grpc-connect-once');
   const options: grpc.ChannelOptions = {
     'grpc.max_receive_message_length': maxMessageBytes,
     'grpc.max_send_message_length': maxMessageBytes,
