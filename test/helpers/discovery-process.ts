@@ -16,8 +16,9 @@ export interface DiscoveryProcess {
   stop(): Promise<void>;
 }
 
-export function startDiscoveryProcess(configDir: string, addr: string): DiscoveryProcess {
-  const proc = spawn(agentBin(), ['discovery', '--config-dir', configDir, '--grpc-addr', addr], { stdio: ['ignore', 'pipe', 'pipe'] });
+/** `env`: added to the test's environment. */
+export function startDiscoveryProcess(configDir: string, addr: string, env: Record<string, string> = {}): DiscoveryProcess {
+  const proc = spawn(agentBin(), ['discovery', '--config-dir', configDir, '--grpc-addr', addr], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let out = '';
   proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
   proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));
