@@ -8,7 +8,6 @@
 
 import * as fs from 'node:fs';
 import * as http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import * as tls from 'node:tls';
 import { test } from 'uvu';
