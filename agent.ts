@@ -277,6 +277,7 @@ async function xdsUpstream(
     mesh: { outboundTrafficPolicy: cfg.outboundTrafficPolicy, ...(cfg.meshTracing && { tracing: cfg.meshTracing }) },
     trustDomain: cfg.trustDomain,
     ...cfg.discoveryLimits,
+    ...(cfg.compliancePolicy && { compliancePolicy: cfg.compliancePolicy }),
     // This agent is trusted as its own identity by a token only its memory holds (it reads the directory anyway).
     inProcess: { namespace: cfg.podNamespace || 'default', serviceAccount: cfg.serviceAccount || 'default' },
   });

@@ -1,7 +1,7 @@
 // The client of Istio's certificate service: one CreateCertificate call per CSR, on a fresh channel each time, so
 // a rotated root, token or CA address takes effect on the next call. Over TLS the CA must present a certificate
 // that verifies with the configured root and carries the expected name (ISTIOD_SAN, else the address's host);
-// the bearer token is read from its file at every call. Plaintext only where Istio allows it (port 15010 or
+// the bearer token is read from its file at every call, and so is PROV_CERT's client certificate. Plaintext only where Istio allows it (port 15010 or
 // controlPlaneAuthPolicy NONE), and the token then goes only to a loopback or Unix socket address.
 //
 // This file checks the answer's shape (a chain of at least two PEM certificates); the secret cache checks it
@@ -16,6 +16,7 @@ import {
   encodeCertificateRequest,
   type CertificateResponse,
 } from './ca-protos';
+import { loadClientCert, provCertFiles } from './client-cert';
 import { checkCaProvider, defaultRoot, pilotCertProvider } from './cert-provider';
 import type { AgentConfig } from './config';
 import * as envs from './env';
@@ -44,6 +45,11 @@ export interface CaClientOptions {
   certSigner?: string;
   /** COMPLIANCE_POLICY: the CA connection's TLS restricted as Go's EnforceGoCompliance does. */
   compliancePolicy?: string;
+  /**
+   * PROV_CERT: a directory whose cert-chain.pem and key.pem are presented as the TLS client certificate, read at
+   * each call (./client-cert.ts). While one is presented a missing token is no error: the certificate authenticates.
+   */
+  clientCertDir?: string;
 }
 
 /** What the secret cache needs from a CA. */
@@ -102,8 +108,9 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
   }
   checkCaProvider(envs.CA_PROVIDER.get(env), address);
   const provider = pilotCertProvider(envs.PILOT_CERT_PROVIDER.get(env));
+  const provCert = envs.PROV_CERT.get(env);
   const rootDefaults = {
-    provCert: envs.PROV_CERT.get(env),
+    provCert,
     mounted: DEFAULT_ROOT_CA,
     mountedExists: fs.existsSync(DEFAULT_ROOT_CA),
     istiod: ISTIOD_ROOT_CA,
@@ -124,6 +131,8 @@ export function caClientOptions(cfg: AgentConfig, env: Env): CaClientOptions {
     headers,
     certSigner: envs.ISTIO_META_CERT_SIGNER.get(env) || undefined,
     compliancePolicy: envs.COMPLIANCE_POLICY.get(env) || undefined,
+    // As Go's GetKeyCertsForCA: PROV_CERT only (mounted ISTIO_META_TLS_CLIENT_* files are for xDS), over TLS only.
+    ...(tls && provCert ? { clientCertDir: provCert } : {}),
   };
 }
 
@@ -137,10 +146,14 @@ function caServerName(explicit: string | undefined, host: string, istiodSan: str
   return explicit.includes('localhost') ? 'istiod.istio-system.svc' : host;
 }
 
-/** The CA connection's TLS: the root (else the system's), restricted by COMPLIANCE_POLICY when set. */
-function caTlsOptions(policy: string | undefined, root: Buffer | undefined): import('node:tls').ConnectionOptions {
+/** The CA connection's TLS: the root (else the system's), the client certificate if any, restricted by COMPLIANCE_POLICY when set. */
+function caTlsOptions(
+  policy: string | undefined,
+  root: Buffer | undefined,
+  clientCert: { key: Buffer; cert: Buffer } | undefined,
+): import('node:tls').ConnectionOptions {
   const r = tlsRestriction(policy);
-  const ca = root ? { ca: root } : {};
+  const ca = { ...(root ? { ca: root } : {}), ...(clientCert ? { key: clientCert.key, cert: clientCert.cert } : {}) };
   if (!r) return ca;
   try {
     // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -174,6 +187,24 @@ const CA_METRICS = {
   latencyMs: ['istio_agent_outgoing_latency', `The latency of outgoing requests ${TO} in milliseconds.`],
   retries: ['istio_agent_num_outgoing_retries', `Number of outgoing retry requests ${TO}`],
 } as const;
+
+/**
+ * The JWT from its file. Without a client certificate an unreadable or empty file fails the call before the CA is
+ * asked; with one the call goes without a token, as Go's token provider sends none when the file is missing (a VM
+ * whose token is gone after a reboot renews with its certificate alone).
+ */
+async function readToken(file: string, haveClientCert: boolean): Promise<string | undefined> {
+  let token: string;
+  try {
+    // A regular file, read off the event loop and capped: a FIFO or device named here must not wedge the agent.
+    token = (await readNamedFile(file)).toString('utf8').trim();
+  } catch (e) {
+    if (haveClientCert) return undefined;
+    throw new AgentError('IO', `cannot read the CA token file ${file}: ${errorMessage(e)}`, e);
+  }
+  if (!token && !haveClientCert) throw new AgentError('BAD_INPUT', `the CA token file ${file} is empty`);
+  return token || undefined;
+}
 
 export class CaClient implements CertificateSigner {
   readonly calls = { requests: 0, failures: 0, latencyMs: 0, retries: 0 };
@@ -230,16 +261,10 @@ export class CaClient implements CertificateSigner {
       ...(o.certSigner ? { metadata: { CertSigner: o.certSigner } } : {}),
     };
     const metadata: Record<string, string> = { ...o.headers };
+    const clientCert = o.tls ? loadClientCert(o.clientCertDir ? provCertFiles(o.clientCertDir) : undefined) : undefined;
     if (o.tokenFile && (o.tls || isLocal(o.address))) {
-      let token: string;
-      try {
-        // A regular file, read off the event loop and capped: a FIFO or device named here must not wedge the agent.
-        token = (await readNamedFile(o.tokenFile)).toString('utf8').trim();
-      } catch (e) {
-        throw new AgentError('IO', `cannot read the CA token file ${o.tokenFile}: ${errorMessage(e)}`, e);
-      }
-      if (!token) throw new AgentError('BAD_INPUT', `the CA token file ${o.tokenFile} is empty`);
-      metadata.authorization = `Bearer ${token}`;
+      const token = await readToken(o.tokenFile, clientCert !== undefined);
+      if (token) metadata.authorization = `Bearer ${token}`;
     }
     // Its own connection, closed with the call: a pooled one could outlive a rotated root or a CA restart.
     let tlsOpts: { serverName: string; options: import('node:tls').ConnectionOptions } | undefined;
@@ -253,7 +278,7 @@ export class CaClient implements CertificateSigner {
         }
       }
       const { host } = splitHostPort(o.address);
-      tlsOpts = { serverName: o.serverName || host, options: caTlsOptions(o.compliancePolicy, root) };
+      tlsOpts = { serverName: o.serverName || host, options: caTlsOptions(o.compliancePolicy, root, clientCert) };
     }
     const where = `CA ${o.address}${o.tls ? ` (TLS, name ${o.serverName})` : ' (plaintext)'}`;
     let resp: CertificateResponse;

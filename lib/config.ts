@@ -113,7 +113,7 @@ export interface AgentConfig {
   /** PEER_METADATA_DISCOVERY when set. */
   metadataDiscovery: boolean | undefined;
   workloadIdentitySocketFile: string;
-  /** COMPLIANCE_POLICY (fips-140-2 adds a runtime flag). */
+  /** COMPLIANCE_POLICY (fips-140-2 adds a runtime flag; standalone: restricts the TLS the discovery server generates). */
   compliancePolicy: string;
   /** HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED. */
   stripFragmentFromPath: boolean;

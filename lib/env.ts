@@ -454,7 +454,7 @@ export const WORKLOAD_IDENTITY_SOCKET_FILE = str(
 export const COMPLIANCE_POLICY = str(
   'COMPLIANCE_POLICY',
   '',
-  "fips-140-2, fips-140-3 or pqc, as Istio: restricts the agent's own TLS (xDS and CA clients), sets GRPC_SSL_CIPHER_SUITES for Envoy (fips-*), and fips-140-2 limits Envoy's Google gRPC client to TLS 1.2",
+  "fips-140-2, fips-140-3 or pqc, as Istio: restricts the agent's own TLS (xDS and CA clients), sets GRPC_SSL_CIPHER_SUITES for Envoy (fips-*), fips-140-2 limits Envoy's Google gRPC client to TLS 1.2, and the embedded discovery server restricts the TLS it generates as istiod",
 );
 export const HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = bool(
   'HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED',

@@ -6,6 +6,9 @@
 // - ENABLE_PROBE_KEEPALIVE_CONNECTIONS (default false, kubelet's behaviour): every probe its own connection,
 //   `Connection: close` on HTTP/1.1 and an HTTP/2 connection used for one request; true: connections are kept per
 //   probe path and reused, idle ones closed after 90 s (Go's IdleConnTimeout), at most 2 idle (MaxIdleConnsPerHost).
+// A kept HTTP/2 connection from which nothing has been read for 30 s is sent a PING, and closed when the answer
+// does not come within 15 s (Go's ReadIdleTimeout and PingTimeout), so a peer that went away without a FIN (a
+// paused or partitioned app) costs one dropped connection, not probes that time out on it.
 // TLS is not verified (kubelet does not either); SNI is the URL's host when it is a name, none for an IP (as Go).
 // A request that fails on a reused connection before any answer is tried once more on a new one, as Go retries
 // an idempotent request whose kept connection the app had closed.
@@ -20,6 +23,8 @@ export interface ProbeClientOptions {
   keepAlive: boolean;
   /** Offer h2 by ALPN on HTTPS. */
   http2: boolean;
+  /** Kept HTTP/2 connections' health check; Go's 30 s and 15 s when unset. For tests: no variable sets it. */
+  h2Health?: { readIdleMs: number; pingTimeoutMs: number };
 }
 
 export interface ProbeRequest {
@@ -40,6 +45,15 @@ export interface ProbeResponse {
 }
 
 const IDLE_MS = 90_000;
+const H2_HEALTH = { readIdleMs: 30_000, pingTimeoutMs: 15_000 };
+
+/** What a kept HTTP/2 session's timer looks at. */
+interface SessionUse {
+  /** Last frame read (an answer's headers or data, a PING's ACK). */
+  lastRead: number;
+  /** Last request started or finished: idle for IDLE_MS, the connection is closed. */
+  lastUse: number;
+}
 
 /** The TLS handshake picked h2: the connection goes to an HTTP/2 session instead of the HTTP/1.1 agent. */
 class H2Negotiated extends Error {
@@ -93,6 +107,7 @@ class ProbeAgent extends http.Agent {
 export class ProbeClient {
   private readonly agent: ProbeAgent;
   private readonly sessions = new Map<string, http2.ClientHttp2Session>();
+  private readonly use = new WeakMap<http2.ClientHttp2Session, SessionUse>();
   private closed = false;
 
   constructor(private readonly o: ProbeClientOptions) {
@@ -186,7 +201,6 @@ export class ProbeClient {
     if (this.o.keepAlive && !this.closed) {
       this.sessions.get(key)?.destroy();
       this.sessions.set(key, s);
-      s.setTimeout(IDLE_MS, () => s.close());
       s.once('close', () => {
         if (this.sessions.get(key) === s) this.sessions.delete(key);
       });
@@ -194,8 +208,42 @@ export class ProbeClient {
         if (this.sessions.get(key) === s) this.sessions.delete(key);
       });
       s.unref();
+      this.watch(s);
     }
     return s;
+  }
+
+  /**
+   * One unref'd timer per kept session for both of its clocks: closed once unused for IDLE_MS (the session's own
+   * setTimeout would not do: the PINGs count as activity there), and a PING after readIdleMs without a frame read,
+   * the session destroyed when its ACK is not back within pingTimeoutMs.
+   */
+  private watch(s: http2.ClientHttp2Session): void {
+    const { readIdleMs, pingTimeoutMs } = this.o.h2Health ?? H2_HEALTH;
+    const u: SessionUse = { lastRead: Date.now(), lastUse: Date.now() };
+    this.use.set(s, u);
+    let timer: NodeJS.Timeout | undefined;
+    const arm = (ms: number) => (timer = setTimeout(check, Math.max(0, ms)).unref());
+    const check = () => {
+      if (s.closed || s.destroyed) return;
+      const now = Date.now();
+      if (now - u.lastUse >= IDLE_MS) return void s.close();
+      if (now - u.lastRead < readIdleMs)
+        return arm(Math.min(readIdleMs - (now - u.lastRead), IDLE_MS - (now - u.lastUse)));
+      timer = setTimeout(
+        () => s.destroy(new Error(`no answer to an HTTP/2 PING within ${pingTimeoutMs} ms`)),
+        pingTimeoutMs,
+      ).unref();
+      const sent = s.ping((err) => {
+        clearTimeout(timer);
+        if (err) return void s.destroy();
+        u.lastRead = Date.now();
+        arm(0);
+      });
+      if (!sent) s.destroy();
+    };
+    arm(readIdleMs);
+    s.once('close', () => clearTimeout(timer));
   }
 
   private h2Get(s: http2.ClientHttp2Session, r: ProbeRequest): Promise<ProbeResponse> {
@@ -214,6 +262,11 @@ export class ProbeClient {
       const prev = headers[key];
       headers[key] = prev === undefined ? v : ([] as string[]).concat(prev as string | string[], v);
     }
+    const u = this.use.get(s);
+    const read = () => {
+      if (u) u.lastRead = u.lastUse = Date.now();
+    };
+    if (u) u.lastUse = Date.now();
     const done = () => {
       // Go's single-use connection: one request, then closed.
       if (!this.o.keepAlive) s.destroy();
@@ -241,11 +294,13 @@ export class ProbeClient {
         resolve({ status, location, body, protocol: 'h2' });
       };
       stream.on('response', (h) => {
+        read();
         status = Number(h[':status'] ?? 0);
         const loc = h.location;
         location = Array.isArray(loc) ? loc[0] : loc;
       });
       stream.on('data', (c: Buffer) => {
+        read();
         chunks.push(c);
         size += c.length;
         if (size >= r.maxBody) finish(true);

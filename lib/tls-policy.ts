@@ -1,8 +1,9 @@
 // COMPLIANCE_POLICY as Istio applies it on the agent's side (pkg/features/security.go, pkg/model/fips.go,
 // pkg/envoy/proxy.go): the agent's own TLS clients (xDS upstream and CA, Go's getTLSDialOption ->
 // EnforceGoCompliance) get the policy's versions, TLS 1.2 cipher suites and curves, and Envoy's environment gets
-// GRPC_SSL_CIPHER_SUITES for its Google gRPC client under the FIPS policies. Envoy's own listeners and clusters are
-// istiod's to restrict (EnforceCompliance on the xDS it generates); fips-140-2's runtime flag is in lib/bootstrap.ts.
+// GRPC_SSL_CIPHER_SUITES for its Google gRPC client under the FIPS policies; fips-140-2's runtime flag is in
+// lib/bootstrap.ts. Envoy's listeners and clusters are the control plane's to restrict: envoyCompliance() is what
+// istiod's EnforceCompliance does to the TLS parameters it generates, for the embedded discovery server.
 // An unknown policy is warned about and ignored, as Go does. node:tls and gRPC load only in tlsCredentials(): the
 // supervisor imports envoyEnvironment() before Envoy's spawn, when neither is loaded yet.
 
@@ -25,6 +26,7 @@ export const FIPS_TLS12_CIPHERS = [
   'ECDHE-RSA-AES256-GCM-SHA384',
 ].join(':');
 const TLS13_AES_GCM = 'TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384';
+const FIPS_CIPHER_LIST = FIPS_TLS12_CIPHERS.split(':');
 
 export interface TlsRestriction {
   minVersion: tls.SecureVersion;
@@ -56,10 +58,53 @@ export function tlsRestriction(policy: string | undefined): TlsRestriction | und
     case PQC:
       return { minVersion: 'TLSv1.3', maxVersion: 'TLSv1.3', ciphers: TLS13_AES_GCM, ecdhCurve: 'X25519MLKEM768' };
     default:
-      if (!warned.has(policy!)) {
-        log.warn(`unknown compliance policy: "${policy}" (COMPLIANCE_POLICY); TLS is not restricted`);
-      }
-      warned.add(policy!);
+      warnUnknown(policy!);
+      return undefined;
+  }
+}
+
+function warnUnknown(policy: string): void {
+  if (!warned.has(policy))
+    log.warn(`unknown compliance policy: "${policy}" (COMPLIANCE_POLICY); TLS is not restricted`);
+  warned.add(policy);
+}
+
+/** Envoy's TlsParameters, as the discovery server writes them (snake_case, enum names). */
+export type EnvoyTlsParams = Record<string, unknown>;
+
+/**
+ * What istiod's EnforceCompliance (pkg/model/fips.go) makes of the TlsParameters of a TLS context it generates,
+ * or undefined when the policy restricts nothing (unset, or unknown: warned once). fips-140-2: TLS 1.2 only, cipher
+ * suites (where set) filtered to the four ECDHE AES-GCM ones, ecdh_curves cleared (Envoy's default; a FIPS build of
+ * Envoy then offers only FIPS suites and P-256); fips-140-3: Envoy's FIPS_202205 compliance policy added; pqc: at
+ * least TLS 1.3, the four suites, X25519MLKEM768.
+ */
+export function envoyCompliance(policy: string | undefined): ((params: EnvoyTlsParams) => EnvoyTlsParams) | undefined {
+  switch (policy ?? '') {
+    case '':
+      return undefined;
+    case FIPS_140_2:
+      return (params) => {
+        const { ecdh_curves: _, cipher_suites: suites, ...rest } = params;
+        const kept = ((suites as string[] | undefined) ?? []).filter((c) => FIPS_CIPHER_LIST.includes(c));
+        return {
+          ...rest,
+          tls_minimum_protocol_version: 'TLSv1_2',
+          tls_maximum_protocol_version: 'TLSv1_2',
+          ...(kept.length && { cipher_suites: kept }),
+        };
+      };
+    case FIPS_140_3:
+      return (params) => ({ ...params, compliance_policies: ['FIPS_202205'] });
+    case PQC:
+      return (params) => ({
+        ...params,
+        tls_minimum_protocol_version: 'TLSv1_3',
+        cipher_suites: FIPS_CIPHER_LIST,
+        ecdh_curves: ['X25519MLKEM768'],
+      });
+    default:
+      warnUnknown(policy!);
       return undefined;
   }
 }

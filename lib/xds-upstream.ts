@@ -7,8 +7,8 @@
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
-import { X509Certificate } from 'node:crypto';
 import type * as grpc from '@grpc/grpc-js';
+import { type ClientCertFiles, loadClientCert, provCertFiles } from './client-cert';
 import { ISTIOD_ROOT_CA, MOUNTED_ROOT_CA as DEFAULT_ROOT_CA } from './cert-provider';
 import type { AgentConfig } from './config';
 import * as envs from './env';
@@ -161,23 +161,9 @@ function rootCa(o: UpstreamOptions): Buffer | null {
   return pem;
 }
 
-function clientCert(o: UpstreamOptions): { key: Buffer; cert: Buffer } | undefined {
-  const files = o.clientCertDir
-    ? { cert: path.join(o.clientCertDir, 'cert-chain.pem'), key: path.join(o.clientCertDir, 'key.pem') }
-    : o.clientCertFile && o.clientKeyFile
-      ? { cert: o.clientCertFile, key: o.clientKeyFile }
-      : undefined;
-  if (!files) return undefined;
-  const cert = readIfExists(files.cert);
-  const key = readIfExists(files.key);
-  if (!cert || !key) return undefined;
-  try {
-    // An expired provisioning cert would fail the handshake; the token alone may still be accepted.
-    if (Date.parse(new X509Certificate(cert).validTo) < Date.now()) return undefined;
-  } catch {
-    return undefined;
-  }
-  return { key, cert };
+function clientCertFiles(o: UpstreamOptions): ClientCertFiles | undefined {
+  if (o.clientCertDir) return provCertFiles(o.clientCertDir);
+  return o.clientCertFile && o.clientKeyFile ? { cert: o.clientCertFile, key: o.clientKeyFile } : undefined;
 }
 
 export interface UpstreamListener {
@@ -249,7 +235,7 @@ export function openUpstream(
   const md = upstreamMetadata(o);
   let creds: grpc.ChannelCredentials;
   if (o.tls) {
-    const cc = clientCert(o);
+    const cc = loadClientCert(clientCertFiles(o));
     creds = tlsCredentials(o.compliancePolicy, rootCa(o), cc?.key ?? null, cc?.cert ?? null);
     const { host } = splitHostPort(o.address);
     if (o.serverName && o.serverName !== host && !net.isIP(o.serverName))

@@ -62,6 +62,12 @@ if (!wasmNs.get('FailurePolicy')) {
   wasmNs.add(new protobuf.Enum('FailurePolicy', { UNSPECIFIED: 0, FAIL_RELOAD: 1, FAIL_CLOSED: 2, FAIL_OPEN: 3 }));
   (wasmNs.get('PluginConfig') as protobuf.Type).add(new protobuf.Field('failure_policy', 7, 'FailurePolicy'));
 }
+// Nor TlsParameters.compliance_policies (field 6, Envoy 1.32), which istiod sets under COMPLIANCE_POLICY=fips-140-3.
+const tlsParams = root.lookupType('envoy.extensions.transport_sockets.tls.v3.TlsParameters');
+if (!tlsParams.get('compliance_policies')) {
+  tlsParams.add(new protobuf.Enum('CompliancePolicy', { FIPS_202205: 0 }));
+  tlsParams.add(new protobuf.Field('compliance_policies', 6, 'CompliancePolicy', 'repeated'));
+}
 root.resolveAll();
 const out = path.resolve(__dirname, '..', 'proto', 'envoy.json');
 fs.writeFileSync(out, JSON.stringify(root.toJSON()));

@@ -2,7 +2,9 @@
 // - ISTIO_ENABLE_HTTP2_PROBING (default on): HTTPS probes offer ALPN h2,http/1.1 and speak HTTP/2 to an app that
 //   picks it; off: no ALPN, HTTP/1.1 only. Plain HTTP stays HTTP/1.1 (no h2c).
 // - ENABLE_PROBE_KEEPALIVE_CONNECTIONS (default off): a new connection per probe (`Connection: close`, an HTTP/2
-//   connection for one request); on: one kept connection per probe path.
+//   connection for one request); on: one kept connection per probe path; a kept HTTP/2 one is PINGed when nothing
+//   was read from it for a while (Go's ReadIdleTimeout 30 s, PingTimeout 15 s; shortened here) and dropped when the
+//   peer stops answering.
 // Real apps: an h2-only TLS server (node:http2, allowHTTP1 false), an HTTP/1.1-only TLS server, a plain HTTP one and
 // an h2c-only one; connections are counted on the servers' side.
 
@@ -19,7 +21,7 @@ import * as assert from 'uvu/assert';
 import { AppProbes, appProbeConnections, parseAppProbers } from '../lib/app-probe';
 import { AgentError } from '../lib/errors';
 import { configureLogging, resetLogging } from '../lib/log';
-import { tempDir, type TempDir } from './helpers/harness';
+import { tempDir, type TempDir, waitFor } from './helpers/harness';
 
 interface Seen {
   version: string;
@@ -41,6 +43,8 @@ interface Apps {
   /** ALPN lists the HTTP/1.1-only server was offered, one per TLS connection that offered any. */
   offered: string[][];
   h2Sessions: Set<http2.ServerHttp2Session>;
+  /** PINGs the h2-only app received. */
+  h2Pings: { n: number };
 }
 
 const STATUS_PORT = 15020;
@@ -65,6 +69,7 @@ async function startApps(dir: TempDir): Promise<Apps> {
   const connections = { h2: 0, h1: 0, plain: 0 };
   const offered: string[][] = [];
   const h2Sessions = new Set<http2.ServerHttp2Session>();
+  const h2Pings = { n: 0 };
   const h1Handler = (into: Seen[]) => (req: http.IncomingMessage, res: http.ServerResponse) => {
     const p = new URL(req.url ?? '/', 'http://x').pathname;
     into.push({ version: req.httpVersion, authority: req.headers.host, connection: req.headers.connection, userAgent: req.headers['user-agent'], remote: req.socket.remoteAddress, path: p });
@@ -82,6 +87,7 @@ async function startApps(dir: TempDir): Promise<Apps> {
   h2.on('session', (s) => {
     h2Sessions.add(s);
     s.on('close', () => h2Sessions.delete(s));
+    s.on('ping', () => h2Pings.n++);
   });
   const h1 = https.createServer({
     ...tlsFiles,
@@ -96,7 +102,7 @@ async function startApps(dir: TempDir): Promise<Apps> {
   plain.on('connection', () => connections.plain++);
   const h2c = http2.createServer(h2Handler(seen.h2c));
   const ports = { h2: await listen(h2), h1: await listen(h1), plain: await listen(plain), h2c: await listen(h2c) };
-  return { h2, h1, plain, h2c, ports, seen, connections, offered, h2Sessions };
+  return { h2, h1, plain, h2c, ports, seen, connections, offered, h2Sessions, h2Pings };
 }
 
 function probers(ports: Apps['ports']): string {
@@ -267,6 +273,78 @@ test('keepalive on: a kept connection the app closed unannounced (no FIN seen ye
     const r = await probe('/app-health/plain/readyz');
     assert.is(r.status, 200, r.body);
   });
+});
+
+/** A TCP relay to `port` whose connections can be frozen: nothing goes either way, and what the client sends is
+ * swallowed, so its close is still seen (a peer that went away without a FIN, as a paused or partitioned app). */
+async function relay(port: number): Promise<{ port: number; opened: number; closedByClient: number; freeze(): void; close(): Promise<void> }> {
+  const pairs = new Set<[net.Socket, net.Socket]>();
+  const r = {
+    port: 0, opened: 0, closedByClient: 0,
+    freeze() {
+      for (const [c, up] of pairs) {
+        c.unpipe(up);
+        up.unpipe(c);
+        up.destroy();
+        c.on('data', () => undefined).resume();
+      }
+    },
+    async close() {
+      for (const [c, up] of pairs) (c.destroy(), up.destroy());
+      await new Promise<void>((res) => srv.close(() => res()));
+    },
+  };
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const netMod = require('node:net') as typeof net;
+  const srv = netMod.createServer((c) => {
+    r.opened++;
+    const up = netMod.connect(port, '127.0.0.1');
+    const pair: [net.Socket, net.Socket] = [c, up];
+    pairs.add(pair);
+    c.pipe(up);
+    up.pipe(c);
+    c.on('error', () => undefined);
+    up.on('error', () => undefined);
+    c.on('close', () => (r.closedByClient++, pairs.delete(pair), up.destroy()));
+  });
+  r.port = await listen(srv);
+  return r;
+}
+
+test('keepalive on: a kept HTTP/2 connection is PINGed when idle; one whose peer stops answering is dropped and the next probe opens a new one', async () => {
+  const rl = await relay(apps.ports.h2);
+  const e = {
+    ISTIO_KUBE_APP_PROBERS: JSON.stringify({ '/app-health/relayed/readyz': { httpGet: { path: '/ok', port: rl.port, scheme: 'HTTPS' }, timeoutSeconds: 2 } }),
+    ENABLE_PROBE_KEEPALIVE_CONNECTIONS: 'true',
+  };
+  // Go's 30 s / 15 s, shortened through the options (no variable sets them).
+  const connections = { ...appProbeConnections(e), h2Health: { readIdleMs: 150, pingTimeoutMs: 300 } };
+  const probes = new AppProbes({ probers: parseAppProbers(e), destination: '127.0.0.1', connections, statusPort: STATUS_PORT });
+  await probes.start();
+  const probe = async () => {
+    const req = { url: '/app-health/relayed/readyz', headers: { host: `10.1.2.3:${STATUS_PORT}` }, rawHeaders: ['Host', `10.1.2.3:${STATUS_PORT}`] };
+    const r = await probes.handle(req as unknown as http.IncomingMessage);
+    return { status: r.status, body: String(r.body ?? '') };
+  };
+  try {
+    assert.is((await probe()).status, 200);
+    const pings0 = apps.h2Pings.n;
+    // Idle but answering: PINGed, and kept.
+    await waitFor('PINGs on the idle kept connection', () => apps.h2Pings.n - pings0 >= 2, 3000);
+    assert.is((await probe()).status, 200);
+    assert.equal([rl.opened, rl.closedByClient], [1, 0], 'one connection, kept through the PINGs');
+
+    rl.freeze();
+    await waitFor('the prober to drop the connection whose PING went unanswered', () => rl.closedByClient === 1, 3000);
+    const t0 = Date.now();
+    const r = await probe();
+    assert.is(r.status, 200, r.body);
+    assert.ok(Date.now() - t0 < 1500, 'answered on a new connection, not after timing out on the dead one');
+    assert.is(rl.opened, 2);
+  } finally {
+    await probes.close();
+    await rl.close();
+  }
 });
 
 test.run();

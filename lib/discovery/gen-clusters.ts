@@ -5,7 +5,7 @@
 
 import { packAny } from '../envoy-protos';
 import { clusterLbFields, effectivePolicy } from './gen-lb-policy';
-import { originates, originationFields } from './gen-upstream-tls';
+import { ISTIOD_UPSTREAM_TLS_PARAMS, originates, originationFields } from './gen-upstream-tls';
 import { SDS_SOURCE } from './gen-secrets';
 import { BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER } from './gen-common';
 import {
@@ -186,6 +186,7 @@ function mtlsInputs(instances: readonly ServiceInstance[]): string {
  * endpoints declare (any trust domain: the root already pins it), else only the root.
  */
 function istioMutual(
+  push: PushContext,
   c: ClusterSpec,
   instances: readonly ServiceInstance[],
   sans: readonly string[],
@@ -204,11 +205,14 @@ function istioMutual(
           matcher: { safe_regex: { regex: `^spiffe://[^/]+/ns/${escape(ns)}/sa/${escape(sa)}$` } },
         };
       });
+  const params = push.tlsCompliance?.({ ...ISTIOD_UPSTREAM_TLS_PARAMS });
   return {
     name: 'envoy.transport_sockets.tls',
     typed_config: packAny(UPSTREAM_TLS, {
       sni: sni ?? `outbound_.${c.port.number}_.${c.subset?.name ?? ''}_.${c.service.hostname}`,
       common_tls_context: {
+        // COMPLIANCE_POLICY: istiod's upstream default (TLS 1.2-1.3) as its EnforceCompliance restricts it.
+        ...(params && { tls_params: params }),
         alpn_protocols: ['istio-peer-exchange', 'istio'],
         tls_certificate_sds_secret_configs: [{ name: 'default', sds_config: SDS_SOURCE }],
         combined_validation_context: {
@@ -223,7 +227,7 @@ function istioMutual(
 function transportSocket(push: PushContext, c: ClusterSpec, policy: TrafficPolicy): Record<string, unknown> {
   const instances = selectInstances(push, c);
   if (policy.tls?.mode === 'ISTIO_MUTUAL')
-    return { transport_socket: istioMutual(c, instances, policy.tls.subjectAltNames, policy.tls.sni) };
+    return { transport_socket: istioMutual(push, c, instances, policy.tls.subjectAltNames, policy.tls.sni) };
   if (policy.tls?.mode === 'DISABLE' || c.service.location !== 'MESH_INTERNAL') return {};
   // Auto-mTLS, as Istio: with no TLS setting, endpoints labelled as having a sidecar get mTLS, the rest plaintext.
   if (!instances.some((i) => i.labels[TLS_MODE_LABEL] === 'istio')) return {};
@@ -232,7 +236,7 @@ function transportSocket(push: PushContext, c: ClusterSpec, policy: TrafficPolic
       {
         name: 'tlsMode-istio',
         match: { fields: { tlsMode: str('istio') } },
-        transport_socket: istioMutual(c, instances, []),
+        transport_socket: istioMutual(push, c, instances, []),
       },
       {
         name: 'tlsMode-disabled',
@@ -252,7 +256,13 @@ function clusterObject(
   const policy = effectivePolicy(dr?.spec.trafficPolicy, c.subset?.trafficPolicy, c.port.number);
   // TLS origination (DestinationRule tls SIMPLE/MUTUAL): ./gen-upstream-tls.ts.
   const origination = originates(policy.tls)
-    ? originationFields(policy.tls, router, c.port.protocol === 'HTTP2' || c.port.protocol === 'GRPC', SDS_SOURCE)
+    ? originationFields(
+        policy.tls,
+        router,
+        c.port.protocol === 'HTTP2' || c.port.protocol === 'GRPC',
+        SDS_SOURCE,
+        push.tlsCompliance,
+      )
     : undefined;
   const tcp = policy.connectionPool?.tcp;
   const http = policy.connectionPool?.http;

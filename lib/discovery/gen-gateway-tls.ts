@@ -12,6 +12,7 @@
 // (`file-cert:<cert>~<key>`, `file-root:<ca>`, and `default`/`ROOTCA` for ISTIO_MUTUAL) through `sds-grpc`.
 
 import { packAny } from '../envoy-protos';
+import type { EnvoyTlsParams } from '../tls-policy';
 import { gatewayServerRouteName, hcmFilter, isPlainHttp, terminatesHttps } from './gen-common';
 import { serverHostAccepts } from './gateway-hosts';
 import { credentialCaResource, credentialResource, SDS_SOURCE } from './gen-secrets';
@@ -114,7 +115,7 @@ function tlsChains(
         tracing,
         wasm?.http('gateway', server.port.number),
       );
-      const chain: Chain = { transport_socket: downstreamTls(tls!, false), filters: [hcm] };
+      const chain: Chain = { transport_socket: downstreamTls(tls!, false, push.tlsCompliance), filters: [hcm] };
       if (match) chain.filter_chain_match = match;
       chains.push(chain);
     } else if (!tls || tls.mode !== 'PASSTHROUGH') {
@@ -125,7 +126,7 @@ function tlsChains(
         filters: [...(wasm?.network('gateway', server.port.number) ?? []), tcpProxy(push, route.vs, route.dests)],
       };
       if (tls) {
-        chain.transport_socket = downstreamTls(tls, true);
+        chain.transport_socket = downstreamTls(tls, true, push.tlsCompliance);
         if (match) chain.filter_chain_match = match;
       }
       chains.push(chain);
@@ -219,7 +220,11 @@ const ENVOY_VERSION: Record<TlsVersion, string> = {
 };
 
 /** istiod's BuildListenerTLSContext for one Gateway server. `tcp`: a TLS (not HTTPS) server terminating here. */
-export function downstreamTls(tls: ServerTls, tcp: boolean): Record<string, unknown> {
+export function downstreamTls(
+  tls: ServerTls,
+  tcp: boolean,
+  compliance?: (params: EnvoyTlsParams) => EnvoyTlsParams,
+): Record<string, unknown> {
   const mutual = tls.mode === 'MUTUAL' || tls.mode === 'ISTIO_MUTUAL';
   const sans = tls.subjectAltNames.map((s) => ({ exact: s }));
   const common: Record<string, unknown> = {
@@ -261,6 +266,8 @@ export function downstreamTls(tls: ServerTls, tcp: boolean): Record<string, unkn
     if (tls.cipherSuites.length) params.cipher_suites = tls.cipherSuites;
     if (Object.keys(params).length) common.tls_params = params;
   }
+  // COMPLIANCE_POLICY, last as in istiod's BuildListenerTLSContext: over the server's own settings too.
+  if (compliance) common.tls_params = compliance((common.tls_params as EnvoyTlsParams | undefined) ?? {});
   return {
     name: 'envoy.transport_sockets.tls',
     typed_config: packAny(DOWNSTREAM_TLS, {

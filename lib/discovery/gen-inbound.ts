@@ -4,6 +4,9 @@
 // forwards to the app on 127.0.0.1:<port> (cluster `inbound|<port>||`). PeerAuthentication decides the mode:
 // STRICT accepts only mTLS; PERMISSIVE (the default) also plaintext, told apart by the TLS inspector; DISABLE
 // only plaintext. The caller's identity reaches the app in x-forwarded-client-cert (APPEND_FORWARD, as istiod).
+// Under COMPLIANCE_POLICY the mTLS context gets istiod's TLS parameters (pilot/pkg/security/authn/utils
+// BuildInboundTLS: its SupportedCiphers, TLS 1.2-1.3) as its EnforceCompliance restricts them; without, none
+// (Envoy's defaults).
 
 import { packAny } from '../envoy-protos';
 import { isHttp, type ServiceInstance } from './model';
@@ -23,6 +26,24 @@ const TLS_INSPECTOR = 'envoy.extensions.filters.listener.tls_inspector.v3.TlsIns
 export const APP_BIND = '127.0.0.1';
 
 export const inboundClusterName = (port: number) => `inbound|${port}||`;
+
+/** istiod's SupportedCiphers for inbound mesh mTLS, in its order. */
+const ISTIOD_INBOUND_CIPHERS = [
+  'ECDHE-ECDSA-AES256-GCM-SHA384',
+  'ECDHE-RSA-AES256-GCM-SHA384',
+  'ECDHE-ECDSA-AES128-GCM-SHA256',
+  'ECDHE-RSA-AES128-GCM-SHA256',
+  'AES256-GCM-SHA384',
+  'AES128-GCM-SHA256',
+];
+
+function inboundTlsParams(push: PushContext): Record<string, unknown> | undefined {
+  return push.tlsCompliance?.({
+    cipher_suites: ISTIOD_INBOUND_CIPHERS,
+    tls_minimum_protocol_version: 'TLSv1_2',
+    tls_maximum_protocol_version: 'TLSv1_3',
+  });
+}
 
 /** One entry per workload port of this proxy (the first instance wins a port two services share). */
 function ownPorts(push: PushContext, proxy: Proxy): ServiceInstance[] {
@@ -77,7 +98,7 @@ export function inboundListeners(push: PushContext, proxy: Proxy): Resource[] {
           mode === 'PERMISSIVE'
             ? [{ name: 'envoy.filters.listener.tls_inspector', typed_config: packAny(TLS_INSPECTOR, {}) }]
             : [],
-        filter_chains: portChains(i, mode, hcmTracing(push, proxy, 'inbound'), wasm),
+        filter_chains: portChains(i, mode, hcmTracing(push, proxy, 'inbound'), wasm, inboundTlsParams(push)),
       });
     }),
   );
@@ -88,8 +109,9 @@ export function inboundCaptureChains(push: PushContext, proxy: Proxy): Record<st
   const mode = push.peerAuthenticationMode(proxy);
   const tracing = hcmTracing(push, proxy, 'inbound');
   const wasm = proxyWasm(push, proxy);
+  const params = inboundTlsParams(push);
   return ownPorts(push, proxy).flatMap((i) =>
-    portChains(i, mode, tracing, wasm).map((c) => ({
+    portChains(i, mode, tracing, wasm, params).map((c) => ({
       ...c,
       name: `${inboundClusterName(i.port)}${c.transport_socket ? 'mtls' : ''}`,
       filter_chain_match: { destination_port: { value: i.port }, ...(c.filter_chain_match as object | undefined) },
@@ -103,11 +125,12 @@ function portChains(
   mode: string,
   tracing: Record<string, unknown> | undefined,
   wasm: ProxyWasm,
+  tlsParams: Record<string, unknown> | undefined,
 ): Record<string, unknown>[] {
   const filters = isHttp(i.servicePort.protocol)
     ? [filter(i, tracing, wasm)]
     : [...wasm.network('inbound', i.port), filter(i, tracing, wasm)];
-  const mtls = { filters, transport_socket: downstreamTls() };
+  const mtls = { filters, transport_socket: downstreamTls(tlsParams) };
   if (mode === 'STRICT') return [mtls];
   if (mode === 'DISABLE') return [{ filters }];
   return [{ ...mtls, filter_chain_match: { transport_protocol: 'tls' } }, { filters }];
@@ -156,12 +179,13 @@ function filter(
   };
 }
 
-function downstreamTls(): Record<string, unknown> {
+function downstreamTls(tlsParams: Record<string, unknown> | undefined): Record<string, unknown> {
   return {
     name: 'envoy.transport_sockets.tls',
     typed_config: packAny(DOWNSTREAM_TLS, {
       require_client_certificate: { value: true },
       common_tls_context: {
+        ...(tlsParams && { tls_params: tlsParams }),
         tls_certificate_sds_secret_configs: [{ name: 'default', sds_config: SDS_SOURCE }],
         combined_validation_context: {
           // Any workload of the mesh (the root pins the trust domain); authorization is not this server's job.

@@ -7,8 +7,10 @@
 //   when none is given, as VERIFY_CERTIFICATE_AT_CLIENT does), from the agent's SDS through `sds-grpc`;
 // - insecureSkipVerify: no validation context at all;
 // - no `sni`: auto_sni (the request's Host), and auto_san_validation when no subjectAltNames are given.
+// - COMPLIANCE_POLICY: the TLS parameters restricted as istiod's EnforceCompliance does (../tls-policy.ts).
 
 import { packAny } from '../envoy-protos';
+import type { EnvoyTlsParams } from '../tls-policy';
 import { credentialCaResource, credentialResource } from './gen-secrets';
 import type { ClientTls } from './model';
 import { ADS_SOURCE } from './resources';
@@ -22,6 +24,12 @@ export interface OriginationFields {
   httpOptions?: Record<string, unknown>;
 }
 
+/** istiod's defaultUpstreamCommonTLSContext parameters. */
+export const ISTIOD_UPSTREAM_TLS_PARAMS: Readonly<EnvoyTlsParams> = Object.freeze({
+  tls_minimum_protocol_version: 'TLSv1_2',
+  tls_maximum_protocol_version: 'TLSv1_3',
+});
+
 export const originates = (tls: ClientTls | undefined): tls is ClientTls =>
   tls?.mode === 'SIMPLE' || tls?.mode === 'MUTUAL';
 
@@ -30,14 +38,14 @@ export function originationFields(
   router: boolean,
   h2: boolean,
   sdsSource: Readonly<Record<string, unknown>>,
+  compliance?: (params: EnvoyTlsParams) => EnvoyTlsParams,
 ): OriginationFields {
   if (tls.credentialName !== undefined && !router) return {};
   const mutual = tls.mode === 'MUTUAL';
   const skip = tls.insecureSkipVerify === true;
   const sans = tls.subjectAltNames.map((s) => ({ exact: s }));
-  const common: Record<string, unknown> = {
-    tls_params: { tls_minimum_protocol_version: 'TLSv1_2', tls_maximum_protocol_version: 'TLSv1_3' },
-  };
+  const params = { ...ISTIOD_UPSTREAM_TLS_PARAMS };
+  const common: Record<string, unknown> = { tls_params: compliance ? compliance(params) : params };
   if (tls.credentialName !== undefined) {
     if (mutual)
       common.tls_certificate_sds_secret_configs = [

@@ -11,6 +11,7 @@ import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
 import { parseJsonOrYaml } from '../json-or-yaml';
 import {
+  COMPLIANCE_POLICY,
   DISCOVERY_MAX_DOCUMENTS,
   DISCOVERY_MAX_FILE_BYTES,
   PILOT_DEBOUNCE_AFTER,
@@ -60,6 +61,8 @@ export interface DiscoveryOptions {
   trustDomain?: string;
   /** `proxy --standalone`: the identity of the agent this server runs in. It connects with `inProcessToken`. */
   inProcess?: Identity;
+  /** COMPLIANCE_POLICY: the TLS contexts generated for Envoy are restricted as istiod restricts them. */
+  compliancePolicy?: string;
 }
 
 /** The file limits from the environment (DISCOVERY_MAX_FILE_BYTES, DISCOVERY_MAX_DOCUMENTS). */
@@ -123,6 +126,7 @@ export class DiscoveryServer implements Component {
     });
     this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, {
       servePrivateKeys: isLocalAddress(o.listen),
+      compliancePolicy: o.compliancePolicy,
     });
     this.auth = new XdsAuthenticator({ ...(o.inProcess && { inProcess: o.inProcess }) });
     this.ads = new AdsServer({
@@ -327,6 +331,7 @@ export class DiscoveryServer implements Component {
   private async buildPushContext(): Promise<PushContext> {
     const push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, {
       servePrivateKeys: isLocalAddress(this.o.listen),
+      compliancePolicy: this.o.compliancePolicy,
     });
     let sliceStart = performance.now();
     const breathe = async () => {
@@ -387,6 +392,7 @@ export async function runDiscoveryCommand(
       debounceMs: PILOT_DEBOUNCE_AFTER.get(env),
       maxDelayMs: PILOT_DEBOUNCE_MAX.get(env),
       ...fileLimitsFromEnv(env),
+      compliancePolicy: COMPLIANCE_POLICY.get(env) || undefined,
     });
     await server.start();
   } catch (e) {

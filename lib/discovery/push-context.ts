@@ -25,6 +25,7 @@ import { usesSourceLabels } from './source-match';
 import type { Proxy } from './proxy';
 import type { ServiceDiscovery } from './registry';
 import { ResourceCache } from './resources';
+import { envoyCompliance, type EnvoyTlsParams } from '../tls-policy';
 
 /** What one proxy sees: the services exported to its namespace and admitted by its Sidecar. Proxies with the
  * same key see the same, so resources are generated once per key. */
@@ -57,6 +58,11 @@ export class PushContext {
   readonly wasmPlugins: readonly Config<WasmPluginSpec>[];
   /** Are Secrets' private keys sent to routers? Not over a plaintext connection that leaves the host. */
   readonly servePrivateKeys: boolean;
+  /**
+   * COMPLIANCE_POLICY's restriction of the TLS parameters of every mesh mTLS, origination and gateway TLS context
+   * (istiod's EnforceCompliance, ../tls-policy.ts); undefined: none.
+   */
+  readonly tlsCompliance: ((params: EnvoyTlsParams) => EnvoyTlsParams) | undefined;
   /** Does any DestinationRule originate TLS with a credentialName? */
   private readonly credentialDrs: boolean;
   /** Some VirtualService route matches sourceLabels: routes then depend on the proxy's labels. */
@@ -79,8 +85,10 @@ export class PushContext {
       secrets?: Config<SecretSpec>[];
       wasmPlugins?: Config<WasmPluginSpec>[];
       servePrivateKeys?: boolean;
+      compliancePolicy?: string;
     },
   ) {
+    this.tlsCompliance = envoyCompliance(parts.compliancePolicy);
     this.wasmPlugins = Object.freeze(sortByKey(parts.wasmPlugins ?? []));
     this.peerAuthentications = Object.freeze(sortByKey(parts.pas));
     this.secrets = Object.freeze(sortByKey(parts.secrets ?? []));
@@ -155,7 +163,7 @@ export class PushContext {
     registry: ServiceDiscovery,
     cache = new ResourceCache(),
     mesh: MeshConfig = DEFAULT_MESH,
-    opts: { servePrivateKeys?: boolean } = {},
+    opts: { servePrivateKeys?: boolean; compliancePolicy?: string } = {},
   ): PushContext {
     const services = registry.services();
     const instances = new Map<string, readonly ServiceInstance[]>();
@@ -173,6 +181,7 @@ export class PushContext {
       secrets: store.list('Secret') as Config<SecretSpec>[],
       wasmPlugins: store.list('WasmPlugin') as Config<WasmPluginSpec>[],
       servePrivateKeys: opts.servePrivateKeys,
+      compliancePolicy: opts.compliancePolicy,
     });
   }
 

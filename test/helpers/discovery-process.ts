@@ -17,10 +17,14 @@ export interface DiscoveryProcess {
   stop(): Promise<void>;
 }
 
-/** `netns`: inside that namespace (the pid is still the server's: ip execs it). */
-export function startDiscoveryProcess(configDir: string, addr: string, opts: { netns?: Netns; cwd?: string } = {}): DiscoveryProcess {
+/** `netns`: inside that namespace (the pid is still the server's: ip execs it); `env`: added to the test's environment. */
+export function startDiscoveryProcess(
+  configDir: string,
+  addr: string,
+  opts: { netns?: Netns; cwd?: string; env?: Record<string, string> } = {},
+): DiscoveryProcess {
   const args = ['discovery', '--config-dir', configDir, '--grpc-addr', addr];
-  const o: SpawnOptions = { cwd: opts.cwd, stdio: ['ignore', 'pipe', 'pipe'] };
+  const o: SpawnOptions = { cwd: opts.cwd, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...opts.env } };
   const proc = opts.netns ? opts.netns.spawn(agentBin(), args, o) : spawn(agentBin(), args, o);
   let out = '';
   proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
