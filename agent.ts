@@ -458,6 +458,23 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
   const signals = stopSignals();
   try {
     if (envs.DISABLE_ENVOY.get(env)) return await proxylessCommand(flags, env, signals, startedAt);
+    // A sidecar that will ask a CA starts its workload key before anything else, on the thread pool (an RSA key is
+    // 70-250 ms of it), so it is made while the settings are read and Envoy starts. Its algorithm comes from the
+    // process's environment; proxyMetadata rarely changes it, and if it does, the key is made again below.
+    if (!flags.standalone && !envs.FILE_MOUNTED_CERTS.get(env)) {
+      const csr = await import('./lib/csr');
+      try {
+        csr.pregenerateKey(
+          csr.keyAlgorithm(
+            envs.ECC_SIGNATURE_ALGORITHM.get(env),
+            envs.WORKLOAD_RSA_KEY_SIZE.get(env),
+            envs.ECC_CURVE.get(env),
+          ),
+        );
+      } catch {
+        // a bad setting is reported, with its name, by the checks below
+      }
+    }
     const resolved = await startupChecks(flags, env);
     const { cfg } = resolved;
     // proxyMetadata entries act as environment variables for the agent, as in Istio.
@@ -525,8 +542,14 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       : await workloadIdentity(cfg, agentEnv, undefined, { sdsServedElsewhere, sdsUnavailable });
     await early?.cache.start();
     // The bundle's dynamic imports resolve as microtasks, so loading the rest would hold the event loop until it is
-    // all done: the CA call's connect and answer, Envoy's first connections, wait for a turn of the loop. Each group
-    // of modules loads in its own turn.
+    // all done: the CA call's connect and answer, Envoy's first connections, wait for a turn of the loop. The CSR is
+    // made and its connection opened within start(); a few turns let the connection (and TLS) get the request out,
+    // then each group of modules loads in a turn of its own.
+    for (let i = 0; i < 3; i++) await nextTurn();
+    // The xDS proxy's ~40 ms of loading in three turns: gRPC, protobufjs with Envoy's types, then the proxy itself.
+    await import('@grpc/grpc-js');
+    await nextTurn();
+    await import('./lib/envoy-protos');
     await nextTurn();
     const xdsMod = await import('./lib/xds-proxy');
     await nextTurn();

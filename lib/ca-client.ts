@@ -21,7 +21,7 @@ import { checkCaProvider, defaultRoot, pilotCertProvider } from './cert-provider
 import type { AgentConfig } from './config';
 import * as envs from './env';
 import type { Env } from './env';
-import { readNamedFile } from './named-file';
+import { readNamedFileSync } from './named-file';
 import { AgentError, errorMessage } from './errors';
 import { GrpcError, GrpcStatus, unaryCall } from './grpc-unary';
 import { tlsRestriction } from './tls-policy';
@@ -196,8 +196,9 @@ const CA_METRICS = {
 async function readToken(file: string, haveClientCert: boolean): Promise<string | undefined> {
   let token: string;
   try {
-    // A regular file, read off the event loop and capped: a FIFO or device named here must not wedge the agent.
-    token = (await readNamedFile(file)).toString('utf8').trim();
+    // A regular file (checked before and after it is opened O_NONBLOCK) and capped: a FIFO or device named here must
+    // not wedge the agent. Read at once, as the root is: no turn of the event loop stands between the CSR and the call.
+    token = readNamedFileSync(file).toString('utf8').trim();
   } catch (e) {
     if (haveClientCert) return undefined;
     throw new AgentError('IO', `cannot read the CA token file ${file}: ${errorMessage(e)}`, e);
@@ -272,7 +273,7 @@ export class CaClient implements CertificateSigner {
       let root: Buffer | undefined;
       if (o.rootCaFile !== 'SYSTEM') {
         try {
-          root = await readNamedFile(o.rootCaFile);
+          root = readNamedFileSync(o.rootCaFile);
         } catch (e) {
           throw new AgentError('IO', `cannot read the CA root certificate ${o.rootCaFile}: ${errorMessage(e)}`, e);
         }

@@ -5,7 +5,7 @@
 // loading a general ASN.1/X.509 library cost more than the rest of the first certificate's path (hundreds of ms
 // at start-up), and the key pair is made on libuv's thread pool, so the event loop never waits for an RSA prime.
 
-import { generateKeyPair, sign, type KeyObject } from 'node:crypto';
+import { generateKeyPair, generateKeyPairSync, sign, type KeyObject } from 'node:crypto';
 import { promisify } from 'node:util';
 import { AgentError } from './errors';
 
@@ -109,7 +109,18 @@ function newKeyPair(a: KeyAlgorithm): Promise<{ publicKey: KeyObject; privateKey
 let pregenerated: { algorithm: string; pair: Promise<{ publicKey: KeyObject; privateKey: KeyObject }> } | undefined;
 
 export function pregenerateKey(a: KeyAlgorithm): void {
-  const pair = newKeyPair(a);
+  if (pregenerated?.algorithm === JSON.stringify(a)) return; // on its way already
+  // An ECDSA key is made at once (well under a millisecond, plus OpenSSL's key set-up the first time): on the thread
+  // pool its answer would wait for a turn of the event loop, which start-up's module loading holds for tens of ms.
+  let pair: Promise<{ publicKey: KeyObject; privateKey: KeyObject }>;
+  try {
+    pair =
+      a.kind === 'ECDSA'
+        ? Promise.resolve(generateKeyPairSync('ec', { namedCurve: NAMED_CURVE[a.curve ?? 'P256'] }))
+        : newKeyPair(a);
+  } catch (e) {
+    pair = Promise.reject(e);
+  }
   pair.catch(() => undefined); // a failure is met again, and reported, by the first CSR
   pregenerated = { algorithm: JSON.stringify(a), pair };
 }

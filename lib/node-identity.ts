@@ -50,7 +50,8 @@ export function chooseIps(instanceIps: string[], host: HostAddress[]): string[] 
 
 /** IPv6 mode when every chosen address is IPv6 (an IPv6-only pod). */
 export function isIpv6Only(ips: string[]): boolean {
-  return ips.length > 0 && ips.every((ip) => net.isIPv6(ip));
+  // The colon test first: net.isIPv6's first call compiles a large regular expression (~5 ms of start-up).
+  return ips.length > 0 && ips.every((ip) => ip.includes(':') && net.isIPv6(ip));
 }
 
 /** Istio's order for the app name behind node.cluster: app, app.kubernetes.io/name, the canonical name. */
@@ -222,6 +223,6 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
   const workloadName = typeof metadata.WORKLOAD_NAME === 'string' ? metadata.WORKLOAD_NAME : '';
   const cluster = serviceClusterName(cfg, labels, workloadName, ns);
   const mixed = !isIpv6Only(ips) && !ips.every((ip) => net.isIPv4(ip));
-  const dualStack = cfg.dualStack && mixed ? (net.isIPv6(ips[0]!) ? 'ipv6-first' : 'ipv4-first') : undefined;
+  const dualStack = cfg.dualStack && mixed ? (ips[0]!.includes(':') && net.isIPv6(ips[0]!) ? 'ipv6-first' : 'ipv4-first') : undefined;
   return { id, cluster, ips, ipv6: isIpv6Only(ips), ...(dualStack ? { dualStack } : {}), metadata, locality };
 }
