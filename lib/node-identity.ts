@@ -223,6 +223,7 @@ export function buildNodeIdentity(cfg: AgentConfig, env: Env, host: HostAddress[
   const workloadName = typeof metadata.WORKLOAD_NAME === 'string' ? metadata.WORKLOAD_NAME : '';
   const cluster = serviceClusterName(cfg, labels, workloadName, ns);
   const mixed = !isIpv6Only(ips) && !ips.every((ip) => net.isIPv4(ip));
-  const dualStack = cfg.dualStack && mixed ? (ips[0]!.includes(':') && net.isIPv6(ips[0]!) ? 'ipv6-first' : 'ipv4-first') : undefined;
+  const dualStack =
+    cfg.dualStack && mixed ? (ips[0]!.includes(':') && net.isIPv6(ips[0]!) ? 'ipv6-first' : 'ipv4-first') : undefined;
   return { id, cluster, ips, ipv6: isIpv6Only(ips), ...(dualStack ? { dualStack } : {}), metadata, locality };
 }
