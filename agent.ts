@@ -1010,5 +1010,43 @@ export function runCli(): void {
   );
 }
 
+/**
+ * Build time only (scripts/code-cache.js): loads what every `proxy` sidecar start loads (not what only some
+ * settings load, such as the DNS proxy: the cache is deserialised whole at each start), without running anything,
+ * so that the V8 code cache made after it holds those modules compiled (see scripts/sea-main.js).
+ */
+export async function loadForCodeCache(): Promise<void> {
+  await Promise.all([
+    import('./lib/resolve'),
+    import('./lib/config-path-lock'),
+    import('./lib/sds-sockets'),
+    import('./lib/app-probe'),
+    import('./lib/health-checker'),
+    import('./lib/app-metrics'),
+    import('./lib/csr'),
+    import('./lib/cert-provider'),
+    import('./lib/envoy-component'),
+    import('./lib/envoy-process'),
+    import('./lib/unix-socket'),
+    import('./lib/workload-identity'),
+    import('@grpc/grpc-js'),
+    import('./lib/envoy-protos'),
+    import('./lib/xds-proxy'),
+    import('./lib/xds-upstream'),
+    import('./lib/grpc-connect-once'),
+    import('./lib/component'),
+    import('./lib/metrics'),
+    import('./lib/status-server'),
+    import('./lib/config-reloader'),
+    import('./lib/xds-istio'),
+    import('./lib/profiling'),
+    import('./lib/secret-names'),
+    import('./lib/capabilities'),
+    import('./lib/wasm-ecds'),
+    import('./lib/grpc-bootstrap'),
+    import('./lib/fs-atomic'),
+  ]);
+}
+
 // (`module` is not defined inside the snapshot builder, where agent-snapshot.ts is the entry.)
 if (typeof module !== 'undefined' && require.main === module) runCli();

