@@ -71,7 +71,7 @@ if [ "$entry" = agent.ts ]; then
   else
     # shellcheck disable=SC2086
     env -u NODE_OPTIONS -u NODE_EXTRA_CA_CERTS "$node" $EXEC_ARGV scripts/code-cache.js dist/pilot-agent.cjs \
-      dist/pilot-agent.cache >/dev/null || die "making the code cache failed"
+      dist/pilot-agent.cache test/fixtures/istio/envoy_bootstrap.json >/dev/null || die "making the code cache failed"
   fi
   sea_main=scripts/sea-main.js
   sea_assets=', "assets": { "pilot-agent.cjs": "dist/pilot-agent.cjs", "pilot-agent.cache": "dist/pilot-agent.cache" }'

@@ -3,86 +3,26 @@
 // read at each call (a renewed provisioning certificate is presented from the next call on), and still sends the
 // token; files that are absent, unparseable or expired present none. With a certificate presented a missing token
 // file is no error (Go sends no token then), so a VM whose token is gone renews with its certificate alone.
-// The CA here is a TLS HTTP/2 server written in this file that asks for a client certificate without requiring
+// The CA here (test/helpers/stub-ca.ts) is a TLS HTTP/2 server that asks for a client certificate without requiring
 // one and records, per call, which one it got.
 
 import * as fs from 'node:fs';
-import * as http2 from 'node:http2';
-import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
-import type * as tls from 'node:tls';
 import { X509Certificate } from 'node:crypto';
-import * as protobuf from 'protobufjs';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { CaClient, caClientOptions, type CaClientOptions } from '../lib/ca-client';
 import { buildConfig } from '../lib/config';
 import { generateKeyAndCsr } from '../lib/csr';
 import { agentFixture } from './helpers/agent-fixture';
-import { REPO, tempDir, waitFor } from './helpers/harness';
-import { makeLeaf, makeRoot, signCsr, type Issuer } from './helpers/test-ca';
+import { tempDir, waitFor } from './helpers/harness';
+import { makeLeaf, makeRoot } from './helpers/test-ca';
+import { startStubCa, type StubCa } from './helpers/stub-ca';
 
 const ID = 'spiffe://cluster.local/ns/vm/sa/vm';
 
-interface Call {
-  /** SHA-256 fingerprint of the client certificate presented, or 'none'. */
-  client: string;
-  token?: string;
-}
-
-interface StubCa {
-  address: string;
-  calls: Call[];
-  /** Fingerprints of the leaves signed, in order. */
-  issued: string[];
-  serverRoot: Issuer;
-  close(): Promise<void>;
-}
-
-async function startStubCa(): Promise<StubCa> {
-  const pb = new protobuf.Root();
-  pb.loadSync(path.join(REPO, 'proto/istio/ca.proto'), { keepCase: true });
-  const Req = pb.lookupType('istio.v1.auth.IstioCertificateRequest');
-  const Resp = pb.lookupType('istio.v1.auth.IstioCertificateResponse');
-  const serverRoot = await makeRoot('istiod serving root');
-  const meshRoot = await makeRoot('mesh root');
-  const serving = await makeLeaf(serverRoot, { dns: ['istiod.istio-system.svc'], ip: ['127.0.0.1'] });
-  const calls: Call[] = [];
-  const issued: string[] = [];
-  // Asks for a client certificate, accepts any or none: what was presented is what the test asserts.
-  const srv = http2.createSecureServer({ key: serving.keyPem, cert: serving.certPem, requestCert: true, rejectUnauthorized: false });
-  srv.on('stream', (stream, headers) => {
-    const peer = (stream.session!.socket as tls.TLSSocket).getPeerCertificate();
-    calls.push({ client: peer?.fingerprint256 ?? 'none', token: headers.authorization as string | undefined });
-    const chunks: Buffer[] = [];
-    stream.on('data', (c: Buffer) => chunks.push(c));
-    stream.on('end', async () => {
-      const body = Buffer.concat(chunks);
-      const req = Req.toObject(Req.decode(body.subarray(5, 5 + body.readUInt32BE(1))), { longs: Number }) as { csr: string; validity_duration: number };
-      const chain = [await signCsr(meshRoot, req.csr, { ttlMs: req.validity_duration * 1000 }), meshRoot.pem];
-      issued.push(fingerprint(chain[0]!));
-      const msg = Buffer.from(Resp.encode(Resp.fromObject({ cert_chain: chain })).finish());
-      const head = Buffer.alloc(5);
-      head.writeUInt32BE(msg.length, 1);
-      stream.respond({ ':status': 200, 'content-type': 'application/grpc' }, { waitForTrailers: true });
-      stream.on('wantTrailers', () => stream.sendTrailers({ 'grpc-status': '0' }));
-      stream.end(Buffer.concat([head, msg]));
-    });
-  });
-  const sessions = new Set<http2.ServerHttp2Session>();
-  srv.on('session', (s) => (sessions.add(s), s.on('close', () => sessions.delete(s))));
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-  return {
-    address: `127.0.0.1:${(srv.address() as AddressInfo).port}`,
-    calls,
-    issued,
-    serverRoot,
-    close: async () => {
-      for (const s of sessions) s.destroy();
-      await new Promise<void>((r) => srv.close(() => r()));
-    },
-  };
-}
+/** The last call's certificate and token (not its time). */
+const lastCall = (ca: StubCa) => ({ client: ca.calls.at(-1)!.client, token: ca.calls.at(-1)!.token });
 
 const fingerprint = (pem: string) => new X509Certificate(pem).fingerprint256;
 
@@ -122,7 +62,7 @@ test('PROV_CERT: the CA sees that client certificate with the token, a renewed o
     const first = await makeLeaf(provRoot, { uri: ID });
     put(first);
     await sign(o);
-    assert.equal(ca.calls.at(-1), { client: fingerprint(first.certPem), token: 'Bearer the-jwt' }, 'the provisioning certificate and the token');
+    assert.equal(lastCall(ca), { client: fingerprint(first.certPem), token: 'Bearer the-jwt' }, 'the provisioning certificate and the token');
 
     // Renewed in place (as OUTPUT_CERTS into PROV_CERT does): the next call presents the new one.
     const renewed = await makeLeaf(provRoot, { uri: ID });
@@ -133,19 +73,19 @@ test('PROV_CERT: the CA sees that client certificate with the token, a renewed o
     // The token file gone: with the certificate the call still goes, without an authorization header.
     fs.rmSync(path.join(dir.path, 'token'));
     await sign(o);
-    assert.equal(ca.calls.at(-1), { client: fingerprint(renewed.certPem), token: undefined });
+    assert.equal(lastCall(ca), { client: fingerprint(renewed.certPem), token: undefined });
     fs.writeFileSync(path.join(dir.path, 'token'), 'the-jwt\n');
 
     // Expired: not presented, the token alone goes (Go: "cert expired, using token instead").
     put(await makeLeaf(provRoot, { uri: ID, notBefore: new Date(Date.now() - 7_200_000), notAfter: new Date(Date.now() - 60_000) }));
     await sign(o);
-    assert.equal(ca.calls.at(-1), { client: 'none', token: 'Bearer the-jwt' });
+    assert.equal(lastCall(ca), { client: 'none', token: 'Bearer the-jwt' });
 
     // No files: none presented.
     fs.rmSync(path.join(prov, 'cert-chain.pem'));
     fs.rmSync(path.join(prov, 'key.pem'));
     await sign(o);
-    assert.equal(ca.calls.at(-1), { client: 'none', token: 'Bearer the-jwt' });
+    assert.equal(lastCall(ca), { client: 'none', token: 'Bearer the-jwt' });
     // Nor without PROV_CERT; and then a missing token is refused before the CA is asked, as before.
     put(first);
     await sign({ ...o, clientCertDir: undefined });
