@@ -61,7 +61,11 @@ exec_argv_json=""
 for a in $EXEC_ARGV; do exec_argv_json+="${exec_argv_json:+, }\"$a\""; done
 # PILOT_AGENT_MINIFY=0: readable function names in CPU profiles (PILOT_AGENT_CPU_PROFILE).
 minify=--minify; [ "${PILOT_AGENT_MINIFY:-1}" = 0 ] && minify=
-node_modules/.bin/esbuild "$entry" --bundle $minify --keep-names ${ESBUILD_EXTRA:-} --platform=node --target="$target" \
+# The default build's bundle is one CommonJS function expression (scripts/sea-main.js compiles and calls it), so the
+# source V8 compiles is the asset as it is: no second copy of 1.9 MB made by wrapping it at run time.
+wrap=()
+[ "$entry" = agent.ts ] && wrap=(--banner:js='(function (exports, require, module, __filename, __dirname) {' --footer:js='})')
+node_modules/.bin/esbuild "$entry" --bundle $minify --keep-names ${ESBUILD_EXTRA:-} "${wrap[@]}" --platform=node --target="$target" \
   --format=cjs --outfile=dist/pilot-agent.cjs --log-level=warning --legal-comments=none
 if [ "$entry" = agent.ts ]; then
   # The main script is scripts/sea-main.js: it compiles the bundle with a V8 code cache made here, after a run that

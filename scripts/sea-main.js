@@ -9,9 +9,12 @@
 
 const vm = require('node:vm');
 
-/** The bundle as a CommonJS function, compiled the same way here and at build time (V8 checks the source). */
+/**
+ * The bundle, which esbuild wrote as one CommonJS function expression `(function (exports, require, module,
+ * __filename, __dirname) {...})`, compiled the same way here and at build time (V8 checks the source).
+ */
 function compileBundle(source, cachedData) {
-  return new vm.Script(`(function (exports, require, module, __filename, __dirname) {${source}\n})`, {
+  return new vm.Script(source, {
     filename: 'pilot-agent.cjs',
     cachedData: cachedData && cachedData.length ? cachedData : undefined,
   });
@@ -21,9 +24,10 @@ module.exports = { compileBundle };
 
 const sea = require('node:sea');
 if (sea.isSea()) {
-  // The cache is read in place from the executable's mapping, not copied.
+  // Both read in place from the executable's mapping: the cache is not copied, and the source is decoded once,
+  // into the one string V8 compiles (as scripts/code-cache.js reads it: UTF-8).
   const script = compileBundle(
-    sea.getAsset('pilot-agent.cjs', 'utf8'),
+    Buffer.from(sea.getRawAsset('pilot-agent.cjs')).utf8Slice(),
     Buffer.from(sea.getRawAsset('pilot-agent.cache')),
   );
   globalThis.__pilotAgentCodeCache = script.cachedDataRejected === false ? 'accepted' : 'rejected';
