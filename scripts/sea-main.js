@@ -27,7 +27,7 @@ if (sea.isSea()) {
   // Both read in place from the executable's mapping: the cache is not copied, and the source is decoded once,
   // into the one string V8 compiles (as scripts/code-cache.js reads it: UTF-8).
   const script = compileBundle(
-    Buffer.from(sea.getRawAsset('pilot-agent.cjs')).utf8Slice(),
+    Buffer.from(sea.getRawAsset('pilot-agent.cjs')).toString('utf8'),
     Buffer.from(sea.getRawAsset('pilot-agent.cache')),
   );
   globalThis.__pilotAgentCodeCache = script.cachedDataRejected === false ? 'accepted' : 'rejected';
