@@ -23,7 +23,8 @@ import * as envs from './env';
 import type { Env } from './env';
 import { readNamedFileSync } from './named-file';
 import { AgentError, errorMessage } from './errors';
-import { GrpcError, GrpcStatus, unaryCall } from './grpc-unary';
+import { GrpcStatus } from './grpc-status';
+import { type GrpcError, unaryCall } from './grpc-unary';
 import { tlsRestriction } from './tls-policy';
 import { DEFAULT_ROOT_CA, ISTIOD_ROOT_CA, splitHostPort, upstreamFromConfig } from './xds-upstream';
 
@@ -87,7 +88,7 @@ export function caAnswered(err: unknown): boolean {
   return (
     err.code === 'UPSTREAM' &&
     code !== undefined &&
-    !([GrpcStatus.UNAVAILABLE, GrpcStatus.DEADLINE_EXCEEDED, GrpcStatus.CANCELLED] as number[]).includes(code)
+    ![GrpcStatus.UNAVAILABLE, GrpcStatus.DEADLINE_EXCEEDED, GrpcStatus.CANCELLED].includes(code)
   );
 }
 

@@ -13,20 +13,7 @@
 import type * as http2 from 'node:http2';
 import * as net from 'node:net';
 import type * as tls from 'node:tls';
-
-/** The gRPC status codes this client reports (https://grpc.io/docs/guides/status-codes/). */
-export const GrpcStatus = {
-  OK: 0,
-  CANCELLED: 1,
-  UNKNOWN: 2,
-  DEADLINE_EXCEEDED: 4,
-  PERMISSION_DENIED: 7,
-  RESOURCE_EXHAUSTED: 8,
-  UNIMPLEMENTED: 12,
-  INTERNAL: 13,
-  UNAVAILABLE: 14,
-  UNAUTHENTICATED: 16,
-} as const;
+import { GrpcStatus, grpcStatusName } from './grpc-status';
 
 /** A call that did not end in OK: `code` is the gRPC status (as grpc-js's ServiceError has it). */
 export class GrpcError extends Error {
@@ -34,12 +21,8 @@ export class GrpcError extends Error {
     readonly code: number,
     readonly details: string,
   ) {
-    super(`${code} ${statusName(code)}: ${details}`);
+    super(`${code} ${grpcStatusName(code)}: ${details}`);
   }
-}
-
-function statusName(code: number): string {
-  return Object.entries(GrpcStatus).find(([, v]) => v === code)?.[0] ?? 'UNKNOWN';
 }
 
 export interface UnaryCall {
@@ -213,7 +196,7 @@ export function unaryCall(c: UnaryCall): Promise<Buffer> {
         const code = Number(status);
         if (!Number.isInteger(code) || code < 0 || code > 16)
           return fail(GrpcStatus.UNKNOWN, `${c.address} answered grpc-status ${JSON.stringify(status)}`);
-        if (code !== GrpcStatus.OK) return fail(code, decodeMessage(message) || `status ${statusName(code)}`);
+        if (code !== GrpcStatus.OK) return fail(code, decodeMessage(message) || `status ${grpcStatusName(code)}`);
         const body = Buffer.concat(chunks);
         if (body.length < 5) return fail(GrpcStatus.INTERNAL, `${c.address} answered OK without a message`);
         if (body[0] !== 0)

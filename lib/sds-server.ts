@@ -17,7 +17,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import * as path from 'node:path';
 import type * as grpc from '@grpc/grpc-js';
-import { GrpcStatus } from './grpc-unary';
+import { GrpcStatus } from './grpc-status';
 import { Counter, type Registry } from './prom';
 import { closedSignal, type Component } from './component';
 import type { AnyMessage } from './envoy-protos';

@@ -6,6 +6,7 @@
 
 import type * as grpc from '@grpc/grpc-js';
 import { errorMessage } from './errors';
+import { grpcStatusName } from './grpc-status';
 import { scope } from './log';
 import {
   encodeDeltaRequest,
@@ -796,7 +797,8 @@ export class Session {
     // Start the backoff over only after a stream that worked for a while, so a server that answers once and
     // then fails (a crash loop, a push over the size limit) is not hammered every initialMs.
     if (up.gotResponse && Date.now() - up.openedAt >= HEALTHY_STREAM_MS) this.lostAt = undefined;
-    this.lastUpstreamError = up.endReason ?? `${statusName(s.code)}: ${s.details.replace(/ Resolution note: *$/, '')}`;
+    this.lastUpstreamError =
+      up.endReason ?? `${grpcStatusName(s.code)}: ${s.details.replace(/ Resolution note: *$/, '')}`;
     // A server that served this stream and then closed it (istiod's max connection age, a rollout) is routine.
     const routine = up.gotResponse && !up.endReason && (s.code === 0 || s.code === 14);
     this.scheduleReconnect(`upstream xDS stream ended (${this.lastUpstreamError})`, routine);
@@ -902,29 +904,6 @@ function hasNode(bytes: Buffer, kind: XdsKind): boolean {
 /** `type.googleapis.com/envoy.config.cluster.v3.Cluster` -> `Cluster`, for log lines. */
 export function shortType(typeUrl: string): string {
   return typeUrl.slice(typeUrl.lastIndexOf('.') + 1) || typeUrl;
-}
-
-const STATUS_NAMES = [
-  'OK',
-  'CANCELLED',
-  'UNKNOWN',
-  'INVALID_ARGUMENT',
-  'DEADLINE_EXCEEDED',
-  'NOT_FOUND',
-  'ALREADY_EXISTS',
-  'PERMISSION_DENIED',
-  'RESOURCE_EXHAUSTED',
-  'FAILED_PRECONDITION',
-  'ABORTED',
-  'OUT_OF_RANGE',
-  'UNIMPLEMENTED',
-  'INTERNAL',
-  'UNAVAILABLE',
-  'DATA_LOSS',
-  'UNAUTHENTICATED',
-];
-function statusName(code: number): string {
-  return STATUS_NAMES[code] ?? `code ${code}`;
 }
 
 /** Go's GRPCErrorType: the peer went away (EOF, Canceled, DeadlineExceeded, Unavailable for a lost connection). */

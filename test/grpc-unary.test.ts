@@ -9,7 +9,8 @@ import * as grpc from '@grpc/grpc-js';
 import * as http2 from 'node:http2';
 import * as net from 'node:net';
 import * as path from 'node:path';
-import { GrpcError, GrpcStatus, unaryCall } from '../lib/grpc-unary';
+import { GrpcStatus } from '../lib/grpc-status';
+import { GrpcError, unaryCall } from '../lib/grpc-unary';
 import { tempDir } from './helpers/harness';
 import { makeLeaf, makeRoot } from './helpers/test-ca';
 

@@ -2,6 +2,7 @@
 // rewrite, fault injection, CORS, mirroring and header manipulation; TCP routes by port with weighted destinations.
 
 import { dict } from '../dict';
+import { GRPC_STATUS_NAMES } from '../grpc-status';
 import type {
   CorsPolicy,
   HeaderOperations,
@@ -332,12 +333,12 @@ function readFault(r: Reader, v: unknown, path: Path): HttpFault | undefined {
     if ((a.httpStatus === undefined) === (a.grpcStatus === undefined) && a.http2Error === undefined)
       r.fail([...path, 'abort'], 'needs exactly one of httpStatus, grpcStatus');
     const status = r.int(a.httpStatus, [...path, 'abort', 'httpStatus'], { min: 200, max: 599 });
-    const grpc = r.oneOf(a.grpcStatus, [...path, 'abort', 'grpcStatus'], GRPC_CODES);
+    const grpc = r.oneOf(a.grpcStatus, [...path, 'abort', 'grpcStatus'], GRPC_STATUS_NAMES);
     const pct = readPercentage(r, a.percentage, [...path, 'abort', 'percentage']);
     if (status !== undefined || grpc !== undefined) {
       out.abort = {
         ...(status !== undefined && { httpStatus: status }),
-        ...(grpc !== undefined && { grpcStatus: GRPC_CODES.indexOf(grpc) }),
+        ...(grpc !== undefined && { grpcStatus: GRPC_STATUS_NAMES.indexOf(grpc) }),
         ...(pct !== undefined && { percentage: pct }),
       };
     }
@@ -381,27 +382,6 @@ function readCors(r: Reader, v: unknown, path: Path): CorsPolicy | undefined {
 }
 
 const REDIRECT_CODES = [301, 302, 303, 307, 308];
-
-/** gRPC status names in code order (0 OK ... 16 UNAUTHENTICATED), as Istio's SupportedGRPCStatus. */
-const GRPC_CODES = [
-  'OK',
-  'CANCELLED',
-  'UNKNOWN',
-  'INVALID_ARGUMENT',
-  'DEADLINE_EXCEEDED',
-  'NOT_FOUND',
-  'ALREADY_EXISTS',
-  'PERMISSION_DENIED',
-  'RESOURCE_EXHAUSTED',
-  'FAILED_PRECONDITION',
-  'ABORTED',
-  'OUT_OF_RANGE',
-  'UNIMPLEMENTED',
-  'INTERNAL',
-  'UNAVAILABLE',
-  'DATA_LOSS',
-  'UNAUTHENTICATED',
-] as const;
 
 const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/;
 
