@@ -9,6 +9,7 @@
 
 import * as fs from 'node:fs';
 import * as net from 'node:net';
+import type * as tls from 'node:tls';
 import { Counter, type Registry } from './prom';
 import {
   CREATE_CERTIFICATE_PATH,
@@ -25,7 +26,7 @@ import { readNamedFileSync } from './named-file';
 import { AgentError, errorMessage } from './errors';
 import { GrpcStatus } from './grpc-status';
 import { type GrpcError, unaryCall } from './grpc-unary';
-import { tlsRestriction } from './tls-policy';
+import { restrictedContext, type TlsClientPem } from './tls-policy';
 import { DEFAULT_ROOT_CA, ISTIOD_ROOT_CA, splitHostPort, upstreamFromConfig } from './xds-upstream';
 
 export interface CaClientOptions {
@@ -147,26 +148,10 @@ function caServerName(explicit: string | undefined, host: string, istiodSan: str
   return explicit.includes('localhost') ? 'istiod.istio-system.svc' : host;
 }
 
-/** The CA connection's TLS: the root (else the system's), the client certificate if any, restricted by COMPLIANCE_POLICY when set. */
-function caTlsOptions(
-  policy: string | undefined,
-  root: Buffer | undefined,
-  clientCert: { key: Buffer; cert: Buffer } | undefined,
-): import('node:tls').ConnectionOptions {
-  const r = tlsRestriction(policy);
-  const ca = { ...(root ? { ca: root } : {}), ...(clientCert ? { key: clientCert.key, cert: clientCert.cert } : {}) };
-  if (!r) return ca;
-  try {
-    // eslint-disable-next-line @typescript-eslint/no-require-imports
-    const tls = require('node:tls') as typeof import('node:tls');
-    return { secureContext: tls.createSecureContext({ ...r, ...ca }) };
-  } catch (e) {
-    throw new AgentError(
-      'CONFIG_INVALID',
-      `cannot set up TLS under COMPLIANCE_POLICY=${policy}: ${errorMessage(e)}`,
-      e,
-    );
-  }
+/** The CA connection's TLS: the root (else the system's) and the client certificate, restricted by COMPLIANCE_POLICY. */
+function caTlsOptions(policy: string | undefined, pem: TlsClientPem): tls.ConnectionOptions {
+  const secureContext = restrictedContext(policy, pem);
+  return secureContext ? { secureContext } : pem;
 }
 
 function isLocal(address: string): boolean {
@@ -269,7 +254,7 @@ export class CaClient implements CertificateSigner {
       if (token) metadata.authorization = `Bearer ${token}`;
     }
     // Its own connection, closed with the call: a pooled one could outlive a rotated root or a CA restart.
-    let tlsOpts: { serverName: string; options: import('node:tls').ConnectionOptions } | undefined;
+    let tlsOpts: { serverName: string; options: tls.ConnectionOptions } | undefined;
     if (o.tls) {
       let root: Buffer | undefined;
       if (o.rootCaFile !== 'SYSTEM') {
@@ -280,7 +265,10 @@ export class CaClient implements CertificateSigner {
         }
       }
       const { host } = splitHostPort(o.address);
-      tlsOpts = { serverName: o.serverName || host, options: caTlsOptions(o.compliancePolicy, root, clientCert) };
+      tlsOpts = {
+        serverName: o.serverName || host,
+        options: caTlsOptions(o.compliancePolicy, { ...(root && { ca: root }), ...clientCert }),
+      };
     }
     const where = `CA ${o.address}${o.tls ? ` (TLS, name ${o.serverName})` : ' (plaintext)'}`;
     let resp: CertificateResponse;

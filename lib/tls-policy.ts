@@ -4,8 +4,8 @@
 // GRPC_SSL_CIPHER_SUITES for its Google gRPC client under the FIPS policies; fips-140-2's runtime flag is in
 // lib/bootstrap.ts. Envoy's listeners and clusters are the control plane's to restrict: envoyCompliance() is what
 // istiod's EnforceCompliance does to the TLS parameters it generates, for the embedded discovery server.
-// An unknown policy is warned about and ignored, as Go does. node:tls and gRPC load only in tlsCredentials(): the
-// supervisor imports envoyEnvironment() before Envoy's spawn, when neither is loaded yet.
+// An unknown policy is warned about and ignored, as Go does. node:tls and gRPC load only when a context or
+// credentials are made: the supervisor imports envoyEnvironment() before Envoy's spawn, when neither is loaded yet.
 
 import type * as tls from 'node:tls';
 import type * as grpc from '@grpc/grpc-js';
@@ -115,21 +115,23 @@ export function envoyEnvironment(policy: string | undefined, env: NodeJS.Process
   return { ...env, GRPC_SSL_CIPHER_SUITES: FIPS_TLS12_CIPHERS };
 }
 
-/** gRPC channel credentials for the agent's TLS clients: as createSsl, restricted by the policy when there is one. */
-export function tlsCredentials(
-  policy: string | undefined,
-  root: Buffer | null,
-  key: Buffer | null,
-  cert: Buffer | null,
-): grpc.ChannelCredentials {
-  /* eslint-disable @typescript-eslint/no-require-imports */
-  const g = require('@grpc/grpc-js') as typeof grpc;
+/** The PEM material of one TLS client: the roots to trust (else the system's) and a client certificate. */
+export interface TlsClientPem {
+  ca?: Buffer;
+  key?: Buffer;
+  cert?: Buffer;
+}
+
+/**
+ * A secure context with the policy's restriction and the PEM material, or undefined when the policy restricts
+ * nothing. A restriction OpenSSL cannot apply is a CONFIG_INVALID naming COMPLIANCE_POLICY.
+ */
+export function restrictedContext(policy: string | undefined, pem: TlsClientPem): tls.SecureContext | undefined {
   const r = tlsRestriction(policy);
-  if (!r) return g.credentials.createSsl(root, key, cert);
-  let ctx: tls.SecureContext;
+  if (!r) return undefined;
   try {
-    const pem = { ...(root ? { ca: root } : {}), ...(key && cert ? { key, cert } : {}) };
-    ctx = (require('node:tls') as typeof tls).createSecureContext({ ...r, ...pem });
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    return (require('node:tls') as typeof tls).createSecureContext({ ...r, ...pem });
   } catch (e) {
     throw new AgentError(
       'CONFIG_INVALID',
@@ -137,6 +139,17 @@ export function tlsCredentials(
       e,
     );
   }
-  /* eslint-enable @typescript-eslint/no-require-imports */
-  return g.credentials.createFromSecureContext(ctx);
+}
+
+/** gRPC channel credentials for the agent's TLS clients: as createSsl, restricted by the policy when there is one. */
+export function tlsCredentials(
+  policy: string | undefined,
+  root: Buffer | null,
+  key: Buffer | null,
+  cert: Buffer | null,
+): grpc.ChannelCredentials {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const g = require('@grpc/grpc-js') as typeof grpc;
+  const ctx = restrictedContext(policy, { ...(root && { ca: root }), ...(key && cert && { key, cert }) });
+  return ctx ? g.credentials.createFromSecureContext(ctx) : g.credentials.createSsl(root, key, cert);
 }
