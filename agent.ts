@@ -464,13 +464,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     if (!flags.standalone && !envs.FILE_MOUNTED_CERTS.get(env)) {
       const csr = await import('./lib/csr');
       try {
-        csr.pregenerateKey(
-          csr.keyAlgorithm(
-            envs.ECC_SIGNATURE_ALGORITHM.get(env),
-            envs.WORKLOAD_RSA_KEY_SIZE.get(env),
-            envs.ECC_CURVE.get(env),
-          ),
-        );
+        csr.pregenerateKey(csr.workloadKeyAlgorithm(env));
       } catch {
         // a bad setting is reported, with its name, by the checks below
       }
@@ -480,7 +474,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // proxyMetadata entries act as environment variables for the agent, as in Istio.
     const agentEnv = { ...cfg.proxy.proxyMetadata, ...env };
     // Settings read from the environment are checked before anything starts.
-    const [appProbe, health, appMetrics, { keyAlgorithm, pregenerateKey }] = await Promise.all([
+    const [appProbe, health, appMetrics, { workloadKeyAlgorithm, pregenerateKey }] = await Promise.all([
       import('./lib/app-probe'),
       import('./lib/health-checker'),
       import('./lib/app-metrics'),
@@ -492,13 +486,9 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const readinessProbe = cfg.proxy.readinessProbe
       ? health.parseReadinessProbe(cfg.proxy.readinessProbe, cfg.sources.readinessProbe ?? 'ProxyConfig')
       : undefined;
-    const algorithm = keyAlgorithm(
-      envs.ECC_SIGNATURE_ALGORITHM.get(agentEnv),
-      envs.WORKLOAD_RSA_KEY_SIZE.get(agentEnv),
-      envs.ECC_CURVE.get(agentEnv),
-    );
-    // The workload key is made while Envoy starts when a CA will be asked (mounted files may still make it moot);
-    // asked for just after the spawn: the first key pair also initialises OpenSSL's key code on this thread (3-14 ms).
+    const algorithm = workloadKeyAlgorithm(agentEnv);
+    // The workload key when a CA will be asked (mounted files may still make it moot): the one started above, unless
+    // proxyMetadata changed the algorithm (or standalone with the embedded CA): then one is started after the spawn.
     const standaloneCa = cfg.standaloneDir && fs.existsSync(path.join(cfg.standaloneDir, 'ca', 'identities'));
     const wantKey = !envs.FILE_MOUNTED_CERTS.get(agentEnv) && (!cfg.standaloneDir || standaloneCa);
     envs.METRICS_LOCALHOST_ACCESS_ONLY.get(agentEnv);
@@ -1040,14 +1030,13 @@ export async function loadForCodeCache(exercise?: { templateFile: string; dir: s
     });
     encodeCertificateRequest({ csr: csrPem, validityDuration: 86400 });
   }
+  // Besides the four above:
   await Promise.all([
-    import('./lib/resolve'),
     import('./lib/config-path-lock'),
     import('./lib/sds-sockets'),
     import('./lib/app-probe'),
     import('./lib/health-checker'),
     import('./lib/app-metrics'),
-    import('./lib/csr'),
     import('./lib/cert-provider'),
     import('./lib/envoy-component'),
     import('./lib/envoy-process'),

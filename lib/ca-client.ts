@@ -1,8 +1,9 @@
-// The client of Istio's certificate service: one CreateCertificate call per CSR, on a fresh channel each time, so
+// The client of Istio's certificate service: one CreateCertificate call per CSR, on a fresh connection each time, so
 // a rotated root, token or CA address takes effect on the next call. Over TLS the CA must present a certificate
 // that verifies with the configured root and carries the expected name (ISTIOD_SAN, else the address's host);
-// the bearer token is read from its file at every call, and so is PROV_CERT's client certificate. Plaintext only where Istio allows it (port 15010 or
-// controlPlaneAuthPolicy NONE), and the token then goes only to a loopback or Unix socket address.
+// the bearer token is read from its file at every call, and so is PROV_CERT's client certificate. Plaintext only
+// where Istio allows it (port 15010 or controlPlaneAuthPolicy NONE), and the token then goes only to a loopback or
+// Unix socket address. The call itself is lib/grpc-unary.ts (no grpc-js: the agent asks before grpc-js loads).
 //
 // This file checks the answer's shape (a chain of at least two PEM certificates); the secret cache checks it
 // against our key, identity, validity and root before it is used.
@@ -148,7 +149,7 @@ function caServerName(explicit: string | undefined, host: string, istiodSan: str
   return explicit.includes('localhost') ? 'istiod.istio-system.svc' : host;
 }
 
-/** The CA connection's TLS: the root (else the system's) and the client certificate, restricted by COMPLIANCE_POLICY. */
+/** The CA connection's TLS: the root (else the system's) and client certificate, restricted by COMPLIANCE_POLICY. */
 function caTlsOptions(policy: string | undefined, pem: TlsClientPem): tls.ConnectionOptions {
   const secureContext = restrictedContext(policy, pem);
   return secureContext ? { secureContext } : pem;
@@ -179,7 +180,7 @@ const CA_METRICS = {
  * asked; with one the call goes without a token, as Go's token provider sends none when the file is missing (a VM
  * whose token is gone after a reboot renews with its certificate alone).
  */
-async function readToken(file: string, haveClientCert: boolean): Promise<string | undefined> {
+function readToken(file: string, haveClientCert: boolean): string | undefined {
   let token: string;
   try {
     // A regular file (checked before and after it is opened O_NONBLOCK) and capped: a FIFO or device named here must
@@ -250,7 +251,7 @@ export class CaClient implements CertificateSigner {
     const metadata: Record<string, string> = { ...o.headers };
     const clientCert = o.tls ? loadClientCert(o.clientCertDir ? provCertFiles(o.clientCertDir) : undefined) : undefined;
     if (o.tokenFile && (o.tls || isLocal(o.address))) {
-      const token = await readToken(o.tokenFile, clientCert !== undefined);
+      const token = readToken(o.tokenFile, clientCert !== undefined);
       if (token) metadata.authorization = `Bearer ${token}`;
     }
     // Its own connection, closed with the call: a pooled one could outlive a rotated root or a CA restart.

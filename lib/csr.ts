@@ -7,6 +7,8 @@
 
 import { generateKeyPair, generateKeyPairSync, sign, type KeyObject } from 'node:crypto';
 import { promisify } from 'node:util';
+import * as envs from './env';
+import type { Env } from './env';
 import { AgentError } from './errors';
 
 /** ECDSA's curve defaults to P-256 (Istio's ECC_CURVE default). */
@@ -28,6 +30,15 @@ export function spiffeId(trustDomain: string, namespace: string, serviceAccount:
  * otherwise RSA of rsaBits. Istio takes any ECC_CURVE but P384 as P256; here a curve it would not honour is an error
  * (a P521 request silently served with P-256 keys is the surprise the variable registry exists to prevent).
  */
+/** keyAlgorithm() of ECC_SIGNATURE_ALGORITHM, WORKLOAD_RSA_KEY_SIZE and ECC_CURVE as `env` sets them. */
+export function workloadKeyAlgorithm(env: Env): KeyAlgorithm {
+  return keyAlgorithm(
+    envs.ECC_SIGNATURE_ALGORITHM.get(env),
+    envs.WORKLOAD_RSA_KEY_SIZE.get(env),
+    envs.ECC_CURVE.get(env),
+  );
+}
+
 export function keyAlgorithm(eccSignatureAlgorithm: string, rsaBits: number, eccCurve = 'P256'): KeyAlgorithm {
   const ecc = eccSignatureAlgorithm.trim().toUpperCase();
   if (ecc === 'ECDSA') {
@@ -98,9 +109,11 @@ export function csrDer(identity: string, publicKeyDer: Buffer, privateKey: KeyOb
 
 const generate = promisify(generateKeyPair);
 
+const ecParams = (a: { curve?: EccCurve }) => ({ namedCurve: NAMED_CURVE[a.curve ?? 'P256'] });
+
 function newKeyPair(a: KeyAlgorithm): Promise<{ publicKey: KeyObject; privateKey: KeyObject }> {
   return a.kind === 'ECDSA'
-    ? generate('ec', { namedCurve: NAMED_CURVE[a.curve ?? 'P256'] })
+    ? generate('ec', ecParams(a))
     : generate('rsa', { modulusLength: a.bits, publicExponent: 0x10001 });
 }
 
@@ -114,10 +127,7 @@ export function pregenerateKey(a: KeyAlgorithm): void {
   // pool its answer would wait for a turn of the event loop, which start-up's module loading holds for tens of ms.
   let pair: Promise<{ publicKey: KeyObject; privateKey: KeyObject }>;
   try {
-    pair =
-      a.kind === 'ECDSA'
-        ? Promise.resolve(generateKeyPairSync('ec', { namedCurve: NAMED_CURVE[a.curve ?? 'P256'] }))
-        : newKeyPair(a);
+    pair = a.kind === 'ECDSA' ? Promise.resolve(generateKeyPairSync('ec', ecParams(a))) : newKeyPair(a);
   } catch (e) {
     pair = Promise.reject(e);
   }

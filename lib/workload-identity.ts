@@ -11,7 +11,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { CaClient, caClientOptions } from './ca-client';
 import type { AgentConfig } from './config';
-import { keyAlgorithm, spiffeId } from './csr';
+import { spiffeId, workloadKeyAlgorithm } from './csr';
 import * as envs from './env';
 import type { Env } from './env';
 import { SdsServer } from './sds-server';
@@ -79,11 +79,7 @@ export async function workloadIdentity(
   }
   const cache = new SecretCache({
     identity: spiffeId(cfg.trustDomain, cfg.podNamespace || 'default', cfg.serviceAccount || 'default'),
-    algorithm: keyAlgorithm(
-      envs.ECC_SIGNATURE_ALGORITHM.get(env),
-      envs.WORKLOAD_RSA_KEY_SIZE.get(env),
-      envs.ECC_CURVE.get(env),
-    ),
+    algorithm: workloadKeyAlgorithm(env),
     pkcs8: envs.PKCS8_KEY.get(env),
     ttlMs: envs.SECRET_TTL.get(env),
     graceRatio: envs.SECRET_GRACE_PERIOD_RATIO.get(env),
