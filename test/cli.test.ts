@@ -191,8 +191,9 @@ proxy('proxy writes envoy-rev0.json and starts the real Envoy, whose admin answe
     const rev0 = path.join(dir.path, 'proxy', 'envoy-rev0.json');
     assert.ok(fs.existsSync(rev0));
     assert.is(JSON.parse(fs.readFileSync(rev0, 'utf8')).node.id, info.node.id);
-    // No xDS server answers: Envoy is up but not ready, and the agent says so.
-    const ready = await httpRequest(`http://127.0.0.1:${status}/healthz/ready`);
+    // No xDS server answers: Envoy is up but not ready, and the agent says so (once its status server listens: it
+    // starts after the CA request and the xDS proxy's loading, which can be after Envoy's admin is up).
+    const ready = await waitFor('the status server', () => httpRequest(`http://127.0.0.1:${status}/healthz/ready`), 10_000);
     assert.is(ready.status, 503);
   } finally {
     try {
