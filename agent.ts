@@ -511,7 +511,19 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     const envoy = new EnvoyComponent({ resolved, env, startedAt });
     await envoy.validateFirst();
     log.info(`pilot-agent ${VERSION} starting ${cfg.requestedType} proxy ${resolved.node.id}`);
-    const { prebindUnixSocket, socketInUse } = await import('./lib/unix-socket');
+    const [{ socketInUse }, { prebindUnixSocket, prebindPort }] = await Promise.all([
+      import('./lib/unix-socket'),
+      import('./lib/prebind'),
+    ]);
+    // The status port too: one that something else holds ends the start here, before Envoy is spawned, and kubelet's
+    // probes and Envoy's 15021 wait in its backlog (not refused) until the status server loads.
+    await prebindPort(cfg.proxy.statusPort).catch((err: Error) => {
+      throw new AgentError(
+        'IO',
+        `cannot listen on status port ${cfg.proxy.statusPort} (statusPort from ${cfg.sources.statusPort}): ${err.message}`,
+        err,
+      );
+    });
     const sdsServedElsewhere = await socketInUse(cfg.sdsServeSocket);
     await prebindUnixSocket(cfg.xdsSocket);
     // A socket that cannot be bound fails the start only if the agent has certificates to serve (see lib/workload-identity.ts).

@@ -1,11 +1,12 @@
 // A gRPC server on a Unix socket of the agent's: a stale socket file is replaced (never anything else, nor a socket
 // another process serves), the server is bound, and the file gets the narrowest mode that works; or the server takes
-// over a socket bound earlier in start-up (lib/unix-socket.ts prebindUnixSocket). Stopping it ends the server, the
+// over a socket bound earlier in start-up (lib/prebind.ts prebindUnixSocket). Stopping it ends the server, the
 // pre-bound listener if there was one, and removes the socket file.
 
 import * as fs from 'node:fs';
 import type * as grpc from '@grpc/grpc-js';
-import { AGENT_SOCKET_MODE, prepareSocket, takePrebound } from './unix-socket';
+import { takePrebound } from './prebind';
+import { AGENT_SOCKET_MODE, prepareSocket } from './unix-socket';
 
 export interface BoundUnixServer {
   /** Stops the server at once (open streams end) and removes its socket file. Safe to call twice. */

@@ -12,6 +12,7 @@ import type { Component, Condition, Handler, Reply, StatusRoute } from './compon
 
 export type { Handler, Reply };
 import { closedSignal } from './component';
+import { takePreboundPort, type Adopted } from './prebind';
 import { scope } from './log';
 import { gaugeFrom, mergedScrape, type MetricsSource } from './metrics';
 import { gzip } from 'node:zlib';
@@ -60,6 +61,7 @@ export class StatusServer implements Component {
   readonly name = 'status server';
   private readonly table = new Map<string, Route>();
   private server: http.Server | undefined;
+  private early: Adopted | undefined;
   private readonly signal = closedSignal();
   readonly closed = this.signal.closed;
   private startupSeconds: number | undefined;
@@ -115,13 +117,22 @@ export class StatusServer implements Component {
   }
 
   get port(): number {
-    return (this.server?.address() as AddressInfo | null)?.port ?? this.opts.port;
+    const server = this.early?.server ?? this.server;
+    return (server?.address() as AddressInfo | null)?.port ?? this.opts.port;
   }
 
   start(): Promise<void> {
     const server = http.createServer((req, res) => void this.handle(req, res));
     server.keepAliveTimeout = 5000;
     this.server = server;
+    // The port bound before Envoy's spawn (agent.ts, lib/prebind.ts): its connections, those that waited too, are
+    // this server's from now on.
+    this.early = takePreboundPort(this.opts.port, this.opts.host, (s) => server.emit('connection', s));
+    if (this.early) {
+      server.on('error', (err) => log.error(`status server: ${err.message}`));
+      log.info(`status server listening on port ${this.port}`);
+      return Promise.resolve();
+    }
     return new Promise((resolve, reject) => {
       server.once('error', (err) =>
         reject(new Error(`cannot listen on status port ${this.opts.port}: ${err.message}`)),
@@ -171,6 +182,7 @@ export class StatusServer implements Component {
     const s = this.server;
     if (!s) return this.signal.resolve();
     this.server = undefined;
+    this.early?.close();
     await new Promise<void>((r) => {
       s.close(() => r());
       s.closeAllConnections();

@@ -81,6 +81,26 @@ test('a listener port that is taken is a start-up error naming Envoy\'s bind err
   }
 });
 
+test('a status port that is taken ends the start before Envoy is spawned, naming the port and where it came from', async () => {
+  const fixture = await agentFixture({ prefix: 'pa-start-' });
+  const blocker = net.createServer();
+  await new Promise<void>((res) => blocker.listen(fixture.ports.status, () => res()));
+  const spawned = path.join(fixture.dir.path, 'spawned');
+  try {
+    await fixture.start({
+      proxyConfig: { binaryPath: script(fixture.dir.path, `echo "$*" >> ${spawned}\nexec ${envoyBin()} "$@"`) },
+      ready: 'none',
+    });
+    const exit = await waitFor('agent exit', () => fixture.exited, 30_000);
+    assert.is(exit.code, 1, fixture.log());
+    assert.match(fixture.log(), new RegExp(`cannot listen on status port ${fixture.ports.status} \\(statusPort from [^)]+\\): .*EADDRINUSE`));
+    assert.not.ok(fs.existsSync(spawned), `Envoy was never run: ${fs.existsSync(spawned) ? fs.readFileSync(spawned, 'utf8') : ''}`);
+  } finally {
+    await fixture.close(0);
+    blocker.close();
+  }
+});
+
 test('a program that is not Envoy is reported as a binary that cannot run, not as a bootstrap Envoy rejects', async () => {
   const r = await run({ binary: (d) => script(d, 'echo "usage: something else" >&2; exit 1') });
   try {

@@ -1,6 +1,6 @@
 // A Unix socket bound before its gRPC server loads (the agent spawns Envoy before gRPC and the xDS proxy load):
 // connections made early wait and are then served, the file has the agent's mode, and a socket nobody adopted is
-// gone when the process exits.
+// gone when the process exits. The status port, bound the same way, hands its early requests to the status server.
 
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -9,8 +9,10 @@ import * as grpc from '@grpc/grpc-js';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { bindUnixSocket } from '../lib/grpc-unix';
-import { prebindUnixSocket } from '../lib/unix-socket';
-import { REPO, sleep, tempDir } from './helpers/harness';
+import * as net from 'node:net';
+import { prebindPort, prebindUnixSocket } from '../lib/prebind';
+import { StatusServer } from '../lib/status-server';
+import { freePort, httpRequest, REPO, sleep, tempDir } from './helpers/harness';
 
 const bytes = (b: Buffer) => b;
 const ECHO = { echo: { path: '/t.T/Echo', requestStream: false, responseStream: false, requestSerialize: bytes, requestDeserialize: bytes, responseSerialize: bytes, responseDeserialize: bytes } };
@@ -62,13 +64,38 @@ test('a socket bound before a start-up that failed is removed when the process e
   const dir = tempDir();
   try {
     const sock = path.join(dir.path, 'XDS');
-    const script = `require(${JSON.stringify(path.join(REPO, 'lib/unix-socket.ts'))}).prebindUnixSocket(${JSON.stringify(sock)}).then(() => { require('fs').statSync(${JSON.stringify(sock)}); process.exit(3); });`;
+    const script = `require(${JSON.stringify(path.join(REPO, 'lib/prebind.ts'))}).prebindUnixSocket(${JSON.stringify(sock)}).then(() => { require('fs').statSync(${JSON.stringify(sock)}); process.exit(3); });`;
     const r = spawnSync(process.execPath, ['--import', 'tsx', '-e', script], { cwd: REPO, encoding: 'utf8', timeout: 30_000 });
     assert.is(r.status, 3, r.stderr);
     assert.not.ok(fs.existsSync(sock), 'no socket file left behind');
   } finally {
     dir.cleanup();
   }
+});
+
+test('a status request made before the status server loads waits in the pre-bound port and is answered by it', async () => {
+  const port = await freePort();
+  await prebindPort(port, '127.0.0.1');
+  const early = net.connect({ port, host: '127.0.0.1' });
+  let answer = '';
+  early.setEncoding('utf8').on('data', (d: string) => (answer += d));
+  const ended = new Promise<void>((r) => early.once('end', () => r()).once('error', () => r()));
+  early.write('GET /healthz/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+  await new Promise<void>((r) => early.once('connect', () => r()));
+  await sleep(300);
+  assert.is(answer, '', 'nothing answers before a server adopts the port');
+  const status = new StatusServer({ port, host: '127.0.0.1', readiness: async () => ({ ready: true, reason: '' }) });
+  try {
+    await status.start();
+    assert.is(status.port, port);
+    await ended;
+    assert.match(answer, /^HTTP\/1\.1 200 /, answer);
+    assert.is((await httpRequest(`http://127.0.0.1:${port}/healthz/ready`)).status, 200, 'later requests too');
+  } finally {
+    await status.close();
+  }
+  const refused = await new Promise<string>((r) => net.connect({ port, host: '127.0.0.1' }).once('connect', () => r('connected')).once('error', (e: NodeJS.ErrnoException) => r(e.code ?? '')));
+  assert.is(refused, 'ECONNREFUSED', 'closing the status server closes the pre-bound port');
 });
 
 test.run();
