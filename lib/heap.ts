@@ -2,8 +2,9 @@
 // The flags that only count when the heap is created (--max-semi-space-size=1: new space at 1 MiB) are built into the
 // executable as the SEA's execArgv (scripts/build.sh; Node >= 24 reads it, and the code cache or startup snapshot
 // is made under the same flags). PILOT_AGENT_V8_FLAGS adds run-time settable flags on top, set here from inside
-// before the work starts; its default, --semi-space-growth-factor=1, is what kept new space small in a build
-// whose runtime ignores execArgv (Node 20; PILOT_AGENT_RUNTIME) and is harmless under --max-semi-space-size=1.
+// before the work starts; none by default. A flag V8 did not start with changes its flag hash, and V8 then rejects
+// the code cache of every Node built-in compiled after it (77 of them in a sidecar's start, compiled from source):
+// the former default, --semi-space-growth-factor=1 (for a runtime that ignores execArgv, Node 20), cost that.
 
 import * as v8 from 'node:v8';
 import { scope } from './log';

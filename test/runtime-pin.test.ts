@@ -37,6 +37,21 @@ test('the executable reports the runtime package.json pins, exactly', () => {
   assert.is(out.clientVersion.codeCache, 'accepted');
 });
 
+test("Node's own modules load from its built-in code cache: no V8 flag set at run time makes V8 reject it", () => {
+  // NODE_DEBUG_NATIVE=CODE_CACHE: the runtime says, per built-in module it compiles, whether its cache was taken.
+  const r = spawnSync(agentBin(), ['version'], { encoding: 'utf8', env: { NODE_DEBUG_NATIVE: 'CODE_CACHE' } });
+  assert.is(r.status, 0, r.stderr);
+  assert.match(r.stderr, /Code cache of \S+ \(\w+\) is accepted/, 'the runtime reports its code cache');
+  const rejected = r.stderr.split('\n').filter((l) => / is rejected/.test(l));
+  assert.equal(rejected, [], rejected.join('\n'));
+  // What a run-time flag does, so that this check can fail: the same modules rejected after it.
+  const flagged = spawnSync(agentBin(), ['version'], {
+    encoding: 'utf8',
+    env: { NODE_DEBUG_NATIVE: 'CODE_CACHE', PILOT_AGENT_V8_FLAGS: '--semi-space-growth-factor=1' },
+  });
+  assert.match(flagged.stderr, / is rejected/);
+});
+
 test('NODE_OPTIONS meant for Node workloads loads nothing into the agent (the Go agent ignores it too)', () => {
   const t = tempDir('pa-nodeopts-');
   try {
