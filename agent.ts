@@ -232,13 +232,18 @@ function stopSignals(): {
 }
 
 /**
- * Starts the components (Envoy has been), ends with the first one to end (SIGTERM/SIGINT drain Envoy), closes the
- * rest in reverse.
+ * Starts the components (Envoy and the others in `started` have been), ends with the first one to end (SIGTERM/SIGINT
+ * drain Envoy), closes the rest in reverse.
  */
-async function runComponents(components: Component[], envoy: EnvoyComponent, signalsOff: () => void): Promise<number> {
+async function runComponents(
+  components: Component[],
+  started: Component[],
+  envoy: EnvoyComponent,
+  signalsOff: () => void,
+): Promise<number> {
   const { startAll, firstToEnd, closeAll } = await import('./lib/component');
   try {
-    await startAll(components, [envoy]);
+    await startAll(components, started);
   } catch (err) {
     signalsOff();
     throw err;
@@ -548,22 +553,11 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // made and its connection opened within start(); a few turns let the connection (and TLS) get the request out,
     // then each group of modules loads in a turn of its own.
     for (let i = 0; i < 3; i++) await nextTurn();
-    // The xDS proxy's ~40 ms of loading in three turns: gRPC, protobufjs with Envoy's types, then the proxy itself.
+    // The xDS proxy's loading in two turns: gRPC, then the proxy itself (protobufjs is not on this path: see
+    // lib/xds-secret-names.ts).
     await import('@grpc/grpc-js');
     await nextTurn();
-    await import('./lib/envoy-protos');
-    await nextTurn();
     const xdsMod = await import('./lib/xds-proxy');
-    await nextTurn();
-    const [{ composeReadiness }, { newRegistry }, { StatusServer }, { ConfigReloader }, istio, { Profiling }] =
-      await Promise.all([
-        import('./lib/component'),
-        import('./lib/metrics'),
-        import('./lib/status-server'),
-        import('./lib/config-reloader'),
-        import('./lib/xds-istio'),
-        import('./lib/profiling'),
-      ]);
     await nextTurn();
 
     const { discovery, discoverySock, upstream } = await xdsUpstream(cfg, agentEnv);
@@ -597,6 +591,30 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       identity?.sds.references.set('bootstrap', bootstrapSecrets);
     };
     noteBootstrapSecrets(resolved);
+    // Certificate updates go to every Envoy stream holding the secret.
+    identity?.cache.onUpdate((name) => identity.sds.push(name));
+    // Envoy's first xDS and SDS streams wait in their pre-bound sockets for these two servers, so with a control plane
+    // elsewhere they start now, before the rest of the agent loads (the status server, metrics, the config watcher,
+    // the DNS proxy). Standalone, the embedded discovery server they talk to starts first, in order below.
+    const started: Component[] = [envoy];
+    if (!cfg.standaloneDir) {
+      await xds.start();
+      started.push(xds);
+      if (identity) {
+        await identity.sds.start();
+        started.push(identity.sds);
+      }
+    }
+    await nextTurn();
+    const [{ composeReadiness }, { newRegistry }, { StatusServer }, { ConfigReloader }, istio, { Profiling }] =
+      await Promise.all([
+        import('./lib/component'),
+        import('./lib/metrics'),
+        import('./lib/status-server'),
+        import('./lib/config-reloader'),
+        import('./lib/xds-istio'),
+        import('./lib/profiling'),
+      ]);
     const { readFileOrUndefined } = await import('./lib/resolve');
     const { canBindPort } = await import('./lib/capabilities');
     const dns = cfg.dnsEnabled
@@ -670,8 +688,6 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     }
     identity?.signer?.registerMetrics(registry);
 
-    // Certificate updates go to every Envoy stream holding the secret.
-    identity?.cache.onUpdate((name) => identity.sds.push(name));
     // Types for the agent, never for Envoy: the xDS proxy subscribes to them after Envoy's first LDS request. A name
     // table the DNS proxy rejects is NACKed; it keeps answering from the last good one.
     if (dns) {
@@ -688,7 +704,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
         if (resources.length) identity?.cache.setConfigTrustBundle(istio.decodeProxyConfigCaCerts(resources[0]!));
       });
     }
-    const running = runComponents(components, envoy, () => signals.off());
+    const running = runComponents(components, started, envoy, () => signals.off());
     running.catch(() => undefined); // awaited below; a failed start must not count as unhandled meanwhile
     // Beside Envoy the gRPC bootstrap is a by-product (an app may use proxyless gRPC next to the sidecar), written
     // once the components are starting: a failure to write it is logged, and like Envoy's bootstrap it is removed
@@ -1053,6 +1069,7 @@ export async function loadForCodeCache(exercise?: { templateFile: string; dir: s
     import('./lib/envoy-component'),
     import('./lib/envoy-process'),
     import('./lib/unix-socket'),
+    import('./lib/prebind'),
     import('./lib/workload-identity'),
     import('@grpc/grpc-js'),
     import('./lib/envoy-protos'),

@@ -9,7 +9,6 @@
 // API); a name inside any other unknown type is not collected, so that secret is not served (refused, logged).
 
 import type * as protobuf from 'protobufjs';
-import { envoyRoot } from './envoy-protos';
 import { forEachField, unpackAnyBytes } from './xds-codec';
 import { mayNameFile, namesFile } from './secret-names';
 
@@ -40,7 +39,10 @@ function lookup(name: string): protobuf.Type | undefined {
   if (types.has(name)) return types.get(name);
   let t: protobuf.Type | undefined;
   try {
-    t = envoyRoot().lookupType(name);
+    // protobufjs and Envoy's descriptor load only here, for a config that names a file at all: a sidecar's start
+    // (Envoy's first xDS stream waits for the proxy to load) never pays for them.
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    t = (require('./envoy-protos') as typeof import('./envoy-protos')).envoyRoot().lookupType(name);
   } catch {
     t = undefined;
   }
