@@ -521,16 +521,19 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       import('./lib/prebind'),
     ]);
     // The status port too: one that something else holds ends the start here, before Envoy is spawned, and kubelet's
-    // probes and Envoy's 15021 wait in its backlog (not refused) until the status server loads.
-    await prebindPort(cfg.proxy.statusPort).catch((err: Error) => {
-      throw new AgentError(
-        'IO',
-        `cannot listen on status port ${cfg.proxy.statusPort} (statusPort from ${cfg.sources.statusPort}): ${err.message}`,
-        err,
-      );
-    });
-    const sdsServedElsewhere = await socketInUse(cfg.sdsServeSocket);
-    await prebindUnixSocket(cfg.xdsSocket);
+    // probes and Envoy's 15021 wait in its backlog (not refused) until the status server loads. The three are
+    // independent, so they are bound side by side; a socket bound when another fails is removed at exit.
+    const [sdsServedElsewhere] = await Promise.all([
+      socketInUse(cfg.sdsServeSocket),
+      prebindUnixSocket(cfg.xdsSocket),
+      prebindPort(cfg.proxy.statusPort).catch((err: Error) => {
+        throw new AgentError(
+          'IO',
+          `cannot listen on status port ${cfg.proxy.statusPort} (statusPort from ${cfg.sources.statusPort}): ${err.message}`,
+          err,
+        );
+      }),
+    ]);
     // A socket that cannot be bound fails the start only if the agent has certificates to serve (see lib/workload-identity.ts).
     const sdsUnavailable = sdsServedElsewhere
       ? undefined

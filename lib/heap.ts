@@ -6,13 +6,18 @@
 // the code cache of every Node built-in compiled after it (77 of them in a sidecar's start, compiled from source):
 // the former default, --semi-space-growth-factor=1 (for a runtime that ignores execArgv, Node 20), cost that.
 
-import * as v8 from 'node:v8';
+import type * as v8type from 'node:v8';
 import { scope } from './log';
 
 const log = scope('heap');
 
+// node:v8 loads on first use (with its internal modules, a few ms of every start): by default no flag is set, and
+// the GC below runs after start-up. require, not import(): a single executable has no dynamic import of built-ins.
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const v8 = () => require('node:v8') as typeof v8type;
+
 export function applyV8Flags(flags: string): void {
-  if (flags.trim()) v8.setFlagsFromString(flags.trim());
+  if (flags.trim()) v8().setFlagsFromString(flags.trim());
 }
 
 let collected = false;
@@ -32,9 +37,9 @@ export function collectStartupGarbage(): void {
     // a single executable has no dynamic-import callback for built-ins.
     // eslint-disable-next-line @typescript-eslint/no-require-imports
     const vm = require('node:vm') as typeof import('node:vm');
-    v8.setFlagsFromString('--expose-gc');
+    v8().setFlagsFromString('--expose-gc');
     const gc = vm.runInNewContext('gc') as ((o?: object) => void) | undefined;
-    v8.setFlagsFromString('--no-expose-gc');
+    v8().setFlagsFromString('--no-expose-gc');
     if (typeof gc !== 'function') return;
     const before = process.memoryUsage().heapUsed;
     const t0 = performance.now();
