@@ -601,6 +601,11 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // the DNS proxy). Standalone, the embedded discovery server they talk to starts first, in order below.
     const started: Component[] = [envoy];
     if (!cfg.standaloneDir) {
+      // The ECDS rewriter's module cache first: the proxy may pass it a response as soon as it serves.
+      if (wasm) {
+        await wasm.start();
+        started.push(wasm);
+      }
       await xds.start();
       started.push(xds);
       if (identity) {
