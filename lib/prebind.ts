@@ -2,12 +2,18 @@
 // the status server have loaded; Envoy's first connect to its xDS and SDS sockets must not fail (it would wait out
 // a retry backoff), and a status port (15020) that something else holds must stop the start before Envoy is
 // spawned, not after. Connections accepted meanwhile are paused (their bytes wait in the kernel) and handed over,
-// in order, when the server adopts the listener (takePrebound / takePreboundPort).
+// in order, when the server adopts the listener: a Unix socket's to a gRPC server's connection injector
+// (takePrebound); the port's listening socket itself to the HTTP server, which then accepts on it with its own
+// timeouts and connection tracking (takePreboundPort).
 
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
+import { errorMessage } from './errors';
+import { scope } from './log';
 import { AGENT_SOCKET_MODE, prepareSocket } from './unix-socket';
+
+const log = scope('socket');
 
 interface Prebound {
   server: net.Server;
@@ -17,8 +23,6 @@ interface Prebound {
 }
 
 export interface Adopted {
-  /** The bound listener (its address, e.g. the port when 0 was asked for). */
-  readonly server: net.Server;
   /** Stops accepting; connections already handed over are the adopting server's. */
   close(): void;
 }
@@ -41,6 +45,8 @@ async function listenPaused(key: string, where: net.ListenOptions): Promise<Preb
     entry.server.once('error', reject);
     entry.server.listen(where, () => {
       entry.server.off('error', reject);
+      // A failed accept (EMFILE: a peer holding every descriptor) is an 'error' event: logged, never a crash.
+      entry.server.on('error', (err) => log.warn(`pre-bound listener ${key}: ${errorMessage(err)}`));
       resolve();
     });
   });
@@ -73,7 +79,9 @@ export async function prebindPort(port: number, host?: string): Promise<void> {
   await listenPaused(key, host ? { port, host } : { port });
 }
 
-function adopt(key: string, serve: (s: net.Socket) => void): Adopted | undefined {
+/** The socket prebindUnixSocket() bound at this path, if any, now served by `serve` (queued connections first). */
+export function takePrebound(p: string, serve: (s: net.Socket) => void): Adopted | undefined {
+  const key = path.resolve(p);
   const entry = prebound.get(key);
   if (!entry) return undefined;
   prebound.delete(key);
@@ -82,19 +90,21 @@ function adopt(key: string, serve: (s: net.Socket) => void): Adopted | undefined
     s.resume();
   };
   for (const s of entry.queue.splice(0)) if (!s.destroyed) entry.serve(s);
-  return { server: entry.server, close: () => entry.server.close() };
+  return { close: () => entry.server.close() };
 }
 
-/** The socket prebindUnixSocket() bound at this path, if any, now served by `serve` (queued connections first). */
-export function takePrebound(p: string, serve: (s: net.Socket) => void): Adopted | undefined {
-  return adopt(path.resolve(p), serve);
-}
-
-/** The port prebindPort() bound (same port and host), if any, now served by `serve` (queued connections first). */
+/**
+ * The port prebindPort() bound (same port and host), if any: `listener` for the adopting server to listen on
+ * (`server.listen(listener)` takes over its socket, so that server accepts from then on and closing it closes the
+ * port), and the connections that waited, paused, to hand to it once it listens.
+ */
 export function takePreboundPort(
   port: number,
   host: string | undefined,
-  serve: (s: net.Socket) => void,
-): Adopted | undefined {
-  return adopt(portKey(port, host), serve);
+): { listener: net.Server; queued: net.Socket[] } | undefined {
+  const key = portKey(port, host);
+  const entry = prebound.get(key);
+  if (!entry) return undefined;
+  prebound.delete(key);
+  return { listener: entry.server, queued: entry.queue.splice(0).filter((s) => !s.destroyed) };
 }

@@ -12,7 +12,7 @@ import type { Component, Condition, Handler, Reply, StatusRoute } from './compon
 
 export type { Handler, Reply };
 import { closedSignal } from './component';
-import { takePreboundPort, type Adopted } from './prebind';
+import { takePreboundPort } from './prebind';
 import { scope } from './log';
 import { gaugeFrom, mergedScrape, type MetricsSource } from './metrics';
 import { gzip } from 'node:zlib';
@@ -61,7 +61,6 @@ export class StatusServer implements Component {
   readonly name = 'status server';
   private readonly table = new Map<string, Route>();
   private server: http.Server | undefined;
-  private early: Adopted | undefined;
   private readonly signal = closedSignal();
   readonly closed = this.signal.closed;
   private startupSeconds: number | undefined;
@@ -117,22 +116,16 @@ export class StatusServer implements Component {
   }
 
   get port(): number {
-    const server = this.early?.server ?? this.server;
-    return (server?.address() as AddressInfo | null)?.port ?? this.opts.port;
+    return (this.server?.address() as AddressInfo | null)?.port ?? this.opts.port;
   }
 
   start(): Promise<void> {
     const server = http.createServer((req, res) => void this.handle(req, res));
     server.keepAliveTimeout = 5000;
     this.server = server;
-    // The port bound before Envoy's spawn (agent.ts, lib/prebind.ts): its connections, those that waited too, are
-    // this server's from now on.
-    this.early = takePreboundPort(this.opts.port, this.opts.host, (s) => server.emit('connection', s));
-    if (this.early) {
-      server.on('error', (err) => log.error(`status server: ${err.message}`));
-      log.info(`status server listening on port ${this.port}`);
-      return Promise.resolve();
-    }
+    // The port bound before Envoy's spawn (agent.ts, lib/prebind.ts), if any: this server listens on its socket
+    // (so its own request timeouts and connection tracking cover every connection), then takes the ones that waited.
+    const early = takePreboundPort(this.opts.port, this.opts.host);
     return new Promise((resolve, reject) => {
       server.once('error', (err) =>
         reject(new Error(`cannot listen on status port ${this.opts.port}: ${err.message}`)),
@@ -143,9 +136,14 @@ export class StatusServer implements Component {
         server.removeAllListeners('error');
         server.on('error', (err) => log.error(`status server: ${err.message}`));
         log.info(`status server listening on port ${this.port}`);
+        for (const s of early?.queued ?? []) {
+          server.emit('connection', s);
+          s.resume();
+        }
         resolve();
       };
-      if (this.opts.host) server.listen(this.opts.port, this.opts.host, onListening);
+      if (early) server.listen(early.listener, onListening);
+      else if (this.opts.host) server.listen(this.opts.port, this.opts.host, onListening);
       else server.listen(this.opts.port, onListening);
     });
   }
@@ -182,7 +180,6 @@ export class StatusServer implements Component {
     const s = this.server;
     if (!s) return this.signal.resolve();
     this.server = undefined;
-    this.early?.close();
     await new Promise<void>((r) => {
       s.close(() => r());
       s.closeAllConnections();

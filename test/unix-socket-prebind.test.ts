@@ -82,6 +82,14 @@ test('a status request made before the status server loads waits in the pre-boun
   const ended = new Promise<void>((r) => early.once('end', () => r()).once('error', () => r()));
   early.write('GET /healthz/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
   await new Promise<void>((r) => early.once('connect', () => r()));
+  // Connections that send nothing, one waiting before the server adopts the port and one after: the server tracks
+  // both as its own (closing it ends them), as it does the connections it accepts on a port it bound itself.
+  const closedSoon = (c: net.Socket) => new Promise<boolean>((r) => {
+    c.on('error', () => undefined).once('close', () => r(true));
+    setTimeout(() => r(false), 10_000).unref();
+  });
+  const idleEarly = net.connect({ port, host: '127.0.0.1' });
+  const idleEarlyClosed = closedSoon(idleEarly);
   await sleep(300);
   assert.is(answer, '', 'nothing answers before a server adopts the port');
   const status = new StatusServer({ port, host: '127.0.0.1', readiness: async () => ({ ready: true, reason: '' }) });
@@ -92,7 +100,14 @@ test('a status request made before the status server loads waits in the pre-boun
     assert.match(answer, /^HTTP\/1\.1 200 /, answer);
     assert.is((await httpRequest(`http://127.0.0.1:${port}/healthz/ready`)).status, 200, 'later requests too');
   } finally {
-    await status.close();
+    const idleLate = net.connect({ port, host: '127.0.0.1' });
+    const idleLateClosed = closedSoon(idleLate);
+    await new Promise<void>((r) => idleLate.once('connect', () => r()));
+    await sleep(100);
+    // Bounded: a server that does not track the connections it was handed never finishes closing.
+    await Promise.race([status.close(), sleep(10_000)]);
+    assert.ok(await idleEarlyClosed, 'closing the status server ends a connection that waited before it loaded');
+    assert.ok(await idleLateClosed, 'and one it accepted itself');
   }
   const refused = await new Promise<string>((r) => net.connect({ port, host: '127.0.0.1' }).once('connect', () => r('connected')).once('error', (e: NodeJS.ErrnoException) => r(e.code ?? '')));
   assert.is(refused, 'ECONNREFUSED', 'closing the status server closes the pre-bound port');
