@@ -521,7 +521,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       import('./lib/prebind'),
     ]);
     // The status port too: one that something else holds ends the start here, before Envoy is spawned, and kubelet's
-    // probes and Envoy's 15021 wait in its backlog (not refused) until the status server loads. The three are
+    // probes and Envoy's 15021 wait (accepted, paused; not refused) until the status server loads. The three are
     // independent, so they are bound side by side; a socket bound when another fails is removed at exit.
     const [sdsServedElsewhere] = await Promise.all([
       socketInUse(cfg.sdsServeSocket),
