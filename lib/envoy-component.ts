@@ -223,6 +223,15 @@ export class EnvoyComponent implements Component {
       return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
     const live = this.supervisor.newestLive();
     if (!live) return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
+    // Until the first CDS and LDS updates are seen, their stats are asked for with /ready, not after it: one round
+    // trip to an Envoy that is busy starting, on the path to the first ready answer.
+    const configStats =
+      !this.xdsConfigSeen && needsXdsConfig(live.config.bootstrap)
+        ? Promise.all([
+            admin.statValue(live.config.admin, 'cluster_manager.cds.update_success').catch(() => undefined),
+            admin.statValue(live.config.admin, 'listener_manager.lds.update_success').catch(() => undefined),
+          ])
+        : undefined;
     const r = await admin
       .adminRequest(live.config.admin, 'GET', '/ready', 1000)
       .catch((err: NodeJS.ErrnoException) => ({ status: 0, body: err.message, code: err.code }));
@@ -239,11 +248,8 @@ export class EnvoyComponent implements Component {
             : `Envoy's /ready answered ${r.status} ${r.body.trim()}`,
       };
     }
-    if (!this.xdsConfigSeen && needsXdsConfig(live.config.bootstrap)) {
-      const [cds, lds] = await Promise.all([
-        admin.statValue(live.config.admin, 'cluster_manager.cds.update_success').catch(() => undefined),
-        admin.statValue(live.config.admin, 'listener_manager.lds.update_success').catch(() => undefined),
-      ]);
+    if (configStats && !this.xdsConfigSeen) {
+      const [cds, lds] = await configStats;
       if (!cds || !lds)
         return {
           ready: false,

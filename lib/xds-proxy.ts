@@ -55,7 +55,7 @@ import {
 } from './xds-session';
 import type { XdsKind } from './xds-state';
 import type { SecretReferenceSink } from './secret-names';
-import { ADS_PATHS, type Backoff, type UpstreamOptions } from './xds-upstream';
+import { ADS_PATHS, spareChannel, type Backoff, type SpareChannel, type UpstreamOptions } from './xds-upstream';
 
 export { upstreamFromConfig, type UpstreamOptions } from './xds-upstream';
 export type { AgentHandler, AgentRequest, AgentResponseMeta, ResourceRewriter } from './xds-session';
@@ -76,6 +76,8 @@ export interface XdsProxyOptions {
   secretReferences?: SecretReferenceSink;
   /** Envoy streams served at once; more are refused with RESOURCE_EXHAUSTED (default 16). */
   maxStreams?: number;
+  /** Connect the first stream's upstream channel as soon as the proxy listens (default true). */
+  preconnect?: boolean;
 }
 
 const DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024;
@@ -130,6 +132,8 @@ export class XdsProxy implements Component {
     log.info(`${n} more xDS stream lines in the last ${STREAM_LOG_WINDOW_MS / 1000} s were logged at debug level`),
   );
   private state: 'new' | 'starting' | 'listening' | 'closed' = 'new';
+  /** The first Envoy stream's upstream channel, connecting since the proxy started listening. */
+  private spare: SpareChannel | undefined;
   // Metadata object -> status gRPC itself sent, so a stream that grpc-js ends (e.g. oversized message) logs why.
   private readonly statusSlots = new WeakMap<grpc.Metadata, StatusSlot>();
 
@@ -160,6 +164,11 @@ export class XdsProxy implements Component {
       agentRequests: () => [...proxy.agentRequests.values()],
       closed: (s) => proxy.sessionClosed(s),
       secretReferences: o.secretReferences,
+      spareChannel: () => {
+        const c = proxy.spare?.take();
+        proxy.spare = undefined;
+        return c;
+      },
     };
   }
 
@@ -200,6 +209,8 @@ export class XdsProxy implements Component {
       return;
     }
     this.state = 'listening';
+    // Envoy's first stream comes ~0.1 s after its spawn; its upstream connection is made meanwhile.
+    if (this.o.preconnect !== false) this.spare = spareChannel(this.o.upstream, this.ctx.maxMessageBytes);
     log.info(
       `xDS proxy listening on ${this.socketPath}, upstream ${this.o.upstream.address} (${this.o.upstream.tls ? 'TLS' : 'plaintext'})`,
     );
@@ -210,6 +221,8 @@ export class XdsProxy implements Component {
     if (this.state === 'closed') return;
     this.state = 'closed';
     this.lineBudget.stop();
+    this.spare?.close();
+    this.spare = undefined;
     for (const s of [...this.sessions.values()]) s.close('xDS proxy shutting down', true);
     // While the socket is still being bound, start() stops the server once it is.
     if (this.bound) this.bound.stop();

@@ -163,6 +163,8 @@ export interface SessionContext {
   closed(s: Session): void;
   /** Told the file SDS names each listener and cluster references (the SDS server serves only those). */
   readonly secretReferences?: SecretReferenceSink;
+  /** A channel already connecting to the control plane, once, for the first stream's first upstream. */
+  spareChannel?(): grpc.Client | undefined;
 }
 
 /** Types whose resources hold transport sockets, and so SDS names. */
@@ -717,10 +719,16 @@ export class Session {
     let handle: UpstreamCall;
     let up: Upstream | undefined;
     try {
-      handle = openUpstream(this.ctx.upstream, this.kind, this.ctx.maxMessageBytes, {
-        onMessage: (b) => up && this.onUpstreamMessage(up, b),
-        onStatus: (st) => up && this.onUpstreamStatus(up, st),
-      });
+      handle = openUpstream(
+        this.ctx.upstream,
+        this.kind,
+        this.ctx.maxMessageBytes,
+        {
+          onMessage: (b) => up && this.onUpstreamMessage(up, b),
+          onStatus: (st) => up && this.onUpstreamStatus(up, st),
+        },
+        gen === 1 ? this.ctx.spareChannel?.() : undefined,
+      );
     } catch (e) {
       c.upstream_failures_total++;
       c.upstream_dial_failures_total++;

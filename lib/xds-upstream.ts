@@ -206,17 +206,11 @@ export function upstreamMetadata(o: UpstreamOptions): grpc.Metadata {
   return md;
 }
 
-/** Opens one ADS call on a new channel with a connection of its own. Throws AgentError if credentials cannot be loaded. */
-export function openUpstream(
-  o: UpstreamOptions,
-  kind: XdsKind,
-  maxMessageBytes: number,
-  listener: UpstreamListener,
-): UpstreamCall {
+/** A channel (one connection) to the control plane. Throws AgentError if credentials cannot be loaded. */
+function newChannel(o: UpstreamOptions, maxMessageBytes: number): grpc.Client {
   const grpc = grpcJs();
   // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const { connectOnceOptions, whenChannelReady } =
-    require('./grpc-connect-once') as typeof import('./grpc-connect-once');
+  const { connectOnceOptions } = require('./grpc-connect-once') as typeof import('./grpc-connect-once');
   const options: grpc.ChannelOptions = {
     'grpc.max_receive_message_length': maxMessageBytes,
     'grpc.max_send_message_length': maxMessageBytes,
@@ -232,7 +226,6 @@ export function openUpstream(
     // 256 MB). This is also the most the proxy holds unread when it stops reading because Envoy is behind.
     'grpc-node.flow_control_window': FLOW_CONTROL_WINDOW,
   };
-  const md = upstreamMetadata(o);
   let creds: grpc.ChannelCredentials;
   if (o.tls) {
     const cc = loadClientCert(clientCertFiles(o));
@@ -243,7 +236,70 @@ export function openUpstream(
   } else {
     creds = grpc.credentials.createInsecure();
   }
-  const client = new grpc.Client(o.address, creds, options);
+  return new grpc.Client(o.address, creds, options);
+}
+
+/** How long a spare channel waits for Envoy's first stream before it is closed (Envoy connects within ~0.3 s). */
+const SPARE_MAX_AGE_MS = 10_000;
+
+/**
+ * A channel opened and connecting before Envoy's first stream, so that the stream's upstream connection (TCP, TLS)
+ * is made while Envoy starts rather than after it asks (the Go agent dials only then). `take()` hands it over once,
+ * while it is connecting or connected and young; otherwise it is closed and the caller opens a channel as usual.
+ */
+export interface SpareChannel {
+  take(): grpc.Client | undefined;
+  close(): void;
+}
+
+/** Starts connecting a spare channel; undefined when its credentials cannot be loaded now (the caller's own try says why). */
+export function spareChannel(o: UpstreamOptions, maxMessageBytes: number): SpareChannel | undefined {
+  let client: grpc.Client | undefined;
+  try {
+    client = newChannel(o, maxMessageBytes);
+  } catch {
+    return undefined;
+  }
+  const { connectivityState } = grpcJs();
+  client.getChannel().getConnectivityState(true);
+  const close = () => {
+    clearTimeout(timer);
+    client?.close();
+    client = undefined;
+  };
+  const timer = setTimeout(close, SPARE_MAX_AGE_MS);
+  timer.unref();
+  return {
+    take: () => {
+      const c = client;
+      if (!c) return undefined;
+      client = undefined;
+      clearTimeout(timer);
+      const state = c.getChannel().getConnectivityState(false);
+      if (state === connectivityState.READY || state === connectivityState.CONNECTING) return c;
+      c.close();
+      return undefined;
+    },
+    close,
+  };
+}
+
+/**
+ * Opens one ADS call on a channel with a connection of its own (a new one, or `channel`, which it then owns).
+ * Throws AgentError if credentials cannot be loaded.
+ */
+export function openUpstream(
+  o: UpstreamOptions,
+  kind: XdsKind,
+  maxMessageBytes: number,
+  listener: UpstreamListener,
+  channel?: grpc.Client,
+): UpstreamCall {
+  const grpc = grpcJs();
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { whenChannelReady } = require('./grpc-connect-once') as typeof import('./grpc-connect-once');
+  const client = channel ?? newChannel(o, maxMessageBytes);
+  const md = upstreamMetadata(o);
   let closed = false;
   // Messages are Buffers at this level: serialization is the client stub's job, and there is none.
   const call = client.getChannel().createCall(ADS_PATHS[kind], Infinity, null, null, null);
