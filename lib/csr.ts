@@ -119,38 +119,40 @@ function newKeyPair(a: KeyAlgorithm): Promise<{ publicKey: KeyObject; privateKey
 
 // The first workload key, started as soon as the agent knows it will ask a CA: an RSA key takes 70-250 ms of the
 // thread pool, which then overlaps Envoy's start and the agent's module loading instead of following them.
-let pregenerated: { algorithm: string; pair: Promise<{ publicKey: KeyObject; privateKey: KeyObject }> } | undefined;
+type KeyPair = { publicKey: KeyObject; privateKey: KeyObject };
+let pregenerated: { algorithm: string; pair: Promise<KeyPair>; made?: KeyPair } | undefined;
 
 export function pregenerateKey(a: KeyAlgorithm): void {
   if (pregenerated?.algorithm === JSON.stringify(a)) return; // on its way already
   // An ECDSA key is made at once (well under a millisecond, plus OpenSSL's key set-up the first time): on the thread
   // pool its answer would wait for a turn of the event loop, which start-up's module loading holds for tens of ms.
-  let pair: Promise<{ publicKey: KeyObject; privateKey: KeyObject }>;
+  let pair: Promise<KeyPair>;
+  let made: KeyPair | undefined;
   try {
-    pair = a.kind === 'ECDSA' ? Promise.resolve(generateKeyPairSync('ec', ecParams(a))) : newKeyPair(a);
+    if (a.kind === 'ECDSA') pair = Promise.resolve((made = generateKeyPairSync('ec', ecParams(a))));
+    else pair = newKeyPair(a);
   } catch (e) {
     pair = Promise.reject(e);
   }
   pair.catch(() => undefined); // a failure is met again, and reported, by the first CSR
-  pregenerated = { algorithm: JSON.stringify(a), pair };
+  pregenerated = { algorithm: JSON.stringify(a), pair, made };
 }
 
 /** The pregenerated pair, once, when it is of the algorithm asked for. */
-async function takePregenerated(a: KeyAlgorithm): Promise<{ publicKey: KeyObject; privateKey: KeyObject } | undefined> {
+async function takePregenerated(a: KeyAlgorithm): Promise<KeyPair | undefined> {
   const p = pregenerated;
   pregenerated = undefined;
   if (!p || p.algorithm !== JSON.stringify(a)) return undefined;
   return p.pair.catch(() => undefined);
 }
 
-export async function generateKeyAndCsr(o: {
-  identity: string;
-  algorithm: KeyAlgorithm;
-  pkcs8?: boolean;
-}): Promise<KeyAndCsr> {
-  if (!/^[\x21-\x7e]+$/.test(o.identity))
-    throw new AgentError('INTERNAL', `identity ${JSON.stringify(o.identity)} is not an IA5 URI`);
-  const { publicKey, privateKey } = (await takePregenerated(o.algorithm)) ?? (await newKeyPair(o.algorithm));
+function checkIdentity(identity: string): void {
+  if (!/^[\x21-\x7e]+$/.test(identity))
+    throw new AgentError('INTERNAL', `identity ${JSON.stringify(identity)} is not an IA5 URI`);
+}
+
+function keyAndCsr(o: { identity: string; algorithm: KeyAlgorithm; pkcs8?: boolean }, pair: KeyPair): KeyAndCsr {
+  const { publicKey, privateKey } = pair;
   const spki = publicKey.export({ type: 'spki', format: 'der' });
   const csr = csrDer(o.identity, spki, privateKey, o.algorithm);
   const type = o.pkcs8 ? 'pkcs8' : o.algorithm.kind === 'ECDSA' ? 'sec1' : 'pkcs1';
@@ -159,4 +161,26 @@ export async function generateKeyAndCsr(o: {
     keyPem: privateKey.export({ type, format: 'pem' }) as string,
     csrPem: `-----BEGIN CERTIFICATE REQUEST-----\n${b64}\n-----END CERTIFICATE REQUEST-----\n`,
   };
+}
+
+/**
+ * The key and CSR made now, synchronously, from a pregenerated key already made (ECDSA) of this algorithm; else
+ * undefined (generateKeyAndCsr then). At start-up the CA request then goes out in the same turn: each await before
+ * it let module loading queued meanwhile (the bundle's imports are microtasks) run first, 15-30 ms.
+ */
+export function keyAndCsrNow(o: { identity: string; algorithm: KeyAlgorithm; pkcs8?: boolean }): KeyAndCsr | undefined {
+  const p = pregenerated;
+  if (!p?.made || p.algorithm !== JSON.stringify(o.algorithm)) return undefined;
+  pregenerated = undefined;
+  checkIdentity(o.identity);
+  return keyAndCsr(o, p.made);
+}
+
+export async function generateKeyAndCsr(o: {
+  identity: string;
+  algorithm: KeyAlgorithm;
+  pkcs8?: boolean;
+}): Promise<KeyAndCsr> {
+  checkIdentity(o.identity);
+  return keyAndCsr(o, (await takePregenerated(o.algorithm)) ?? (await newKeyPair(o.algorithm)));
 }

@@ -146,7 +146,8 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
 
   writeBootstrap(epoch: number, desired: DesiredConfig): string {
     const file = path.join(this.cfg.proxy.configPath, bootstrapFileName(epoch));
-    writeFileAtomic(file, renderBootstrap(desired.bootstrap), 0o600);
+    // Written again at every start and change: atomic, not durable (see lib/fs-atomic.ts).
+    writeFileAtomic(file, renderBootstrap(desired.bootstrap), 0o600, { durable: false });
     this.giveToEnvoy(file);
     return file;
   }

@@ -1,12 +1,21 @@
 // Whole-file writes that readers (Envoy, file watchers) never see half done: write a temp file in the same
 // directory, fsync it, rename it over the target. On any error the temp file is removed and nothing else changes.
+// A file the agent writes again at every start (Envoy's bootstrap) skips the fsyncs (`durable: false`): it must
+// never be seen torn, which the rename alone ensures, but it need not survive a power loss, and on a busy node's disk
+// two fsyncs are milliseconds on the path to Envoy's spawn (the Go agent does not fsync it either).
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { AgentError, errorMessage } from './errors';
 
-export function writeFileAtomic(file: string, data: string | Buffer, mode = 0o644): void {
+export function writeFileAtomic(
+  file: string,
+  data: string | Buffer,
+  mode = 0o644,
+  o: { durable?: boolean } = {},
+): void {
+  const durable = o.durable ?? true;
   const dir = path.dirname(file);
   // Same directory, so rename is atomic (same file system); the dot keeps globbing watchers away.
   const tmp = path.join(dir, `.${path.basename(file)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
@@ -17,7 +26,7 @@ export function writeFileAtomic(file: string, data: string | Buffer, mode = 0o64
     const buf = typeof data === 'string' ? Buffer.from(data, 'utf8') : data;
     let off = 0;
     while (off < buf.length) off += fs.writeSync(fd, buf, off, buf.length - off);
-    fs.fsyncSync(fd);
+    if (durable) fs.fsyncSync(fd);
     fs.closeSync(fd);
     fd = undefined;
     fs.renameSync(tmp, file);
@@ -26,7 +35,7 @@ export function writeFileAtomic(file: string, data: string | Buffer, mode = 0o64
     removeQuietly(tmp);
     throw new AgentError('IO', `cannot write ${file}: ${errorMessage(e)}`, e);
   }
-  syncDir(dir);
+  if (durable) syncDir(dir);
 }
 
 function closeQuietly(fd: number): void {

@@ -23,7 +23,7 @@ import { caAnswered, caRetryDelay, type CertificateSigner } from './ca-client';
 import { checkChain, checkKeyPair, checkValidity, parseCerts, type CertInfo } from './cert-chain';
 import { X509Certificate } from 'node:crypto';
 import { closedSignal, type Component, type Condition, type StatusRoute } from './component';
-import { generateKeyAndCsr, type KeyAlgorithm } from './csr';
+import { generateKeyAndCsr, keyAndCsrNow, type KeyAlgorithm } from './csr';
 import { AgentError, errorMessage } from './errors';
 import { FileWatcher } from './file-watcher';
 import { readNamedFile, readNamedFileSync, socketReader, type Reader } from './named-file';
@@ -457,11 +457,8 @@ export class SecretCache implements Component, SecretProvider {
     this.fetching = true;
     const signer = this.o.signer!;
     try {
-      const { keyPem, csrPem } = await generateKeyAndCsr({
-        identity: this.o.identity,
-        algorithm: this.o.algorithm,
-        pkcs8: this.o.pkcs8,
-      });
+      const what = { identity: this.o.identity, algorithm: this.o.algorithm, pkcs8: this.o.pkcs8 };
+      const { keyPem, csrPem } = keyAndCsrNow(what) ?? (await generateKeyAndCsr(what));
       let chainPems: string[];
       try {
         chainPems = await signer.sign(csrPem, Math.max(1, Math.round(this.o.ttlMs / 1000)));

@@ -6,7 +6,7 @@ import { X509Certificate } from 'node:crypto';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { checkChain, parseCerts } from '../lib/cert-chain';
-import { generateKeyAndCsr, keyAlgorithm, pregenerateKey, spiffeId } from '../lib/csr';
+import { generateKeyAndCsr, keyAlgorithm, keyAndCsrNow, pregenerateKey, spiffeId } from '../lib/csr';
 import { x509 as loadX509, type X509 } from '../lib/x509';
 
 import { makeIntermediate, makeRoot, signCsr } from './helpers/test-ca';
@@ -57,6 +57,24 @@ test('a pregenerated key is used once, and only for the algorithm it was made fo
   const b = await generateKeyAndCsr({ identity: ID, algorithm: { kind: 'ECDSA' } });
   assert.is.not(a.keyPem, b.keyPem, 'the pregenerated key is taken once');
   assert.ok(await new x509.Pkcs10CertificateRequest(a.csrPem).verify());
+});
+
+test('keyAndCsrNow: the CSR at once from a pregenerated ECDSA key, once; nothing for RSA (its key is still being made)', async () => {
+  pregenerateKey({ kind: 'ECDSA' });
+  assert.is(keyAndCsrNow({ identity: ID, algorithm: { kind: 'ECDSA', curve: 'P384' } }), undefined, 'another curve');
+  const now = keyAndCsrNow({ identity: ID, algorithm: { kind: 'ECDSA' } });
+  assert.ok(now, 'made synchronously');
+  assert.ok(await new x509.Pkcs10CertificateRequest(now.csrPem).verify());
+  assert.match(now.keyPem, /BEGIN EC PRIVATE KEY/);
+  assert.is(keyAndCsrNow({ identity: ID, algorithm: { kind: 'ECDSA' } }), undefined, 'taken once');
+  const later = await generateKeyAndCsr({ identity: ID, algorithm: { kind: 'ECDSA' } });
+  assert.is.not(later.keyPem, now.keyPem, 'the next CSR gets a key of its own');
+  pregenerateKey({ kind: 'ECDSA' });
+  assert.throws(() => keyAndCsrNow({ identity: 'spiffe://a b', algorithm: { kind: 'ECDSA' } }), /not an IA5 URI/);
+  pregenerateKey({ kind: 'RSA', bits: 2048 });
+  assert.is(keyAndCsrNow({ identity: ID, algorithm: { kind: 'RSA', bits: 2048 } }), undefined);
+  const rsa = await generateKeyAndCsr({ identity: ID, algorithm: { kind: 'RSA', bits: 2048 } });
+  assert.match(rsa.keyPem, /BEGIN RSA PRIVATE KEY/, 'the pregenerated RSA key, through the async path');
 });
 
 test('a good chain passes; the root is split off as ROOTCA', async () => {
