@@ -87,6 +87,65 @@ test('a 10 MB response of 10,000 resources reaches Envoy byte for byte', async (
   }
 });
 
+test('the first stream\'s upstream connection is made as the proxy starts listening, and that stream uses it', async () => {
+  // A counting TCP relay in front of the control plane: how many connections the proxy opens, and when.
+  const cp = new ControlPlane({});
+  await cp.start(0);
+  const [cpHost, cpPort] = [cp.address.slice(0, cp.address.lastIndexOf(':')), Number(cp.address.slice(cp.address.lastIndexOf(':') + 1))];
+  let connections = 0;
+  const relays = new Set<net.Socket>();
+  const relay = net.createServer((s) => {
+    connections++;
+    const u = net.connect(cpPort, cpHost);
+    for (const x of [s, u]) {
+      relays.add(x);
+      x.on('error', () => x.destroy());
+      x.on('close', () => (s.destroy(), u.destroy()));
+    }
+    s.pipe(u).pipe(s);
+  });
+  await new Promise<void>((res) => relay.listen(0, '127.0.0.1', res));
+  const address = `127.0.0.1:${(relay.address() as net.AddressInfo).port}`;
+  const dir = tempDir('pa-xds-');
+  const proxies: XdsProxy[] = [];
+  const envoys: FakeEnvoy[] = [];
+  try {
+    for (const preconnect of [true, false]) {
+      connections = 0;
+      const socket = path.join(dir.path, `XDS-${preconnect}`);
+      const proxy = new XdsProxy({ socketPath: socket, upstream: { address, tls: false }, preconnect });
+      proxies.push(proxy);
+      await proxy.start();
+      if (preconnect) await waitFor('the spare connection', async () => connections === 1, 5000);
+      else {
+        await sleep(300);
+        assert.is(connections, 0, 'preconnect: false dials only when Envoy asks');
+      }
+      cp.set(CLUSTER, 'v1', [edsCluster('a')]);
+      const env = new FakeEnvoy(`unix://${socket}`, 'delta');
+      envoys.push(env);
+      env.request({ typeUrl: CLUSTER });
+      const cds = await env.waitForResponse('CDS', (x) => x.typeUrl === CLUSTER);
+      assert.equal(cds.names, ['a']);
+      assert.is(connections, 1, 'one connection for the first stream, either way');
+      assert.is(proxy.metrics().xds_proxy_upstream_connected, 1);
+      // A second stream (a hot restart's) gets a channel of its own, as before.
+      const env2 = new FakeEnvoy(`unix://${socket}`, 'delta');
+      envoys.push(env2);
+      env2.request({ typeUrl: CLUSTER });
+      await env2.waitForResponse('CDS on the second stream', (x) => x.typeUrl === CLUSTER);
+      assert.is(connections, 2);
+    }
+  } finally {
+    for (const e of envoys) e.close();
+    for (const p of proxies) await p.close();
+    for (const x of relays) x.destroy();
+    await new Promise((res) => relay.close(res));
+    await cp.stop();
+    dir.cleanup();
+  }
+});
+
 test('Delta: subscriptions and ACKs pass through; an Envoy NACK is counted and logged', async () => {
   const r = await rig();
   try {
