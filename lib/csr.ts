@@ -122,7 +122,20 @@ function newKeyPair(a: KeyAlgorithm): Promise<{ publicKey: KeyObject; privateKey
 type KeyPair = { publicKey: KeyObject; privateKey: KeyObject };
 let pregenerated: { algorithm: string; pair: Promise<KeyPair>; made?: KeyPair } | undefined;
 
+/** Started by the executable's main script before the bundle loaded (scripts/sea-main.js), in the default case. */
+type EarlyKey = { algorithm: string; pair: Promise<KeyPair> };
+const EARLY_KEY = '__pilotAgentEarlyKey';
+
 export function pregenerateKey(a: KeyAlgorithm): void {
+  const g = globalThis as { [EARLY_KEY]?: EarlyKey };
+  const early = g[EARLY_KEY];
+  if (early) {
+    delete g[EARLY_KEY];
+    if (early.algorithm === JSON.stringify(a)) {
+      pregenerated = { algorithm: early.algorithm, pair: early.pair };
+      return;
+    }
+  }
   if (pregenerated?.algorithm === JSON.stringify(a)) return; // on its way already
   // An ECDSA key is made at once (well under a millisecond, plus OpenSSL's key set-up the first time): on the thread
   // pool its answer would wait for a turn of the event loop, which start-up's module loading holds for tens of ms.

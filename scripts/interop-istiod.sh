@@ -9,6 +9,11 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# Capture is programmed with real iptables (as the test suite does, scripts/test.sh installs it if missing).
+if ! command -v iptables-restore >/dev/null 2>&1; then
+  echo "interop: installing iptables" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables; } >&2
+fi
 [ -d node_modules ] || npm ci --no-audit --no-fund
 [ -x dist/pilot-agent ] || bash scripts/build.sh
 export ENVOY_BIN="${ENVOY_BIN:-$root/.cache/envoy-1.40.0/envoy/_bin/envoy}"

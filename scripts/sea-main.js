@@ -22,8 +22,34 @@ function compileBundle(source, cachedData) {
 
 module.exports = { compileBundle };
 
+/**
+ * A sidecar's workload key, in the default case only (Istio's RSA key, 2048 bits unless WORKLOAD_RSA_KEY_SIZE says
+ * otherwise; 60-90 ms of the thread pool here), is started before the bundle is even compiled: until Envoy's spawn
+ * the machine's second core is idle, and the CSR otherwise waited for the key. lib/csr.ts pregenerateKey() takes it
+ * when the settings ask for that key, and makes its own otherwise; anything unusual (ECDSA, mounted certificates,
+ * standalone, a size it would refuse) is left to it.
+ */
+function startEarlyKey() {
+  const args = process.argv.slice(2);
+  if (args[0] !== 'proxy' || args.some((a) => a.startsWith('--standalone'))) return;
+  const env = process.env;
+  if ((env.ECC_SIGNATURE_ALGORITHM || '').trim() !== '' || (env.FILE_MOUNTED_CERTS || '') !== '') return;
+  const size = env.WORKLOAD_RSA_KEY_SIZE || '';
+  const bits = size === '' ? 2048 : Number(size);
+  if (!['', '2048', '3072', '4096'].includes(size)) return;
+  const { generateKeyPair } = require('node:crypto');
+  const pair = new Promise((resolve, reject) =>
+    generateKeyPair('rsa', { modulusLength: bits, publicExponent: 0x10001 }, (err, publicKey, privateKey) =>
+      err ? reject(err) : resolve({ publicKey, privateKey }),
+    ),
+  );
+  pair.catch(() => undefined);
+  globalThis.__pilotAgentEarlyKey = { algorithm: JSON.stringify({ kind: 'RSA', bits }), pair };
+}
+
 const sea = require('node:sea');
 if (sea.isSea()) {
+  startEarlyKey();
   // Both read in place from the executable's mapping: the cache is not copied, and the source is decoded once,
   // into the one string V8 compiles (as scripts/code-cache.js reads it: UTF-8).
   const script = compileBundle(

@@ -77,6 +77,25 @@ test('keyAndCsrNow: the CSR at once from a pregenerated ECDSA key, once; nothing
   assert.match(rsa.keyPem, /BEGIN RSA PRIVATE KEY/, 'the pregenerated RSA key, through the async path');
 });
 
+test('the key the executable started before the bundle loaded (scripts/sea-main.js) is taken when the algorithm matches', async () => {
+  const { generateKeyPairSync, createPublicKey } = await import('node:crypto');
+  const g = globalThis as { __pilotAgentEarlyKey?: unknown };
+  const made = generateKeyPairSync('rsa', { modulusLength: 2048 });
+  g.__pilotAgentEarlyKey = { algorithm: JSON.stringify({ kind: 'RSA', bits: 2048 }), pair: Promise.resolve(made) };
+  pregenerateKey({ kind: 'RSA', bits: 2048 });
+  assert.is(g.__pilotAgentEarlyKey, undefined, 'taken out of the global');
+  const got = await generateKeyAndCsr({ identity: ID, algorithm: { kind: 'RSA', bits: 2048 } });
+  const spki = (k: Parameters<typeof createPublicKey>[0]) => createPublicKey(k).export({ type: 'spki', format: 'der' });
+  assert.ok(spki(got.keyPem).equals(spki(made.privateKey)), 'the CSR is for the early key');
+  // Another algorithm in the settings (proxyMetadata): the early key is dropped, never used.
+  g.__pilotAgentEarlyKey = { algorithm: JSON.stringify({ kind: 'RSA', bits: 2048 }), pair: Promise.resolve(made) };
+  pregenerateKey({ kind: 'RSA', bits: 3072 });
+  assert.is(g.__pilotAgentEarlyKey, undefined);
+  const other = await generateKeyAndCsr({ identity: ID, algorithm: { kind: 'RSA', bits: 3072 } });
+  assert.not.ok(spki(other.keyPem).equals(spki(made.privateKey)));
+  assert.is((createPublicKey(other.keyPem).asymmetricKeyDetails as { modulusLength: number }).modulusLength, 3072);
+});
+
 test('a good chain passes; the root is split off as ROOTCA', async () => {
   const root = await makeRoot();
   const inter = await makeIntermediate(root);
