@@ -47,6 +47,8 @@ test('the CSR goes out before the status server and the xDS proxy start, and its
     });
     await waitFor('the certificate from the CA', async () => /workload certificate ready/.test(agent.log()), 20_000);
     await waitFor('Envoy on the control plane', async () => cp.streamsOpened > 0, 20_000);
+    // The status server may start after Envoy's first stream and the CA's answer (it loads in a later turn).
+    await waitFor('the status server', async () => /status server listening/.test(agent.log()), 20_000);
     const log = agent.log();
     const at = (re: RegExp) => {
       const i = log.split('\n').findIndex((l) => re.test(l));
