@@ -21,7 +21,7 @@ import { collectStartupGarbage } from './heap';
 import { scope } from './log';
 import type { MetricsSource } from './metrics';
 import type { Resolved } from './resolve';
-import { Supervisor, type DesiredConfig, type SupervisorEnd } from './supervisor';
+import { Supervisor, type SupervisorEnd } from './supervisor';
 
 const log = scope('agent');
 
@@ -29,14 +29,6 @@ const needsXdsConfig = (b: Record<string, unknown>) => {
   const dr = b.dynamic_resources as Record<string, unknown> | undefined;
   return Boolean(dr && (dr.lds_config || dr.cds_config));
 };
-
-interface EnvoyAnswers {
-  r: { status: number; body: string; code?: string };
-  cds?: number;
-  lds?: number;
-  /** The stats were not needed, or both say there was an update. */
-  configSeen: boolean;
-}
 
 export class EnvoyComponent implements Component {
   readonly name = 'Envoy';
@@ -226,22 +218,23 @@ export class EnvoyComponent implements Component {
    * Envoy is not ready), and, when its bootstrap asks for xDS, it has had its first CDS and LDS update.
    */
   async readiness(): Promise<Condition> {
-    // Nothing serves yet (the first start, or after a crash): the starting epoch is asked for its /ready and stats
-    // while the supervisor looks whether it went live, one round trip to a busy Envoy instead of two on the way to
-    // the first ready answer. Those answers are used only if they say ready; otherwise Envoy is asked again below.
-    let early: { n: number; answers: Promise<EnvoyAnswers> } | undefined;
-    if (!this.supervisor.ready()) {
-      const starting = this.supervisor.newestStarting();
-      if (starting) early = { n: starting.n, answers: this.askEnvoy(starting.config) };
-      await this.supervisor.checkStartingNow();
-    }
+    if (!this.supervisor.ready()) await this.supervisor.checkStartingNow();
     if (!this.supervisor.ready())
       return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
     const live = this.supervisor.newestLive();
     if (!live) return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
-    const first = early?.n === live.n ? await early.answers : undefined;
-    const { r, cds, lds } =
-      first && first.r.status === 200 && first.configSeen ? first : await this.askEnvoy(live.config);
+    // Until the first CDS and LDS updates are seen, their stats are asked for with /ready, not after it: one round
+    // trip to an Envoy that is busy starting, on the path to the first ready answer.
+    const configStats =
+      !this.xdsConfigSeen && needsXdsConfig(live.config.bootstrap)
+        ? Promise.all([
+            admin.statValue(live.config.admin, 'cluster_manager.cds.update_success').catch(() => undefined),
+            admin.statValue(live.config.admin, 'listener_manager.lds.update_success').catch(() => undefined),
+          ])
+        : undefined;
+    const r = await admin
+      .adminRequest(live.config.admin, 'GET', '/ready', 1000)
+      .catch((err: NodeJS.ErrnoException) => ({ status: 0, body: err.message, code: err.code }));
     // A hot-restart child that fails after the parent closed its admin listener (Envoy's protocol asks the parent to
     // close it) leaves the serving parent without one until the supervisor restores it: it still serves traffic, so
     // that is not unreadiness. A stopped or hung Envoy still accepts the connection and never answers: that is.
@@ -255,7 +248,8 @@ export class EnvoyComponent implements Component {
             : `Envoy's /ready answered ${r.status} ${r.body.trim()}`,
       };
     }
-    if (!this.xdsConfigSeen && needsXdsConfig(live.config.bootstrap)) {
+    if (configStats && !this.xdsConfigSeen) {
+      const [cds, lds] = await configStats;
       if (!cds || !lds)
         return {
           ready: false,
@@ -264,23 +258,6 @@ export class EnvoyComponent implements Component {
       this.xdsConfigSeen = true;
     }
     return { ready: true, reason: '' };
-  }
-
-  /**
-   * Envoy's /ready, and until the first CDS and LDS updates are seen their stats, asked for together (one round trip
-   * to an Envoy that is busy starting). Never rejects.
-   */
-  private async askEnvoy(config: DesiredConfig): Promise<EnvoyAnswers> {
-    const wantStats = !this.xdsConfigSeen && needsXdsConfig(config.bootstrap);
-    const stat = (name: string) => (wantStats ? admin.statValue(config.admin, name).catch(() => undefined) : undefined);
-    const [r, cds, lds] = await Promise.all([
-      admin
-        .adminRequest(config.admin, 'GET', '/ready', 1000)
-        .catch((err: NodeJS.ErrnoException) => ({ status: 0, body: err.message, code: err.code })),
-      stat('cluster_manager.cds.update_success'),
-      stat('listener_manager.lds.update_success'),
-    ]);
-    return { r, cds, lds, configSeen: !wantStats || (!!cds && !!lds) };
   }
 
   registerMetrics(registry: Registry): void {
