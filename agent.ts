@@ -556,10 +556,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     // made and its connection opened within start(); a few turns let the connection (and TLS) get the request out,
     // then each group of modules loads in a turn of its own.
     for (let i = 0; i < 3; i++) await nextTurn();
-    // The xDS proxy's loading in two turns: gRPC, then the proxy itself (protobufjs is not on this path: see
+    // The xDS proxy (its gRPC is node:http2, lib/grpc-server.ts; protobufjs is not on this path: see
     // lib/xds-secret-names.ts).
-    await import('@grpc/grpc-js');
-    await nextTurn();
     const xdsMod = await import('./lib/xds-proxy');
     await nextTurn();
 
@@ -1084,11 +1082,11 @@ export async function loadForCodeCache(exercise?: { templateFile: string; dir: s
     import('./lib/unix-socket'),
     import('./lib/prebind'),
     import('./lib/workload-identity'),
-    import('@grpc/grpc-js'),
     import('./lib/envoy-protos'),
     import('./lib/xds-proxy'),
     import('./lib/xds-upstream'),
-    import('./lib/grpc-connect-once'),
+    import('./lib/grpc-server'),
+    import('./lib/sds-server'),
     import('./lib/component'),
     import('./lib/metrics'),
     import('./lib/status-server'),

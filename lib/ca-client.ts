@@ -27,7 +27,7 @@ import { readNamedFileSync } from './named-file';
 import { AgentError, errorMessage } from './errors';
 import { GrpcStatus } from './grpc-status';
 import { type GrpcError, unaryCall } from './grpc-unary';
-import { restrictedContext, type TlsClientPem } from './tls-policy';
+import { clientTlsOptions } from './tls-policy';
 import { DEFAULT_ROOT_CA, ISTIOD_ROOT_CA, splitHostPort, upstreamFromConfig } from './xds-upstream';
 
 export interface CaClientOptions {
@@ -149,12 +149,6 @@ function caServerName(explicit: string | undefined, host: string, istiodSan: str
   return explicit.includes('localhost') ? 'istiod.istio-system.svc' : host;
 }
 
-/** The CA connection's TLS: the root (else the system's) and client certificate, restricted by COMPLIANCE_POLICY. */
-function caTlsOptions(policy: string | undefined, pem: TlsClientPem): tls.ConnectionOptions {
-  const secureContext = restrictedContext(policy, pem);
-  return secureContext ? { secureContext } : pem;
-}
-
 function isLocal(address: string): boolean {
   if (address.startsWith('unix:')) return true;
   const { host } = splitHostPort(address);
@@ -268,7 +262,7 @@ export class CaClient implements CertificateSigner {
       const { host } = splitHostPort(o.address);
       tlsOpts = {
         serverName: o.serverName || host,
-        options: caTlsOptions(o.compliancePolicy, { ...(root && { ca: root }), ...clientCert }),
+        options: clientTlsOptions(o.compliancePolicy, { ...(root && { ca: root }), ...clientCert }),
       };
     }
     const where = `CA ${o.address}${o.tls ? ` (TLS, name ${o.serverName})` : ' (plaintext)'}`;

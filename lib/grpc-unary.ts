@@ -11,19 +11,20 @@
 // answer, a response over the size cap, a compressed or truncated message.
 
 import type * as http2 from 'node:http2';
-import * as net from 'node:net';
-import type * as tls from 'node:tls';
 import { GrpcStatus, grpcStatusName } from './grpc-status';
+import {
+  type ClientTls,
+  connectSession,
+  decodeGrpcMessage,
+  GrpcError,
+  header,
+  httpStatusCode,
+  messagePrefix,
+  requestHeaders,
+  rstStatusCode,
+} from './grpc-wire';
 
-/** A call that did not end in OK: `code` is the gRPC status (as grpc-js's ServiceError has it). */
-export class GrpcError extends Error {
-  constructor(
-    readonly code: number,
-    readonly details: string,
-  ) {
-    super(`${code} ${grpcStatusName(code)}: ${details}`);
-  }
-}
+export { GrpcError } from './grpc-wire';
 
 export interface UnaryCall {
   /** host:port, [v6]:port, or unix:/path (also unix:///path). */
@@ -35,7 +36,7 @@ export interface UnaryCall {
   /** Metadata, sent as headers (names lowercased). */
   metadata?: Record<string, string>;
   /** TLS: the options for tls.connect (ca, key, cert, secureContext, ...); `serverName` is the name checked. */
-  tls?: { serverName: string; options: tls.ConnectionOptions };
+  tls?: ClientTls;
   /** Deadline of the whole call, connect included. */
   timeoutMs: number;
   /** Largest response message accepted (default 4 MiB, gRPC's default). */
@@ -44,35 +45,8 @@ export interface UnaryCall {
 
 const DEFAULT_MAX_RESPONSE = 4 * 1024 * 1024;
 
-/** gRPC's mapping of HTTP statuses of a non-gRPC answer (doc/http-grpc-status-mapping.md). */
-function httpStatusCode(status: number): number {
-  if (status === 400) return GrpcStatus.INTERNAL;
-  if (status === 401) return GrpcStatus.UNAUTHENTICATED;
-  if (status === 403) return GrpcStatus.PERMISSION_DENIED;
-  if (status === 404) return GrpcStatus.UNIMPLEMENTED;
-  if ([429, 502, 503, 504].includes(status)) return GrpcStatus.UNAVAILABLE;
-  return GrpcStatus.UNKNOWN;
-}
-
-function decodeMessage(raw: string | undefined): string {
-  if (!raw) return '';
-  try {
-    return decodeURIComponent(raw);
-  } catch {
-    return raw;
-  }
-}
-
-function header(h: http2.IncomingHttpHeaders, name: string): string | undefined {
-  const v = h[name];
-  return Array.isArray(v) ? v[0] : v;
-}
-
 /** The response message of one unary call; rejects with a GrpcError. */
 export function unaryCall(c: UnaryCall): Promise<Buffer> {
-  // Required here: node:http2 (and TLS) load when the first call is made, not with the module.
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const h2 = require('node:http2') as typeof http2;
   const max = c.maxResponseBytes ?? DEFAULT_MAX_RESPONSE;
   return new Promise<Buffer>((resolve, reject) => {
     let session: http2.ClientHttp2Session | undefined;
@@ -92,37 +66,7 @@ export function unaryCall(c: UnaryCall): Promise<Buffer> {
       c.timeoutMs,
     );
     try {
-      const unixPath = c.address.startsWith('unix:') ? c.address.slice(5).replace(/^\/\/(?=\/)/, '') : undefined;
-      let authority = 'localhost';
-      let connect: () => net.Socket | tls.TLSSocket;
-      if (unixPath !== undefined) {
-        connect = () => net.connect(unixPath);
-      } else {
-        const m = /^(?:\[([^\]]+)\]|([^:]+)):(\d+)$/.exec(c.address);
-        if (!m) throw new GrpcError(GrpcStatus.UNAVAILABLE, `${c.address} is not host:port`);
-        const host = m[1] ?? m[2]!;
-        const port = Number(m[3]);
-        authority = c.address;
-        connect = () => net.connect({ host, port });
-      }
-      const t = c.tls;
-      const scheme = t ? 'https' : 'http';
-      session = h2.connect(`${scheme}://${authority}`, {
-        createConnection: () => {
-          if (!t) return connect();
-          // eslint-disable-next-line @typescript-eslint/no-require-imports
-          const tlsMod = require('node:tls') as typeof tls;
-          const name = t.serverName;
-          return tlsMod.connect({
-            ...t.options,
-            socket: connect() as net.Socket,
-            ALPNProtocols: ['h2'],
-            // SNI carries names only (RFC 6066); the certificate is checked against the name either way.
-            ...(net.isIP(name) ? {} : { servername: name }),
-            checkServerIdentity: (_host, cert) => tlsMod.checkServerIdentity(name, cert),
-          });
-        },
-      });
+      session = connectSession(c.address, c.tls);
       let connectionError: string | undefined;
       session.on('error', (e: Error) => {
         connectionError = `connection to ${c.address}: ${e.message}`;
@@ -130,27 +74,10 @@ export function unaryCall(c: UnaryCall): Promise<Buffer> {
       });
       session.on('goaway', () => fail(GrpcStatus.UNAVAILABLE, `${c.address} closed the connection (GOAWAY)`));
       session.on('close', () => fail(GrpcStatus.UNAVAILABLE, `connection to ${c.address} closed before an answer`));
-      const headers: http2.OutgoingHttpHeaders = {
-        ':method': 'POST',
-        ':path': c.path,
-        'content-type': 'application/grpc',
-        te: 'trailers',
-        'grpc-timeout': `${Math.max(1, Math.ceil(c.timeoutMs))}m`,
-        'user-agent': 'pilot-agent',
-      };
-      for (const [k, v] of Object.entries(c.metadata ?? {})) {
-        // gRPC's ASCII metadata: names of [0-9a-z_.-], values of printable ASCII (no CR/LF to split a header).
-        const name = k.toLowerCase();
-        if (!/^[0-9a-z_.-]+$/.test(name) || name.endsWith('-bin'))
-          throw new GrpcError(GrpcStatus.INTERNAL, `metadata name ${JSON.stringify(k)} is not a gRPC header name`);
-        if (!/^[\x20-\x7e]*$/.test(v))
-          throw new GrpcError(GrpcStatus.INTERNAL, `metadata ${name}: the value is not printable ASCII`);
-        headers[name] = v;
-      }
+      const headers = requestHeaders(c.path, c.metadata);
+      headers['grpc-timeout'] = `${Math.max(1, Math.ceil(c.timeoutMs))}m`;
       const stream = session.request(headers, { endStream: false });
-      const frame = Buffer.alloc(5);
-      frame.writeUInt32BE(c.message.length, 1);
-      stream.end(Buffer.concat([frame, c.message]));
+      stream.end(Buffer.concat([messagePrefix(c.message.length), c.message]));
 
       const chunks: Buffer[] = [];
       let received = 0;
@@ -185,18 +112,12 @@ export function unaryCall(c: UnaryCall): Promise<Buffer> {
           const what = `${c.address} ended the call without a status (stream reset code ${rst})`;
           // Nothing answered: the connection failed (its own error, reported first when there is one, says how).
           if (!httpStatus) return setImmediate(() => fail(GrpcStatus.UNAVAILABLE, connectionError ?? what));
-          const code =
-            rst === h2.constants.NGHTTP2_REFUSED_STREAM
-              ? GrpcStatus.UNAVAILABLE
-              : rst === h2.constants.NGHTTP2_CANCEL
-                ? GrpcStatus.CANCELLED
-                : GrpcStatus.INTERNAL;
-          return fail(code, what);
+          return fail(rstStatusCode(rst), what);
         }
         const code = Number(status);
         if (!Number.isInteger(code) || code < 0 || code > 16)
           return fail(GrpcStatus.UNKNOWN, `${c.address} answered grpc-status ${JSON.stringify(status)}`);
-        if (code !== GrpcStatus.OK) return fail(code, decodeMessage(message) || `status ${grpcStatusName(code)}`);
+        if (code !== GrpcStatus.OK) return fail(code, decodeGrpcMessage(message) || `status ${grpcStatusName(code)}`);
         const body = Buffer.concat(chunks);
         if (body.length < 5) return fail(GrpcStatus.INTERNAL, `${c.address} answered OK without a message`);
         if (body[0] !== 0)

@@ -1,12 +1,17 @@
 // A gRPC server on a Unix socket of the agent's: a stale socket file is replaced (never anything else, nor a socket
-// another process serves), the server is bound, and the file gets the narrowest mode that works; or the server takes
+// another process serves), the socket is bound, and the file gets the narrowest mode that works; or the server takes
 // over a socket bound earlier in start-up (lib/prebind.ts prebindUnixSocket). Stopping it ends the server, the
-// pre-bound listener if there was one, and removes the socket file.
+// listener, and removes the socket file.
 
 import * as fs from 'node:fs';
-import type * as grpc from '@grpc/grpc-js';
+import * as net from 'node:net';
+import type { GrpcServer } from './grpc-server';
+import { errorMessage } from './errors';
+import { scope } from './log';
 import { takePrebound } from './prebind';
 import { AGENT_SOCKET_MODE, prepareSocket } from './unix-socket';
+
+const log = scope('socket');
 
 export interface BoundUnixServer {
   /** Stops the server at once (open streams end) and removes its socket file. Safe to call twice. */
@@ -14,30 +19,37 @@ export interface BoundUnixServer {
 }
 
 /**
- * Binds the server on the socket, or serves the one prebindUnixSocket() already bound there (connections that
- * arrived before are served first). If it throws, nothing was bound and no file is touched; the caller may still
- * shut the server down.
+ * Serves the socket with the server, or the one prebindUnixSocket() already bound there (connections that arrived
+ * before are served first). If it throws, nothing was bound and no file is touched.
  */
 export async function bindUnixSocket(
-  server: grpc.Server,
+  server: GrpcServer,
   socketPath: string,
   mode = AGENT_SOCKET_MODE,
 ): Promise<BoundUnixServer> {
-  let injector: grpc.ConnectionInjector | undefined;
-  const early = takePrebound(socketPath, (s) =>
-    (injector ??= server.createConnectionInjector(insecure())).injectConnection(s),
-  );
-  if (!early) {
+  let listener: { close(): void } | undefined = takePrebound(socketPath, (s) => server.handleConnection(s));
+  if (!listener) {
     await prepareSocket(socketPath);
-    await new Promise<void>((resolve, reject) =>
-      server.bindAsync(`unix://${socketPath}`, insecure(), (e) => (e ? reject(e) : resolve())),
-    );
+    const l = net.createServer((s) => server.handleConnection(s));
+    await new Promise<void>((resolve, reject) => {
+      l.once('error', reject);
+      l.listen(socketPath, () => {
+        l.off('error', reject);
+        // A failed accept (EMFILE: a peer holding every descriptor) is an 'error' event: logged, never a crash.
+        l.on('error', (err) => log.warn(`listener ${socketPath}: ${errorMessage(err)}`));
+        resolve();
+      });
+    });
     fs.chmodSync(socketPath, mode);
+    listener = l;
   }
+  let stopped = false;
   return {
     stop() {
-      server.forceShutdown();
-      early?.close();
+      if (stopped) return;
+      stopped = true;
+      listener.close();
+      server.close();
       try {
         if (fs.lstatSync(socketPath).isSocket()) fs.unlinkSync(socketPath);
       } catch {
@@ -46,7 +58,3 @@ export async function bindUnixSocket(
     },
   };
 }
-
-// Required when a server is bound: importers (the SDS server) load before grpc-js is needed.
-// eslint-disable-next-line @typescript-eslint/no-require-imports
-const insecure = () => (require('@grpc/grpc-js') as typeof grpc).ServerCredentials.createInsecure();

@@ -16,7 +16,7 @@
 
 import { createHash, randomBytes } from 'node:crypto';
 import * as path from 'node:path';
-import type * as grpc from '@grpc/grpc-js';
+import { GrpcServer, type ServerCall } from './grpc-server';
 import { GrpcStatus } from './grpc-status';
 import { Counter, type Registry } from './prom';
 import { closedSignal, type Component } from './component';
@@ -189,32 +189,8 @@ const writeDelta = (r: DeltaAnswer): Buffer =>
     resources: r.resources.map((x) => ({ name: x.name, version: x.version, any: anyBytes(x.resource) })),
   });
 
-// Only served, never called: grpc-js wants the client half of the definition too.
-const notAClient = (): never => {
-  throw new AgentError('INTERNAL', 'the SDS service definition is for serving only');
-};
-const SDS_DEFINITION: grpc.ServiceDefinition = {
-  StreamSecrets: {
-    path: `/${SDS_SERVICE}/StreamSecrets`,
-    requestStream: true,
-    responseStream: true,
-    originalName: 'streamSecrets',
-    requestSerialize: notAClient,
-    requestDeserialize: readSotw,
-    responseSerialize: writeSotw,
-    responseDeserialize: notAClient,
-  },
-  DeltaSecrets: {
-    path: `/${SDS_SERVICE}/DeltaSecrets`,
-    requestStream: true,
-    responseStream: true,
-    originalName: 'deltaSecrets',
-    requestSerialize: notAClient,
-    requestDeserialize: readDelta,
-    responseSerialize: writeDelta,
-    responseDeserialize: notAClient,
-  },
-};
+/** Envoy's requests are small; a larger one is refused before it is buffered (gRPC's default receive limit). */
+const MAX_REQUEST_BYTES = 4 * 1024 * 1024;
 
 interface Stream {
   id: number;
@@ -227,7 +203,7 @@ interface Stream {
   acked: Map<string, string>;
   /** nonce -> name -> version sent in that response (ACKs name the nonce). */
   pending: Map<string, Map<string, string>>;
-  call: grpc.ServerDuplexStream<unknown, unknown>;
+  call: ServerCall;
   /** Sent on this stream: a version for state-of-the-world responses. */
   responses: number;
   /** The stream was told once that it asks for too many names. */
@@ -246,7 +222,7 @@ export class SdsServer implements Component {
   readonly name = 'SDS server';
   readonly closed: Promise<Error | undefined>;
   private readonly signal = closedSignal();
-  private server: grpc.Server | undefined;
+  private server: GrpcServer | undefined;
   private bound: BoundUnixServer | undefined;
   private readonly streams = new Map<number, Stream>();
   private readonly socketPath: string;
@@ -273,18 +249,19 @@ export class SdsServer implements Component {
     if (this.state !== 'new') throw new AgentError('INTERNAL', 'SDS server already started');
     this.state = 'starting';
     try {
-      // grpc-js loads here, when the server starts: the secret cache and its CA call come first (see agent.ts).
-      // eslint-disable-next-line @typescript-eslint/no-require-imports
-      const { Server } = require('@grpc/grpc-js') as typeof grpc;
-      const server = new Server({ 'grpc.enable_channelz': 0 });
-      server.addService(SDS_DEFINITION, {
-        StreamSecrets: (call: grpc.ServerDuplexStream<DiscoveryRequest, unknown>) => this.accept(call, 'sotw'),
-        DeltaSecrets: (call: grpc.ServerDuplexStream<DeltaRequest, unknown>) => this.accept(call, 'delta'),
+      const server = new GrpcServer({
+        methods: {
+          [`/${SDS_SERVICE}/StreamSecrets`]: (call) => this.accept(call, 'sotw'),
+          [`/${SDS_SERVICE}/DeltaSecrets`]: (call) => this.accept(call, 'delta'),
+        },
+        maxMessageBytes: MAX_REQUEST_BYTES,
+        maxSendBytes: 0xffffffff,
+        peerName: `unix:${this.socketPath}`,
       });
       this.server = server;
       this.bound = await bindUnixSocket(server, this.socketPath);
     } catch (e) {
-      this.server?.forceShutdown();
+      this.server?.close();
       this.state = 'closed';
       const err = wrap(
         `failed to start SDS server on ${this.socketPath}`,
@@ -312,7 +289,7 @@ export class SdsServer implements Component {
     this.streams.clear();
     // While the socket is still being bound, start() stops the server once it is.
     if (this.bound) this.bound.stop();
-    else this.server?.forceShutdown();
+    else this.server?.close();
     this.signal.resolve(undefined);
   }
 
@@ -375,12 +352,9 @@ export class SdsServer implements Component {
     );
   }
 
-  private accept(
-    call: grpc.ServerDuplexStream<DiscoveryRequest | DeltaRequest, unknown>,
-    kind: 'sotw' | 'delta',
-  ): void {
+  private accept(call: ServerCall, kind: 'sotw' | 'delta'): void {
     if (this.state !== 'serving') {
-      call.emit('error', { code: GrpcStatus.UNAVAILABLE, details: 'SDS server shutting down' });
+      call.fail(GrpcStatus.UNAVAILABLE, 'SDS server shutting down');
       return;
     }
     const s: Stream = {
@@ -401,22 +375,21 @@ export class SdsServer implements Component {
       log.debug(`SDS stream ${s.id} closed (${s.names.size} names)`);
       this.forgetStream(s);
     };
-    call.on('data', (req: DiscoveryRequest | DeltaRequest) => {
+    call.on('message', (b: Buffer) => {
       try {
-        if (kind === 'sotw') this.onSotw(s, req as DiscoveryRequest);
-        else this.onDelta(s, req as DeltaRequest);
+        if (kind === 'sotw') this.onSotw(s, readSotw(b));
+        else this.onDelta(s, readDelta(b));
       } catch (e) {
         log.error(`SDS stream ${s.id}: ${(e as Error).message}`);
-        call.emit('error', { code: GrpcStatus.INTERNAL, details: (e as Error).message });
+        call.fail(GrpcStatus.INTERNAL, (e as Error).message);
         end();
       }
     });
-    call.on('end', () => {
+    call.on('halfClose', () => {
       end();
       call.end();
     });
-    call.on('error', end);
-    call.on('cancelled', end);
+    call.on('aborted', end);
   }
 
   private checkType(typeUrl: string | undefined): void {
@@ -614,21 +587,23 @@ export class SdsServer implements Component {
     if (s.kind === 'sotw') {
       const version = changed.length === 1 ? changed[0]!.version : `${s.id}.${++s.responses}`;
       const resources = changed.map((r) => secretResource(r.name, r.value));
-      s.call.write({ version_info: version, resources, type_url: SECRET_TYPE, nonce });
+      s.call.write(writeSotw({ version_info: version, resources, type_url: SECRET_TYPE, nonce }));
       s.pending.set(nonce, new Map(changed.map((r) => [r.name, r.version])));
       if (s.pending.size > MAX_PENDING) s.pending.delete(s.pending.keys().next().value as string);
       for (const r of changed) s.sent.set(r.name, r.version);
     } else {
-      s.call.write({
-        system_version_info: changed.map((r) => r.version).join('.'),
-        resources: changed.map((r) => ({
-          name: r.name,
-          version: r.version,
-          resource: secretResource(r.name, r.value),
-        })),
-        type_url: SECRET_TYPE,
-        nonce,
-      });
+      s.call.write(
+        writeDelta({
+          system_version_info: changed.map((r) => r.version).join('.'),
+          resources: changed.map((r) => ({
+            name: r.name,
+            version: r.version,
+            resource: secretResource(r.name, r.value),
+          })),
+          type_url: SECRET_TYPE,
+          nonce,
+        }),
+      );
       s.pending.set(nonce, new Map(changed.map((r) => [r.name, r.version])));
       if (s.pending.size > MAX_PENDING) s.pending.delete(s.pending.keys().next().value as string);
       for (const r of changed) s.sent.set(r.name, r.version);

@@ -8,7 +8,6 @@
 // credentials are made: the supervisor imports envoyEnvironment() before Envoy's spawn, when neither is loaded yet.
 
 import type * as tls from 'node:tls';
-import type * as grpc from '@grpc/grpc-js';
 import { AgentError, errorMessage } from './errors';
 import { scope } from './log';
 
@@ -141,15 +140,8 @@ export function restrictedContext(policy: string | undefined, pem: TlsClientPem)
   }
 }
 
-/** gRPC channel credentials for the agent's TLS clients: as createSsl, restricted by the policy when there is one. */
-export function tlsCredentials(
-  policy: string | undefined,
-  root: Buffer | null,
-  key: Buffer | null,
-  cert: Buffer | null,
-): grpc.ChannelCredentials {
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const g = require('@grpc/grpc-js') as typeof grpc;
-  const ctx = restrictedContext(policy, { ...(root && { ca: root }), ...(key && cert && { key, cert }) });
-  return ctx ? g.credentials.createFromSecureContext(ctx) : g.credentials.createSsl(root, key, cert);
+/** tls.connect options for the agent's TLS clients: the PEM material, restricted by the policy when there is one. */
+export function clientTlsOptions(policy: string | undefined, pem: TlsClientPem): tls.ConnectionOptions {
+  const secureContext = restrictedContext(policy, pem);
+  return secureContext ? { secureContext } : pem;
 }

@@ -36,13 +36,14 @@
 // rewritten on its way (registerRewriter; agent.ts: ECDS through lib/wasm-ecds.ts, which fetches Wasm modules).
 
 import * as path from 'node:path';
-import * as grpc from '@grpc/grpc-js';
 import { Counter, type Registry } from './prom';
 import type { Component, StatusRoute } from './component';
 import { AgentError, wrap } from './errors';
 import { counterFrom, registerCounters } from './metrics';
 import { json } from './status-server';
 import { scope } from './log';
+import { GrpcServer, type ServerCall } from './grpc-server';
+import { GrpcStatus } from './grpc-status';
 import { bindUnixSocket, type BoundUnixServer } from './grpc-unix';
 import {
   newCounters,
@@ -88,31 +89,11 @@ const DEFAULT_MAX_STREAMS = 16;
 const STREAM_LOG_BURST = 40;
 const STREAM_LOG_WINDOW_MS = 10_000;
 
-const identity = (b: Buffer) => b;
-function method(kind: XdsKind, name: string): grpc.MethodDefinition<Buffer, Buffer> {
-  return {
-    path: ADS_PATHS[kind],
-    requestStream: true,
-    responseStream: true,
-    originalName: name,
-    requestSerialize: identity,
-    requestDeserialize: identity,
-    responseSerialize: identity,
-    responseDeserialize: identity,
-  };
-}
-const ADS_DEFINITION: grpc.ServiceDefinition = {
-  StreamAggregatedResources: method('sotw', 'streamAggregatedResources'),
-  DeltaAggregatedResources: method('delta', 'deltaAggregatedResources'),
-};
-
-type StatusSlot = { status?: { code?: number; details?: string } };
-
 export class XdsProxy implements Component {
   readonly name = 'xDS proxy';
   readonly closed: Promise<Error | undefined>;
   private resolveClosed!: (e: Error | undefined) => void;
-  private server: grpc.Server | undefined;
+  private server: GrpcServer | undefined;
   private bound: BoundUnixServer | undefined;
   private readonly sessions = new Map<number, Session>();
   private readonly handlers = new Map<string, AgentHandler>();
@@ -134,8 +115,6 @@ export class XdsProxy implements Component {
   private state: 'new' | 'starting' | 'listening' | 'closed' = 'new';
   /** The first Envoy stream's upstream channel, connecting since the proxy started listening. */
   private spare: SpareChannel | undefined;
-  // Metadata object -> status gRPC itself sent, so a stream that grpc-js ends (e.g. oversized message) logs why.
-  private readonly statusSlots = new WeakMap<grpc.Metadata, StatusSlot>();
 
   constructor(private readonly o: XdsProxyOptions) {
     this.closed = new Promise((r) => (this.resolveClosed = r));
@@ -177,23 +156,20 @@ export class XdsProxy implements Component {
     if (this.state !== 'new') throw new AgentError('INTERNAL', 'xDS proxy already started');
     this.state = 'starting';
     try {
-      const max = this.ctx.maxMessageBytes;
-      const server = new grpc.Server({
-        'grpc.enable_channelz': 0,
-        'grpc.max_receive_message_length': max,
-        'grpc.max_send_message_length': max,
-        // Per connection, as HTTP/2 SETTINGS: nghttp2 refuses streams beyond it before grpc-js sees them.
-        'grpc.max_concurrent_streams': this.maxStreams,
-        interceptors: [this.recordStatus],
-      });
-      server.addService(ADS_DEFINITION, {
-        StreamAggregatedResources: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => this.accept(call, 'sotw'),
-        DeltaAggregatedResources: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => this.accept(call, 'delta'),
+      const server = new GrpcServer({
+        methods: {
+          [ADS_PATHS.sotw]: (call) => this.accept(call, 'sotw'),
+          [ADS_PATHS.delta]: (call) => this.accept(call, 'delta'),
+        },
+        maxMessageBytes: this.ctx.maxMessageBytes,
+        // Per connection, as HTTP/2 SETTINGS: nghttp2 refuses streams beyond it before they reach the proxy.
+        maxConcurrentStreams: this.maxStreams,
+        peerName: `unix:${this.socketPath}`,
       });
       this.server = server;
       this.bound = await bindUnixSocket(server, this.socketPath);
     } catch (e) {
-      this.server?.forceShutdown();
+      this.server?.close();
       this.state = 'closed';
       const err = wrap(
         `failed to start xDS proxy on ${this.socketPath}`,
@@ -210,7 +186,7 @@ export class XdsProxy implements Component {
     }
     this.state = 'listening';
     // Envoy's first stream comes ~0.1 s after its spawn; its upstream connection is made meanwhile.
-    if (this.o.preconnect !== false) this.spare = spareChannel(this.o.upstream, this.ctx.maxMessageBytes);
+    if (this.o.preconnect !== false) this.spare = spareChannel(this.o.upstream);
     log.info(
       `xDS proxy listening on ${this.socketPath}, upstream ${this.o.upstream.address} (${this.o.upstream.tls ? 'TLS' : 'plaintext'})`,
     );
@@ -226,7 +202,7 @@ export class XdsProxy implements Component {
     for (const s of [...this.sessions.values()]) s.close('xDS proxy shutting down', true);
     // While the socket is still being bound, start() stops the server once it is.
     if (this.bound) this.bound.stop();
-    else this.server?.forceShutdown();
+    else this.server?.close();
     this.resolveClosed(undefined);
   }
 
@@ -330,9 +306,9 @@ export class XdsProxy implements Component {
     };
   }
 
-  private accept(call: grpc.ServerDuplexStream<Buffer, Buffer>, kind: XdsKind): void {
+  private accept(call: ServerCall, kind: XdsKind): void {
     if (this.state === 'closed') {
-      call.emit('error', { code: grpc.status.UNAVAILABLE, details: 'xDS proxy shutting down' });
+      call.fail(GrpcStatus.UNAVAILABLE, 'xDS proxy shutting down');
       return;
     }
     if (this.sessions.size >= this.maxStreams) {
@@ -344,16 +320,15 @@ export class XdsProxy implements Component {
         (this.burstWarned ? log.warn : log.debug)(
           `refusing new xDS streams with RESOURCE_EXHAUSTED: ${this.sessions.size} ` +
             `are open, the most this proxy serves (Envoy holds one, two during a hot restart)`,
-          { peer: call.getPeer() },
+          { peer: call.peer },
         );
       }
       const details = `the xDS proxy serves at most ${this.maxStreams} streams at once`;
-      call.emit('error', { code: grpc.status.RESOURCE_EXHAUSTED, details });
+      call.fail(GrpcStatus.RESOURCE_EXHAUSTED, details);
       return;
     }
-    const slot = this.statusSlots.get(call.metadata);
     this.counters.downstream_streams_total++;
-    const s = new Session(this.nextId++, kind, call, this.ctx, () => slot?.status);
+    const s = new Session(this.nextId++, kind, call, this.ctx);
     this.sessions.set(s.id, s);
   }
 
@@ -368,26 +343,6 @@ export class XdsProxy implements Component {
     this.primary = [...this.sessions.values()].filter((x) => x.started).pop();
     if (this.primary && this.state !== 'closed') this.primary.becamePrimary();
   }
-
-  // The base call grpc-js hands the first interceptor is the one that sends statuses it decides on itself
-  // (message too large, bad compression), so recording them there is the only way to learn why it ended a call.
-  private readonly recordStatus: grpc.ServerInterceptor = (_desc, call) => {
-    const slot: StatusSlot = {};
-    const send = call.sendStatus.bind(call);
-    call.sendStatus = (status) => {
-      slot.status = { code: status.code, details: status.details };
-      send(status);
-    };
-    return new grpc.ServerInterceptingCall(call, {
-      start: (next) =>
-        next({
-          onReceiveMetadata: (md, nextMd) => {
-            this.statusSlots.set(md, slot);
-            nextMd(md);
-          },
-        }),
-    });
-  };
 }
 
 /**

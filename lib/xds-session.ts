@@ -4,7 +4,7 @@
 // streams: when one ends, the session reconnects with backoff and re-sends what Envoy is subscribed to (see
 // xds-state.ts).
 
-import type * as grpc from '@grpc/grpc-js';
+import type { ServerCall } from './grpc-server';
 import { errorMessage } from './errors';
 import { grpcStatusName } from './grpc-status';
 import { scope } from './log';
@@ -35,7 +35,14 @@ import {
   type Subscriptions,
   type XdsKind,
 } from './xds-state';
-import { backoffDelay, openUpstream, type Backoff, type UpstreamCall, type UpstreamOptions } from './xds-upstream';
+import {
+  backoffDelay,
+  openUpstream,
+  type Backoff,
+  type UpstreamCall,
+  type UpstreamChannel,
+  type UpstreamOptions,
+} from './xds-upstream';
 import { mayNameFile, type SecretReferenceSink } from './secret-names';
 import { fileSecretNames } from './xds-secret-names';
 
@@ -164,7 +171,7 @@ export interface SessionContext {
   /** Told the file SDS names each listener and cluster references (the SDS server serves only those). */
   readonly secretReferences?: SecretReferenceSink;
   /** A channel already connecting to the control plane, once, for the first stream's first upstream. */
-  spareChannel?(): grpc.Client | undefined;
+  spareChannel?(): UpstreamChannel | undefined;
 }
 
 /** Types whose resources hold transport sockets, and so SDS names. */
@@ -236,23 +243,20 @@ export class Session {
   constructor(
     readonly id: number,
     readonly kind: XdsKind,
-    private readonly call: grpc.ServerDuplexStream<Buffer, Buffer>,
+    private readonly call: ServerCall,
     private readonly ctx: SessionContext,
-    statusOf: () => { code?: number; details?: string } | undefined,
   ) {
     this.subs = kind === 'sotw' ? new SotwSubscriptions() : new DeltaSubscriptions();
-    call.on('data', (b: Buffer) => this.onEnvoyMessage(b));
-    call.on('end', () => this.envoyEnded('cancelled', 'Envoy closed its side of the stream', true));
-    call.on('error', (e) => this.envoyEnded('error', `stream error: ${errorMessage(e)}`, false, true));
-    call.on('cancelled', () => {
-      const st = statusOf();
-      if (!st?.details) return this.envoyEnded('cancelled', 'cancelled by Envoy or the connection closed', false);
-      // grpc-js ended the call itself, e.g. a message over the size limit.
+    call.on('message', (b: Buffer) => this.onEnvoyMessage(b));
+    call.on('halfClose', () => this.envoyEnded('cancelled', 'Envoy closed its side of the stream', true));
+    call.on('aborted', (st) => {
+      if (!st) return this.envoyEnded('cancelled', 'cancelled by Envoy or the connection closed', false);
+      // The transport ended the call itself, e.g. a message over the size limit.
       if (!this.done && st.code === 8 /* RESOURCE_EXHAUSTED */) ctx.counters.bad_messages_total++;
       this.envoyEnded('error', `gRPC ended it: ${st.details}`, false, true);
     });
     // Logged at info once it sends a request (start()): a stream cancelled before that is not worth a line.
-    if (log.enabled('debug')) log.debug(`Envoy opened ${METHOD[kind]} stream ${id}`, { peer: call.getPeer() });
+    if (log.enabled('debug')) log.debug(`Envoy opened ${METHOD[kind]} stream ${id}`, { peer: call.peer });
   }
 
   get started(): boolean {
@@ -705,7 +709,7 @@ export class Session {
     this.hasStarted = true;
     this.ctx.started(this);
     this.ctx.streamLog('info', `Envoy connected: ${METHOD[this.kind]} stream ${this.id}`, {
-      peer: this.call.getPeer(),
+      peer: this.call.peer,
     });
     this.connect();
   }
@@ -839,7 +843,7 @@ export class Session {
   private endDownstream(code: number, details: string): void {
     this.envoyEnded('error', details, false, true);
     // A status error ends only this call; the server and other streams carry on.
-    this.call.emit('error', { code, details });
+    this.call.fail(code, details);
   }
 
   /** Ends the session. `graceful`: also end Envoy's side with OK; `abnormal`: log as a warning. */
@@ -855,11 +859,7 @@ export class Session {
       up.up.close();
     }
     if (graceful) {
-      try {
-        this.call.end();
-      } catch {
-        // already ended
-      }
+      this.call.end();
     }
     for (const key of this.secretSources) this.ctx.secretReferences?.set(key, []);
     this.secretSources.clear();
@@ -888,7 +888,7 @@ export class Session {
       id: this.id,
       kind: this.kind,
       node: nodeId(this.subs.node),
-      peer: this.call.getPeer(),
+      peer: this.call.peer,
       openedAt: this.openedAt.toISOString(),
       primary: this.ctx.isPrimary(this),
       started: this.hasStarted,

@@ -7,7 +7,7 @@
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
-import type * as grpc from '@grpc/grpc-js';
+import type * as http2 from 'node:http2';
 import { type ClientCertFiles, loadClientCert, provCertFiles } from './client-cert';
 import { ISTIOD_ROOT_CA, MOUNTED_ROOT_CA as DEFAULT_ROOT_CA } from './cert-provider';
 import type { AgentConfig } from './config';
@@ -15,7 +15,20 @@ import * as envs from './env';
 import type { Env } from './env';
 import { AgentError, errorMessage } from './errors';
 import type { XdsKind } from './xds-state';
-import { tlsCredentials } from './tls-policy';
+import { GrpcStatus } from './grpc-status';
+import {
+  type ClientTls,
+  connectSession,
+  type GrpcError,
+  header,
+  httpStatusCode,
+  MessageReader,
+  messagePrefix,
+  requestHeaders,
+  rstStatusCode,
+  statusFromHeaders,
+} from './grpc-wire';
+import { clientTlsOptions } from './tls-policy';
 
 export interface UpstreamOptions {
   /** host:port of the discovery server. */
@@ -173,70 +186,156 @@ export interface UpstreamListener {
 }
 
 /**
- * One ADS call at the level of grpc-js's channel call, below its Node streams: one message is read per
- * `startRead()` and one written at a time, so the proxy decides exactly how much it buffers each way.
+ * One ADS call: one message is read per `startRead()` (HTTP/2 flow control holds the rest at the server) and one
+ * written at a time, so the proxy decides exactly how much it buffers each way.
  */
 export interface UpstreamCall {
-  /** Writes one message; `done` runs once gRPC has taken it. Write the next only after that. */
+  /** Writes one message; `done` runs once HTTP/2 has taken it. Write the next only after that. */
   write(message: Buffer, done: () => void): void;
   /** Asks for the next message. */
   startRead(): void;
   cancel(details: string): void;
-  /** Calls back once the channel is connected, or with an error after timeoutMs; never after close(). */
+  /** Calls back once the connection is up, or with an error after timeoutMs; never after close(). */
   whenReady(timeoutMs: number, cb: (err?: Error) => void): void;
-  /** Closes the channel. */
+  /** Closes the connection. */
   close(): void;
 }
 
 const FLOW_CONTROL_WINDOW = 16 * 1024 * 1024;
 
-// grpc-js loads with the first call, not with this module: the CA client takes its options from here, and the agent
-// asks the CA before grpc-js has loaded (see agent.ts).
-// eslint-disable-next-line @typescript-eslint/no-require-imports
-const grpcJs = () => require('@grpc/grpc-js') as typeof grpc;
-
 /** The stream's metadata: the headers, and the token where it may go (TLS, or a Unix socket or loopback address). */
-export function upstreamMetadata(o: UpstreamOptions): grpc.Metadata {
-  const md = new (grpcJs().Metadata)();
-  for (const [k, v] of Object.entries(o.headers ?? {})) md.set(k, v);
+export function upstreamMetadata(o: UpstreamOptions): Record<string, string> {
+  const md: Record<string, string> = {};
+  for (const [k, v] of Object.entries(o.headers ?? {})) md[k.toLowerCase()] = v;
   if (o.tls || isLocalAddress(o.address)) {
     const token = o.token ?? (o.tokenFile ? readIfExists(o.tokenFile)?.toString('utf8').trim() : undefined);
-    if (token) md.set('authorization', `Bearer ${token}`);
+    if (token) md.authorization = `Bearer ${token}`;
   }
   return md;
 }
 
-/** A channel (one connection) to the control plane. Throws AgentError if credentials cannot be loaded. */
-function newChannel(o: UpstreamOptions, maxMessageBytes: number): grpc.Client {
-  const grpc = grpcJs();
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const { connectOnceOptions } = require('./grpc-connect-once') as typeof import('./grpc-connect-once');
-  const options: grpc.ChannelOptions = {
-    'grpc.max_receive_message_length': maxMessageBytes,
-    'grpc.max_send_message_length': maxMessageBytes,
-    'grpc.keepalive_time_ms': o.keepaliveTimeMs ?? 30_000,
-    'grpc.keepalive_timeout_ms': o.keepaliveTimeoutMs ?? 10_000,
-    // The proxy owns retries: it re-sends subscriptions itself, so gRPC must not replay messages.
-    'grpc.enable_retries': 0,
-    // The proxy also owns the reconnect backoff: each channel is one connection attempt (see grpc-connect-once.ts).
-    // A channel that shares a subchannel still in another's backoff fails at once without connecting ("No
-    // connection established. Last error: null"), and the two backoffs multiply into a 30 s stall after a 3 s outage.
-    ...connectOnceOptions(),
-    // HTTP/2's default 64 KB window makes a 10 MB push wait on hundreds of WINDOW_UPDATEs (Envoy advertises
-    // 256 MB). This is also the most the proxy holds unread when it stops reading because Envoy is behind.
-    'grpc-node.flow_control_window': FLOW_CONTROL_WINDOW,
+function upstreamTls(o: UpstreamOptions): ClientTls {
+  const cc = loadClientCert(clientCertFiles(o));
+  const root = rootCa(o);
+  const pem = { ...(root && { ca: root }), ...(cc && { key: cc.key, cert: cc.cert }) };
+  return {
+    serverName: o.serverName || splitHostPort(o.address).host,
+    options: clientTlsOptions(o.compliancePolicy, pem),
   };
-  let creds: grpc.ChannelCredentials;
-  if (o.tls) {
-    const cc = loadClientCert(clientCertFiles(o));
-    creds = tlsCredentials(o.compliancePolicy, rootCa(o), cc?.key ?? null, cc?.cert ?? null);
-    const { host } = splitHostPort(o.address);
-    if (o.serverName && o.serverName !== host && !net.isIP(o.serverName))
-      options['grpc.ssl_target_name_override'] = o.serverName;
-  } else {
-    creds = grpc.credentials.createInsecure();
+}
+
+/**
+ * One HTTP/2 connection to the control plane, made once: the proxy owns reconnecting (a fresh channel per attempt,
+ * so rotated roots, certificates and tokens are read again and a failed attempt leaves nothing behind). Keepalive
+ * PINGs every keepaliveTimeMs; no ACK within keepaliveTimeoutMs ends the connection, as gRPC's keepalive does.
+ */
+export class UpstreamChannel {
+  readonly session: http2.ClientHttp2Session;
+  private up = false;
+  private down = false;
+  private failure: string | undefined;
+  private readonly waiters = new Set<(err?: Error) => void>();
+  private keepalive: NodeJS.Timeout | undefined;
+
+  /** Throws AgentError if credentials cannot be loaded, GrpcError for an address that is no target. */
+  constructor(private readonly o: UpstreamOptions) {
+    this.session = connectSession(o.address, o.tls ? upstreamTls(o) : undefined, {
+      h2: {
+        settings: { initialWindowSize: FLOW_CONTROL_WINDOW, enablePush: false },
+        // A large push in flight is held here until the proxy reads it.
+        maxSessionMemory: Math.ceil((4 * FLOW_CONTROL_WINDOW) / (1024 * 1024)),
+      },
+    });
+    const s = this.session;
+    s.on('connect', () => {
+      this.up = true;
+      // HTTP/2's default 64 KB window makes a 10 MB push wait on hundreds of WINDOW_UPDATEs (Envoy advertises
+      // 256 MB). This is also the most the proxy holds unread when it stops reading because Envoy is behind.
+      try {
+        s.setLocalWindowSize(FLOW_CONTROL_WINDOW);
+      } catch {
+        // the session went meanwhile
+      }
+      this.startKeepalive();
+      for (const w of [...this.waiters]) w();
+    });
+    s.on('error', (e: Error) => {
+      this.failure ??= `connection to ${o.address}: ${e.message}`;
+    });
+    s.on('goaway', (code: number) => {
+      this.failure ??= `${o.address} closed the connection (GOAWAY, code ${code})`;
+    });
+    s.on('close', () => {
+      this.down = true;
+      this.stopKeepalive();
+    });
   }
-  return new grpc.Client(o.address, creds, options);
+
+  /** Connecting or connected, and usable for a call. */
+  get usable(): boolean {
+    return !this.down && !this.session.closed && !this.session.destroyed && this.failure === undefined;
+  }
+
+  get connected(): boolean {
+    return this.up && this.usable;
+  }
+
+  /** Why the connection failed, if it did. */
+  get error(): string | undefined {
+    return this.failure;
+  }
+
+  whenReady(timeoutMs: number, cb: (err?: Error) => void): () => void {
+    if (this.connected) {
+      cb();
+      return () => undefined;
+    }
+    // A connection that failed calls back at the deadline only: the call's status says how it failed.
+    const timer = setTimeout(() => waiter(new Error(`not connected within ${timeoutMs} ms`)), timeoutMs);
+    timer.unref();
+    const waiter = (err?: Error) => {
+      clearTimeout(timer);
+      this.waiters.delete(waiter);
+      cb(err);
+    };
+    this.waiters.add(waiter);
+    return () => {
+      clearTimeout(timer);
+      this.waiters.delete(waiter);
+    };
+  }
+
+  close(): void {
+    this.down = true;
+    this.stopKeepalive();
+    this.waiters.clear();
+    this.session.destroy();
+  }
+
+  private startKeepalive(): void {
+    const every = this.o.keepaliveTimeMs ?? 30_000;
+    const timeout = this.o.keepaliveTimeoutMs ?? 10_000;
+    if (!(every > 0) || !Number.isFinite(every)) return;
+    this.keepalive = setInterval(() => {
+      if (this.down) return;
+      const t = setTimeout(() => {
+        this.failure ??= `${this.o.address} did not answer a keepalive ping within ${timeout} ms`;
+        this.session.destroy();
+      }, timeout);
+      t.unref();
+      try {
+        if (!this.session.ping(() => clearTimeout(t))) clearTimeout(t);
+      } catch {
+        clearTimeout(t);
+      }
+    }, every);
+    this.keepalive.unref();
+  }
+
+  private stopKeepalive(): void {
+    if (this.keepalive) clearInterval(this.keepalive);
+    this.keepalive = undefined;
+  }
 }
 
 /** How long a spare channel waits for Envoy's first stream before it is closed (Envoy connects within ~0.3 s). */
@@ -248,35 +347,32 @@ const SPARE_MAX_AGE_MS = 10_000;
  * while it is connecting or connected and young; otherwise it is closed and the caller opens a channel as usual.
  */
 export interface SpareChannel {
-  take(): grpc.Client | undefined;
+  take(): UpstreamChannel | undefined;
   close(): void;
 }
 
 /** Starts connecting a spare channel; undefined when its credentials cannot be loaded now (the caller's own try says why). */
-export function spareChannel(o: UpstreamOptions, maxMessageBytes: number): SpareChannel | undefined {
-  let client: grpc.Client | undefined;
+export function spareChannel(o: UpstreamOptions): SpareChannel | undefined {
+  let channel: UpstreamChannel | undefined;
   try {
-    client = newChannel(o, maxMessageBytes);
+    channel = new UpstreamChannel(o);
   } catch {
     return undefined;
   }
-  const { connectivityState } = grpcJs();
-  client.getChannel().getConnectivityState(true);
   const close = () => {
     clearTimeout(timer);
-    client?.close();
-    client = undefined;
+    channel?.close();
+    channel = undefined;
   };
   const timer = setTimeout(close, SPARE_MAX_AGE_MS);
   timer.unref();
   return {
     take: () => {
-      const c = client;
+      const c = channel;
       if (!c) return undefined;
-      client = undefined;
+      channel = undefined;
       clearTimeout(timer);
-      const state = c.getChannel().getConnectivityState(false);
-      if (state === connectivityState.READY || state === connectivityState.CONNECTING) return c;
+      if (c.usable) return c;
       c.close();
       return undefined;
     },
@@ -285,37 +381,142 @@ export function spareChannel(o: UpstreamOptions, maxMessageBytes: number): Spare
 }
 
 /**
- * Opens one ADS call on a channel with a connection of its own (a new one, or `channel`, which it then owns).
- * Throws AgentError if credentials cannot be loaded.
+ * Opens one ADS call on a connection of its own (a new one, or `channel`, which it then owns). Throws AgentError if
+ * credentials cannot be loaded, GrpcError for an unusable address or metadata.
  */
 export function openUpstream(
   o: UpstreamOptions,
   kind: XdsKind,
   maxMessageBytes: number,
   listener: UpstreamListener,
-  channel?: grpc.Client,
+  channel?: UpstreamChannel,
 ): UpstreamCall {
-  const grpc = grpcJs();
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const { whenChannelReady } = require('./grpc-connect-once') as typeof import('./grpc-connect-once');
-  const client = channel ?? newChannel(o, maxMessageBytes);
-  const md = upstreamMetadata(o);
+  const headers = requestHeaders(ADS_PATHS[kind], upstreamMetadata(o));
+  const ch = channel ?? new UpstreamChannel(o);
+  const who = o.address;
+  const reader = new MessageReader(maxMessageBytes);
+  const queue: Buffer[] = [];
+  let wanted = 0;
+  let delivering = false;
   let closed = false;
-  // Messages are Buffers at this level: serialization is the client stub's job, and there is none.
-  const call = client.getChannel().createCall(ADS_PATHS[kind], Infinity, null, null, null);
-  call.start(md, {
-    onReceiveMetadata: () => undefined,
-    onReceiveMessage: (m: Buffer) => listener.onMessage(m),
-    onReceiveStatus: (st) => listener.onStatus({ code: st.code, details: st.details }),
-  });
+  let ended = false;
+  let finalStatus: { code: number; details: string } | undefined;
+  let httpStatus = 0;
+  let trailerStatus: { code: number; details: string } | undefined;
+  let stopWaiting: (() => void) | undefined;
+
+  const report = (st: { code: number; details: string }) => {
+    if (ended) return;
+    ended = true;
+    queue.length = 0;
+    listener.onStatus(st);
+  };
+  /** The stream is over: its status goes after the messages already read (at once if it failed). */
+  const finish = (st: { code: number; details: string }, now = false) => {
+    if (ended || finalStatus) return;
+    finalStatus = st;
+    if (now || queue.length === 0) report(st);
+  };
+  const deliver = () => {
+    if (delivering) return;
+    delivering = true;
+    try {
+      while (wanted > 0 && queue.length > 0 && !ended) {
+        wanted--;
+        listener.onMessage(queue.shift()!);
+      }
+    } finally {
+      delivering = false;
+    }
+    if (finalStatus && queue.length === 0) report(finalStatus);
+    else if (wanted > 0 && !ended && stream?.isPaused()) stream.resume();
+  };
+  const abort = (code: number, details: string) => {
+    try {
+      stream?.close(8 /* CANCEL */);
+    } catch {
+      // already gone
+    }
+    finish({ code, details }, true);
+  };
+
+  let stream: http2.ClientHttp2Stream | undefined;
+  try {
+    stream = ch.session.request(headers, { endStream: false });
+  } catch (e) {
+    const details = ch.error ?? `cannot start a call to ${who}: ${errorMessage(e)}`;
+    setImmediate(() => finish({ code: GrpcStatus.UNAVAILABLE, details }, true));
+  }
+  if (stream) {
+    const st = stream;
+    st.on('response', (h) => {
+      httpStatus = Number(h[':status']);
+      if (httpStatus !== 200) return abort(httpStatusCode(httpStatus), `${who} answered HTTP ${httpStatus}`);
+      const raw = header(h, 'grpc-status');
+      // A trailers-only answer has its status here.
+      if (raw !== undefined) trailerStatus = statusFromHeaders(raw, header(h, 'grpc-message'), who);
+      else if (!/^application\/grpc/.test(header(h, 'content-type') ?? ''))
+        abort(GrpcStatus.UNKNOWN, `${who} answered content-type ${header(h, 'content-type') ?? 'none'}`);
+    });
+    st.on('trailers', (h) => {
+      trailerStatus = statusFromHeaders(header(h, 'grpc-status'), header(h, 'grpc-message'), who);
+    });
+    st.on('data', (chunk: Buffer) => {
+      if (ended || finalStatus) return;
+      let messages: Buffer[];
+      try {
+        messages = reader.push(chunk);
+      } catch (e) {
+        const g = e as GrpcError;
+        return abort(g.code, g.details);
+      }
+      queue.push(...messages);
+      deliver();
+      if (queue.length > 0 && wanted === 0) st.pause();
+    });
+    // A reset stream also emits 'error'; what it means is decided on 'close'.
+    st.on('error', () => undefined);
+    st.on('close', () => {
+      if (trailerStatus) {
+        if (trailerStatus.code === GrpcStatus.OK && reader.pending)
+          return finish({ code: GrpcStatus.INTERNAL, details: `${who} ended the call inside a message` });
+        return finish(trailerStatus);
+      }
+      const rst = st.rstCode;
+      const what = `${who} ended the call without a status (stream reset code ${rst})`;
+      // Nothing answered: the connection failed (its own error, when there is one, says how; it may come later).
+      if (!httpStatus)
+        return setImmediate(() => finish({ code: GrpcStatus.UNAVAILABLE, details: ch.error ?? what }, true));
+      finish({ code: rstStatusCode(rst), details: what }, true);
+    });
+    st.pause();
+  }
+
   return {
-    write: (m, done) => call.sendMessageWithContext({ callback: () => done() }, m),
-    startRead: () => call.startRead(),
-    cancel: (details) => call.cancelWithStatus(grpc.status.CANCELLED, details),
-    whenReady: (timeoutMs, cb) => whenChannelReady(client.getChannel(), Date.now() + timeoutMs, () => closed, cb),
+    write: (m, done) => {
+      if (ended || finalStatus || !stream) return;
+      if (m.length > maxMessageBytes)
+        return abort(GrpcStatus.RESOURCE_EXHAUSTED, `Sent message larger than max (${m.length} vs ${maxMessageBytes})`);
+      stream.write(messagePrefix(m.length));
+      stream.write(m, (err) => {
+        if (!err) done();
+      });
+    },
+    startRead: () => {
+      if (ended) return;
+      wanted++;
+      deliver();
+    },
+    cancel: (details) => abort(GrpcStatus.CANCELLED, details),
+    whenReady: (timeoutMs, cb) => {
+      stopWaiting = ch.whenReady(timeoutMs, (err) => {
+        if (!closed) cb(err);
+      });
+    },
     close: () => {
       closed = true;
-      client.close();
+      stopWaiting?.();
+      ch.close();
     },
   };
 }

@@ -9,6 +9,7 @@ import * as grpc from '@grpc/grpc-js';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { bindUnixSocket } from '../lib/grpc-unix';
+import { GrpcServer } from '../lib/grpc-server';
 import * as net from 'node:net';
 import { prebindPort, prebindUnixSocket } from '../lib/prebind';
 import { StatusServer } from '../lib/status-server';
@@ -26,12 +27,18 @@ function call(client: grpc.Client, msg: string): Promise<string> {
       .echo(Buffer.from(msg), new grpc.Metadata(), { deadline }, (e, r) => (e ? reject(e) : resolve(r!.toString()))));
 }
 
-function echoServer(): grpc.Server {
-  const server = new grpc.Server();
-  server.addService(ECHO as grpc.ServiceDefinition, {
-    echo: (c: grpc.ServerUnaryCall<Buffer, Buffer>, cb: grpc.sendUnaryData<Buffer>) => cb(null, Buffer.concat([c.request, Buffer.from('!')])),
+/** The agent's own gRPC server (lib/grpc-server.ts) answering each message with it and '!', grpc-js as the client. */
+function echoServer(): GrpcServer {
+  return new GrpcServer({
+    methods: {
+      '/t.T/Echo': (c) => {
+        c.on('message', (m) => c.write(Buffer.concat([m, Buffer.from('!')])));
+        c.on('halfClose', () => c.end());
+      },
+    },
+    maxMessageBytes: 1024,
+    peerName: 'test',
   });
-  return server;
 }
 
 test('calls made before the server loads are answered once it adopts the pre-bound socket', async () => {

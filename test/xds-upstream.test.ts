@@ -165,9 +165,9 @@ test('TLS upstream with a client certificate from PROV_CERT; in plaintext the to
     });
     // Across a network in plaintext, never (the address is not dialled: only the metadata is built).
     for (const address of ['10.0.0.1:15010', 'istiod.istio-system.svc:15010', '[fd00::1]:15010']) {
-      assert.is(upstreamMetadata({ address, tls: false, tokenFile: path.join(dir.path, 'token') }).get('authorization').length, 0, address);
+      assert.is(upstreamMetadata({ address, tls: false, tokenFile: path.join(dir.path, 'token') }).authorization, undefined, address);
     }
-    assert.equal(upstreamMetadata({ address: 'unix:///x.sock', tls: false, token: 'mem', tokenFile: path.join(dir.path, 'token') }).get('authorization'), ['Bearer mem']);
+    assert.equal(upstreamMetadata({ address: 'unix:///x.sock', tls: false, token: 'mem', tokenFile: path.join(dir.path, 'token') }).authorization, 'Bearer mem');
   } finally {
     await cp.stop();
     await plain.stop();
