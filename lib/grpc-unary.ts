@@ -1,7 +1,6 @@
 // One unary gRPC call over node:http2, on a connection of its own that ends with the call: the CA client's
-// transport. grpc-js costs ~20 ms of start-up to load, and the agent asks the CA for the workload certificate before
-// anything else loads (so that the CA's answer overlaps Envoy's start, as the Go agent's pre-generated certificate
-// does); everything that streams (xDS, SDS) stays on grpc-js.
+// transport. The agent asks the CA for the workload certificate before anything else loads (so that the CA's answer
+// overlaps Envoy's start, as the Go agent's pre-generated certificate does). The wire pieces are lib/grpc-wire.ts.
 //
 // What it speaks (the gRPC over HTTP/2 protocol): POST with content-type application/grpc, te: trailers, a
 // grpc-timeout, the metadata as lowercased headers; one length-prefixed, uncompressed message each way (no
