@@ -14,13 +14,13 @@ import { GrpcStatus, grpcStatusName } from './grpc-status';
 import {
   type ClientTls,
   connectSession,
-  decodeGrpcMessage,
   GrpcError,
   header,
   httpStatusCode,
   messagePrefix,
   requestHeaders,
   rstStatusCode,
+  statusFromHeaders,
 } from './grpc-wire';
 
 export { GrpcError } from './grpc-wire';
@@ -113,10 +113,8 @@ export function unaryCall(c: UnaryCall): Promise<Buffer> {
           if (!httpStatus) return setImmediate(() => fail(GrpcStatus.UNAVAILABLE, connectionError ?? what));
           return fail(rstStatusCode(rst), what);
         }
-        const code = Number(status);
-        if (!Number.isInteger(code) || code < 0 || code > 16)
-          return fail(GrpcStatus.UNKNOWN, `${c.address} answered grpc-status ${JSON.stringify(status)}`);
-        if (code !== GrpcStatus.OK) return fail(code, decodeGrpcMessage(message) || `status ${grpcStatusName(code)}`);
+        const st = statusFromHeaders(status, message, c.address);
+        if (st.code !== GrpcStatus.OK) return fail(st.code, st.details || `status ${grpcStatusName(st.code)}`);
         const body = Buffer.concat(chunks);
         if (body.length < 5) return fail(GrpcStatus.INTERNAL, `${c.address} answered OK without a message`);
         if (body[0] !== 0)
