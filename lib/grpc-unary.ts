@@ -14,6 +14,8 @@ import { GrpcStatus, grpcStatusName } from './grpc-status';
 import {
   type ClientTls,
   connectSession,
+  describeTarget,
+  socketError,
   GrpcError,
   header,
   httpStatusCode,
@@ -61,18 +63,28 @@ export function unaryCall(c: UnaryCall): Promise<Buffer> {
     };
     const fail = (code: number, details: string) => finish(new GrpcError(code, details));
     const timer = setTimeout(
-      () => fail(GrpcStatus.DEADLINE_EXCEEDED, `no answer from ${c.address} within ${c.timeoutMs} ms`),
+      () =>
+        fail(
+          GrpcStatus.DEADLINE_EXCEEDED,
+          `no answer from ${describeTarget(c.address, session)} within ${c.timeoutMs} ms`,
+        ),
       c.timeoutMs,
     );
     try {
       session = connectSession(c.address, c.tls);
       let connectionError: string | undefined;
+      const failedAtSocket = () => {
+        const e = session && socketError(session);
+        return e && `connection to ${describeTarget(c.address, session)}: ${e}`;
+      };
       session.on('error', (e: Error) => {
-        connectionError = `connection to ${c.address}: ${e.message}`;
+        connectionError = `connection to ${describeTarget(c.address, session)}: ${e.message}`;
         fail(GrpcStatus.UNAVAILABLE, connectionError);
       });
       session.on('goaway', () => fail(GrpcStatus.UNAVAILABLE, `${c.address} closed the connection (GOAWAY)`));
-      session.on('close', () => fail(GrpcStatus.UNAVAILABLE, `connection to ${c.address} closed before an answer`));
+      session.on('close', () =>
+        fail(GrpcStatus.UNAVAILABLE, failedAtSocket() ?? `connection to ${c.address} closed before an answer`),
+      );
       const headers = requestHeaders(c.path, c.metadata);
       headers['grpc-timeout'] = `${Math.max(1, Math.ceil(c.timeoutMs))}m`;
       const stream = session.request(headers, { endStream: false });
@@ -110,7 +122,8 @@ export function unaryCall(c: UnaryCall): Promise<Buffer> {
           const rst = stream.rstCode;
           const what = `${c.address} ended the call without a status (stream reset code ${rst})`;
           // Nothing answered: the connection failed (its own error, reported first when there is one, says how).
-          if (!httpStatus) return setImmediate(() => fail(GrpcStatus.UNAVAILABLE, connectionError ?? what));
+          if (!httpStatus)
+            return setImmediate(() => fail(GrpcStatus.UNAVAILABLE, connectionError ?? failedAtSocket() ?? what));
           return fail(rstStatusCode(rst), what);
         }
         const st = statusFromHeaders(status, message, c.address);

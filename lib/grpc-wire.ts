@@ -192,6 +192,38 @@ export function parseTarget(address: string): { unixPath: string } | { host: str
   return { host: m[1] ?? m[2]!, port: Number(m[3]) };
 }
 
+/** What the socket under a client session saw: the address its name resolved to, and how connecting failed. */
+interface SocketRecord {
+  resolved?: string;
+  error?: string;
+}
+const socketRecords = new WeakMap<http2.ClientHttp2Session, SocketRecord>();
+
+/**
+ * How the connection of a session from connectSession failed at the socket ("connect EHOSTUNREACH 10.0.0.1:15012"),
+ * if it did. HTTP/2 may end the session's streams (reset code 2) before, or without, saying so on the session.
+ */
+export function socketError(session: http2.ClientHttp2Session): string | undefined {
+  return socketRecords.get(session)?.error;
+}
+
+/** The target, with the address its name resolved to when that is known: "istiod:15012 (10.0.0.1)". */
+export function describeTarget(address: string, session: http2.ClientHttp2Session | undefined): string {
+  const resolved = session && socketRecords.get(session)?.resolved;
+  return resolved ? `${address} (${resolved})` : address;
+}
+
+function watchSocket(sock: net.Socket, record: SocketRecord, host: string): net.Socket {
+  sock.on('lookup', (err: Error | null, resolved: string) => {
+    if (err) record.error ??= `cannot resolve ${host}: ${err.message}`;
+    else record.resolved = resolved;
+  });
+  sock.on('error', (e: Error) => {
+    record.error ??= e.message;
+  });
+  return sock;
+}
+
 /** An HTTP/2 client session to the target, over TLS with ALPN h2 when `tlsOpts` is given. Throws GrpcError. */
 export function connectSession(
   address: string,
@@ -202,10 +234,13 @@ export function connectSession(
   // eslint-disable-next-line @typescript-eslint/no-require-imports
   const h2 = require('node:http2') as typeof http2;
   const target = parseTarget(address);
-  const connect = (): net.Socket =>
-    'unixPath' in target ? net.connect(target.unixPath) : net.connect({ host: target.host, port: target.port });
+  const record: SocketRecord = {};
+  const connect = (): net.Socket => {
+    if ('unixPath' in target) return watchSocket(net.connect(target.unixPath), record, target.unixPath);
+    return watchSocket(net.connect({ host: target.host, port: target.port }), record, target.host);
+  };
   const authority = 'unixPath' in target ? 'localhost' : address.replace(/^dns:(?:\/\/[^/]*\/)?/, '');
-  return h2.connect(`${tlsOpts ? 'https' : 'http'}://${authority}`, {
+  const session = h2.connect(`${tlsOpts ? 'https' : 'http'}://${authority}`, {
     ...o.h2,
     createConnection: () => {
       if (!tlsOpts) return connect();
@@ -222,6 +257,8 @@ export function connectSession(
       });
     },
   });
+  socketRecords.set(session, record);
+  return session;
 }
 
 /** What a reset stream that carried no status means (gRPC's mapping of HTTP/2 error codes). */

@@ -19,6 +19,8 @@ import { GrpcStatus } from './grpc-status';
 import {
   type ClientTls,
   connectSession,
+  describeTarget,
+  socketError,
   type GrpcError,
   header,
   httpStatusCode,
@@ -260,7 +262,7 @@ export class UpstreamChannel {
       for (const w of [...this.waiters]) w();
     });
     s.on('error', (e: Error) => {
-      this.failure ??= `connection to ${o.address}: ${e.message}`;
+      this.failure ??= `connection to ${describeTarget(o.address, s)}: ${e.message}`;
     });
     s.on('goaway', (code: number) => {
       this.failure ??= `${o.address} closed the connection (GOAWAY, code ${code})`;
@@ -282,7 +284,8 @@ export class UpstreamChannel {
 
   /** Why the connection failed, if it did. */
   get error(): string | undefined {
-    return this.failure;
+    const atSocket = socketError(this.session);
+    return this.failure ?? (atSocket && `connection to ${describeTarget(this.o.address, this.session)}: ${atSocket}`);
   }
 
   whenReady(timeoutMs: number, cb: (err?: Error) => void): () => void {
@@ -291,7 +294,11 @@ export class UpstreamChannel {
       return () => undefined;
     }
     // A connection that failed calls back at the deadline only: the call's status says how it failed.
-    const timer = setTimeout(() => waiter(new Error(`not connected within ${timeoutMs} ms`)), timeoutMs);
+    const timer = setTimeout(
+      () =>
+        waiter(new Error(`not connected to ${describeTarget(this.o.address, this.session)} within ${timeoutMs} ms`)),
+      timeoutMs,
+    );
     timer.unref();
     const waiter = (err?: Error) => {
       clearTimeout(timer);

@@ -190,4 +190,33 @@ test('refused connections, a peer that speaks no HTTP/2, one that hangs up, and 
   }
 });
 
+test('a name that resolves to nowhere: the failure names the address it resolved to and how connecting failed', async () => {
+  const free = await new Promise<number>((r) => {
+    const s = net.createServer().listen(0, '127.0.0.1', () => {
+      const p = (s.address() as net.AddressInfo).port;
+      s.close(() => r(p));
+    });
+  });
+  const silent = net.createServer(() => {});
+  await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+  const tls = { serverName: 'istiod.istio-system.svc', options: {} };
+  try {
+    for (const t of [undefined, tls]) {
+      // Refused: HTTP/2 resets the pending stream (code 2) before it says why; the socket's own error is the answer.
+      const refused = await failure(unaryCall({ address: `localhost:${free}`, tls: t, path: PATH, message: Buffer.from('q'), timeoutMs: 2000 }));
+      assert.is(refused.code, GrpcStatus.UNAVAILABLE, refused.message);
+      assert.match(refused.details, new RegExp(`^connection to localhost:${free} \\((127\\.0\\.0\\.1|::1)\\): connect ECONNREFUSED`), refused.details);
+    }
+    const silentPort = (silent.address() as net.AddressInfo).port;
+    const late = await failure(unaryCall({ address: `localhost:${silentPort}`, path: PATH, message: Buffer.from('q'), timeoutMs: 300 }));
+    assert.is(late.code, GrpcStatus.DEADLINE_EXCEEDED, late.message);
+    assert.match(late.details, /\((127\.0\.0\.1|::1)\) within 300 ms/, late.details);
+    const unresolvable = await failure(unaryCall({ address: 'no-such-host.invalid:15012', path: PATH, message: Buffer.from('q'), timeoutMs: 2000 }));
+    assert.is(unresolvable.code, GrpcStatus.UNAVAILABLE, unresolvable.message);
+    assert.match(unresolvable.details, /no-such-host\.invalid/, unresolvable.details);
+  } finally {
+    silent.close();
+  }
+});
+
 test.run();

@@ -2,6 +2,7 @@
 // (root CA, client certificate, token), ClusterID and XDS_HEADER_* metadata, and retrying while they are missing.
 
 import * as fs from 'node:fs';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
@@ -198,6 +199,21 @@ test('a wrong server name or a missing root CA is logged and retried, with Envoy
   } finally {
     await cp.stop();
     dir.cleanup();
+  }
+});
+
+test('an upstream name that resolves to an address nothing serves: the log names that address and the refusal', async () => {
+  const free = await new Promise<number>((r) => {
+    const s = net.createServer().listen(0, '127.0.0.1', () => {
+      const p = (s.address() as net.AddressInfo).port;
+      s.close(() => r(p));
+    });
+  });
+  for (const tls of [false, true]) {
+    await withProxy({ address: `localhost:${free}`, tls, serverName: 'istiod.istio-system.svc', rootCaFile: 'SYSTEM' }, async (_p, _env, logs) => {
+      const want = new RegExp(`upstream xDS stream ended \\(UNAVAILABLE: connection to localhost:${free} \\((127\\.0\\.0\\.1|::1)\\): connect ECONNREFUSED`);
+      await waitFor(`a log line naming the resolved address (tls ${tls})`, () => logs.some((l) => want.test(l)));
+    });
   }
 });
 
