@@ -9,7 +9,6 @@
 // against our key, identity, validity and root before it is used.
 
 import * as fs from 'node:fs';
-import * as net from 'node:net';
 import type * as tls from 'node:tls';
 import { Counter, type Registry } from './prom';
 import {
@@ -27,6 +26,7 @@ import { readNamedFileSync } from './named-file';
 import { AgentError, errorMessage } from './errors';
 import { GrpcStatus } from './grpc-status';
 import { type GrpcError, unaryCall } from './grpc-unary';
+import { isLocalTarget } from './grpc-wire';
 import { clientTlsOptions } from './tls-policy';
 import { DEFAULT_ROOT_CA, ISTIOD_ROOT_CA, splitHostPort, upstreamFromConfig } from './xds-upstream';
 
@@ -149,12 +149,6 @@ function caServerName(explicit: string | undefined, host: string, istiodSan: str
   return explicit.includes('localhost') ? 'istiod.istio-system.svc' : host;
 }
 
-function isLocal(address: string): boolean {
-  if (address.startsWith('unix:')) return true;
-  const { host } = splitHostPort(address);
-  return host === 'localhost' || host === '::1' || (net.isIPv4(host) && host.startsWith('127.'));
-}
-
 /**
  * The Go agent's names for CA calls (security/pkg/nodeagent/cache/monitoring.go, security/pkg/monitoring), all
  * with request_type="csr": one request a sign() call, failed ones, their latency summed in milliseconds, and a
@@ -244,7 +238,7 @@ export class CaClient implements CertificateSigner {
     };
     const metadata: Record<string, string> = { ...o.headers };
     const clientCert = o.tls ? loadClientCert(o.clientCertDir ? provCertFiles(o.clientCertDir) : undefined) : undefined;
-    if (o.tokenFile && (o.tls || isLocal(o.address))) {
+    if (o.tokenFile && (o.tls || isLocalTarget(o.address))) {
       const token = readToken(o.tokenFile, clientCert !== undefined);
       if (token) metadata.authorization = `Bearer ${token}`;
     }

@@ -192,6 +192,21 @@ export function parseTarget(address: string): { unixPath: string } | { host: str
   return { host: m[1] ?? m[2]!, port: Number(m[3]) };
 }
 
+/**
+ * A Unix socket or a loopback address (127/8, ::1, localhost): a plaintext token sent there crosses no network.
+ * Anything that is no target is not local.
+ */
+export function isLocalTarget(address: string): boolean {
+  let t: ReturnType<typeof parseTarget>;
+  try {
+    t = parseTarget(address);
+  } catch {
+    return false;
+  }
+  if ('unixPath' in t) return true;
+  return t.host === 'localhost' || t.host === '::1' || (net.isIPv4(t.host) && t.host.startsWith('127.'));
+}
+
 /** What the socket under a client session saw: the address its name resolved to, and how connecting failed. */
 interface SocketRecord {
   resolved?: string;

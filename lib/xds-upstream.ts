@@ -5,7 +5,6 @@
 // plaintext only to a Unix socket or loopback address, as the CA client sends it, never across a network.
 
 import * as fs from 'node:fs';
-import * as net from 'node:net';
 import * as path from 'node:path';
 import type * as http2 from 'node:http2';
 import { type ClientCertFiles, loadClientCert, provCertFiles } from './client-cert';
@@ -20,6 +19,7 @@ import {
   type ClientTls,
   connectSession,
   describeTarget,
+  isLocalTarget,
   socketError,
   type GrpcError,
   header,
@@ -123,13 +123,6 @@ function workloadCredentialsMounted(): boolean {
   return ['cert-chain.pem', 'key.pem', 'root-cert.pem'].every((f) => fs.existsSync(path.join(dir, f)));
 }
 
-/** A Unix socket or a loopback address: a plaintext token sent there crosses no network. */
-export function isLocalAddress(address: string): boolean {
-  if (address.startsWith('unix:') || address.startsWith('/')) return true;
-  const { host } = splitHostPort(address);
-  return host === 'localhost' || host === '::1' || (net.isIPv4(host) && host.startsWith('127.'));
-}
-
 export interface Backoff {
   /** The shortest delay, and the first after a working stream is lost. */
   initialMs: number;
@@ -209,7 +202,7 @@ const FLOW_CONTROL_WINDOW = 16 * 1024 * 1024;
 export function upstreamMetadata(o: UpstreamOptions): Record<string, string> {
   const md: Record<string, string> = {};
   for (const [k, v] of Object.entries(o.headers ?? {})) md[k.toLowerCase()] = v;
-  if (o.tls || isLocalAddress(o.address)) {
+  if (o.tls || isLocalTarget(o.address)) {
     const token = o.token ?? (o.tokenFile ? readIfExists(o.tokenFile)?.toString('utf8').trim() : undefined);
     if (token) md.authorization = `Bearer ${token}`;
   }

@@ -11,6 +11,7 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { GrpcStatus } from '../lib/grpc-status';
 import { GrpcError, unaryCall } from '../lib/grpc-unary';
+import { isLocalTarget } from '../lib/grpc-wire';
 import { tempDir } from './helpers/harness';
 import { makeLeaf, makeRoot } from './helpers/test-ca';
 
@@ -217,6 +218,13 @@ test('a name that resolves to nowhere: the failure names the address it resolved
   } finally {
     silent.close();
   }
+});
+
+test('isLocalTarget: Unix sockets and loopback addresses only (plaintext tokens go nowhere else)', () => {
+  for (const a of ['unix:/run/x.sock', 'unix:///run/x.sock', '/run/x.sock', '127.0.0.1:15010', '127.1.2.3:15012', '[::1]:15010', 'localhost:15010', 'dns:///localhost:15010'])
+    assert.ok(isLocalTarget(a), a);
+  for (const a of ['10.0.0.1:15010', '127.evil.example:15010', '[::ffff:10.0.0.1]:15010', 'istiod.istio-system.svc:15010', '0.0.0.0:15010', 'localhost', '127.0.0.1', ''])
+    assert.not.ok(isLocalTarget(a), a);
 });
 
 test.run();

@@ -52,13 +52,6 @@ export function caDeclared(configDir: string): boolean {
   return fs.existsSync(path.join(configDir, 'ca', 'identities'));
 }
 
-/** Only a Unix socket or a loopback address may carry tokens in plaintext. */
-export function isLocalAddress(address: string): boolean {
-  if (address.startsWith('/') || address.startsWith('unix:')) return true;
-  const host = address.replace(/:\d+$/, '').replace(/^\[|\]$/g, '');
-  return host === 'localhost' || host === '::1' || /^127\./.test(host);
-}
-
 export class EmbeddedCa {
   readonly stats: CaStats = { signed: 0, refused: 0 };
   private readonly now: () => number;

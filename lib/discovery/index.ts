@@ -9,6 +9,7 @@ import * as path from 'node:path';
 import type { Registry } from '../prom';
 import type { Component } from '../component';
 import { AgentError, errorMessage } from '../errors';
+import { isLocalTarget } from '../grpc-wire';
 import { parseJsonOrYaml } from '../json-or-yaml';
 import {
   COMPLIANCE_POLICY,
@@ -21,7 +22,7 @@ import {
 import { timestamp, scope } from '../log';
 import { registerCounters } from '../metrics';
 import { AdsServer, type ConnectionStatus } from './ads-server';
-import { caDeclared, EmbeddedCa, isLocalAddress } from './ca';
+import { caDeclared, EmbeddedCa } from './ca';
 import type { Nack } from './ads-connection';
 import { MemoryConfigStore } from './config-store';
 import { Debouncer, type PushRequest, pushRequest } from './debounce';
@@ -125,7 +126,7 @@ export class DiscoveryServer implements Component {
       onFlush: (req) => this.onFlush(req),
     });
     this.push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, {
-      servePrivateKeys: isLocalAddress(o.listen),
+      servePrivateKeys: isLocalTarget(o.listen),
       compliancePolicy: o.compliancePolicy,
     });
     this.auth = new XdsAuthenticator({ ...(o.inProcess && { inProcess: o.inProcess }) });
@@ -221,7 +222,7 @@ export class DiscoveryServer implements Component {
   /** The embedded CA, when the config directory declares identities and the address is local. */
   private async startCa(): Promise<void> {
     if (!caDeclared(this.o.configDir)) return;
-    if (!isLocalAddress(this.o.listen)) {
+    if (!isLocalTarget(this.o.listen)) {
       log.warn(
         `embedded CA not served: ${this.o.listen} is not a Unix socket or loopback address, and tokens must not cross the network in plaintext`,
       );
@@ -330,7 +331,7 @@ export class DiscoveryServer implements Component {
    */
   private async buildPushContext(): Promise<PushContext> {
     const push = PushContext.build(this.nextVersion(), this.store, this.registry, this.cache, this.mesh, {
-      servePrivateKeys: isLocalAddress(this.o.listen),
+      servePrivateKeys: isLocalTarget(this.o.listen),
       compliancePolicy: this.o.compliancePolicy,
     });
     let sliceStart = performance.now();
