@@ -10,6 +10,7 @@ import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { messageType } from '../lib/envoy-protos';
 import { XdsProxy } from '../lib/xds-proxy';
+import { openUpstream, type UpstreamCall } from '../lib/xds-upstream';
 import { PILOT_AGENT_V8_FLAGS } from '../lib/env';
 import { applyV8Flags } from '../lib/heap';
 import { formatMem, procMemKiB, type ProcMem } from './proc-mem';
@@ -61,7 +62,40 @@ function child(args: string[]): Promise<{ proc: ChildProcess; first: any }> {
 const identity = (b: Buffer) => b;
 const PATH = '/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources';
 
-class Client {
+interface AdsClient {
+  ask(typeUrl: string): Promise<Buffer>;
+  close(): void;
+}
+
+/** The proxy's own upstream ADS client (lib/xds-upstream.ts), straight to the control plane: its share of "added". */
+class AgentClient implements AdsClient {
+  private readonly call: UpstreamCall;
+  private waiters: Array<(b: Buffer) => void> = [];
+  private first = true;
+  constructor(address: string) {
+    this.call = openUpstream({ address, tls: false }, 'sotw', 2 ** 31 - 1, {
+      onMessage: (b) => {
+        this.waiters.shift()?.(b);
+        this.call.startRead();
+      },
+      onStatus: () => undefined,
+    });
+    this.call.startRead();
+  }
+  ask(typeUrl: string): Promise<Buffer> {
+    const T = messageType('envoy.service.discovery.v3.DiscoveryRequest');
+    const node = this.first ? { id: NODE_ID } : undefined;
+    this.first = false;
+    const p = new Promise<Buffer>((r) => this.waiters.push(r));
+    this.call.write(Buffer.from(T.encode({ node, type_url: typeUrl }).finish()), () => undefined);
+    return p;
+  }
+  close(): void {
+    this.call.close();
+  }
+}
+
+class Client implements AdsClient {
   private readonly client: grpc.Client;
   private readonly call: grpc.ClientDuplexStream<Buffer, Buffer>;
   private waiters: Array<(b: Buffer) => void> = [];
@@ -90,7 +124,7 @@ class Client {
   }
 }
 
-async function roundTrips(c: Client, typeUrl: string, n: number): Promise<{ ms: number[]; bytes: number }> {
+async function roundTrips(c: AdsClient, typeUrl: string, n: number): Promise<{ ms: number[]; bytes: number }> {
   let bytes = 0;
   for (let i = 0; i < Math.max(2, n / 10); i++) bytes = (await c.ask(typeUrl)).length; // warm-up
   const ms: number[] = [];
@@ -102,7 +136,7 @@ async function roundTrips(c: Client, typeUrl: string, n: number): Promise<{ ms: 
   return { ms, bytes };
 }
 
-async function burst(c: Client, typeUrl: string, n: number): Promise<number> {
+async function burst(c: AdsClient, typeUrl: string, n: number): Promise<number> {
   const t0 = process.hrtime.bigint();
   const all = await Promise.all(Array.from({ length: n }, () => c.ask(typeUrl)));
   const s = Number(process.hrtime.bigint() - t0) / 1e9;
@@ -122,20 +156,24 @@ async function main(): Promise<void> {
 
     const direct = new Client(address);
     const proxied = new Client(`unix://${socket}`);
-    const results: Record<string, { direct: number; proxied: number; bytes: number }> = {};
+    const own = new AgentClient(address);
+    const results: Record<string, { direct: number; proxied: number; own: number; bytes: number }> = {};
     for (const [label, type, n] of [['1 KB', SMALL, ROUNDS_1K], ['10 MB', LARGE, ROUNDS_10M]] as const) {
       // Interleave the two paths so that machine noise hits both alike.
       const d: number[] = [];
       const p: number[] = [];
+      const o: number[] = [];
       let bytes = 0;
       for (let round = 0; round < 4; round++) {
         const a = await roundTrips(direct, type, Math.ceil(n / 4));
         const b = await roundTrips(proxied, type, Math.ceil(n / 4));
+        const c = await roundTrips(own, type, Math.ceil(n / 4));
         for (const x of a.ms) d.push(x);
         for (const x of b.ms) p.push(x);
+        for (const x of c.ms) o.push(x);
         bytes = b.bytes;
       }
-      results[label] = { direct: median(d), proxied: median(p), bytes };
+      results[label] = { direct: median(d), proxied: median(p), own: median(o), bytes };
     }
     const tDirect = await burst(direct, LARGE, BURST);
     const tProxied = await burst(proxied, LARGE, BURST);
@@ -145,11 +183,13 @@ async function main(): Promise<void> {
     });
     direct.close();
     proxied.close();
+    own.close();
 
     console.log(`xDS proxy benchmark, ${new Date().toISOString().slice(0, 10)}, Node ${process.version}, ${os.cpus().length} CPUs (${os.cpus()[0]?.model ?? '?'})`);
     for (const [label, r] of Object.entries(results)) {
       console.log(`${label.padEnd(5)} response (${r.bytes} B): direct median ${r.direct.toFixed(2)} ms, through the proxy ${r.proxied.toFixed(2)} ms, ` +
-        `added ${(r.proxied - r.direct).toFixed(2)} ms, ratio ${(r.proxied / r.direct).toFixed(2)}x`);
+        `added ${(r.proxied - r.direct).toFixed(2)} ms, ratio ${(r.proxied / r.direct).toFixed(2)}x; ` +
+        `direct with the proxy's own upstream client ${r.own.toFixed(2)} ms (${(r.own / r.direct).toFixed(2)}x grpc-js's)`);
     }
     console.log(`throughput, ${BURST} x 10 MB back to back: direct ${tDirect.toFixed(0)} MB/s, through the proxy ${tProxied.toFixed(0)} MB/s`);
     console.log(`proxy process after the run: ${formatMem(stats.mem)}; forwarded ${(stats.metrics.xds_proxy_response_bytes_to_envoy! / 1e6).toFixed(0)} MB in ${stats.metrics.xds_proxy_responses_to_envoy} responses`);
