@@ -13,9 +13,9 @@ import type * as http2 from 'node:http2';
 import { GrpcStatus, grpcStatusName } from './grpc-status';
 import {
   type ClientTls,
+  connectionFailure,
   connectSession,
   describeTarget,
-  socketError,
   GrpcError,
   header,
   httpStatusCode,
@@ -72,18 +72,15 @@ export function unaryCall(c: UnaryCall): Promise<Buffer> {
     );
     try {
       session = connectSession(c.address, c.tls);
-      let connectionError: string | undefined;
-      const failedAtSocket = () => {
-        const e = session && socketError(session);
-        return e && `connection to ${describeTarget(c.address, session)}: ${e}`;
-      };
-      session.on('error', (e: Error) => {
-        connectionError = `connection to ${describeTarget(c.address, session)}: ${e.message}`;
-        fail(GrpcStatus.UNAVAILABLE, connectionError);
-      });
+      session.on('error', (e: Error) =>
+        fail(GrpcStatus.UNAVAILABLE, connectionFailure(c.address, session, e.message)!),
+      );
       session.on('goaway', () => fail(GrpcStatus.UNAVAILABLE, `${c.address} closed the connection (GOAWAY)`));
       session.on('close', () =>
-        fail(GrpcStatus.UNAVAILABLE, failedAtSocket() ?? `connection to ${c.address} closed before an answer`),
+        fail(
+          GrpcStatus.UNAVAILABLE,
+          connectionFailure(c.address, session) ?? `connection to ${c.address} closed before an answer`,
+        ),
       );
       const headers = requestHeaders(c.path, c.metadata);
       headers['grpc-timeout'] = `${Math.max(1, Math.ceil(c.timeoutMs))}m`;
@@ -123,7 +120,7 @@ export function unaryCall(c: UnaryCall): Promise<Buffer> {
           const what = `${c.address} ended the call without a status (stream reset code ${rst})`;
           // Nothing answered: the connection failed (its own error, reported first when there is one, says how).
           if (!httpStatus)
-            return setImmediate(() => fail(GrpcStatus.UNAVAILABLE, connectionError ?? failedAtSocket() ?? what));
+            return setImmediate(() => fail(GrpcStatus.UNAVAILABLE, connectionFailure(c.address, session) ?? what));
           return fail(rstStatusCode(rst), what);
         }
         const st = statusFromHeaders(status, message, c.address);

@@ -215,11 +215,16 @@ interface SocketRecord {
 const socketRecords = new WeakMap<http2.ClientHttp2Session, SocketRecord>();
 
 /**
- * How the connection of a session from connectSession failed at the socket ("connect EHOSTUNREACH 10.0.0.1:15012"),
- * if it did. HTTP/2 may end the session's streams (reset code 2) before, or without, saying so on the session.
+ * "connection to istiod:15012 (10.0.0.1): connect EHOSTUNREACH 10.0.0.1:15012": how the connection of a session
+ * from connectSession failed, from `message` or else from the socket's own error (HTTP/2 may end the session's
+ * streams, reset code 2, before or without saying so on the session); undefined while nothing failed.
  */
-export function socketError(session: http2.ClientHttp2Session): string | undefined {
-  return socketRecords.get(session)?.error;
+export function connectionFailure(
+  address: string,
+  session: http2.ClientHttp2Session | undefined,
+  message = session && socketRecords.get(session)?.error,
+): string | undefined {
+  return message === undefined ? undefined : `connection to ${describeTarget(address, session)}: ${message}`;
 }
 
 /** The target, with the address its name resolved to when that is known: "istiod:15012 (10.0.0.1)". */
@@ -228,9 +233,9 @@ export function describeTarget(address: string, session: http2.ClientHttp2Sessio
   return resolved ? `${address} (${resolved})` : address;
 }
 
-function watchSocket(sock: net.Socket, record: SocketRecord, host: string): net.Socket {
+function watchSocket(sock: net.Socket, record: SocketRecord, name: string): net.Socket {
   sock.on('lookup', (err: Error | null, resolved: string) => {
-    if (err) record.error ??= `cannot resolve ${host}: ${err.message}`;
+    if (err) record.error ??= `cannot resolve ${name}: ${err.message}`;
     else record.resolved = resolved;
   });
   sock.on('error', (e: Error) => {

@@ -760,7 +760,7 @@ export class Session {
     handle.whenReady(this.ctx.dialTimeoutMs, (err) => {
       if (cur.ended) return;
       if (err) {
-        this.endUpstream(cur, `not connected within ${this.ctx.dialTimeoutMs} ms`);
+        this.endUpstream(cur, err.message);
         return;
       }
       cur.connected = true;

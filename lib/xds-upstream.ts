@@ -17,10 +17,10 @@ import type { XdsKind } from './xds-state';
 import { GrpcStatus } from './grpc-status';
 import {
   type ClientTls,
+  connectionFailure,
   connectSession,
   describeTarget,
   isLocalTarget,
-  socketError,
   type GrpcError,
   header,
   httpStatusCode,
@@ -255,7 +255,7 @@ export class UpstreamChannel {
       for (const w of [...this.waiters]) w();
     });
     s.on('error', (e: Error) => {
-      this.failure ??= `connection to ${describeTarget(o.address, s)}: ${e.message}`;
+      this.failure ??= connectionFailure(o.address, s, e.message);
     });
     s.on('goaway', (code: number) => {
       this.failure ??= `${o.address} closed the connection (GOAWAY, code ${code})`;
@@ -277,8 +277,7 @@ export class UpstreamChannel {
 
   /** Why the connection failed, if it did. */
   get error(): string | undefined {
-    const atSocket = socketError(this.session);
-    return this.failure ?? (atSocket && `connection to ${describeTarget(this.o.address, this.session)}: ${atSocket}`);
+    return this.failure ?? connectionFailure(this.o.address, this.session);
   }
 
   whenReady(timeoutMs: number, cb: (err?: Error) => void): () => void {

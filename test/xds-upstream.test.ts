@@ -90,11 +90,11 @@ test('upstreamFromConfig decides plaintext or TLS as Istio does, with its defaul
   assert.equal(o.headers, { ClusterID: 'Kubernetes', X_ISTIO_REVISION: 'canary' });
 });
 
-async function withProxy(upstream: UpstreamOptions, fn: (p: XdsProxy, env: FakeEnvoy, logs: string[]) => Promise<void>): Promise<void> {
+async function withProxy(upstream: UpstreamOptions, fn: (p: XdsProxy, env: FakeEnvoy, logs: string[]) => Promise<void>, dialTimeoutMs?: number): Promise<void> {
   const dir = tempDir('pa-xds-up-');
   const logs: string[] = [];
   configureLogging({ write: (l) => logs.push(l) });
-  const proxy = new XdsProxy({ socketPath: path.join(dir.path, 'XDS'), upstream, backoff: { initialMs: 50, maxMs: 200 } });
+  const proxy = new XdsProxy({ socketPath: path.join(dir.path, 'XDS'), upstream, backoff: { initialMs: 50, maxMs: 200 }, dialTimeoutMs });
   let env: FakeEnvoy | undefined;
   try {
     await proxy.start();
@@ -214,6 +214,18 @@ test('an upstream name that resolves to an address nothing serves: the log names
       const want = new RegExp(`upstream xDS stream ended \\(UNAVAILABLE: connection to localhost:${free} \\((127\\.0\\.0\\.1|::1)\\): connect ECONNREFUSED`);
       await waitFor(`a log line naming the resolved address (tls ${tls})`, () => logs.some((l) => want.test(l)));
     });
+  }
+  // A server that takes the connection and never answers the TLS handshake: the dial deadline names the address.
+  const silent = net.createServer(() => undefined);
+  await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+  const port = (silent.address() as net.AddressInfo).port;
+  try {
+    await withProxy({ address: `localhost:${port}`, tls: true, serverName: 'istiod.istio-system.svc', rootCaFile: 'SYSTEM' }, async (_p, _env, logs) => {
+      const want = new RegExp(`upstream xDS stream ended \\(not connected to localhost:${port} \\((127\\.0\\.0\\.1|::1)\\) within 300 ms\\)`);
+      await waitFor('the dial deadline naming the resolved address', () => logs.some((l) => want.test(l)));
+    }, 300);
+  } finally {
+    silent.close();
   }
 });
 
