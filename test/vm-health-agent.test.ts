@@ -113,11 +113,23 @@ test('standalone fleet: an unhealthy VM leaves the other sidecar\'s endpoints, r
     discovery = startDiscoveryProcess(meshDir, discoveryAddr);
     await waitFor('the re-sent health event at the new control plane', () => /WorkloadEntry test\/vm-a is unhealthy/.test(discovery!.out()), 30_000, 100)
       .catch((e: Error) => { throw new Error(`${e.message}\n${discovery!.out()}`); });
+    // Until then the other sidecar still holds the old control plane's [b], and if it reconnects inside the
+    // debounce after the event it is first sent both (the push context from before the event, as istiod would):
+    // wait for it to be connected and for the push that follows the event before looking at its endpoints.
+    const pushedAfterEvent = () => {
+      const out = discovery!.out();
+      const event = out.indexOf('WorkloadEntry test/vm-a is unhealthy');
+      return /proxy connected\tproxy=sidecar~[^~]*~client\./.test(out) && event >= 0 && /\tpush\t/.test(out.slice(event));
+    };
+    await waitFor('the other sidecar to connect to the new control plane, and its push after the event', pushedAfterEvent, 20_000, 100)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${discovery!.out()}`); });
     await waitFor('the other sidecar, reconnected, without the unhealthy VM', async () => JSON.stringify(await endpointsSeen(client.admin, servicePort)) === JSON.stringify([b.port]), 20_000, 200);
 
     healthy = true;
+    // The log first: the sidecar's endpoints must change because of the report, not before it.
+    await waitFor('the VM\'s recovery at the control plane', () => /WorkloadEntry test\/vm-a is healthy again/.test(discovery!.out()), 20_000, 100)
+      .catch((e: Error) => { throw new Error(`${e.message}\n${discovery!.out()}`); });
     await waitFor('the other sidecar to have both VMs again', async () => JSON.stringify(await endpointsSeen(client.admin, servicePort)) === JSON.stringify(both), 20_000, 200);
-    assert.match(discovery.out(), /WorkloadEntry test\/vm-a is healthy again/);
     const after = a.requests;
     await waitFor('requests to reach the recovered VM', async () => (await fetchText(url)) && a.requests > after, 10_000, 20);
   } finally {
