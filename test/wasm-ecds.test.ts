@@ -436,6 +436,31 @@ test('sotw: module server down (FAIL_CLOSED: 403) and a module over ISTIO_WASM_M
   }
 });
 
+test('BLOCKED_CIDRS_IN_WASM_FETCH parsing: the default list, IPv4-mapped addresses, host names, and each bad entry named', () => {
+  const blocked = blockList('169.254.169.254/32,fd00:ec2::254/128, 10.0.0.0/8 ');
+  for (const a of ['169.254.169.254', 'fd00:ec2::254', 'FD00:EC2:0:0:0:0:0:254', '::ffff:169.254.169.254', '10.1.2.3'])
+    assert.ok(blocked(a), a);
+  for (const a of ['169.254.169.253', 'fd00:ec2::255', '11.0.0.1', 'metadata.google.internal', '', '::', 'fd00:zz::1'])
+    assert.not.ok(blocked(a), a);
+  assert.not.ok(blockList('none')('169.254.169.254'));
+  assert.not.ok(blockList('')('10.0.0.1'));
+  for (const bad of [
+    '10.0.0.0/33',
+    '::/129',
+    '10.0.0/8',
+    '10.0.0.256/32',
+    'fd00:zz::/64',
+    'example.com/32',
+    '10.0.0.1',
+    '/8',
+  ])
+    assert.throws(
+      () => blockList(`10.0.0.0/8,${bad}`),
+      (e: Error) => e.message === `${JSON.stringify(bad)} is not a CIDR (a.b.c.d/n or an IPv6 prefix)`,
+      bad,
+    );
+});
+
 test('sotw: BLOCKED_CIDRS_IN_WASM_FETCH: a blocked address, a host name resolving to one, and a redirect to one are never connected to', async () => {
   const w = await world('sotw', { isBlocked: blockList('127.0.0.2/32,::1/128') });
   try {
