@@ -93,10 +93,20 @@ export async function activeDownstreamConnections(addr: AdminAddress, ownPorts: 
   return sum;
 }
 
-export async function statValue(addr: AdminAddress, name: string): Promise<number | undefined> {
-  const esc = name.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
-  const { status, body } = await adminRequest(addr, 'GET', `/stats?filter=^${encodeURIComponent(esc)}$`, 1000);
+/**
+ * The values of the named stats (counters and gauges), in one admin request; undefined when Envoy does not answer
+ * 200, and a name Envoy has no stat for is absent from the map.
+ */
+export async function statValues(addr: AdminAddress, names: string[]): Promise<Map<string, number> | undefined> {
+  const esc = names.map((n) => n.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'));
+  const filter = encodeURIComponent(`^(${esc.join('|')})$`);
+  const { status, body } = await adminRequest(addr, 'GET', `/stats?filter=${filter}`, 1000);
   if (status !== 200) return undefined;
-  const m = new RegExp(`^${esc}: (\\d+)$`, 'm').exec(body);
-  return m ? Number(m[1]) : undefined;
+  const wanted = new Set(names);
+  const values = new Map<string, number>();
+  for (const line of body.split('\n')) {
+    const m = /^(\S+): (\d+)$/.exec(line);
+    if (m && wanted.has(m[1]!)) values.set(m[1]!, Number(m[2]));
+  }
+  return values;
 }

@@ -21,9 +21,12 @@ import { collectStartupGarbage } from './heap';
 import { scope } from './log';
 import type { MetricsSource } from './metrics';
 import type { Resolved } from './resolve';
-import { Supervisor, type SupervisorEnd } from './supervisor';
+import { Supervisor, type DesiredConfig, type SupervisorEnd } from './supervisor';
 
 const log = scope('agent');
+
+const CDS_UPDATES = 'cluster_manager.cds.update_success';
+const LDS_UPDATES = 'listener_manager.lds.update_success';
 
 const needsXdsConfig = (b: Record<string, unknown>) => {
   const dr = b.dynamic_resources as Record<string, unknown> | undefined;
@@ -39,6 +42,7 @@ export class EnvoyComponent implements Component {
   private readonly supervisor: Supervisor;
   private first: EnvoyDesiredConfig;
   private xdsConfigSeen = false;
+  private readinessCheck: Promise<Condition> | undefined;
   private announcedLive = false;
   private endRejected!: (end: SupervisorEnd) => void;
   private diagnosis: Promise<SupervisorEnd | undefined> | undefined;
@@ -216,24 +220,40 @@ export class EnvoyComponent implements Component {
   /**
    * Envoy is live (the newest epoch that went live still is, and it answers its own /ready now: a stopped or hung
    * Envoy is not ready), and, when its bootstrap asks for xDS, it has had its first CDS and LDS update.
+   *
+   * Requests that arrive together share one look: when Envoy's workers start, the probes queued on its 15021
+   * listener all reach the status server at once, and each asking Envoy's admin (on Envoy's main thread, busy then)
+   * for the same answers slowed every one of them.
    */
-  async readiness(): Promise<Condition> {
-    if (!this.supervisor.ready()) await this.supervisor.checkStartingNow();
-    if (!this.supervisor.ready())
-      return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
+  readiness(): Promise<Condition> {
+    this.readinessCheck ??= this.checkReadiness().finally(() => (this.readinessCheck = undefined));
+    return this.readinessCheck;
+  }
+
+  private async checkReadiness(): Promise<Condition> {
+    const notLive = { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
+    let early: { n: number; look: Promise<Condition> } | undefined;
+    if (!this.supervisor.ready()) {
+      // Until the first config is seen, Envoy's own answers are asked for beside the supervisor's live check, not
+      // after it: the first ready answer is one admin round trip, not two.
+      const starting = this.xdsConfigSeen ? undefined : this.supervisor.newestStarting();
+      if (starting) early = { n: starting.n, look: this.look(starting.config) };
+      await this.supervisor.checkStartingNow();
+      if (!this.supervisor.ready()) return notLive;
+    }
     const live = this.supervisor.newestLive();
-    if (!live) return { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
-    // Until the first CDS and LDS updates are seen, their stats are asked for with /ready, not after it: one round
-    // trip to an Envoy that is busy starting, on the path to the first ready answer.
+    if (!live) return notLive;
+    return early?.n === live.n ? early.look : this.look(live.config);
+  }
+
+  /** Envoy's own /ready now and, until they are first seen, its first CDS and LDS updates (asked together). */
+  private async look(config: DesiredConfig): Promise<Condition> {
     const configStats =
-      !this.xdsConfigSeen && needsXdsConfig(live.config.bootstrap)
-        ? Promise.all([
-            admin.statValue(live.config.admin, 'cluster_manager.cds.update_success').catch(() => undefined),
-            admin.statValue(live.config.admin, 'listener_manager.lds.update_success').catch(() => undefined),
-          ])
-        : undefined;
+      this.xdsConfigSeen || !needsXdsConfig(config.bootstrap)
+        ? undefined
+        : admin.statValues(config.admin, [CDS_UPDATES, LDS_UPDATES]).catch(() => undefined);
     const r = await admin
-      .adminRequest(live.config.admin, 'GET', '/ready', 1000)
+      .adminRequest(config.admin, 'GET', '/ready', 1000)
       .catch((err: NodeJS.ErrnoException) => ({ status: 0, body: err.message, code: err.code }));
     // A hot-restart child that fails after the parent closed its admin listener (Envoy's protocol asks the parent to
     // close it) leaves the serving parent without one until the supervisor restores it: it still serves traffic, so
@@ -244,17 +264,16 @@ export class EnvoyComponent implements Component {
         ready: false,
         reason:
           r.status === 0
-            ? `Envoy does not answer on its admin ${'socketPath' in live.config.admin ? `socket ${live.config.admin.socketPath}` : 'port'}: ${r.body}`
+            ? `Envoy does not answer on its admin ${'socketPath' in config.admin ? `socket ${config.admin.socketPath}` : 'port'}: ${r.body}`
             : `Envoy's /ready answered ${r.status} ${r.body.trim()}`,
       };
     }
     if (configStats && !this.xdsConfigSeen) {
-      const [cds, lds] = await configStats;
+      const stats = await configStats;
+      const cds = stats?.get(CDS_UPDATES) ?? 0;
+      const lds = stats?.get(LDS_UPDATES) ?? 0;
       if (!cds || !lds)
-        return {
-          ready: false,
-          reason: `Envoy has no config from xDS yet (cds updates ${cds ?? 0}, lds updates ${lds ?? 0})`,
-        };
+        return { ready: false, reason: `Envoy has no config from xDS yet (cds updates ${cds}, lds updates ${lds})` };
       this.xdsConfigSeen = true;
     }
     return { ready: true, reason: '' };

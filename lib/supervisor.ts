@@ -433,6 +433,13 @@ export class Supervisor {
     return this.newestLive()?.config.admin;
   }
 
+  /** The newest epoch that is starting (spawned, not yet live), if any. */
+  newestStarting(): { n: number; config: DesiredConfig } | undefined {
+    let best: Epoch | undefined;
+    for (const e of this.epochs.values()) if (e.state === 'starting' && (!best || e.n > best.n)) best = e;
+    return best;
+  }
+
   newestLive(): { n: number; config: DesiredConfig } | undefined {
     let best: Epoch | undefined;
     for (const e of this.epochs.values()) if (e.state === 'live' && (!best || e.n > best.n)) best = e;
