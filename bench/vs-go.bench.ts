@@ -13,7 +13,8 @@
 // Several builds side by side: TS_PILOT_AGENT=/tmp/before/pilot-agent,dist/pilot-agent npx tsx bench/vs-go.bench.ts
 // The Go agent: $GO_PILOT_AGENT, else $(go env GOPATH)/bin/pilot-agent, built once from the Go module proxy;
 // GO_PILOT_AGENT=none: TS builds only (ratios to the first). VS_GO_CA=1: with a CA (see WITH_CA). VS_GO_SMAPS=<dir>: each agent's /proc/<pid>/smaps at
-// idle is saved there (<label>-<round>.smaps), to see where the memory goes.
+// idle is saved there (<label>-<round>.smaps), to see where the memory goes. VS_GO_TIMELINE=1: each round's log of each
+// agent, its lines at ms from the start, with the spawn and ready times (where the time between them goes).
 
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -181,6 +182,19 @@ function cpuMs(pid: number): number {
 
 const baseEnv = (): Record<string, string> => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/root' });
 
+/** One round's agent log, each timestamped line (Istio's format, both agents) at ms from the start. */
+function timeline(label: string, round: number, log: string, t0: number, stamp: string | undefined, readyAt: number): string {
+  const spawned = stamp ? Number(stamp.split(' ')[0]) / 1e6 - t0 : NaN;
+  const lines = [`--- ${label} round ${round}: Envoy spawned at ${spawned.toFixed(1)}, ready at ${(readyAt - t0).toFixed(1)}`];
+  for (const l of log.split('\n')) {
+    const m = /^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z\s+(.*)$/.exec(l);
+    if (!m) continue;
+    const at = Date.parse(`${m[1]}Z`) + Number(`0${m[2] ?? ''}`) * 1000 - t0;
+    lines.push(`${at.toFixed(1).padStart(8)}  ${m[3]!.slice(0, 160)}`);
+  }
+  return lines.join('\n') + '\n';
+}
+
 async function oneRun(side: Side, template: string, round: number): Promise<void> {
   const run = path.join(side.dir, `run-${round}`);
   fs.mkdirSync(path.join(run, 'var/lib/istio/envoy'), { recursive: true });
@@ -218,6 +232,7 @@ async function oneRun(side: Side, template: string, round: number): Promise<void
     const readyAt = Number(pollOut.split('\n')[1]);
     const first = fs.readFileSync(stamps, 'utf8').split('\n').find((l) => / -c /.test(l) && !/--mode validate/.test(l));
     side.figures.ready.push(readyAt - t0);
+    if (process.env.VS_GO_TIMELINE === '1') process.stdout.write(timeline(side.label, round, log, t0, first, readyAt));
     side.figures.cpu.push(cpu);
     side.figures.spawned.push(first ? Number(first.split(' ')[0]) / 1e6 - t0 : NaN);
     await sleep(IDLE_MS);
