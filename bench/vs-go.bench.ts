@@ -15,6 +15,7 @@
 // GO_PILOT_AGENT=none: TS builds only (ratios to the first). VS_GO_CA=1: with a CA (see WITH_CA). VS_GO_SMAPS=<dir>: each agent's /proc/<pid>/smaps at
 // idle is saved there (<label>-<round>.smaps), to see where the memory goes. VS_GO_TIMELINE=1: each round's log of each
 // agent, its lines at ms from the start, with the spawn and ready times (where the time between them goes).
+// VS_GO_POLLER=sequential: 15021 probed one probe at a time instead of every 5 ms (see POLLER).
 
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -85,8 +86,30 @@ spec:
   - { address: 127.0.0.1, ports: { http: 9080 }${process.env.VS_GO_CA === '1' ? ', labels: { security.istio.io/tlsMode: istio }, serviceAccount: default' : ''} }
 `;
 
-/** Polls 15021 inside the namespace from a process started before the clock; prints the wall time of the first 200. */
-const POLLER = `
+/**
+ * Polls 15021 inside the namespace from a process started before the clock; prints the wall time of the first 200.
+ * A new probe every 5 ms whatever the earlier ones do (200 ms timeout): the first 200 is the earliest a probe could
+ * have seen it, to 5 ms. While Envoy's workers have not started, the probes wait in 15021's backlog (up to ~40) and
+ * all reach the agent's status server as they start, a load no prober makes. VS_GO_POLLER=sequential: one probe at a
+ * time, as kubelet probes a container (the next 5 ms after the answer or the 1 s timeout); a probe that gets a 503
+ * just before the agent is ready then costs its round trip and the 5 ms, and the Go agent measured 20-130 ms later
+ * to ready that way (2026-12-03), this agent about the same as with overlapping probes.
+ */
+const POLLER_SEQUENTIAL = `
+const http = require('http');
+process.stdout.write('armed\\n');
+const probe = () => {
+  const r = http.get({ host: '127.0.0.1', port: 15021, path: '/healthz/ready', timeout: 1000, agent: false }, (res) => {
+    res.resume();
+    if (res.statusCode === 200) { process.stdout.write(String(performance.timeOrigin + performance.now()) + '\\n'); process.exit(0); }
+    res.on('end', () => setTimeout(probe, 5));
+  });
+  r.on('error', () => setTimeout(probe, 5));
+  r.on('timeout', () => r.destroy());
+};
+probe();
+`;
+const POLLER_OVERLAPPING = `
 const http = require('http');
 process.stdout.write('armed\\n');
 const t = setInterval(() => {
@@ -98,6 +121,7 @@ const t = setInterval(() => {
   r.on('timeout', () => r.destroy());
 }, 5);
 `;
+const POLLER = process.env.VS_GO_POLLER === 'sequential' ? POLLER_SEQUENTIAL : POLLER_OVERLAPPING;
 
 interface Netns {
   name: string;
