@@ -15,7 +15,8 @@
 // GO_PILOT_AGENT=none: TS builds only (ratios to the first). VS_GO_CA=1: with a CA (see WITH_CA). VS_GO_SMAPS=<dir>: each agent's /proc/<pid>/smaps at
 // idle is saved there (<label>-<round>.smaps), to see where the memory goes. VS_GO_TIMELINE=1: each round's log of each
 // agent, its lines at ms from the start, with the spawn and ready times (where the time between them goes).
-// VS_GO_POLLER=sequential: 15021 probed one probe at a time instead of every 5 ms (see POLLER).
+// VS_GO_POLLER=sequential: 15021 probed one probe at a time instead of every 5 ms (see POLLER). VS_GO_ENVOY_LOG=<levels>:
+// both agents get --proxyComponentLogLevel=<levels> (e.g. init:debug,main:debug: Envoy's own steps in the timeline).
 
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -27,6 +28,7 @@ const ROUNDS = Number(process.argv[2] ?? 7);
 const ISTIO_VERSION = 'v0.0.0-20260827124520-eed52ebb66ad';
 // VS_GO_IDLE_MS: how long after ready the idle memory is read (V8's memory reducer first acts ~8 s after start-up).
 const IDLE_MS = Number(process.env.VS_GO_IDLE_MS ?? 3000);
+const ENVOY_LOG = process.env.VS_GO_ENVOY_LOG ? [`--proxyComponentLogLevel=${process.env.VS_GO_ENVOY_LOG}`] : [];
 // TS_PILOT_AGENT: one executable, or several separated by commas (each gets its own column, e.g. before/after).
 const TS_AGENTS = (process.env.TS_PILOT_AGENT ?? path.join(REPO, 'dist', 'pilot-agent')).split(',').filter(Boolean);
 const TS_AGENT = TS_AGENTS[0]!;
@@ -245,7 +247,7 @@ async function oneRun(side: Side, template: string, round: number): Promise<void
   const keep = new Set([...side.keep, ...side.ns.pids()]);
   let log = '';
   const t0 = performance.timeOrigin + performance.now();
-  const agent = side.ns.spawn(side.bin, ['proxy', 'sidecar'], { cwd: run, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const agent = side.ns.spawn(side.bin, ['proxy', 'sidecar', ...ENVOY_LOG], { cwd: run, env, stdio: ['ignore', 'pipe', 'pipe'] });
   agent.stdout!.on('data', (d) => (log += d));
   agent.stderr!.on('data', (d) => (log += d));
   try {
