@@ -209,8 +209,7 @@ function cpuMs(pid: number): number {
 const baseEnv = (): Record<string, string> => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/root' });
 
 /** One round's agent log, each timestamped line (Istio's format, both agents) at ms from the start. */
-function timeline(label: string, round: number, log: string, t0: number, stamp: string | undefined, readyAt: number): string {
-  const spawned = stamp ? Number(stamp.split(' ')[0]) / 1e6 - t0 : NaN;
+function timeline(label: string, round: number, log: string, t0: number, spawned: number, readyAt: number): string {
   const lines = [`--- ${label} round ${round}: Envoy spawned at ${spawned.toFixed(1)}, ready at ${(readyAt - t0).toFixed(1)}`];
   for (const l of log.split('\n')) {
     const m = /^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z\s+(.*)$/.exec(l);
@@ -257,10 +256,11 @@ async function oneRun(side: Side, template: string, round: number): Promise<void
     const cpu = cpuMs(agent.pid!);
     const readyAt = Number(pollOut.split('\n')[1]);
     const first = fs.readFileSync(stamps, 'utf8').split('\n').find((l) => / -c /.test(l) && !/--mode validate/.test(l));
+    const spawned = first ? Number(first.split(' ')[0]) / 1e6 - t0 : NaN;
     side.figures.ready.push(readyAt - t0);
-    if (process.env.VS_GO_TIMELINE === '1') process.stdout.write(timeline(side.label, round, log, t0, first, readyAt));
+    if (process.env.VS_GO_TIMELINE === '1') process.stdout.write(timeline(side.label, round, log, t0, spawned, readyAt));
     side.figures.cpu.push(cpu);
-    side.figures.spawned.push(first ? Number(first.split(' ')[0]) / 1e6 - t0 : NaN);
+    side.figures.spawned.push(spawned);
     await sleep(IDLE_MS);
     const m = procMemKiB(agent.pid!);
     side.figures.rss.push(m.rss / 1024);

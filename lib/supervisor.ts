@@ -435,14 +435,16 @@ export class Supervisor {
 
   /** The newest epoch that is starting (spawned, not yet live), if any. */
   newestStarting(): { n: number; config: DesiredConfig } | undefined {
-    let best: Epoch | undefined;
-    for (const e of this.epochs.values()) if (e.state === 'starting' && (!best || e.n > best.n)) best = e;
-    return best;
+    return this.newest('starting');
   }
 
   newestLive(): { n: number; config: DesiredConfig } | undefined {
+    return this.newest('live');
+  }
+
+  private newest(state: EpochState): Epoch | undefined {
     let best: Epoch | undefined;
-    for (const e of this.epochs.values()) if (e.state === 'live' && (!best || e.n > best.n)) best = e;
+    for (const e of this.epochs.values()) if (e.state === state && (!best || e.n > best.n)) best = e;
     return best;
   }
 

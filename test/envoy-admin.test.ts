@@ -2,7 +2,7 @@
 // Envoy initialises, and the agent's readiness, which answers probes that arrive together from one look at Envoy's
 // admin.
 
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
@@ -13,35 +13,24 @@ import { agentFixture } from './helpers/agent-fixture';
 import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
 import { adsBootstrap } from './helpers/ads-bootstrap';
 
-/** One Envoy started directly (no agent), with its base id's shared memory removed when it is stopped. */
-async function startEnvoy(
-  bootstrap: Record<string, unknown>,
-  dir: string,
-  baseId: number,
-): Promise<{ proc: ChildProcess; stop(): Promise<void> }> {
-  const epoch = 0;
-  const file = path.join(dir, `envoy-${epoch}.json`);
+/** One Envoy started directly (no agent); stop() kills it and removes its base id's shared memory. */
+function startEnvoy(bootstrap: Record<string, unknown>, dir: string, baseId: number): { stop(): Promise<void> } {
+  const file = path.join(dir, 'envoy.json');
   fs.writeFileSync(file, JSON.stringify(bootstrap));
-  const args = ['-c', file, '--base-id', String(baseId), '--restart-epoch', String(epoch), '--drain-time-s', '1',
-    '--parent-shutdown-time-s', '2', '-l', 'error', '--concurrency', '1'];
-  const proc = spawn(envoyBin(), args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  const proc = spawn(envoyBin(), ['-c', file, '--base-id', String(baseId), '-l', 'error', '--concurrency', '1'], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
   let err = '';
   proc.stderr!.on('data', (d) => (err += d));
   const exited = new Promise<void>((r) => proc.once('exit', () => r()));
   return {
-    proc,
     async stop() {
       if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
       await exited;
-      if (err.trim()) process.stderr.write(`envoy epoch ${epoch}: ${err.slice(-500)}\n`);
+      fs.rmSync(`/dev/shm/envoy_shared_memory_${baseId * 10}`, { force: true });
+      if (err.trim()) process.stderr.write(`envoy: ${err.slice(-500)}\n`);
     },
   };
-}
-
-function removeShm(baseId: number): void {
-  for (const f of fs.readdirSync('/dev/shm'))
-    if (f === `envoy_shared_memory_${baseId * 10}` || f.startsWith(`envoy_shared_memory_${baseId * 10}_`))
-      fs.rmSync(path.join('/dev/shm', f), { force: true });
 }
 
 const baseIdFor = () => 20_000 + Math.floor(Math.random() * 20_000);
@@ -57,7 +46,7 @@ test('statValues while Envoy awaits CDS: the counter is 0, a stat Envoy lacks is
   const silent = net.createServer((c) => held.push(c.on('error', () => undefined)));
   await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
   const b = adsBootstrap({ nodeId: 'admin-test', adminPort: port, delta: false, xdsAddress: `127.0.0.1:${(silent.address() as net.AddressInfo).port}` });
-  const e = await startEnvoy(b, dir.path, baseId);
+  const e = startEnvoy(b, dir.path, baseId);
   try {
     const ready = await waitFor('admin answers', () => adminRequest(admin, 'GET', '/ready').catch(() => undefined), 15_000, 20);
     assert.equal([ready.status, ready.body.trim()], [503, 'PRE_INITIALIZING']);
@@ -75,7 +64,6 @@ test('statValues while Envoy awaits CDS: the counter is 0, a stat Envoy lacks is
     await e.stop();
     for (const c of held) c.destroy();
     await new Promise((r) => silent.close(r));
-    removeShm(baseId);
     dir.cleanup();
   }
 });
