@@ -109,6 +109,9 @@ test('Delta: wildcard CDS, initial versions skip what the proxy has, unsubscribe
       assert.equal(e1.resources.map((r) => r.name), ['outbound|18080||web.test.local']);
       assert.equal(e1.removed_resources, ['outbound|1||nope']);
       c.send({ type_url: EDS, response_nonce: e1.nonce, resource_names_unsubscribe: ['outbound|18080||web.test.local'] });
+      // A change that reaches the server before the unsubscribe is rightly pushed; wait until it has been read.
+      const edsHeld = () => s.status().connections[0]?.subscriptions.find((w) => w.typeUrl === EDS)?.resources;
+      await waitFor('the unsubscribe to be read', () => edsHeld() === 0);
       fs.writeFileSync(path.join(dir, 'a.yaml'), serviceEntry(18080, [{ port: 19005, version: 'v1' }]));
       await s.reload();
       assert.ok(await c.quiet(EDS, 300), 'nothing sent for an unsubscribed name');
