@@ -23,7 +23,7 @@ export function parseDuration(text: string, limits: DurationLimits = {}): number
   const s = text.trim();
   if (s === '0') return 0;
   if (s === '') throw new Error('empty duration');
-  const re = /(\d+(?:\.\d+)?|\.\d+)(ns|us|µs|ms|s|m|h)/y;
+  const re = /(\d+(?:\.\d+)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h)/y;
   let total = 0;
   let pos = 0;
   while (pos < s.length) {

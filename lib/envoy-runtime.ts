@@ -31,6 +31,8 @@ export interface EnvoyDesiredConfig extends DesiredConfig {
   argsFor(epoch: number, file: string, baseId: number | undefined): string[];
   /** ENVOY_ADMIN_MODE=uds: the admin socket, whose directory the agent prepares before each epoch. */
   adminSocket: string;
+  /** The bootstrap as written to envoy-rev<N>.json, rendered once (for the hash) and not again at each write. */
+  bootstrapText: string;
 }
 
 export interface DesiredInputs {
@@ -111,6 +113,7 @@ export function makeDesiredConfig(i: DesiredInputs): EnvoyDesiredConfig {
     inboundOnlyDrain: cfg.proxyType === 'sidecar',
     argsFor,
     adminSocket: cfg.envoyAdminSocket,
+    bootstrapText: text,
   };
 }
 
@@ -147,7 +150,8 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
   writeBootstrap(epoch: number, desired: DesiredConfig): string {
     const file = path.join(this.cfg.proxy.configPath, bootstrapFileName(epoch));
     // Written again at every start and change: atomic, not durable (see lib/fs-atomic.ts).
-    writeFileAtomic(file, renderBootstrap(desired.bootstrap), 0o600, { durable: false });
+    const text = (desired as Partial<EnvoyDesiredConfig>).bootstrapText ?? renderBootstrap(desired.bootstrap);
+    writeFileAtomic(file, text, 0o600, { durable: false });
     this.giveToEnvoy(file);
     return file;
   }

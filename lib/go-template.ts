@@ -75,7 +75,7 @@ function split(src: string): Piece[] {
     }
     let start = open + 2;
     if (src[start] === '-' && SPACE.test(src[start + 1] ?? '')) {
-      text = text.replace(/[ \t\r\n]+$/, '');
+      text = trimTrailingSpace(text);
       start += 2;
     }
     out.push({ kind: 'text', text });
@@ -90,6 +90,16 @@ function split(src: string): Piece[] {
     if (!(body.startsWith('/*') && body.endsWith('*/'))) out.push({ kind: 'action', src: body, line: lineAt(open) });
     pos = close + 2;
   }
+}
+
+/**
+ * The text without its trailing space, tab, CR and LF (`{{- `), as Go trims it. A loop from the end: the regular
+ * expression /[ \t\r\n]+$/ tried a match at every run of indentation in the text.
+ */
+function trimTrailingSpace(text: string): string {
+  let end = text.length;
+  while (end > 0 && ' \t\r\n'.includes(text[end - 1]!)) end--;
+  return end === text.length ? text : text.slice(0, end);
 }
 
 /** The `}}` closing an action, skipping quoted strings (which may contain `}}`). */

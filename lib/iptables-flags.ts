@@ -286,7 +286,7 @@ function checkValue(def: FlagDef, value: string, from: string): void {
     throw syntaxError(`invalid ${from}: ${v} is not a boolean`);
   if (def.kind === 'uint16' && !(/^\d+$/.test(value) && Number(value) <= 65535))
     throw syntaxError(`invalid ${from}: ${v} is not a port`);
-  if (def.kind === 'duration' && !/^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^0$/.test(value))
+  if (def.kind === 'duration' && !/^(\d+(\.\d+)?(ns|us|\u00b5s|ms|s|m|h))+$|^0$/.test(value))
     throw syntaxError(`invalid ${from}: ${v} is not a duration`);
 }
 
@@ -584,7 +584,7 @@ export function iptablesCommandFromArgs(args: readonly string[], env: Env): Ipta
 function goDurationMs(text: string): number {
   const unit: Record<string, number> = { ns: 1e-6, us: 1e-3, µs: 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
   let ms = 0;
-  for (const m of text.matchAll(/(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)/g)) ms += Number(m[1]) * unit[m[2]!]!;
+  for (const m of text.matchAll(/(\d+(?:\.\d+)?)(ns|us|\u00b5s|ms|s|m|h)/g)) ms += Number(m[1]) * unit[m[2]!]!;
   return ms;
 }
 

@@ -62,30 +62,46 @@ function yamlError(e: unknown, text: string): Error {
   return out;
 }
 
-/** Does an object in this text (valid JSON) name a key twice? One pass over the text. */
+/** The characters that open or close a value, separate members, or start a string, in JSON text. */
+const STRUCTURE = /["{}[\],]/g;
+
+/**
+ * Does an object in this text (valid JSON) name a key twice? One pass over the text, which jumps from one
+ * structural character to the next (a regular expression and indexOf do the scanning, not a loop over every
+ * character: the text is a rendered bootstrap of some 30 KB, read once before Envoy's spawn, interpreted).
+ */
 function hasDuplicateKey(text: string): boolean {
   // One entry per open object (its keys so far) or array (null).
   const open: Array<Set<string> | null> = [];
   let keyNext = false;
-  for (let i = 0; i < text.length; i++) {
+  // The next backslash at or after a string's start, found once and moved on only when passed.
+  let backslash = -1;
+  STRUCTURE.lastIndex = 0;
+  for (let m = STRUCTURE.exec(text); m; m = STRUCTURE.exec(text)) {
+    const i = m.index;
     const c = text.charCodeAt(i);
     if (c === 0x22 /* " */) {
-      let j = i + 1;
-      let escaped = false;
-      for (; text.charCodeAt(j) !== 0x22; j++) {
-        if (text.charCodeAt(j) === 0x5c /* \ */) {
-          escaped = true;
-          j++;
-        }
+      // Valid JSON: the closing quote is the next one not escaped (an odd run of backslashes before it escapes it).
+      let j = i;
+      for (;;) {
+        j = text.indexOf('"', j + 1);
+        let k = j - 1;
+        while (text.charCodeAt(k) === 0x5c /* \ */) k--;
+        if ((j - 1 - k) % 2 === 0) break;
       }
       if (keyNext) {
+        if (backslash < i + 1 && backslash !== -2) {
+          backslash = text.indexOf('\\', i + 1);
+          if (backslash < 0) backslash = -2;
+        }
+        const escaped = backslash >= 0 && backslash < j;
         const key = escaped ? (JSON.parse(text.slice(i, j + 1)) as string) : text.slice(i + 1, j);
         const keys = open[open.length - 1]!;
         if (keys.has(key)) return true;
         keys.add(key);
         keyNext = false;
       }
-      i = j;
+      STRUCTURE.lastIndex = j + 1;
     } else if (c === 0x7b /* { */) {
       open.push(new Set());
       keyNext = true;
@@ -95,7 +111,8 @@ function hasDuplicateKey(text: string): boolean {
     } else if (c === 0x7d /* } */ || c === 0x5d /* ] */) {
       open.pop();
       keyNext = false;
-    } else if (c === 0x2c /* , */) {
+    } else {
+      // ,
       keyNext = open[open.length - 1] instanceof Set;
     }
   }

@@ -8,11 +8,11 @@
 // Unlike Go, which cuts the body at ISTIO_WASM_MAX_BINARY_SIZE_BYTES and goes on with what it read, a larger body
 // is refused.
 
-import * as dns from 'node:dns';
+import type * as dns from 'node:dns';
 import * as http from 'node:http';
 import * as net from 'node:net';
 import { promisify } from 'node:util';
-import * as zlib from 'node:zlib';
+import type * as zlib from 'node:zlib';
 import { AgentError, errorMessage } from './errors';
 
 export interface HttpFetchOptions {
@@ -30,7 +30,15 @@ export interface HttpFetchOptions {
   initialBackoffMs?: number;
 }
 
-const gunzip = promisify(zlib.gunzip);
+// node:dns and node:zlib are required on the first fetch, not when the agent loads this module (before its xDS
+// proxy serves, to register the ECDS rewriter): ~2 ms of module set-up a mesh without remote Wasm never needs.
+// require, not import(): a single executable has no dynamic-import callback for built-ins.
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const lazyDns = () => require('node:dns') as typeof dns;
+let gunzipAsync: ((b: Buffer, o: zlib.ZlibOptions) => Promise<Buffer>) | undefined;
+const gunzip = (b: Buffer, o: zlib.ZlibOptions): Promise<Buffer> =>
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  (gunzipAsync ??= promisify((require('node:zlib') as typeof zlib).gunzip))(b, o);
 const MAX_REDIRECTS = 10; // Go's http.Client
 const WASM_MAGIC = Buffer.from([0x00, 0x61, 0x73, 0x6d]);
 
@@ -161,7 +169,7 @@ function getOnce(url: string, o: HttpFetchOptions): Promise<Once> {
     return Promise.reject(new WasmFetchError('download_failure', `${host} is in BLOCKED_CIDRS_IN_WASM_FETCH`));
   }
   const lookup: net.LookupFunction = (hostname, options, cb) => {
-    dns.lookup(hostname, { ...options, all: true }, (err, addresses) => {
+    lazyDns().lookup(hostname, { ...options, all: true }, (err, addresses) => {
       if (err) return cb(err, '', 0);
       const list = addresses as dns.LookupAddress[];
       const blocked = list.find((a) => o.isBlocked(a.address));

@@ -68,6 +68,11 @@ wrap=()
 node_modules/.bin/esbuild "$entry" --bundle $minify --keep-names ${ESBUILD_EXTRA:-} "${wrap[@]}" --platform=node --target="$target" \
   --format=cjs --outfile=dist/pilot-agent.cjs --log-level=warning --legal-comments=none
 if [ "$entry" = agent.ts ]; then
+  # esbuild escapes non-ASCII text (--charset=ascii, its default) but not inside a regular expression literal: one
+  # there (write \u00b5, not the character) would make scripts/sea-main.js's latin1 decoding change the source.
+  if LC_ALL=C grep -naP '[^\x00-\x7F]' dist/pilot-agent.cjs | cut -c1-160 | head -3 | grep .; then
+    die "dist/pilot-agent.cjs is not ASCII (above): escape the character in its source (\\uXXXX)"
+  fi
   # The main script is scripts/sea-main.js: it compiles the bundle with a V8 code cache made here, after a run that
   # loaded the modules a sidecar loads (scripts/code-cache.js), under the executable's node and flags.
   # PILOT_AGENT_CODE_CACHE=0: an empty cache (for comparisons: start-up compiles the bundle from source).

@@ -12,7 +12,8 @@ const { compileBundle } = require('./sea-main.js');
 
 async function main() {
   const [bundle, out, templateFile] = process.argv.slice(2);
-  const script = compileBundle(fs.readFileSync(bundle, 'utf8'));
+  // As scripts/sea-main.js decodes it (the bundle is ASCII): V8 accepts a cache only for the same source.
+  const script = compileBundle(fs.readFileSync(bundle, 'latin1'));
   const mod = { exports: {} };
   // Not the main module: the bundle's entry runs no command.
   script.runInThisContext()(mod.exports, require, mod, bundle, __dirname);

@@ -51,9 +51,10 @@ const sea = require('node:sea');
 if (sea.isSea()) {
   startEarlyKey();
   // Both read in place from the executable's mapping: the cache is not copied, and the source is decoded once,
-  // into the one string V8 compiles (as scripts/code-cache.js reads it: UTF-8).
+  // into the one string V8 compiles (as scripts/code-cache.js reads it). The bundle is ASCII (scripts/build.sh
+  // checks), so latin1 is the same text as UTF-8 and decodes as a plain copy: ~1 ms less than UTF-8 for 1.9 MB.
   const script = compileBundle(
-    Buffer.from(sea.getRawAsset('pilot-agent.cjs')).toString('utf8'),
+    Buffer.from(sea.getRawAsset('pilot-agent.cjs')).toString('latin1'),
     Buffer.from(sea.getRawAsset('pilot-agent.cache')),
   );
   globalThis.__pilotAgentCodeCache = script.cachedDataRejected === false ? 'accepted' : 'rejected';
