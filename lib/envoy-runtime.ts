@@ -150,8 +150,7 @@ export class RealEnvoyRuntime implements EnvoyRuntime {
   writeBootstrap(epoch: number, desired: DesiredConfig): string {
     const file = path.join(this.cfg.proxy.configPath, bootstrapFileName(epoch));
     // Written again at every start and change: atomic, not durable (see lib/fs-atomic.ts).
-    const text = (desired as Partial<EnvoyDesiredConfig>).bootstrapText ?? renderBootstrap(desired.bootstrap);
-    writeFileAtomic(file, text, 0o600, { durable: false });
+    writeFileAtomic(file, (desired as EnvoyDesiredConfig).bootstrapText, 0o600, { durable: false });
     this.giveToEnvoy(file);
     return file;
   }

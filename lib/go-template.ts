@@ -98,7 +98,7 @@ function split(src: string): Piece[] {
  */
 function trimTrailingSpace(text: string): string {
   let end = text.length;
-  while (end > 0 && ' \t\r\n'.includes(text[end - 1]!)) end--;
+  while (end > 0 && SPACE.test(text[end - 1]!)) end--;
   return end === text.length ? text : text.slice(0, end);
 }
 

@@ -74,8 +74,6 @@ function hasDuplicateKey(text: string): boolean {
   // One entry per open object (its keys so far) or array (null).
   const open: Array<Set<string> | null> = [];
   let keyNext = false;
-  // The next backslash at or after a string's start, found once and moved on only when passed.
-  let backslash = -1;
   STRUCTURE.lastIndex = 0;
   for (let m = STRUCTURE.exec(text); m; m = STRUCTURE.exec(text)) {
     const i = m.index;
@@ -90,12 +88,8 @@ function hasDuplicateKey(text: string): boolean {
         if ((j - 1 - k) % 2 === 0) break;
       }
       if (keyNext) {
-        if (backslash < i + 1 && backslash !== -2) {
-          backslash = text.indexOf('\\', i + 1);
-          if (backslash < 0) backslash = -2;
-        }
-        const escaped = backslash >= 0 && backslash < j;
-        const key = escaped ? (JSON.parse(text.slice(i, j + 1)) as string) : text.slice(i + 1, j);
+        const raw = text.slice(i + 1, j);
+        const key = raw.includes('\\') ? (JSON.parse(text.slice(i, j + 1)) as string) : raw;
         const keys = open[open.length - 1]!;
         if (keys.has(key)) return true;
         keys.add(key);
