@@ -21,7 +21,7 @@ import { collectStartupGarbage } from './heap';
 import { scope } from './log';
 import type { MetricsSource } from './metrics';
 import type { Resolved } from './resolve';
-import { Supervisor, type DesiredConfig, type SupervisorEnd } from './supervisor';
+import { LIVE_STATS, Supervisor, type DesiredConfig, type SupervisorEnd } from './supervisor';
 
 const log = scope('agent');
 
@@ -234,8 +234,12 @@ export class EnvoyComponent implements Component {
     const notLive = { ready: false, reason: 'Envoy is not live (starting, restarting or draining)' };
     let early: { n: number; look: Promise<Condition> } | undefined;
     if (!this.supervisor.ready()) {
-      // Until the first config is seen, Envoy's own answers are asked for beside the supervisor's live check, not
-      // after it: the first ready answer is one admin round trip, not two.
+      // The first Envoy, with nothing else alive: one /stats request says both whether it is live and whether it
+      // has its first config (Envoy's main thread, busy as its workers start, answers one request, not three).
+      const alone = this.xdsConfigSeen ? undefined : this.supervisor.startingAlone();
+      if (alone) return this.firstLook(alone.n, alone.config, notLive);
+      // Otherwise Envoy's own answers are asked for beside the supervisor's live check, not after it: the first
+      // ready answer is one admin round trip, not two.
       const starting = this.xdsConfigSeen ? undefined : this.supervisor.newestStarting();
       if (starting) early = { n: starting.n, look: this.look(starting.config) };
       await this.supervisor.checkStartingNow();
@@ -244,6 +248,24 @@ export class EnvoyComponent implements Component {
     const live = this.supervisor.newestLive();
     if (!live) return notLive;
     return early?.n === live.n ? early.look : this.look(live.config);
+  }
+
+  /** The lone starting epoch's liveness and first config, from one /stats request (see Supervisor.liveFromStats). */
+  private async firstLook(n: number, config: DesiredConfig, notLive: Condition): Promise<Condition> {
+    const xds = needsXdsConfig(config.bootstrap);
+    const names = xds ? [...LIVE_STATS, CDS_UPDATES, LDS_UPDATES] : LIVE_STATS;
+    const stats = await admin.statValues(config.admin, names).catch(() => undefined);
+    this.supervisor.liveFromStats(n, stats);
+    const live = this.supervisor.newestLive();
+    if (!this.supervisor.ready() || live?.n !== n) return notLive;
+    if (xds && !this.xdsConfigSeen) {
+      const cds = stats?.get(CDS_UPDATES) ?? 0;
+      const lds = stats?.get(LDS_UPDATES) ?? 0;
+      if (!cds || !lds)
+        return { ready: false, reason: `Envoy has no config from xDS yet (cds updates ${cds}, lds updates ${lds})` };
+      this.xdsConfigSeen = true;
+    }
+    return { ready: true, reason: '' };
   }
 
   /** Envoy's own /ready now and, until they are first seen, its first CDS and LDS updates (asked together). */

@@ -212,6 +212,10 @@ const log = scope('supervisor');
 export const RESTART_BUDGET = 10;
 export const INITIAL_BACKOFF_MS = 200;
 export const HEALTHY_RESET_MS = 60_000;
+/** The stats liveFromStats reads: a readiness check asks for them beside its own. */
+export const HOT_RESTART_EPOCH_STAT = 'server.hot_restart_epoch';
+export const WORKERS_STARTED_STAT = 'listener_manager.workers_started';
+export const LIVE_STATS = [HOT_RESTART_EPOCH_STAT, WORKERS_STARTED_STAT];
 
 /** Everything that feeds one epoch. Two configs with the same hash are the same Envoy. */
 export interface DesiredConfig {
@@ -292,6 +296,7 @@ interface Epoch {
   /** Killed by the agent because it did not go live in time: a failure, not an abort. */
   timedOut?: boolean;
   baseId?: number;
+  /** From /server_info when the live check saw it; undefined when the epoch went live from its stats. */
   hotRestartVersion?: string;
 }
 
@@ -548,6 +553,11 @@ export class Supervisor {
     }
     if (versionCheck) {
       const parent = this.epochs.get(n - 1);
+      // An epoch that went live from its stats (liveFromStats) has not said its hot restart version yet: asked now.
+      if (parent && parent.hotRestartVersion === undefined) {
+        const info = await rt.probe(parent.config.admin).catch(() => undefined);
+        if (info?.epoch === parent.n) parent.hotRestartVersion = info.hotRestartVersion;
+      }
       const want = await versionCheck;
       if (this.shuttingDown()) {
         rt.removeBootstrap(file);
@@ -632,6 +642,36 @@ export class Supervisor {
   }
 
   /**
+   * The epoch starting with no other one alive (so Envoy's admin can only be its own), which a readiness check may
+   * look at with one /stats request for both its liveness (liveFromStats) and its config.
+   */
+  startingAlone(): { n: number; config: DesiredConfig } | undefined {
+    if (this.shuttingDown()) return undefined;
+    const alive = [...this.epochs.values()].filter((e) => e.state !== 'exited');
+    return alive.length === 1 && alive[0]!.state === 'starting' ? alive[0] : undefined;
+  }
+
+  /**
+   * Marks the lone starting epoch n live from its own stats (LIVE_STATS, read in a request the caller made anyway),
+   * as checkLive would from /server_info: the admin answering is epoch n's (server.hot_restart_epoch), its workers
+   * have started (listener_manager.workers_started, set only after Envoy's init finished, so LIVE; the server.state
+   * gauge is not kept current while Envoy starts), and the shared memory no longer says INITIALIZING. Its hot
+   * restart version is asked for when a next epoch needs it.
+   */
+  liveFromStats(n: number, stats: Map<string, number> | undefined): void {
+    const e = this.epochs.get(n);
+    if (!e || e.state !== 'starting' || e !== this.startingAlone()) return;
+    if (stats?.get(HOT_RESTART_EPOCH_STAT) !== n || stats.get(WORKERS_STARTED_STAT) !== 1) return;
+    if (e.baseId === undefined) {
+      const id = this.opts.runtime.readBaseId();
+      if (id === undefined) return;
+      e.baseId = this.baseId = id;
+    }
+    if (this.opts.runtime.isInitializing(e.baseId) === true) return;
+    this.markLive(e, undefined);
+  }
+
+  /**
    * Looks now, rather than at the next probe tick, whether the starting epochs went live: a readiness request
    * asks, so the first ready answer does not wait up to a probe interval after Envoy is live.
    */
@@ -657,7 +697,7 @@ export class Supervisor {
     return true;
   }
 
-  private markLive(e: Epoch, hotRestartVersion: string): void {
+  private markLive(e: Epoch, hotRestartVersion: string | undefined): void {
     e.state = 'live';
     e.liveAt = this.now();
     e.hotRestartVersion = hotRestartVersion;

@@ -8,7 +8,8 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { adminRequest, statValues, type AdminAddress } from '../lib/envoy-admin';
+import { adminRequest, serverInfo, statValues, type AdminAddress } from '../lib/envoy-admin';
+import { HOT_RESTART_EPOCH_STAT, LIVE_STATS, WORKERS_STARTED_STAT } from '../lib/supervisor';
 import { agentFixture } from './helpers/agent-fixture';
 import { envoyBin, freePort, httpRequest, tempDir, waitFor } from './helpers/harness';
 import { adsBootstrap } from './helpers/ads-bootstrap';
@@ -50,13 +51,15 @@ test('statValues while Envoy awaits CDS: the counter is 0, a stat Envoy lacks is
   try {
     const ready = await waitFor('admin answers', () => adminRequest(admin, 'GET', '/ready').catch(() => undefined), 15_000, 20);
     assert.equal([ready.status, ready.body.trim()], [503, 'PRE_INITIALIZING']);
-    const v = await statValues(admin, ['server.state', 'cluster_manager.cds.update_success', 'no.such.stat']);
+    const v = await statValues(admin, ['server.state', 'cluster_manager.cds.update_success', 'no.such.stat', ...LIVE_STATS]);
     assert.ok(v);
     assert.is(v.get('cluster_manager.cds.update_success') ?? 0, 0);
     assert.not.ok(v.has('no.such.stat'));
     // The gauge reads 0 (LIVE) while /ready says PRE_INITIALIZING (it is not kept current while Envoy starts): the
-    // liveness of a starting Envoy comes from /ready and /server_info, never from it.
+    // liveness of a starting Envoy comes from /ready, /server_info or workers_started, never from it.
     assert.is(v.get('server.state'), 0);
+    assert.is(v.get(WORKERS_STARTED_STAT), 0);
+    assert.is(v.get(HOT_RESTART_EPOCH_STAT), 0);
     // The names are matched exactly: a '.' is not "any character".
     const none = await statValues(admin, ['server_state', 'server.stat']);
     assert.is(none?.size, 0);
@@ -64,6 +67,38 @@ test('statValues while Envoy awaits CDS: the counter is 0, a stat Envoy lacks is
     await e.stop();
     for (const c of held) c.destroy();
     await new Promise((r) => silent.close(r));
+    dir.cleanup();
+  }
+});
+
+test('workers_started turns 1 only once Envoy is LIVE (what Supervisor.liveFromStats relies on), with its epoch beside it', async () => {
+  const dir = tempDir('pa-admin-live-');
+  const baseId = baseIdFor();
+  const port = await freePort();
+  const admin: AdminAddress = { host: '127.0.0.1', port };
+  // Nothing to wait for: Envoy goes from PRE_INITIALIZING to LIVE on its own, and each look is taken while it does.
+  const e = startEnvoy({ admin: { address: { socket_address: { address: '127.0.0.1', port_value: port } } }, static_resources: {} }, dir.path, baseId);
+  try {
+    const looks: Array<{ workers: number | undefined; ready: number }> = [];
+    await waitFor(
+      'workers started',
+      async () => {
+        const v = await statValues(admin, LIVE_STATS).catch(() => undefined);
+        if (!v) return false;
+        const r = await adminRequest(admin, 'GET', '/ready');
+        looks.push({ workers: v.get(WORKERS_STARTED_STAT), ready: r.status });
+        if (v.get(WORKERS_STARTED_STAT) !== 1) return false;
+        assert.is(v.get(HOT_RESTART_EPOCH_STAT), 0);
+        return true;
+      },
+      15_000,
+      1,
+    );
+    // Every look that saw the workers started saw /ready 200 right after it.
+    for (const l of looks) if (l.workers === 1) assert.is(l.ready, 200, JSON.stringify(looks));
+    assert.is((await serverInfo(admin)).state, 'LIVE');
+  } finally {
+    await e.stop();
     dir.cleanup();
   }
 });

@@ -4,7 +4,15 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import type { EnvoyProcess, ExitStatus } from '../lib/envoy-process';
-import { Supervisor, type DesiredConfig, type EnvoyRuntime, type LiveProbe, type SupervisorOptions } from '../lib/supervisor';
+import {
+  HOT_RESTART_EPOCH_STAT,
+  Supervisor,
+  WORKERS_STARTED_STAT,
+  type DesiredConfig,
+  type EnvoyRuntime,
+  type LiveProbe,
+  type SupervisorOptions,
+} from '../lib/supervisor';
 import { configureLogging, resetLogging } from '../lib/log';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -481,6 +489,55 @@ test('a different hot restart version drains and cold-restarts at epoch 0', asyn
   assert.not.ok(rt.procs[0]!.alive);
   assert.is(rt.drains.length, 1);
   assert.is(s.metrics().cold_restarts_total, 1);
+  await s.shutdown(false, 'test');
+});
+
+test('liveFromStats: the lone starting epoch goes live from its own stats; its hot restart version is asked for at the next restart', async () => {
+  const rt = new FakeRuntime();
+  rt.autoLive = false; // the probe loop never sees it live: only the stats do
+  let initializing = true;
+  rt.isInitializing = () => initializing;
+  const s = make(rt);
+  s.setDesired(cfg('a'));
+  await until('spawned', () => rt.procs.length === 1);
+  const stats = (epoch: number, workers: number) =>
+    new Map([
+      [HOT_RESTART_EPOCH_STAT, epoch],
+      [WORKERS_STARTED_STAT, workers],
+    ]);
+  assert.equal(s.startingAlone()?.n, 0);
+  s.liveFromStats(0, undefined); // Envoy did not answer
+  s.liveFromStats(0, stats(0, 0)); // workers not started: still initialising
+  s.liveFromStats(0, stats(1, 1)); // another epoch's admin
+  s.liveFromStats(0, stats(0, 1)); // the shared memory still says INITIALIZING
+  s.liveFromStats(1, stats(1, 1)); // no such epoch
+  assert.not.ok(s.ready());
+  initializing = false;
+  s.liveFromStats(0, stats(0, 1));
+  assert.ok(s.ready());
+  assert.is(s.startingAlone(), undefined);
+  // The next epoch's version check asks the live one (the probe) for its hot restart version, which differs here.
+  rt.liveEpochs.add(0);
+  rt.autoLive = true;
+  rt.runningVersion = '10.104';
+  s.setDesired(cfg('b'));
+  await until('cold-restarted epoch 0', () => rt.procs.length === 2 && s.ready());
+  assert.is(rt.procs[1]!.epoch, 0);
+  assert.is(s.metrics().cold_restarts_total, 1);
+  await s.shutdown(false, 'test');
+});
+
+test('liveFromStats leaves a starting epoch alone while an older one is alive (the admin may be the parent\'s)', async () => {
+  const rt = new FakeRuntime();
+  const s = make(rt);
+  s.setDesired(cfg('a'));
+  await until('live', () => s.ready());
+  rt.autoLive = false;
+  s.setDesired(cfg('b'));
+  await until('epoch 1 spawned', () => rt.procs.length === 2);
+  assert.is(s.startingAlone(), undefined);
+  s.liveFromStats(1, new Map([[HOT_RESTART_EPOCH_STAT, 1], [WORKERS_STARTED_STAT, 1]]));
+  assert.is(s.newestLive()?.n, 0, 'epoch 1 goes live only through the probe');
   await s.shutdown(false, 'test');
 });
 
