@@ -9,7 +9,7 @@
 // against our key, identity, validity and root before it is used.
 
 import * as fs from 'node:fs';
-import type * as tls from 'node:tls';
+import type * as http2 from 'node:http2';
 import { Counter, type Registry } from './prom';
 import {
   CREATE_CERTIFICATE_PATH,
@@ -26,7 +26,7 @@ import { readNamedFileSync } from './named-file';
 import { AgentError, errorMessage } from './errors';
 import { GrpcStatus } from './grpc-status';
 import { type GrpcError, unaryCall } from './grpc-unary';
-import { isLocalTarget } from './grpc-wire';
+import { connectSession, isLocalTarget, type ClientTls } from './grpc-wire';
 import { clientTlsOptions } from './tls-policy';
 import { DEFAULT_ROOT_CA, ISTIOD_ROOT_CA, splitHostPort, upstreamFromConfig } from './xds-upstream';
 
@@ -60,7 +60,15 @@ export interface CertificateSigner {
   readonly address: string;
   /** The chain for the CSR, leaf first; rejects with an AgentError naming what went wrong. */
   sign(csrPem: string, validitySeconds: number): Promise<string[]>;
+  /**
+   * Starts the next sign()'s connection now (its TCP and TLS, and loading node:http2 the first time), while the
+   * caller still makes the key and the CSR; sign() connects as usual when none is ready. Never throws.
+   */
+  connectAhead?(): void;
 }
+
+/** How long a connection opened ahead waits for its call before it is closed (the first key takes 30-250 ms). */
+const AHEAD_MS = 10_000;
 
 const CA_HEADER_PREFIX = 'CA_HEADER_';
 
@@ -185,6 +193,7 @@ function readToken(file: string, haveClientCert: boolean): string | undefined {
 export class CaClient implements CertificateSigner {
   readonly calls = { requests: 0, failures: 0, latencyMs: 0, retries: 0 };
   private lastFailed = false;
+  private ahead: http2.ClientHttp2Session | undefined;
 
   constructor(private readonly o: CaClientOptions) {}
 
@@ -229,6 +238,48 @@ export class CaClient implements CertificateSigner {
     return this.o.address;
   }
 
+  connectAhead(): void {
+    if (this.ahead && !this.ahead.closed && !this.ahead.destroyed) return;
+    try {
+      const o = this.o;
+      const tlsOpts = o.tls ? this.connectionTls(this.clientCert()) : undefined;
+      const session = connectSession(o.address, tlsOpts);
+      // A failure before the call is the call's to meet again, on a connection of its own, and to report.
+      session.on('error', () => undefined);
+      // Unused, it holds neither the process (an agent that stops meanwhile exits) nor the CA for long.
+      session.unref();
+      const t = setTimeout(() => session.destroy(), AHEAD_MS);
+      t.unref();
+      session.once('close', () => clearTimeout(t));
+      this.ahead = session;
+    } catch {
+      // unreadable roots or client certificate: sign() reports them
+    }
+  }
+
+  private clientCert(): ReturnType<typeof loadClientCert> {
+    const o = this.o;
+    return o.tls ? loadClientCert(o.clientCertDir ? provCertFiles(o.clientCertDir) : undefined) : undefined;
+  }
+
+  /** The connection's TLS as the files say now: the root to trust and the client certificate, if any. */
+  private connectionTls(clientCert: ReturnType<typeof loadClientCert>): ClientTls {
+    const o = this.o;
+    let root: Buffer | undefined;
+    if (o.rootCaFile !== 'SYSTEM') {
+      try {
+        root = readNamedFileSync(o.rootCaFile);
+      } catch (e) {
+        throw new AgentError('IO', `cannot read the CA root certificate ${o.rootCaFile}: ${errorMessage(e)}`, e);
+      }
+    }
+    const { host } = splitHostPort(o.address);
+    return {
+      serverName: o.serverName || host,
+      options: clientTlsOptions(o.compliancePolicy, { ...(root && { ca: root }), ...clientCert }),
+    };
+  }
+
   private async call(csrPem: string, validitySeconds: number): Promise<string[]> {
     const o = this.o;
     const request = {
@@ -237,28 +288,16 @@ export class CaClient implements CertificateSigner {
       ...(o.certSigner ? { metadata: { CertSigner: o.certSigner } } : {}),
     };
     const metadata: Record<string, string> = { ...o.headers };
-    const clientCert = o.tls ? loadClientCert(o.clientCertDir ? provCertFiles(o.clientCertDir) : undefined) : undefined;
+    const clientCert = this.clientCert();
     if (o.tokenFile && (o.tls || isLocalTarget(o.address))) {
       const token = readToken(o.tokenFile, clientCert !== undefined);
       if (token) metadata.authorization = `Bearer ${token}`;
     }
-    // Its own connection, closed with the call: a pooled one could outlive a rotated root or a CA restart.
-    let tlsOpts: { serverName: string; options: tls.ConnectionOptions } | undefined;
-    if (o.tls) {
-      let root: Buffer | undefined;
-      if (o.rootCaFile !== 'SYSTEM') {
-        try {
-          root = readNamedFileSync(o.rootCaFile);
-        } catch (e) {
-          throw new AgentError('IO', `cannot read the CA root certificate ${o.rootCaFile}: ${errorMessage(e)}`, e);
-        }
-      }
-      const { host } = splitHostPort(o.address);
-      tlsOpts = {
-        serverName: o.serverName || host,
-        options: clientTlsOptions(o.compliancePolicy, { ...(root && { ca: root }), ...clientCert }),
-      };
-    }
+    // Its own connection, closed with the call: a pooled one could outlive a rotated root or a CA restart. One
+    // opened ahead for this call (connectAhead, moments before, from the same files) is that connection.
+    const tlsOpts = o.tls ? this.connectionTls(clientCert) : undefined;
+    const session = this.ahead;
+    this.ahead = undefined;
     const where = `CA ${o.address}${o.tls ? ` (TLS, name ${o.serverName})` : ' (plaintext)'}`;
     let resp: CertificateResponse;
     try {
@@ -268,6 +307,7 @@ export class CaClient implements CertificateSigner {
         message: encodeCertificateRequest(request),
         metadata,
         tls: tlsOpts,
+        session,
         timeoutMs: o.timeoutMs ?? 10_000,
       });
       try {

@@ -42,6 +42,11 @@ export interface UnaryCall {
   timeoutMs: number;
   /** Largest response message accepted (default 4 MiB, gRPC's default). */
   maxResponseBytes?: number;
+  /**
+   * A connection opened ahead for this call (connectSession with the same address and TLS), which the call then
+   * owns and closes; one already closed or failed is not used, and the call connects as usual.
+   */
+  session?: http2.ClientHttp2Session;
 }
 
 const DEFAULT_MAX_RESPONSE = 4 * 1024 * 1024;
@@ -71,7 +76,9 @@ export function unaryCall(c: UnaryCall): Promise<Buffer> {
       c.timeoutMs,
     );
     try {
-      session = connectSession(c.address, c.tls);
+      session = c.session && !c.session.closed && !c.session.destroyed ? c.session : connectSession(c.address, c.tls);
+      if (session !== c.session) c.session?.destroy();
+      else session.ref();
       session.on('error', (e: Error) =>
         fail(GrpcStatus.UNAVAILABLE, connectionFailure(c.address, session, e.message)!),
       );

@@ -458,7 +458,13 @@ export class SecretCache implements Component, SecretProvider {
     const signer = this.o.signer!;
     try {
       const what = { identity: this.o.identity, algorithm: this.o.algorithm, pkcs8: this.o.pkcs8 };
-      const { keyPem, csrPem } = keyAndCsrNow(what) ?? (await generateKeyAndCsr(what));
+      let made = keyAndCsrNow(what);
+      if (!made) {
+        // The key is still being made: the CA's connection (and its TLS) is opened meanwhile, not after it.
+        signer.connectAhead?.();
+        made = await generateKeyAndCsr(what);
+      }
+      const { keyPem, csrPem } = made;
       let chainPems: string[];
       try {
         chainPems = await signer.sign(csrPem, Math.max(1, Math.round(this.o.ttlMs / 1000)));

@@ -6,6 +6,7 @@
 
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import * as protobuf from 'protobufjs';
@@ -231,6 +232,56 @@ test('ISTIO_META_CERT_SIGNER goes with the CSR as the metadata CertSigner, as th
     assert.is(ca.calls[0]!.signer, 'signer-a');
     assert.is(ca.calls[1]!.signer, undefined);
   } finally {
+    await ca.close();
+    f.cleanup();
+  }
+});
+
+/** A TCP relay in front of the test CA that counts connections and can cut the ones it holds. */
+async function relayTo(port: number): Promise<{ port: number; connections: number; cut(): void; close(): Promise<void> }> {
+  const held = new Set<net.Socket>();
+  const r = { port: 0, connections: 0, cut: () => held.forEach((c) => c.destroy()), close: async (): Promise<void> => undefined };
+  const server = net.createServer((c) => {
+    r.connections++;
+    const up = net.connect(port, '127.0.0.1');
+    held.add(c).add(up);
+    c.pipe(up).pipe(c);
+    for (const s of [c, up]) s.on('error', () => undefined).on('close', () => (held.delete(s), c.destroy(), up.destroy()));
+  });
+  await new Promise<void>((res) => server.listen(0, '127.0.0.1', res));
+  r.port = (server.address() as net.AddressInfo).port;
+  r.close = () => new Promise<void>((res) => (r.cut(), server.close(() => res())));
+  return r;
+}
+
+test('connectAhead: the call goes on the connection opened while the key was made; one that failed meanwhile, or unreadable roots, leave the call its own connection and its own error', async () => {
+  const ca = await startTestCa();
+  const relay = await relayTo(ca.port);
+  const f = fixture(ca);
+  try {
+    const client = new CaClient({ ...f.opts, address: `127.0.0.1:${relay.port}` });
+    const { csrPem } = await generateKeyAndCsr({ identity: ID, algorithm: { kind: 'ECDSA' } });
+    client.connectAhead();
+    client.connectAhead(); // a second call while one is open does nothing
+    await waitFor('the connection ahead', () => relay.connections === 1, 5000);
+    await sleep(50); // its TLS handshake done
+    assert.ok((await client.sign(csrPem, 60)).length >= 2);
+    assert.is(relay.connections, 1, 'the call used the connection opened ahead');
+    // Opened ahead, then cut before the call: the call connects again and succeeds.
+    client.connectAhead();
+    await waitFor('the second connection ahead', () => relay.connections === 2, 5000);
+    await sleep(50);
+    relay.cut();
+    await sleep(50);
+    assert.ok((await client.sign(csrPem, 60)).length >= 2);
+    assert.is(relay.connections, 3);
+    assert.is(ca.calls.length, 2);
+    // Roots that cannot be read: connectAhead does not throw, and sign() says what is wrong.
+    const broken = new CaClient({ ...f.opts, rootCaFile: path.join(f.dir, 'no-such-root.pem') });
+    broken.connectAhead();
+    await rejects(broken.sign(csrPem, 60), /cannot read the CA root certificate .*no-such-root\.pem/);
+  } finally {
+    await relay.close();
     await ca.close();
     f.cleanup();
   }
