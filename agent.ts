@@ -13,6 +13,7 @@ import * as envs from './lib/env';
 import { AgentError, errorMessage } from './lib/errors';
 import { mkdirs } from './lib/fs-atomic';
 import { configureLogging, journalPrefix, scope } from './lib/log';
+import type { Registry } from './lib/prom';
 import type { Resolved } from './lib/resolve';
 import type { UpstreamOptions } from './lib/xds-upstream';
 import { VERSION, versionText } from './lib/version';
@@ -614,9 +615,8 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
     await nextTurn();
     // The rest loads in three turns, so Envoy's first xDS request and the CA's answer, which arrive about now, wait
     // for one group at most (each is a few ms of module bodies run as one task).
-    const [{ composeReadiness }, { newRegistry }, { StatusServer }] = await Promise.all([
+    const [{ composeReadiness }, { StatusServer }] = await Promise.all([
       import('./lib/component'),
-      import('./lib/metrics'),
       import('./lib/status-server'),
     ]);
     await nextTurn();
@@ -636,7 +636,15 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
             ),
         )
       : undefined;
-    const registry = newRegistry();
+    // The agent's own metrics are made on the first scrape (prom-client and each component's metric objects: ~5 ms
+    // of the main thread while Envoy starts otherwise); the values they read are kept by the components meanwhile.
+    const registry = (): Registry => {
+      // eslint-disable-next-line @typescript-eslint/no-require-imports
+      const r = (require('./lib/metrics') as typeof import('./lib/metrics')).newRegistry();
+      for (const c of components) c.registerMetrics?.(r);
+      identity?.signer?.registerMetrics(r);
+      return r;
+    };
     const status = new StatusServer({
       port: cfg.proxy.statusPort,
       startedAt,
@@ -693,11 +701,7 @@ async function proxyCommand(argv: Record<string, unknown>): Promise<number> {
       }),
     ];
     const components = optional.filter((c): c is Component => c !== undefined);
-    for (const c of components) {
-      if (c.routes) status.addRoutes(c.routes());
-      c.registerMetrics?.(registry);
-    }
-    identity?.signer?.registerMetrics(registry);
+    for (const c of components) if (c.routes) status.addRoutes(c.routes());
 
     // Types for the agent, never for Envoy: the xDS proxy subscribes to them after Envoy's first LDS request. A name
     // table the DNS proxy rejects is NACKed; it keeps answering from the last good one.

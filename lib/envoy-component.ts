@@ -258,13 +258,16 @@ export class EnvoyComponent implements Component {
     this.supervisor.liveFromStats(n, stats);
     const live = this.supervisor.newestLive();
     if (!this.supervisor.ready() || live?.n !== n) return notLive;
-    if (xds && !this.xdsConfigSeen) {
-      const cds = stats?.get(CDS_UPDATES) ?? 0;
-      const lds = stats?.get(LDS_UPDATES) ?? 0;
-      if (!cds || !lds)
-        return { ready: false, reason: `Envoy has no config from xDS yet (cds updates ${cds}, lds updates ${lds})` };
-      this.xdsConfigSeen = true;
-    }
+    return xds && !this.xdsConfigSeen ? this.configFrom(stats) : { ready: true, reason: '' };
+  }
+
+  /** Ready once Envoy has had its first CDS and LDS update (remembered: later looks ask /ready only). */
+  private configFrom(stats: Map<string, number> | undefined): Condition {
+    const cds = stats?.get(CDS_UPDATES) ?? 0;
+    const lds = stats?.get(LDS_UPDATES) ?? 0;
+    if (!cds || !lds)
+      return { ready: false, reason: `Envoy has no config from xDS yet (cds updates ${cds}, lds updates ${lds})` };
+    this.xdsConfigSeen = true;
     return { ready: true, reason: '' };
   }
 
@@ -290,14 +293,7 @@ export class EnvoyComponent implements Component {
             : `Envoy's /ready answered ${r.status} ${r.body.trim()}`,
       };
     }
-    if (configStats && !this.xdsConfigSeen) {
-      const stats = await configStats;
-      const cds = stats?.get(CDS_UPDATES) ?? 0;
-      const lds = stats?.get(LDS_UPDATES) ?? 0;
-      if (!cds || !lds)
-        return { ready: false, reason: `Envoy has no config from xDS yet (cds updates ${cds}, lds updates ${lds})` };
-      this.xdsConfigSeen = true;
-    }
+    if (configStats && !this.xdsConfigSeen) return this.configFrom(await configStats);
     return { ready: true, reason: '' };
   }
 

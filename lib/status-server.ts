@@ -14,11 +14,15 @@ export type { Handler, Reply };
 import { closedSignal } from './component';
 import { takePreboundPort } from './prebind';
 import { scope } from './log';
-import { gaugeFrom, mergedScrape, type MetricsSource } from './metrics';
-import { gzip } from 'node:zlib';
-import { promisify } from 'node:util';
+import type { MergedScrape, MetricsSource } from './metrics';
 
-const gzipAsync = promisify(gzip);
+/** gzip for the scrape (node:zlib loads with the first compressed one, not with the status server). */
+function gzipAsync(body: string): Promise<Buffer> {
+  return new Promise((resolve, reject) =>
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    (require('node:zlib') as typeof import('node:zlib')).gzip(body, (err, out) => (err ? reject(err) : resolve(out))),
+  );
+}
 
 const log = scope('status');
 
@@ -50,7 +54,7 @@ export interface StatusServerOptions {
    * The agent's metrics and what is appended to them on /stats/prometheus and /metrics; `localOnly`
    * (METRICS_LOCALHOST_ACCESS_ONLY): those two paths answer only loopback peers, as Istio's handleStats.
    */
-  metrics?: { registry: Registry; sources: readonly MetricsSource[]; localOnly?: boolean };
+  metrics?: { registry: Registry | (() => Registry); sources: readonly MetricsSource[]; localOnly?: boolean };
   /** Serve /debug/ pages to any address, not only loopback. */
   remoteDebug?: boolean;
   /** When the agent started, for istio_agent_startup_duration_seconds (agent start to first readiness). */
@@ -75,17 +79,26 @@ export class StatusServer implements Component {
       });
     }
     if (metrics) {
-      gaugeFrom(
-        metrics.registry,
-        'istio_agent_startup_duration_seconds',
-        "Seconds from the agent's start to its first readiness",
-        () => this.startupSeconds,
-      );
-      const merged = mergedScrape(metrics.registry, metrics.sources);
+      // The registry (a function: made on the first scrape, with prom-client and every component's metrics, none of
+      // which is read before: not while Envoy starts).
+      let merged: MergedScrape | undefined;
+      const firstScrape = (): MergedScrape => {
+        // eslint-disable-next-line @typescript-eslint/no-require-imports
+        const { gaugeFrom, mergedScrape } = require('./metrics') as typeof import('./metrics');
+        const registry = typeof metrics.registry === 'function' ? metrics.registry() : metrics.registry;
+        gaugeFrom(
+          registry,
+          'istio_agent_startup_duration_seconds',
+          "Seconds from the agent's start to its first readiness",
+          () => this.startupSeconds,
+        );
+        return mergedScrape(registry, metrics.sources);
+      };
+      if (typeof metrics.registry !== 'function') merged = firstScrape();
       // Scrapes that share one merge (lib/metrics.ts) share its compression too.
       const zipped = new WeakMap<object, Promise<Buffer>>();
       const scrape = async (req: http.IncomingMessage): Promise<Reply> => {
-        const m = await merged(req.headers.accept);
+        const m = await (merged ??= firstScrape())(req.headers.accept);
         // Envoy's stats compress about tenfold; Prometheus asks for gzip.
         if (/\bgzip\b/.test(String(req.headers['accept-encoding'] ?? ''))) {
           let z = zipped.get(m);

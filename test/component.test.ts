@@ -7,7 +7,7 @@ import * as http from 'node:http';
 import * as os from 'node:os';
 import * as zlib from 'node:zlib';
 import { closedSignal, closeAll, composeReadiness, firstToEnd, startAll, type Component, type Condition } from '../lib/component';
-import { gaugeFrom, newRegistry } from '../lib/metrics';
+import { counterFrom, gaugeFrom, newRegistry } from '../lib/metrics';
 import { StatusServer } from '../lib/status-server';
 import { freePort, httpRequest } from './helpers/harness';
 
@@ -73,6 +73,36 @@ function nonLoopbackAddress(): string | undefined {
   for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) if (!a.internal && a.family === 'IPv4') return a.address;
   return undefined;
 }
+
+t('status server: a registry given as a function is made at the first scrape, once; what it reads was kept meanwhile', async () => {
+  let made = 0;
+  let calls = 0;
+  const port = await freePort();
+  const s = new StatusServer({
+    port,
+    metrics: {
+      registry: () => {
+        made++;
+        const r = newRegistry({ defaultMetrics: false });
+        counterFrom(r, 'istio_agent_test_calls_total', 'calls counted before the registry existed', () => calls);
+        return r;
+      },
+      sources: [],
+    },
+  });
+  await s.start();
+  try {
+    calls = 3;
+    assert.is(made, 0, 'not made before a scrape');
+    assert.match((await httpRequest(`http://127.0.0.1:${port}/stats/prometheus`)).body, /^istio_agent_test_calls_total 3$/m);
+    calls = 5;
+    assert.match((await httpRequest(`http://127.0.0.1:${port}/metrics`)).body, /^istio_agent_test_calls_total 5$/m);
+    assert.match((await httpRequest(`http://127.0.0.1:${port}/metrics`)).body, /^istio_agent_scrapes_total 3$/m);
+    assert.is(made, 1);
+  } finally {
+    await s.close();
+  }
+});
 
 t('status server: readiness body, merged metrics from the registry, /debug/ pages for loopback peers only', async () => {
   const registry = newRegistry();
