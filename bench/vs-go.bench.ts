@@ -29,6 +29,8 @@ const ISTIO_VERSION = 'v0.0.0-20260827124520-eed52ebb66ad';
 // VS_GO_IDLE_MS: how long after ready the idle memory is read (V8's memory reducer first acts ~8 s after start-up).
 const IDLE_MS = Number(process.env.VS_GO_IDLE_MS ?? 3000);
 const ENVOY_LOG = process.env.VS_GO_ENVOY_LOG ? [`--proxyComponentLogLevel=${process.env.VS_GO_ENVOY_LOG}`] : [];
+// VS_GO_TS_ARGS: more arguments for this project's agents only, space-separated (e.g. --log_output_level=sds:debug).
+const TS_ARGS = (process.env.VS_GO_TS_ARGS ?? '').split(' ').filter(Boolean);
 // TS_PILOT_AGENT: one executable, or several separated by commas (each gets its own column, e.g. before/after).
 const TS_AGENTS = (process.env.TS_PILOT_AGENT ?? path.join(REPO, 'dist', 'pilot-agent')).split(',').filter(Boolean);
 const TS_AGENT = TS_AGENTS[0]!;
@@ -238,6 +240,9 @@ async function oneRun(side: Side, template: string, round: number): Promise<void
       drainDuration: '1s', terminationDrainDuration: '1s', concurrency: 2,
     }),
     POD_NAME: 'bench-1', POD_NAMESPACE: 'bench', INSTANCE_IP: '127.0.0.1', SERVICE_ACCOUNT: 'default',
+    ...(process.env.VS_GO_CPU_PROFILES && TS_AGENTS.includes(side.bin)
+      ? { PILOT_AGENT_CPU_PROFILE: path.join(process.env.VS_GO_CPU_PROFILES, `${side.label}-${round}.cpuprofile`) }
+      : {}),
   };
   const poller = side.ns.spawn(process.execPath, ['-e', POLLER], { stdio: ['ignore', 'pipe', 'ignore'], env: baseEnv() });
   let pollOut = '';
@@ -246,7 +251,8 @@ async function oneRun(side: Side, template: string, round: number): Promise<void
   const keep = new Set([...side.keep, ...side.ns.pids()]);
   let log = '';
   const t0 = performance.timeOrigin + performance.now();
-  const agent = side.ns.spawn(side.bin, ['proxy', 'sidecar', ...ENVOY_LOG], { cwd: run, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const extra = TS_AGENTS.includes(side.bin) ? TS_ARGS : [];
+  const agent = side.ns.spawn(side.bin, ['proxy', 'sidecar', ...ENVOY_LOG, ...extra], { cwd: run, env, stdio: ['ignore', 'pipe', 'pipe'] });
   agent.stdout!.on('data', (d) => (log += d));
   agent.stderr!.on('data', (d) => (log += d));
   try {

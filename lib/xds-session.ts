@@ -316,6 +316,8 @@ export class Session {
       this.endDownstream(3 /* INVALID_ARGUMENT */, why);
       return;
     }
+    if (log.enabled('debug'))
+      log.debug(`stream ${this.id}: Envoy asks for ${shortType(typeUrl)}, nonce ${nonce.slice(0, 200) || '-'}`);
     if (!this.hasStarted) this.start();
     const up = this.upstream;
     // While the upstream is down, the request only updates the state that the reconnect re-sends.
@@ -529,6 +531,10 @@ export class Session {
       );
       return;
     }
+    if (log.enabled('debug'))
+      log.debug(
+        `stream ${this.id}: ${shortType(typeUrl)} ${version.slice(0, 200)} from upstream, ${count} resource(s), nonce ${nonce.slice(0, 200)}`,
+      );
     up.gotResponse = true;
     up.issued.add(typeUrl, nonce);
     this.typeDebug(typeUrl).upstream = { version, nonce, resources: count, removed, at: new Date().toISOString() };

@@ -21,6 +21,16 @@ test('text lines use Istio\'s format: RFC3339 micros, level, scope, message', ()
   assert.is(timestamp(new Date('2026-01-02T03:04:05.678Z')), '2026-01-02T03:04:05.678000Z');
 });
 
+test('a line\'s timestamp has real microseconds, in order, on the wall clock', () => {
+  const stamps: string[] = [];
+  for (let i = 0; i < 200; i++) stamps.push(timestamp());
+  const micros = (t: string) => Date.parse(t) * 1000 + Number(t.slice(23, 26));
+  for (let i = 1; i < stamps.length; i++) assert.ok(micros(stamps[i]!) >= micros(stamps[i - 1]!), `${stamps[i - 1]} then ${stamps[i]}`);
+  assert.ok(stamps.some((t) => !t.endsWith('000Z')), 'some stamp has a sub-millisecond part');
+  assert.ok(new Set(stamps.map((t) => t.slice(0, 23))).size < new Set(stamps).size, 'lines within one ms differ');
+  assert.ok(Math.abs(Date.parse(stamps[0]!) - Date.now()) < 1000, `${stamps[0]} is now`);
+});
+
 test('--log_as_json writes one JSON object a line', () => {
   const lines = capture();
   configureLogging({ json: true });
