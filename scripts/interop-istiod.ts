@@ -23,6 +23,8 @@ import type * as Grpc from '@grpc/grpc-js';
 
 const REPO = path.resolve(__dirname, '..');
 const AGENT = path.join(REPO, 'dist', 'pilot-agent');
+// INTEROP_TS_ARGS: more arguments for this agent only, space-separated (e.g. --log_output_level=default:debug).
+const TS_ARGS = (process.env.INTEROP_TS_ARGS ?? '').split(' ').filter(Boolean);
 const ENVOY = process.env.ENVOY_BIN ?? path.join(REPO, '.cache', 'envoy-1.40.0', 'envoy', '_bin', 'envoy');
 const JWKS_PORT = 9999;
 const ISSUER = `http://127.0.0.1:${JWKS_PORT}`;
@@ -522,7 +524,7 @@ function startAgent(c: Ctx, kind: Kind, side: Side, who: { ns: string; sa: strin
   const bin = kind === 'ts' ? AGENT : path.join(c.cache, 'bin', 'pilot-agent');
   const spawnedAt = Date.now();
   const p = spawnIn(`${kind} agent in ${side}`, nsName(side), 'setpriv',
-    ['--regid=1337', '--clear-groups', bin, 'proxy', 'sidecar'], { cwd: dir, env });
+    ['--regid=1337', '--clear-groups', bin, 'proxy', 'sidecar', ...(kind === 'ts' ? TS_ARGS : [])], { cwd: dir, env });
   return { kind, side, p, spawnedAt, dir };
 }
 
