@@ -1,6 +1,8 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { OutputTail } from '../lib/envoy-process';
+import { PassThrough } from 'node:stream';
+import { spawn } from 'node:child_process';
+import { eachLine, MAX_LINE_CHARS, OutputTail } from '../lib/envoy-process';
 
 test('the failure reason is Envoy\'s last critical or error line, in any of its log formats', () => {
   const text = new OutputTail();
@@ -35,6 +37,39 @@ test('the failure reason is Envoy\'s last critical or error line, in any of its 
   const tail = new OutputTail(2);
   for (const l of ['a', 'b', 'c']) tail.push(l);
   assert.is(tail.text(), 'b\nc', 'only the tail is kept');
+});
+
+test('Envoy\'s output is passed on line by line: across chunks, CRLF, a split UTF-8 character, the last unterminated line, an endless one cut', async () => {
+  const s = new PassThrough();
+  const got: string[] = [];
+  eachLine(s, (l) => got.push(l));
+  const done = new Promise((r) => s.on('end', r));
+  const euro = Buffer.from('\u20ac'); // 3 bytes, written in two chunks
+  s.write('first li');
+  s.write('ne\nsecond\r\n\nprice ');
+  s.write(euro.subarray(0, 1));
+  s.write(Buffer.concat([euro.subarray(1), Buffer.from('5\n')]));
+  s.write('x'.repeat(MAX_LINE_CHARS * 2 + 10));
+  s.write('\nlast, no newline');
+  s.end();
+  await done;
+  assert.equal(got, [
+    'first line',
+    'second',
+    '',
+    'price \u20ac5',
+    'x'.repeat(MAX_LINE_CHARS),
+    'x'.repeat(MAX_LINE_CHARS),
+    'x'.repeat(10),
+    'last, no newline',
+  ]);
+
+  // From a real child's stderr pipe, as the supervisor reads Envoy's.
+  const child = spawn('sh', ['-c', 'printf "a\\nb\\r\\nc" >&2'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const lines: string[] = [];
+  eachLine(child.stderr, (l) => lines.push(l));
+  await new Promise((r) => child.stderr.on('end', r));
+  assert.equal(lines, ['a', 'b', 'c']);
 });
 
 test.run();
