@@ -31,6 +31,8 @@ const IDLE_MS = Number(process.env.VS_GO_IDLE_MS ?? 3000);
 const ENVOY_LOG = process.env.VS_GO_ENVOY_LOG ? [`--proxyComponentLogLevel=${process.env.VS_GO_ENVOY_LOG}`] : [];
 // VS_GO_TS_ARGS: more arguments for this project's agents only, space-separated (e.g. --log_output_level=sds:debug).
 const TS_ARGS = (process.env.VS_GO_TS_ARGS ?? '').split(' ').filter(Boolean);
+// VS_GO_GO_ARGS: the same for the Go agent (e.g. --log_output_level=xdsproxy:debug,cache:debug).
+const GO_ARGS = (process.env.VS_GO_GO_ARGS ?? '').split(' ').filter(Boolean);
 // TS_PILOT_AGENT: one executable, or several separated by commas (each gets its own column, e.g. before/after).
 const TS_AGENTS = (process.env.TS_PILOT_AGENT ?? path.join(REPO, 'dist', 'pilot-agent')).split(',').filter(Boolean);
 const TS_AGENT = TS_AGENTS[0]!;
@@ -251,7 +253,7 @@ async function oneRun(side: Side, template: string, round: number): Promise<void
   const keep = new Set([...side.keep, ...side.ns.pids()]);
   let log = '';
   const t0 = performance.timeOrigin + performance.now();
-  const extra = TS_AGENTS.includes(side.bin) ? TS_ARGS : [];
+  const extra = TS_AGENTS.includes(side.bin) ? TS_ARGS : GO_ARGS;
   const agent = side.ns.spawn(side.bin, ['proxy', 'sidecar', ...ENVOY_LOG, ...extra], { cwd: run, env, stdio: ['ignore', 'pipe', 'pipe'] });
   agent.stdout!.on('data', (d) => (log += d));
   agent.stderr!.on('data', (d) => (log += d));
