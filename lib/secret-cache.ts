@@ -458,6 +458,7 @@ export class SecretCache implements Component, SecretProvider {
     const signer = this.o.signer!;
     try {
       const what = { identity: this.o.identity, algorithm: this.o.algorithm, pkcs8: this.o.pkcs8 };
+      const began = performance.now();
       let made = keyAndCsrNow(what);
       if (!made) {
         // The key is still being made: the CA's connection (and its TLS) is opened meanwhile, not after it.
@@ -465,9 +466,14 @@ export class SecretCache implements Component, SecretProvider {
         made = await generateKeyAndCsr(what);
       }
       const { keyPem, csrPem } = made;
+      const csrAt = performance.now();
+      log.debug(
+        `key and CSR for ${this.o.identity} ready in ${(csrAt - began).toFixed(1)} ms; asking CA ${signer.address}`,
+      );
       let chainPems: string[];
       try {
         chainPems = await signer.sign(csrPem, Math.max(1, Math.round(this.o.ttlMs / 1000)));
+        log.debug(`CA ${signer.address} signed in ${(performance.now() - csrAt).toFixed(1)} ms`);
       } catch (e) {
         const local = (e as AgentError).code === 'IO' || (e as AgentError).code === 'CONFIG_INVALID';
         if (!local) this.ca.reachable = caAnswered(e);
