@@ -5,12 +5,16 @@
 // istio_agent_scrape_failures_total{type="application"}. Whether the text is a valid exposition is checked
 // when it is merged (lib/metrics-merge.ts).
 
-import * as http from 'node:http';
+import type * as httpType from 'node:http';
 import type { MetricsSource } from './metrics';
 import { configError, errorMessage } from './errors';
 import type { Env } from './env';
 import * as envs from './env';
 import { detectFormat, type MetricsFormat } from './metrics-merge';
+
+// node:http is loaded by the first scrape, not with this module, whose settings are read before Envoy's spawn.
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const http = () => require('node:http') as typeof httpType;
 
 export interface ScrapeTarget {
   port: number;
@@ -94,7 +98,7 @@ export function scrapeApp(t: ScrapeTarget, o: ScrapeOptions): Promise<ScrapeOutc
     };
     if (o.userAgent) headers['user-agent'] = o.userAgent;
     headers['x-prometheus-scrape-timeout-seconds'] = String(o.timeoutMs / 1000);
-    const req = http.get(url, { headers, agent: false }, (res) => {
+    const req = http().get(url, { headers, agent: false }, (res) => {
       if (res.statusCode !== 200) return end({ ok: false, reason: `${url} answered ${res.statusCode}` });
       const ct = String(res.headers['content-type'] ?? '');
       const declared = Number(res.headers['content-length']);

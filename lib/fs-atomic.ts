@@ -1,8 +1,9 @@
 // Whole-file writes that readers (Envoy, file watchers) never see half done: write a temp file in the same
 // directory, fsync it, rename it over the target. On any error the temp file is removed and nothing else changes.
-// A file the agent writes again at every start (Envoy's bootstrap) skips the fsyncs (`durable: false`): it must
-// never be seen torn, which the rename alone ensures, but it need not survive a power loss, and on a busy node's disk
-// two fsyncs are milliseconds on the path to Envoy's spawn (the Go agent does not fsync it either).
+// A file the agent writes again at every start (Envoy's bootstrap, the gRPC bootstrap) skips the fsyncs
+// (`durable: false`): it must never be seen torn, which the rename alone ensures, but it need not survive a power
+// loss, and on a busy node's disk two fsyncs are milliseconds on the path to Envoy's spawn (the Go agent does not
+// fsync either).
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';

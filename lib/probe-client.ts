@@ -13,7 +13,7 @@
 // A request that fails on a reused connection before any answer is tried once more on a new one, as Go retries
 // an idempotent request whose kept connection the app had closed.
 
-import * as http from 'node:http';
+import type * as http from 'node:http';
 import type * as http2 from 'node:http2';
 import * as net from 'node:net';
 import type { Duplex } from 'node:stream';
@@ -70,39 +70,49 @@ interface DialOptions {
   probeSignal?: AbortSignal;
 }
 
-// The one dialer for HTTP/1.1 connections, plain or TLS; for TLS it reports an h2 handshake instead of using it.
-class ProbeAgent extends http.Agent {
-  override createConnection(
-    args: http.ClientRequestArgs,
-    cb?: (err: Error | null, s: Duplex) => void,
-  ): Duplex | undefined {
-    const o = args as DialOptions;
-    const tcp = net.connect({ host: o.host, port: o.port, localAddress: o.localAddress });
-    if (!o.probeTls) return tcp;
-    // eslint-disable-next-line @typescript-eslint/no-require-imports
-    const tlsMod = require('node:tls') as typeof tls;
-    const sock = tlsMod.connect({
-      socket: tcp,
-      rejectUnauthorized: false,
-      servername: net.isIP(o.host) ? undefined : o.host,
-      ALPNProtocols: o.probeTls.alpn,
-    });
-    const abort = () => sock.destroy(new Error('probe cancelled'));
-    const settle = (err: Error | null, s?: Duplex) => {
-      sock.off('error', onError);
-      o.probeSignal?.removeEventListener('abort', abort);
-      cb?.(err, s as Duplex);
-    };
-    const onError = (e: Error) => settle(e);
-    sock.once('error', onError);
-    o.probeSignal?.addEventListener('abort', abort, { once: true });
-    sock.once('secureConnect', () => {
-      if (sock.alpnProtocol === 'h2') settle(new H2Negotiated(sock));
-      else settle(null, sock);
-    });
-    return undefined;
-  }
-}
+// node:http is loaded by the first client (the app probes start after Envoy's spawn), not with this module, which
+// the probe settings' parser loads before it. require, not import(): a single executable has no dynamic import of
+// built-ins.
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const httpModule = () => require('node:http') as typeof http;
+
+type ProbeAgent = http.Agent;
+let probeAgent: (new (o: http.AgentOptions) => ProbeAgent) | undefined;
+
+/** The one dialer for HTTP/1.1 connections, plain or TLS; for TLS it reports an h2 handshake instead of using it. */
+const probeAgentClass = () =>
+  (probeAgent ??= class ProbeAgent extends httpModule().Agent {
+    override createConnection(
+      args: http.ClientRequestArgs,
+      cb?: (err: Error | null, s: Duplex) => void,
+    ): Duplex | undefined {
+      const o = args as DialOptions;
+      const tcp = net.connect({ host: o.host, port: o.port, localAddress: o.localAddress });
+      if (!o.probeTls) return tcp;
+      // eslint-disable-next-line @typescript-eslint/no-require-imports
+      const tlsMod = require('node:tls') as typeof tls;
+      const sock = tlsMod.connect({
+        socket: tcp,
+        rejectUnauthorized: false,
+        servername: net.isIP(o.host) ? undefined : o.host,
+        ALPNProtocols: o.probeTls.alpn,
+      });
+      const abort = () => sock.destroy(new Error('probe cancelled'));
+      const settle = (err: Error | null, s?: Duplex) => {
+        sock.off('error', onError);
+        o.probeSignal?.removeEventListener('abort', abort);
+        cb?.(err, s as Duplex);
+      };
+      const onError = (e: Error) => settle(e);
+      sock.once('error', onError);
+      o.probeSignal?.addEventListener('abort', abort, { once: true });
+      sock.once('secureConnect', () => {
+        if (sock.alpnProtocol === 'h2') settle(new H2Negotiated(sock));
+        else settle(null, sock);
+      });
+      return undefined;
+    }
+  });
 
 export class ProbeClient {
   private readonly agent: ProbeAgent;
@@ -112,7 +122,7 @@ export class ProbeClient {
 
   constructor(private readonly o: ProbeClientOptions) {
     const kept = { keepAlive: true, maxFreeSockets: 2, timeout: IDLE_MS };
-    this.agent = new ProbeAgent(o.keepAlive ? kept : { keepAlive: false });
+    this.agent = new (probeAgentClass())(o.keepAlive ? kept : { keepAlive: false });
   }
 
   async get(r: ProbeRequest): Promise<ProbeResponse> {
@@ -162,7 +172,7 @@ export class ProbeClient {
       probeSignal: r.signal,
     };
     return new Promise<ProbeResponse>((resolve, reject) => {
-      const req = http.request(opts, (res) => {
+      const req = httpModule().request(opts, (res) => {
         const chunks: Buffer[] = [];
         let size = 0;
         let settled = false;
